@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: the gpu-marked tests, then an end-to-end
+# `cudal2-build` of a manifest, the wheel installed, and its matmul/linear checked
+# against an fp32 reference on every table shape plus random off-table shapes.
+# Everything worth keeping lands under $OUT (default ./out).
+#
+#   bash ci/gpu_check.sh [MANIFEST]          (default: manifests/default.toml)
+#
+# Where there is no package index (the lent GPU machine), missing wheels come from
+# .whl/ (see docs/gpu.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+MANIFEST=${1:-manifests/default.toml}
+STEM=$(basename "$MANIFEST" .toml)
+export PYTHONUNBUFFERED=1
+export CUDAL2_CACHE=${CUDAL2_CACHE:-$PWD/.cache/artifacts}
+PY=${PYTHON:-python3}
+
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+step "environment"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+nvcc --version | tail -1
+$PY -m pip list 2>/dev/null | grep -iE "^(torch|cuda-python|cuda-bindings|jinja2|wheel|tqdm|transformers|pytest) " || true
+
+step "install cudal2"
+if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
+$PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
+$PY -c "import cudal2, cudal2.runtime.driver; print('cudal2', cudal2.__version__)"
+
+step "gpu tests"
+tests_rc=0
+$PY -m pytest -m gpu tests -q -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1 || tests_rc=$?
+tail -15 "$OUT/gpu-tests.txt"
+
+step "cudal2-build $MANIFEST"
+DB="$OUT/$STEM.measurements.jsonl"
+[ -f "manifests/$STEM.measurements.jsonl" ] && cp "manifests/$STEM.measurements.jsonl" "$DB"
+/usr/bin/time -f "build wall time %e s" cudal2-build "$MANIFEST" --measurements "$DB" --out "$OUT/dist" 2>&1 \
+  | tee "$OUT/build.txt" | grep -v "it/s\]\|s/it\]" | tail -60
+
+step "SASS of every compiled kernel (tensor-core instructions, local-memory spills)"
+{
+  printf "%-80s %6s %6s %6s\n" kernel HMMA HGMMA LDL/STL
+  for cubin in "$CUDAL2_CACHE"/*/*/kernel.cubin; do
+    sass=$(cuobjdump -sass "$cubin")
+    sym=$(grep -o 'hgemm_[a-z0-9_]*' <<<"$sass" | head -1)
+    printf "%-80s %6d %6d %6d\n" "$sym" "$(grep -c ' HMMA' <<<"$sass")" \
+      "$(grep -c ' HGMMA' <<<"$sass")" "$(grep -cE ' (LDL|STL)' <<<"$sass")"
+  done
+} > "$OUT/sass.txt"
+awk 'NR>1 {n++; if ($2>0) h++; if ($4>0) s++} END {printf "%d kernels: %d with HMMA, %d with local-memory loads/stores\n", n, h, s}' "$OUT/sass.txt"
+
+step "install the wheel and check it"
+WHEEL=$(ls "$OUT"/dist/*.whl | head -1)
+rm -rf /tmp/cudal2-wheel && $PY -m pip install -q "${FIND[@]}" --target /tmp/cudal2-wheel --no-deps "$WHEEL"
+$PY -m pip install -q "${FIND[@]}" --dry-run "$WHEEL" >/dev/null 2>&1 \
+  && echo "wheel requirements satisfied by this environment" \
+  || echo "NOTE: wheel requirements not all installed here (installed with --no-deps)"
+(cd /tmp && PYTHONPATH=/tmp/cudal2-wheel $PY "$OLDPWD/ci/check_wheel.py" "$WHEEL" --json "$OUT/wheel-check.json") 2>&1 | tee "$OUT/wheel-check.txt"
+exit $tests_rc

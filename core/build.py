@@ -1,0 +1,304 @@
+"""The build pipeline: manifest -> proposals -> cubins -> measurements -> selection -> wheel.
+
+Each stage resumes from what is on disk: compiled kernels come from the artifact
+cache, measurements from the append-only database (reused per GPU model, target,
+artifact and timing mode), so a killed build re-run repeats no finished work.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from cudal2 import __version__
+from cudal2.database import MeasurementDB
+from cudal2.dispatch import build_table
+from cudal2.generator import launch_recipe
+from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
+from cudal2.manifest import Manifest
+from cudal2.packaging.wheel import write_wheel
+from cudal2.policy import make_proposer
+from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
+from cudal2.select import Selection, select
+from cudal2.verify.gpu import gpu_names
+from cudal2.verify.timing import TimingConfig
+from tqdm import tqdm
+
+
+class BuildError(RuntimeError):
+    """The build cannot go on; the message says why and what to do."""
+
+
+@dataclass
+class BuildReport:
+    wheel: Path
+    table: dict[str, Any]
+    selections: list[Selection]
+    missing: list[Target]
+    measured: int = 0
+    reused: int = 0
+    compiled: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def measurement_from(
+    target: Target,
+    design: KernelDesign,
+    build: BuildResult,
+    result: dict[str, Any],
+    gpu: GpuInfo,
+    proposer: str,
+    mode: str,
+) -> Measurement:
+    """A worker's answer (or a compile failure) as a typed record with derived metrics."""
+    samples = tuple(result.get("samples_us", ()))
+    base_samples = {k: tuple(v) for k, v in result.get("baseline_samples_us", {}).items()}
+    median = _median(samples)
+    metrics: dict[str, float] = {}
+    if build.registers is not None:
+        metrics["registers"] = build.registers
+        metrics["spill_bytes"] = build.spill_bytes or 0
+    if build.ok:
+        recipe = launch_recipe(design)
+        tiles = -(-target.m // recipe["tile_m"]) * -(-target.n // recipe["tile_n"])
+        metrics["waves"] = round(tiles / gpu.sm_count, 4)
+        metrics["smem_bytes"] = recipe["smem_bytes"]
+    if median:
+        metrics["tflops"] = round(target.flops / (median * 1e-6) / 1e12, 3)
+        metrics["gbps"] = round(target.min_bytes / (median * 1e-6) / 1e9, 2)
+    spread = None
+    if samples and "torch" in base_samples:
+        from cudal2.select import _spread
+
+        spread = max(_spread(samples), _spread(base_samples["torch"]))
+    return Measurement(
+        target=target,
+        design=design,
+        design_key=design.key,
+        artifact_key=build.artifact_key,
+        status=result["status"],
+        error=result.get("error", ""),
+        gpu=gpu,
+        proposer=proposer,
+        tool_version=__version__,
+        toolchain=build.nvcc_version,
+        measured_at=_now(),
+        max_abs_err=result.get("max_abs_err"),
+        max_rel_err=result.get("max_rel_err"),
+        samples_us=samples,
+        median_us=median,
+        baselines_us={k: statistics.median(v) for k, v in base_samples.items()},
+        baseline_samples_us=base_samples,
+        spread=spread,
+        metrics=metrics,
+        mode=mode,
+    )
+
+
+class Build:
+    def __init__(
+        self,
+        manifest: Manifest,
+        db_path: Path,
+        cache: ArtifactCache,
+        out_dir: Path,
+        *,
+        remeasure: bool = False,
+        measure: bool = True,
+        jobs: int | None = None,
+        device: int = 0,
+        log: TextIO = sys.stderr,
+    ):
+        self.manifest = manifest
+        self.db = MeasurementDB(db_path)
+        self.cache = cache
+        self.out_dir = out_dir
+        self.remeasure = remeasure
+        self.measure = measure
+        self.jobs = jobs
+        self.device = device
+        self.log = log
+        self.report_counts = {"measured": 0, "reused": 0, "compiled": 0}
+        self.failures: dict[str, int] = {}
+
+    def say(self, msg: str) -> None:
+        print(msg, file=self.log, flush=True)
+
+    # -- measuring (GPU machines) ---------------------------------------------------
+    def _measure(self, history: list[Measurement]) -> None:
+        from cudal2.verify.pool import WorkerPool
+
+        m = self.manifest
+        proposer = make_proposer(m.search.proposer, m.search.seed)
+        timing = TimingConfig(mode=m.timing_mode, seed=m.search.seed)
+        with WorkerPool(self.device) as pool:
+            gpu = pool.start()
+            self.say(
+                f"measuring on {gpu.name} ({gpu.arch}, driver {gpu.driver}, {gpu.sm_count} SMs)"
+            )
+            targets = [t for t in m.targets if t.arch == gpu.arch]
+            skipped = len(m.targets) - len(targets)
+            if skipped:
+                self.say(
+                    f"{skipped} targets are for other archs than {gpu.arch}: not measured here"
+                )
+            # (GPU model, target, artifact, mode) -> the latest record: reused, not re-run.
+            prior = (
+                {}
+                if self.remeasure
+                else {(x.gpu.name, x.target.key, x.artifact_key, x.mode): x for x in history}
+            )
+            this_build: list[Measurement] = []
+            started = time.monotonic()
+            for rnd in range(m.search.rounds):
+                proposals = {
+                    t: proposer.propose(t, this_build, m.search.candidates) for t in targets
+                }
+                designs = [d for ds in proposals.values() for d in ds]
+                builds = self._compile(designs, f"round {rnd + 1}/{m.search.rounds}: compile")
+                jobs: list[tuple[Target, KernelDesign, BuildResult]] = []
+                round_ms: list[Measurement] = []
+                for t, ds in proposals.items():
+                    for d in ds:
+                        b = builds[d.key]
+                        old = prior.get((gpu.name, t.key, b.artifact_key, m.timing_mode))
+                        if old is not None:
+                            round_ms.append(old)
+                            self.report_counts["reused"] += 1
+                        elif not b.ok:
+                            rec = measurement_from(
+                                t,
+                                d,
+                                b,
+                                {"status": "compile", "error": b.error},
+                                gpu,
+                                proposer.name,
+                                m.timing_mode,
+                            )
+                            self.db.append([rec])
+                            round_ms.append(rec)
+                        else:
+                            jobs.append((t, d, b))
+                bar = tqdm(
+                    jobs,
+                    desc=f"round {rnd + 1}/{m.search.rounds}: measure",
+                    unit="cand",
+                    file=self.log,
+                )
+                for t, d, b in bar:
+                    if time.monotonic() - started > m.search.gpu_budget_s:
+                        self.say(
+                            f"GPU-time budget of {m.search.gpu_budget_s:.0f} s spent: "
+                            f"{len(jobs) - bar.n} candidates left unmeasured (re-run to continue)"
+                        )
+                        break
+                    job = {
+                        "target": t.as_json(),
+                        "cubin_path": str(self.cache.entry(b.artifact_key) / "kernel.cubin"),
+                        "symbol": b.symbol,
+                        "recipe": launch_recipe(d),
+                        "timing": timing.__dict__ | {"server_gap_s": list(timing.server_gap_s)},
+                    }
+                    rec = measurement_from(
+                        t, d, b, pool.run(job), gpu, proposer.name, m.timing_mode
+                    )
+                    self.db.append([rec])  # at once: a killed build keeps what it measured
+                    round_ms.append(rec)
+                    self.report_counts["measured"] += 1
+                    if rec.status != "ok":
+                        self.failures[rec.status] = self.failures.get(rec.status, 0) + 1
+                bar.close()
+                this_build.extend(round_ms)
+                proposer.observe(round_ms)
+
+    def _compile(self, designs: Sequence[KernelDesign], desc: str) -> dict[str, BuildResult]:
+        unique = {d.key: d for d in designs}
+        bar = tqdm(total=len(unique), desc=desc, unit="kernel", file=self.log)
+        results = build_all(unique.values(), self.cache, self.jobs, on_done=lambda r: bar.update(1))
+        bar.close()
+        self.report_counts["compiled"] += len(results)
+        return results
+
+    # -- selection and packaging (any machine) --------------------------------------
+    def run(self) -> BuildReport:
+        history = self.db.read()
+        have_gpu = self.measure and bool(gpu_names())
+        if have_gpu:
+            self._measure(history)
+            history = self.db.read()
+        else:
+            relevant = [x for x in history if x.target in set(self.manifest.targets)]
+            if not relevant:
+                raise BuildError(
+                    f"no GPU here and no recorded measurements for this manifest's targets in "
+                    f"{self.db.path}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
+                    f"--measurements FILE recorded on one"
+                )
+            self.say(
+                f"no GPU here: building from {len(relevant)} recorded measurements "
+                f"in {self.db.path}"
+            )
+        key_cache: dict[str, str] = {}
+
+        def usable(x: Measurement) -> bool:
+            # Ship only what was measured: the design must render and compile to the
+            # same artifact key (source, nvcc version, flags) here.
+            if x.design is None:
+                return False
+            if x.design_key not in key_cache:
+                key_cache[x.design_key] = artifact_key_of(x.design)
+            return key_cache[x.design_key] == x.artifact_key
+
+        selections, missing = select(
+            self.manifest.targets, history, self.manifest.timing_mode, usable
+        )
+        stale = {
+            x.design_key
+            for x in history
+            if x.status == "ok" and x.target in set(self.manifest.targets) and not usable(x)
+        }
+        if stale:
+            self.say(
+                f"{len(stale)} measured designs no longer build to the measured artifact "
+                "(template or nvcc changed): not shipped; re-measure on a GPU"
+            )
+        winners = [
+            s.winner.design
+            for s in selections
+            if s.kind == "kernel" and s.winner and s.winner.design
+        ]
+        self._compile(winners, "compile winners")
+        m = self.manifest
+        table, cubins = build_table(
+            name=m.name,
+            version=m.version,
+            package=m.package,
+            manifest_sha256=m.sha256,
+            selections=selections,
+            cubin_of=self.cache.cubin,
+        )
+        wheel = write_wheel(table, cubins, self.out_dir)
+        return BuildReport(
+            wheel=wheel,
+            table=table,
+            selections=selections,
+            missing=missing,
+            measured=self.report_counts["measured"],
+            reused=self.report_counts["reused"],
+            compiled=self.report_counts["compiled"],
+            failures=self.failures,
+        )

@@ -1,0 +1,147 @@
+"""``cudal2-build [MANIFEST] [--out DIR]``: manifest -> measured kernels -> wheel.
+
+Exit codes: 0 built; 2 bad manifest or arguments (nothing written); 1 the build
+could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from cudal2.manifest import ManifestError, default_manifest_path, load_manifest
+from cudal2.policy import PROPOSERS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cudal2-build",
+        description="Build a wheel of measured HGEMM kernels for the shapes of a manifest.",
+    )
+    p.add_argument(
+        "manifest", nargs="?", help="manifest TOML (default: the shipped manifests/default.toml)"
+    )
+    p.add_argument("--out", default="dist", help="folder for the wheel (default: dist/)")
+    p.add_argument(
+        "--measurements",
+        help="measurement database "
+        "(default: <manifest stem>.measurements.jsonl next to the manifest)",
+    )
+    p.add_argument(
+        "--remeasure", action="store_true", help="measure again even where a record exists"
+    )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="do not use a GPU even if present: package from records",
+    )
+    p.add_argument(
+        "--cache",
+        help="artifact cache folder (default: $CUDAL2_CACHE or ~/.cache/cudal2/artifacts)",
+    )
+    p.add_argument("--jobs", type=int, help="parallel nvcc processes (default: all cores)")
+    p.add_argument("--device", type=int, default=0, help="CUDA device to measure on (default: 0)")
+    return p
+
+
+def _summary(report) -> str:
+    rows = [("gpu", "dtype/layout", "M", "N", "K", "dispatch", "time us", "torch us", "speedup")]
+    for e in report.table["entries"]:
+        rows.append(
+            (
+                e["gpu"].replace("NVIDIA ", ""),
+                f"{e['dtype']}/{e['layout']}",
+                f"{e['m_min']}-{e['m_max']}",
+                str(e["n"]),
+                str(e["k"]),
+                e["kernel"].split(f"_{e['layout']}_", 1)[1]
+                if e["kind"] == "kernel"
+                else "fallback",
+                "-" if e["time_us"] is None else f"{e['time_us']:.2f}",
+                "-" if e["baseline_us"] is None else f"{e['baseline_us']:.2f}",
+                "-" if e["speedup"] is None else f"{e['speedup']:.3f}",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i >= 2 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    kernels = sum(1 for e in report.table["entries"] if e["kind"] == "kernel")
+    lines.append(
+        f"{len(report.table['entries'])} entries: {kernels} own kernels, "
+        f"{len(report.table['entries']) - kernels} fallbacks"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    path = Path(args.manifest) if args.manifest else default_manifest_path()
+    try:
+        manifest = load_manifest(path)
+    except ManifestError as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 2
+    if manifest.search.proposer not in PROPOSERS:
+        print(
+            f"cudal2-build: error: {path}: search.proposer = {manifest.search.proposer!r} is not "
+            f"available in this version (the learned policy is not trained yet); "
+            f"use one of {PROPOSERS}",
+            file=sys.stderr,
+        )
+        return 2
+
+    # Imported after validation so a bad manifest fails fast and writes nothing.
+    from cudal2.build import Build, BuildError
+    from cudal2.generator.compile import ArtifactCache, NvccNotFoundError
+    from cudal2.verify.pool import WorkerError
+
+    db = (
+        Path(args.measurements)
+        if args.measurements
+        else path.with_name(f"{path.stem}.measurements.jsonl")
+    )
+    started = time.monotonic()
+    try:
+        report = Build(
+            manifest,
+            db,
+            ArtifactCache(Path(args.cache) if args.cache else None),
+            Path(args.out),
+            remeasure=args.remeasure,
+            measure=not args.no_measure,
+            jobs=args.jobs,
+            device=args.device,
+        ).run()
+    except (BuildError, NvccNotFoundError, WorkerError) as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 1
+    print(_summary(report))
+    if report.missing:
+        print(
+            f"{len(report.missing)} targets have no measurements "
+            "(the runtime falls back to cuBLAS for them):"
+        )
+        for t in report.missing:
+            print(f"  {t.label} ({t.arch})")
+    if report.failures:
+        print(
+            "failed candidates: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(report.failures.items()))
+        )
+    print(
+        f"measured {report.measured}, reused {report.reused} measurements; "
+        f"{time.monotonic() - started:.1f} s; database {db}"
+    )
+    print(f"wheel: {report.wheel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The measurement database: append-only JSON Lines, one Measurement per line.
+
+Merging databases from several GPU hosts is concatenating their files. Each append
+writes whole lines in one ``write`` under an exclusive lock, then fsyncs, so a
+killed build leaves at most one torn last line, which readers skip with a warning.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+
+from cudal2.records import Measurement
+
+
+class MeasurementDB:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def read(self) -> list[Measurement]:
+        if not self.path.exists():
+            return []
+        out: list[Measurement] = []
+        with self.path.open("r", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(Measurement.from_json(json.loads(line)))
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    warnings.warn(
+                        f"{self.path}:{lineno}: skipping unreadable record ({e})", stacklevel=2
+                    )
+        return out
+
+    def append(self, measurements: Iterable[Measurement]) -> None:
+        data = "".join(
+            json.dumps(m.as_json(), sort_keys=True, separators=(",", ":")) + "\n"
+            for m in measurements
+        )
+        if not data:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # A previous writer killed mid-line left no newline: start on a fresh line.
+            size = os.fstat(fd).st_size
+            if size:
+                with open(self.path, "rb") as r:
+                    r.seek(size - 1)
+                    if r.read(1) != b"\n":
+                        data = "\n" + data
+            os.write(fd, data.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)

@@ -1,0 +1,106 @@
+"""Selections -> dispatch table (format 1, docs/contracts.md) and the cubins it names."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from cudal2 import __version__
+from cudal2.generator import launch_recipe
+from cudal2.records import sha256_hex
+from cudal2.select import Selection
+
+TABLE_FORMAT = 1
+
+
+def _cuda_version(runtime: str) -> str:
+    return ".".join(runtime.split(".")[:2])
+
+
+def build_table(
+    *,
+    name: str,
+    version: str,
+    package: str,
+    manifest_sha256: str,
+    selections: Sequence[Selection],
+    cubin_of: Callable[[str], bytes],
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The table and {sha256: cubin bytes}. ``cubin_of(artifact_key)`` reads the cache.
+
+    M ranges: per (gpu, dtype, layout, n, k) the entries measured at M1 < M2 < ...
+    serve [1, M1], [M1+1, M2], ...; larger M is not covered (runtime falls back).
+    """
+    groups: dict[tuple, list[Selection]] = defaultdict(list)
+    for s in selections:
+        t = s.target
+        groups[(s.gpu, t.arch, t.dtype, t.layout, t.n, t.k)].append(s)
+    entries: list[dict[str, Any]] = []
+    cubins: dict[str, bytes] = {}
+    gpus: dict[str, set[str]] = defaultdict(set)  # field -> values, from the winners' GPUs
+    for (gpu, arch, dtype, layout, n, k), sels in sorted(groups.items()):
+        prev = 0
+        for s in sorted(sels, key=lambda s: s.target.m):
+            e: dict[str, Any] = {
+                "gpu": gpu,
+                "arch": arch,
+                "dtype": dtype,
+                "layout": layout,
+                "n": n,
+                "k": k,
+                "m_min": prev + 1,
+                "m_max": s.target.m,
+                "m_measured": s.target.m,
+                "kind": s.kind,
+                "kernel": None,
+                "symbol": None,
+                "cubin_sha256": None,
+                "launch": None,
+                "design_key": None,
+                "time_us": _r(s.time_us),
+                "baseline": "torch",
+                "baseline_us": _r(s.baseline_us),
+                "speedup": _r(s.speedup, 4),
+                "spread": _r(s.spread, 4),
+                "measured_at": s.measured_at,
+                "candidates": s.candidates,
+            }
+            prev = s.target.m
+            if s.kind == "kernel":
+                w = s.winner
+                assert w is not None and w.design is not None
+                blob = cubin_of(w.artifact_key)
+                sha = sha256_hex(blob)
+                cubins[sha] = blob
+                e.update(
+                    kernel=w.design.name,
+                    symbol=w.design.name,
+                    cubin_sha256=sha,
+                    launch=launch_recipe(w.design),
+                    design_key=w.design_key,
+                )
+                gpus["drivers"].add(w.gpu.driver)
+                gpus["cuda_versions"].add(_cuda_version(w.gpu.cuda_runtime))
+            entries.append(e)
+    stamps = sorted(s.measured_at for s in selections)
+    table = {
+        "format": TABLE_FORMAT,
+        "package": package,
+        "name": name,
+        "version": version,
+        "tool_version": __version__,
+        "manifest_sha256": manifest_sha256,
+        "gpu_models": sorted({s.gpu for s in selections}),
+        "archs": sorted({s.target.arch for s in selections}),
+        "drivers": sorted(gpus["drivers"]),
+        "cuda_versions": sorted(gpus["cuda_versions"]),
+        "measured_from": stamps[0] if stamps else None,
+        "measured_to": stamps[-1] if stamps else None,
+        "entries": entries,
+    }
+    return table, cubins
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(x, nd)

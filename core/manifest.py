@@ -1,0 +1,365 @@
+"""The build manifest: TOML schema, validation and expansion to ``Target`` records.
+
+The schema is documented key by key in ``manifests/README.md``. Every kind of bad
+input raises ``ManifestError`` carrying the key path (``search.candidates``,
+``targets[0].shapes[2][1]``) and the offending value, so the CLI can print one
+line and exit 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from cudal2 import models
+from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
+
+PROPOSERS: tuple[str, ...] = ("grid", "random", "policy")
+TIMING_MODES: tuple[str, ...] = ("offline", "server")
+
+# The gemm_v1 ABI passes M, N, K as C ``int``.
+MAX_DIM = 2**31 - 1
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_VERSION_RE = re.compile(r"^\d+(\.\d+)*([ab]|rc)?\d*(\.post\d+)?(\.dev\d+)?$")
+_TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+_TOP_KEYS = ("package", "build", "search", "timing", "targets", "grid", "model")
+_PACKAGE_KEYS = ("name", "version")
+_BUILD_KEYS = ("gpus", "dtypes", "layouts")
+_SEARCH_KEYS = ("proposer", "candidates", "rounds", "gpu_budget_s", "seed")
+_TIMING_KEYS = ("mode",)
+_OVERRIDE_KEYS = ("dtypes", "layouts")
+_TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
+_GRID_KEYS = ("m", "n", "k", *_OVERRIDE_KEYS)
+_MODEL_KEYS = ("config", "tokens", "tp", "fused", *_OVERRIDE_KEYS)
+
+_MISSING = object()
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be built, with where and what.
+
+    ``key_path`` is the dotted/indexed path of the offending key (empty for the
+    file as a whole), ``value`` the offending value; ``str(e)`` is one line that
+    names the file, the key path, the value and what is wrong.
+    """
+
+    def __init__(self, message: str, key_path: str = "", value: Any = None) -> None:
+        super().__init__(" ".join(message.split()))
+        self.key_path = key_path
+        self.value = value
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How kernels are searched for: proposer, designs per target per round, rounds,
+    GPU-time budget of one build in seconds, and the random seed."""
+
+    proposer: str = "grid"
+    candidates: int = 8
+    rounds: int = 1
+    gpu_budget_s: float = 1800.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest, expanded to its deduplicated, sorted targets.
+
+    ``archs``/``dtypes``/``layouts`` are the ``[build]`` defaults; a target group
+    may override dtypes and layouts, so read ``targets`` for what is built.
+    ``sha256`` is the hash of the manifest file's bytes.
+    """
+
+    path: Path
+    sha256: str
+    name: str
+    version: str
+    archs: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    layouts: tuple[str, ...]
+    search: SearchSettings
+    timing_mode: str
+    targets: tuple[Target, ...]
+
+    @property
+    def package(self) -> str:
+        """The import name of the generated wheel."""
+        return f"cudal2_kernels_{self.name}"
+
+
+def default_manifest_path() -> Path:
+    """The shipped ``manifests/default.toml``."""
+    return Path(str(files("cudal2.manifests") / "default.toml"))
+
+
+class _Reader:
+    """Validates one parsed manifest; every error names the file, key path and value."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, key_path: str, value: Any, problem: str) -> ManifestError:
+        shown = "" if value is _MISSING else f" = {value!r}"
+        return ManifestError(
+            f"{self.path}: {key_path}{shown}: {problem}",
+            key_path,
+            None if value is _MISSING else value,
+        )
+
+    # -- tables -----------------------------------------------------------------
+
+    def table(self, value: Any, key_path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key_path, value, f"must be a table [{key_path}]")
+        for key in value:
+            if key not in allowed:
+                where = f"[{key_path}]" if key_path else "the top level"
+                raise self.fail(
+                    f"{key_path}.{key}" if key_path else key,
+                    value[key],
+                    f"unknown key; allowed in {where}: {', '.join(allowed)}",
+                )
+        return value
+
+    def array_of_tables(
+        self, doc: dict[str, Any], key: str, allowed: tuple[str, ...]
+    ) -> list[dict[str, Any]]:
+        value = doc.get(key, [])
+        if not isinstance(value, list):
+            raise self.fail(key, value, f"must be an array of tables, written [[{key}]]")
+        return [self.table(item, f"{key}[{i}]", allowed) for i, item in enumerate(value)]
+
+    def required(self, table: dict[str, Any], key: str, key_path: str) -> Any:
+        if key not in table:
+            raise self.fail(key_path, _MISSING, "missing required key")
+        return table[key]
+
+    # -- scalars ------------------------------------------------------------------
+
+    def integer(self, value: Any, key_path: str, minimum: int) -> int:
+        # bool is an int subclass in Python, but `true` is never a count.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key_path, value, "must be an integer")
+        if value < minimum:
+            bound = "positive" if minimum == 1 else f">= {minimum}"
+            raise self.fail(key_path, value, f"must be {bound}")
+        return value
+
+    def dim(self, value: Any, key_path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+            raise self.fail(key_path, value, f"a dimension must be an integer in [1, {MAX_DIM}]")
+        return value
+
+    def positive_number(self, value: Any, key_path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(key_path, value, "must be a number")
+        if not math.isfinite(value) or value <= 0:
+            raise self.fail(key_path, value, "must be a positive finite number")
+        return float(value)
+
+    def string(self, value: Any, key_path: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(key_path, value, "must be a string")
+        return value
+
+    def choice(self, value: Any, key_path: str, supported: tuple[str, ...]) -> str:
+        if self.string(value, key_path) not in supported:
+            raise self.fail(key_path, value, f"unsupported; supported: {', '.join(supported)}")
+        return value
+
+    def boolean(self, value: Any, key_path: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key_path, value, "must be true or false")
+        return value
+
+    # -- lists ----------------------------------------------------------------------
+
+    def nonempty_list(self, value: Any, key_path: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(key_path, value, "must be a list")
+        if not value:
+            raise self.fail(key_path, value, "must not be empty")
+        return value
+
+    def choices(self, value: Any, key_path: str, supported: tuple[str, ...]) -> tuple[str, ...]:
+        items = self.nonempty_list(value, key_path)
+        picked = [self.choice(v, f"{key_path}[{i}]", supported) for i, v in enumerate(items)]
+        return tuple(dict.fromkeys(picked))  # drop repeats, keep the user's order
+
+    def dims(self, value: Any, key_path: str) -> list[int]:
+        items = self.nonempty_list(value, key_path)
+        return [self.dim(v, f"{key_path}[{i}]") for i, v in enumerate(items)]
+
+    def shape(self, value: Any, key_path: str) -> tuple[int, int, int]:
+        if not isinstance(value, list) or len(value) != 3:
+            raise self.fail(key_path, value, "a shape must be a list of 3 integers [M, N, K]")
+        m, n, k = (self.dim(v, f"{key_path}[{i}]") for i, v in enumerate(value))
+        return m, n, k
+
+
+def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{path}: not UTF-8 text: {e}", "", None) from e
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        # tomllib (3.11) puts "(at line L, column C)" in its message; quote that line too.
+        msg = str(e)
+        line_text = None
+        pos = _TOML_POS_RE.search(msg)
+        if pos:
+            lines = text.splitlines()
+            lineno = int(pos.group(1))
+            if 1 <= lineno <= len(lines):
+                line_text = lines[lineno - 1].strip()
+        shown = f": {line_text!r}" if line_text else ""
+        raise ManifestError(f"{path}: TOML syntax error: {msg}{shown}", "", line_text) from e
+
+
+def _expand_model(
+    r: _Reader, entry: dict[str, Any], key_path: str, manifest_dir: Path
+) -> list[tuple[int, int, int]]:
+    config_key = f"{key_path}.config"
+    config = r.string(r.required(entry, "config", config_key), config_key)
+    tokens = r.dims(r.required(entry, "tokens", f"{key_path}.tokens"), f"{key_path}.tokens")
+    tp = r.integer(entry.get("tp", 1), f"{key_path}.tp", 1)
+    fused = r.boolean(entry.get("fused", True), f"{key_path}.fused")
+
+    # Relative to the manifest, not the working directory, so a manifest builds
+    # the same from wherever the CLI is run.
+    config_path = models.resolve_config_path((manifest_dir / Path(config).expanduser()).resolve())
+    if not config_path.is_file():
+        raise r.fail(config_key, str(config_path), "model config file not found")
+    try:
+        projections = models.projection_shapes(config_path, tp, fused)
+    except models.TensorParallelError as e:
+        raise r.fail(f"{key_path}.tp", tp, str(e)) from e
+    except models.ModelConfigError as e:
+        raise r.fail(config_key, config, str(e)) from e
+    return [(m, n, k) for m in tokens for _, n, k in projections]
+
+
+def _group_overrides(
+    r: _Reader,
+    entry: dict[str, Any],
+    key_path: str,
+    dtypes: tuple[str, ...],
+    layouts: tuple[str, ...],
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if "dtypes" in entry:
+        dtypes = r.choices(entry["dtypes"], f"{key_path}.dtypes", DTYPES)
+    if "layouts" in entry:
+        layouts = r.choices(entry["layouts"], f"{key_path}.layouts", LAYOUTS)
+    return dtypes, layouts
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read, validate and expand a manifest file; raises ``ManifestError`` on any bad input."""
+    path = Path(path).expanduser().resolve()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ManifestError(
+            f"{path}: cannot read manifest: {e.strerror or e}", "", str(path)
+        ) from e
+    doc = _parse_toml(path, data)
+    r = _Reader(path)
+    r.table(doc, "", _TOP_KEYS)
+
+    if "package" not in doc:
+        raise r.fail("package", _MISSING, "missing required table [package]")
+    package = r.table(doc["package"], "package", _PACKAGE_KEYS)
+    name = r.string(r.required(package, "name", "package.name"), "package.name")
+    if not _NAME_RE.match(name):
+        raise r.fail("package.name", name, "must match [a-z][a-z0-9_]* (lowercase, digits, _)")
+    version = r.string(r.required(package, "version", "package.version"), "package.version")
+    if not _VERSION_RE.match(version):
+        raise r.fail("package.version", version, "must be a PEP 440 version such as 0.1.0")
+
+    build = r.table(doc.get("build", {}), "build", _BUILD_KEYS)
+    archs = r.choices(build.get("gpus", ["sm_90a"]), "build.gpus", ARCHS)
+    dtypes = r.choices(build.get("dtypes", ["fp16"]), "build.dtypes", DTYPES)
+    layouts = r.choices(build.get("layouts", ["tn"]), "build.layouts", LAYOUTS)
+
+    s = r.table(doc.get("search", {}), "search", _SEARCH_KEYS)
+    d = SearchSettings()
+    search = SearchSettings(
+        proposer=r.choice(s.get("proposer", d.proposer), "search.proposer", PROPOSERS),
+        candidates=r.integer(s.get("candidates", d.candidates), "search.candidates", 1),
+        rounds=r.integer(s.get("rounds", d.rounds), "search.rounds", 1),
+        gpu_budget_s=r.positive_number(
+            s.get("gpu_budget_s", d.gpu_budget_s), "search.gpu_budget_s"
+        ),
+        seed=r.integer(s.get("seed", d.seed), "search.seed", 0),
+    )
+
+    timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)
+    timing_mode = r.choice(timing.get("mode", "offline"), "timing.mode", TIMING_MODES)
+
+    # Each group yields (shapes, dtypes, layouts); the product with archs is taken once below.
+    groups: list[tuple[list[tuple[int, int, int]], tuple[str, ...], tuple[str, ...]]] = []
+    for i, entry in enumerate(r.array_of_tables(doc, "targets", _TARGETS_KEYS)):
+        kp = f"targets[{i}]"
+        shapes_value = r.nonempty_list(r.required(entry, "shapes", f"{kp}.shapes"), f"{kp}.shapes")
+        shapes = [r.shape(v, f"{kp}.shapes[{j}]") for j, v in enumerate(shapes_value)]
+        groups.append((shapes, *_group_overrides(r, entry, kp, dtypes, layouts)))
+    for i, entry in enumerate(r.array_of_tables(doc, "grid", _GRID_KEYS)):
+        kp = f"grid[{i}]"
+        ms, ns, ks = (r.dims(r.required(entry, a, f"{kp}.{a}"), f"{kp}.{a}") for a in "mnk")
+        shapes = [(m, n, k) for m in ms for n in ns for k in ks]
+        groups.append((shapes, *_group_overrides(r, entry, kp, dtypes, layouts)))
+    for i, entry in enumerate(r.array_of_tables(doc, "model", _MODEL_KEYS)):
+        kp = f"model[{i}]"
+        # Overrides first: a typo there is cheaper to report than loading the config.
+        overrides = _group_overrides(r, entry, kp, dtypes, layouts)
+        groups.append((_expand_model(r, entry, kp, path.parent), *overrides))
+
+    targets = sorted(
+        {
+            Target(arch=arch, dtype=dt, layout=lay, m=m, n=n, k=k)
+            for shapes, group_dtypes, group_layouts in groups
+            for arch in archs
+            for dt in group_dtypes
+            for lay in group_layouts
+            for m, n, k in shapes
+        }
+    )
+    if not targets:
+        raise r.fail(
+            "targets", _MISSING, "no targets: add at least one [[targets]], [[grid]] or [[model]]"
+        )
+
+    return Manifest(
+        path=path,
+        sha256=hashlib.sha256(data).hexdigest(),
+        name=name,
+        version=version,
+        archs=archs,
+        dtypes=dtypes,
+        layouts=layouts,
+        search=search,
+        timing_mode=timing_mode,
+        targets=tuple(targets),
+    )
+
+
+__all__ = [
+    "MAX_DIM",
+    "PROPOSERS",
+    "TIMING_MODES",
+    "Manifest",
+    "ManifestError",
+    "SearchSettings",
+    "default_manifest_path",
+    "load_manifest",
+]

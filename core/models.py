@@ -1,0 +1,167 @@
+"""Hugging Face ``config.json`` -> the GEMM shapes of a decoder layer's projections.
+
+A model's linear layers are ``y = x @ W^T`` with ``W`` of shape ``[N, K]``; with M
+tokens in flight each one is the GEMM ``M x N x K`` (layout ``tn``). Only the
+projections inside a decoder layer are returned: they run once per layer, so they
+dominate the time; the embedding and LM head are left out.
+
+The config is read with ``transformers.AutoConfig`` from local files only (never
+the network), so the defaults transformers fills in (e.g. Gemma's ``head_dim``)
+are the ones the model really runs with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3")
+
+# Phi-3's transformers modules are already fused (qkv_proj, gate_up_proj), so its
+# "unfused" expansion is the fused one.
+_PREFUSED_MODEL_TYPES: frozenset[str] = frozenset({"phi3"})
+
+
+class ModelConfigError(ValueError):
+    """A model config that cannot be turned into projection shapes."""
+
+
+class UnsupportedModelError(ModelConfigError):
+    """The config's ``model_type`` is not one of ``SUPPORTED_MODEL_TYPES``."""
+
+
+class TensorParallelError(ModelConfigError):
+    """The tensor-parallel degree does not divide the model's heads or MLP width."""
+
+
+def resolve_config_path(config_path: str | Path) -> Path:
+    """The ``config.json`` file for ``config_path``, which may name the file or its folder."""
+    path = Path(config_path).expanduser()
+    return path / "config.json" if path.is_dir() else path
+
+
+def _raw_model_type(path: Path) -> str:
+    """The ``model_type`` read from the JSON itself, before transformers sees it.
+
+    Checking first means an architecture transformers does not know either still
+    gets our message (naming the supported list) instead of transformers' own.
+    """
+    try:
+        raw: Any = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ModelConfigError(f"model config not found: {path}") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelConfigError(f"cannot read model config {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"model config {path} is not a JSON object")
+    model_type = raw.get("model_type")
+    archs = raw.get("architectures") or []
+    arch_text = ", ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs)
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
+        shown = repr(model_type) if model_type is not None else "missing"
+        raise UnsupportedModelError(
+            f"unsupported model architecture in {path}: model_type {shown}"
+            + (f" (architectures: {arch_text})" if arch_text else "")
+            + f"; supported model_type values: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return model_type
+
+
+def _load_config(path: Path) -> Any:
+    # Imported here: transformers is slow to import and only [[model]] entries need it.
+    try:
+        from transformers import AutoConfig
+    except ImportError as e:
+        # A broken install should read as "cannot read this [[model]]", not a traceback.
+        raise ModelConfigError(f"cannot import transformers to read {path}: {e}") from e
+
+    try:
+        return AutoConfig.from_pretrained(str(path.parent), local_files_only=True)
+    except Exception as e:  # transformers raises many kinds; all mean "unreadable config"
+        msg = " ".join(str(e).split())
+        raise ModelConfigError(f"transformers cannot load {path}: {msg}") from e
+
+
+def _positive_int(config: Any, attr: str, path: Path) -> int:
+    value = getattr(config, attr, None)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(
+            f"model config {path}: {attr} must be a positive integer, got {value!r}"
+        )
+    return value
+
+
+def _shard(total: int, tp: int, what: str, path: Path) -> int:
+    if total % tp:
+        raise TensorParallelError(f"model config {path}: tp={tp} does not divide {what}={total}")
+    return total // tp
+
+
+def projection_shapes(config_path: Path, tp: int, fused: bool) -> list[tuple[str, int, int]]:
+    """(projection name, N, K) of one decoder layer on one tensor-parallel rank.
+
+    ``config_path`` names a ``config.json`` or the folder holding it. With ``tp``
+    ranks, query heads, key/value heads and the MLP width are split ``tp`` ways
+    (column-parallel qkv/gate/up shard N, row-parallel o/down shard K); when there
+    are fewer key/value heads than ranks they are replicated, one per rank, which
+    needs ``tp`` to be a multiple of their count.
+
+    ``fused=True`` gives the projections as serving engines run them: ``qkv``,
+    ``o``, ``gate_up``, ``down``. ``fused=False`` gives them as transformers'
+    modules are: ``q``, ``k``, ``v``, ``o``, ``gate``, ``up``, ``down`` — except
+    Phi-3, whose transformers modules are already fused (``qkv_proj``,
+    ``gate_up_proj``), so both settings give ``qkv``, ``o``, ``gate_up``, ``down``.
+
+    Raises ``UnsupportedModelError`` (naming the model_type and the supported list)
+    for other architectures, ``TensorParallelError`` when ``tp`` does not divide
+    the model, and ``ModelConfigError`` for a missing or unreadable config; all are
+    ``ValueError`` subclasses.
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
+        raise TensorParallelError(f"tp must be a positive integer, got {tp!r}")
+    path = resolve_config_path(config_path)
+    model_type = _raw_model_type(path)
+    config = _load_config(path)
+
+    hidden = _positive_int(config, "hidden_size", path)
+    hq = _positive_int(config, "num_attention_heads", path)
+    inter = _positive_int(config, "intermediate_size", path)
+    hkv = getattr(config, "num_key_value_heads", None) or hq
+    if isinstance(hkv, bool) or not isinstance(hkv, int) or hkv <= 0:
+        raise ModelConfigError(
+            f"model config {path}: num_key_value_heads must be positive, got {hkv!r}"
+        )
+    head_dim = getattr(config, "head_dim", None) or hidden // hq
+
+    hq_rank = _shard(hq, tp, "num_attention_heads", path)
+    if hkv >= tp:
+        hkv_rank = _shard(hkv, tp, "num_key_value_heads", path)
+    else:
+        # Fewer KV heads than ranks: each rank holds one replicated KV head, which
+        # only lines up with the query heads when tp is a multiple of hkv.
+        if tp % hkv:
+            raise TensorParallelError(
+                f"model config {path}: tp={tp} is not a multiple of num_key_value_heads={hkv}"
+                " (KV heads are replicated when there are fewer than tp)"
+            )
+        hkv_rank = 1
+    inter_rank = _shard(inter, tp, "intermediate_size", path)
+
+    q_n, kv_n = hq_rank * head_dim, hkv_rank * head_dim
+    if fused or model_type in _PREFUSED_MODEL_TYPES:
+        return [
+            ("qkv", q_n + 2 * kv_n, hidden),
+            ("o", hidden, q_n),
+            ("gate_up", 2 * inter_rank, hidden),
+            ("down", hidden, inter_rank),
+        ]
+    return [
+        ("q", q_n, hidden),
+        ("k", kv_n, hidden),
+        ("v", kv_n, hidden),
+        ("o", hidden, q_n),
+        ("gate", inter_rank, hidden),
+        ("up", inter_rank, hidden),
+        ("down", hidden, inter_rank),
+    ]

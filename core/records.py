@@ -1,0 +1,272 @@
+"""Typed, frozen, serialisable records shared by every stage of the pipeline.
+
+Imports flow one way: records <- generator <- verify <- policy; packaging reads
+records and artifacts only. This module imports nothing from the rest of cudal2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+
+Dtype = Literal["fp16", "bf16"]
+Layout = Literal["tn", "nn"]
+Status = Literal["ok", "compile", "runtime", "incorrect", "timeout", "illegal"]
+
+DTYPES: tuple[str, ...] = ("fp16", "bf16")
+LAYOUTS: tuple[str, ...] = ("tn", "nn")
+ARCHS: tuple[str, ...] = ("sm_90a",)
+ACCUMULATORS: tuple[str, ...] = ("fp32",)
+STATUSES: tuple[str, ...] = ("ok", "compile", "runtime", "incorrect", "timeout", "illegal")
+
+
+def canonical_json(obj: Any) -> str:
+    """The one JSON spelling used for hashing: sorted keys, no whitespace."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def sha256_hex(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    """One GEMM the user cares about.
+
+    layout ``tn``: C[M,N] = A[M,K] @ B[N,K]^T, B row-major (nn.Linear: x @ W^T).
+    layout ``nn``: C[M,N] = A[M,K] @ B[K,N], both row-major (torch.matmul).
+    All operands and the output are row-major with unit inner stride.
+    """
+
+    arch: str
+    dtype: str
+    layout: str
+    m: int
+    n: int
+    k: int
+    accumulator: str = "fp32"
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Target:
+        return cls(**d)
+
+    @property
+    def key(self) -> str:
+        return sha256_hex(canonical_json(self.as_json()))
+
+    @property
+    def label(self) -> str:
+        return f"{self.dtype}/{self.layout} {self.m}x{self.n}x{self.k}"
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def min_bytes(self) -> int:
+        """Each operand read once and the output written once (2-byte elements)."""
+        return 2 * (self.m * self.k + self.n * self.k + self.m * self.n)
+
+
+@dataclass(frozen=True, order=True)
+class KernelDesign:
+    """One point of a kernel family's design space.
+
+    A design is shape-generic: its cubin takes M, N, K and the leading dimensions
+    at run time and is correct for every size >= 1 that meets the family's
+    alignment rule. It is specific to (arch, dtype, layout).
+    Tile knobs: block tile ``bm x bn x bk``, warps per block ``warps_m x warps_n``
+    (each owning a ``bm/warps_m x bn/warps_n`` output tile) times ``warps_k`` (warps
+    that split each K tile and are reduced through shared memory: sliced-K),
+    ``stages`` of the shared-memory pipeline, ``split_k`` slices of K over blocks,
+    ``cluster_m x cluster_n`` thread-block cluster, ``swizzle`` raster group width.
+    """
+
+    family: str
+    arch: str
+    dtype: str
+    layout: str
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    warps_k: int = 1
+    split_k: int = 1
+    cluster_m: int = 1
+    cluster_n: int = 1
+    swizzle: int = 1
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KernelDesign:
+        return cls(**d)
+
+    @property
+    def key(self) -> str:
+        """sha256 of the canonical JSON of every field."""
+        return sha256_hex(canonical_json(self.as_json()))
+
+    @property
+    def name(self) -> str:
+        """Procedural, readable, unique within (family, arch, dtype, layout) knobs."""
+        arch = self.arch.replace("sm_", "sm").rstrip("a")
+        return (
+            f"hgemm_{self.family}_{arch}_{self.dtype}_{self.layout}_"
+            f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}x{self.warps_k}"
+            f"_s{self.stages}"
+            f"_c{self.cluster_m}x{self.cluster_n}_sk{self.split_k}_sw{self.swizzle}"
+        )
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n * self.warps_k
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """The outcome of compiling one design: an artifact key, or the compiler's error."""
+
+    design_key: str
+    artifact_key: str
+    ok: bool
+    symbol: str
+    error: str = ""
+    registers: int | None = None
+    spill_bytes: int | None = None
+    smem_static: int | None = None
+    nvcc_version: str = ""
+    flags: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["flags"] = list(self.flags)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BuildResult:
+        d = dict(d)
+        d["flags"] = tuple(d.get("flags", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPU a measurement was taken on, as found (clocks are never changed)."""
+
+    name: str
+    arch: str
+    sm_count: int
+    driver: str
+    cuda_runtime: str
+    torch: str = ""
+    clocks_mhz: dict[str, int] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuInfo:
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate (or baseline-only) measured on one target on one GPU.
+
+    Failed candidates are kept with their status and error text: the policy
+    learns from them. ``samples_us`` holds every timing sample of the candidate;
+    ``baselines_us`` the median of each baseline timed in the same process,
+    ``baseline_samples_us`` their samples.
+    """
+
+    target: Target
+    design: KernelDesign | None
+    design_key: str
+    artifact_key: str
+    status: str
+    gpu: GpuInfo
+    proposer: str
+    tool_version: str
+    toolchain: str
+    measured_at: str
+    error: str = ""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    samples_us: tuple[float, ...] = ()
+    median_us: float | None = None
+    baselines_us: dict[str, float] = field(default_factory=dict)
+    baseline_samples_us: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    spread: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    mode: str = "offline"
+    schema_version: int = SCHEMA_VERSION
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "target": self.target.as_json(),
+            "design": self.design.as_json() if self.design else None,
+            "design_key": self.design_key,
+            "artifact_key": self.artifact_key,
+            "status": self.status,
+            "error": self.error,
+            "gpu": self.gpu.as_json(),
+            "proposer": self.proposer,
+            "tool_version": self.tool_version,
+            "toolchain": self.toolchain,
+            "measured_at": self.measured_at,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "samples_us": list(self.samples_us),
+            "median_us": self.median_us,
+            "baselines_us": dict(self.baselines_us),
+            "baseline_samples_us": {k: list(v) for k, v in self.baseline_samples_us.items()},
+            "spread": self.spread,
+            "metrics": dict(self.metrics),
+            "mode": self.mode,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Measurement:
+        return cls(
+            target=Target.from_json(d["target"]),
+            design=KernelDesign.from_json(d["design"]) if d.get("design") else None,
+            design_key=d["design_key"],
+            artifact_key=d["artifact_key"],
+            status=d["status"],
+            error=d.get("error", ""),
+            gpu=GpuInfo.from_json(d["gpu"]),
+            proposer=d["proposer"],
+            tool_version=d["tool_version"],
+            toolchain=d["toolchain"],
+            measured_at=d["measured_at"],
+            max_abs_err=d.get("max_abs_err"),
+            max_rel_err=d.get("max_rel_err"),
+            samples_us=tuple(d.get("samples_us", ())),
+            median_us=d.get("median_us"),
+            baselines_us=dict(d.get("baselines_us", {})),
+            baseline_samples_us={k: tuple(v) for k, v in d.get("baseline_samples_us", {}).items()},
+            spread=d.get("spread"),
+            metrics=dict(d.get("metrics", {})),
+            mode=d.get("mode", "offline"),
+            schema_version=d.get("schema_version", SCHEMA_VERSION),
+        )
+
+    @property
+    def reuse_key(self) -> tuple[str, str, str, str, str]:
+        """Measurements are reused per (GPU model, target, design, toolchain, mode)."""
+        return (self.gpu.name, self.target.key, self.design_key, self.toolchain, self.mode)

@@ -1,0 +1,198 @@
+"""Load cubins and launch `gemm_v1` kernels through the CUDA driver API (cuda-python).
+
+Self-contained: this file ships inside generated wheels, so it imports nothing from
+cudal2, only the standard library and ``cuda.bindings``. Importing it touches no
+CUDA; the driver is initialised at the first load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import threading
+from typing import Any
+
+# Parameter types of ABI gemm_v1: (A, B, C, M, N, K, lda, ldb, ldc).
+GEMM_V1_TYPES = (
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_longlong,
+    ctypes.c_longlong,
+    ctypes.c_longlong,
+)
+INT_MAX = 2**31 - 1
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the error."""
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver  # imported late: importing this module touches no CUDA
+
+    return driver
+
+
+def _check(result: tuple, what: str) -> Any:
+    drv = _driver()
+    err = result[0]
+    if err != drv.CUresult.CUDA_SUCCESS:
+        _, name = drv.cuGetErrorName(err)
+        raise CudaDriverError(f"{what} failed: {name.decode() if name else err}")
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def ensure_context(device: int) -> int:
+    """Make a context current for ``device`` (the primary one, as torch and CuPy use)
+    if none is, and return the current context's handle."""
+    global _initialised
+    drv = _driver()
+    with _init_lock:
+        if not _initialised:
+            _check(drv.cuInit(0), "cuInit")
+            _initialised = True
+    ctx = _check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        dev = _check(drv.cuDeviceGet(device), "cuDeviceGet")
+        ctx = _check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return int(ctx)
+
+
+def driver_version() -> tuple[int, int]:
+    """The installed driver's CUDA version as (major, minor)."""
+    drv = _driver()
+    _check(drv.cuInit(0), "cuInit")
+    v = _check(drv.cuDriverGetVersion(), "cuDriverGetVersion")
+    return v // 1000, (v % 1000) // 10
+
+
+class Kernel:
+    """One kernel symbol of one cubin, loaded lazily once per CUDA context.
+
+    ``expected_sha256``, when given, is checked against the cubin bytes before the
+    first load, so a corrupted install fails loudly instead of running bad code.
+    """
+
+    def __init__(
+        self, cubin: bytes, symbol: str, smem_bytes: int, expected_sha256: str | None = None
+    ):
+        self._cubin = cubin
+        self.symbol = symbol
+        self.smem_bytes = smem_bytes
+        self._expected = expected_sha256
+        self._functions: dict[int, Any] = {}
+        self._modules: list[Any] = []
+        self._lock = threading.Lock()
+
+    def function(self, device: int = 0) -> Any:
+        """The CUfunction in the current context (loaded on first use, outside any hot path)."""
+        ctx = ensure_context(device)
+        fn = self._functions.get(ctx)
+        if fn is not None:
+            return fn
+        with self._lock:
+            fn = self._functions.get(ctx)
+            if fn is None:
+                fn = self._load()
+                self._functions[ctx] = fn
+        return fn
+
+    def _load(self) -> Any:
+        drv = _driver()
+        if self._expected is not None:
+            got = hashlib.sha256(self._cubin).hexdigest()
+            if got != self._expected:
+                raise CudaDriverError(
+                    f"cubin for {self.symbol} is corrupted: sha256 {got} != {self._expected}"
+                )
+        module = _check(drv.cuModuleLoadData(self._cubin), f"cuModuleLoadData({self.symbol})")
+        self._modules.append(module)
+        fn = _check(
+            drv.cuModuleGetFunction(module, self.symbol.encode()),
+            f"cuModuleGetFunction({self.symbol})",
+        )
+        if self.smem_bytes > 48 * 1024:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(
+                drv.cuFuncSetAttribute(fn, attr, self.smem_bytes),
+                f"cuFuncSetAttribute({self.symbol}, smem={self.smem_bytes})",
+            )
+        return fn
+
+    def launch(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        stream: int,
+        args: tuple,
+        types: tuple = GEMM_V1_TYPES,
+        device: int = 0,
+    ) -> None:
+        """Launch on ``stream`` (a raw cudaStream_t handle; 0 is the legacy default)."""
+        drv = _driver()
+        fn = self.function(device)
+        _check(
+            drv.cuLaunchKernel(
+                fn,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                self.smem_bytes,
+                drv.CUstream(stream),
+                (args, types),
+                0,
+            ),
+            f"cuLaunchKernel({self.symbol})",
+        )
+
+
+def gemm_grid(recipe: dict, m: int, n: int) -> tuple[int, int, int]:
+    """Grid of a gemm_v1 launch recipe for an M x N output."""
+    gx = -(-n // recipe["tile_n"])
+    gy = -(-m // recipe["tile_m"])
+    return (gx, gy, recipe.get("split_k", 1))
+
+
+def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
+    """Whether the grid and the int parameters of ABI gemm_v1 can hold this size."""
+    _, gy, _ = gemm_grid(recipe, m, n)
+    return max(m, n, k) <= INT_MAX and gy <= 65535
+
+
+def launch_gemm(
+    kernel: Kernel,
+    recipe: dict,
+    a_ptr: int,
+    b_ptr: int,
+    c_ptr: int,
+    m: int,
+    n: int,
+    k: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    stream: int,
+    device: int = 0,
+) -> None:
+    """Launch a gemm_v1 kernel by its recipe (grid from the tile shape, never synchronises)."""
+    kernel.launch(
+        gemm_grid(recipe, m, n),
+        tuple(recipe["block"]),
+        stream,
+        (a_ptr, b_ptr, c_ptr, m, n, k, lda, ldb, ldc),
+        device=device,
+    )

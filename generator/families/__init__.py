@@ -1,0 +1,19 @@
+"""Kernel families: each module gives FAMILY, TEMPLATE, legality, space, launch_recipe,
+template_context for its designs."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from cudal2.generator.families import sm80_mma
+
+FAMILIES: dict[str, ModuleType] = {sm80_mma.FAMILY: sm80_mma}
+
+
+def family_of(design_family: str) -> ModuleType:
+    try:
+        return FAMILIES[design_family]
+    except KeyError:
+        raise ValueError(
+            f"unknown kernel family {design_family!r}; known: {sorted(FAMILIES)}"
+        ) from None

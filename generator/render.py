@@ -1,0 +1,53 @@
+"""Render a design to CUDA source with logic-free jinja2 templates."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import jinja2
+from cudal2 import __version__
+from cudal2.generator.families import family_of
+from cudal2.generator.space import legality
+from cudal2.records import KernelDesign
+
+
+class IllegalDesignError(ValueError):
+    """Raised when asked to render a design that fails its family's legality check."""
+
+
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("cudal2.generator", "templates"),
+        undefined=jinja2.StrictUndefined,  # a missing knob is an error, never an empty string
+        keep_trailing_newline=True,
+        autoescape=False,
+        # Inline PTX is full of "{%0, %1}": move jinja's block and comment markers
+        # out of its way (templates use only {{ substitutions }} anyway).
+        block_start_string="<%",
+        block_end_string="%>",
+        comment_start_string="<#",
+        comment_end_string="#>",
+    )
+
+
+def symbol(design: KernelDesign) -> str:
+    """The kernel's extern "C" symbol: its procedural name."""
+    return design.name
+
+
+def render(design: KernelDesign) -> str:
+    """CUDA source for one design (raises IllegalDesignError listing every reason)."""
+    reasons = legality(design)
+    if reasons:
+        raise IllegalDesignError(f"{design.name}: " + "; ".join(reasons))
+    fam = family_of(design.family)
+    ctx = fam.template_context(design)
+    ctx.update(
+        name=design.name,
+        symbol=symbol(design),
+        design_key=design.key,
+        arch=design.arch,
+        tool_version=__version__,
+    )
+    return _env().get_template(fam.TEMPLATE).render(**ctx)

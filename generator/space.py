@@ -1,0 +1,29 @@
+"""The design space over every family, and per-design legality and launch recipes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cudal2.generator.families import FAMILIES, family_of
+from cudal2.records import KernelDesign
+
+
+def design_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
+    """Every legal design of every family for (arch, dtype, layout), in a fixed order."""
+    out: list[KernelDesign] = []
+    for name in sorted(FAMILIES):
+        out.extend(FAMILIES[name].space(arch, dtype, layout))
+    return out
+
+
+def legality(design: KernelDesign) -> list[str]:
+    """Reasons the design is illegal (empty list: legal). Never silently drops."""
+    try:
+        fam = family_of(design.family)
+    except ValueError as e:
+        return [str(e)]
+    return fam.legality(design)
+
+
+def launch_recipe(design: KernelDesign) -> dict[str, Any]:
+    return family_of(design.family).launch_recipe(design)

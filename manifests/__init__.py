@@ -1,0 +1,1 @@
+"""Shipped manifests (package data) and the manifest schema documentation."""

@@ -1,0 +1,236 @@
+"""Writing the kernel wheel: precompiled cubins + dispatch.json + the runtime.
+
+Layout (docs/contracts.md): the wheel ``cudal2_kernels_<name>-<version>-py3-none-any.whl``
+holds the import package ``<package>/`` with a generated ``__init__.py``, the runtime
+copied to ``_runtime/``, ``dispatch.json`` and ``cubins/<sha256>.cubin``, plus its
+``.dist-info``. The wheel is reproducible: every member has the same timestamp and
+mode and members are written in a fixed order, so equal inputs give equal bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.resources
+import io
+import os
+import re
+import shutil
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from wheel.wheelfile import WheelFile
+
+from .table import write_table_bytes
+
+# What the shipped runtime imports at run time (torch is optional and not required).
+# cuda-python's driver bindings: the only thing the runtime imports (the GPU image has
+# cuda-bindings without the cuda-python metapackage).
+RUNTIME_REQUIRES: tuple[str, ...] = ("cuda-bindings>=12.6",)
+REQUIRES_PYTHON = ">=3.11"
+WHEEL_TAG = "py3-none-any"
+
+# Zip timestamps cannot predate 1980; a fixed stamp makes rebuilds byte-identical.
+_ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+_ZIP_MODE = 0o644 << 16
+
+# PEP 508 project names, and the canonical (normalised) PEP 440 version spelling
+# without epoch: a wheel file name must not contain a '-' in either.
+_NAME_RE = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]", re.IGNORECASE)
+_VERSION_RE = re.compile(
+    r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?"
+)
+
+
+class WheelBuildError(ValueError):
+    """The table and cubins given cannot make a wheel (bad name, missing/bad cubin)."""
+
+
+class _ReproducibleWheelFile(WheelFile):
+    """A WheelFile whose RECORD is written by :func:`write_wheel`, not by ``close()``.
+
+    ``WheelFile.close()`` appends a RECORD stamped with the current time (or
+    ``SOURCE_DATE_EPOCH``), which would make two builds of one table differ. Here
+    RECORD is written like every other member and the zip is closed directly.
+    """
+
+    def close(self) -> None:
+        zipfile.ZipFile.close(self)
+
+
+def dist_name(name: str) -> str:
+    """The PEP 503 normalised distribution name of the wheel for table name ``name``."""
+    return re.sub(r"[-_.]+", "-", f"cudal2-kernels-{name}").lower()
+
+
+def wheel_filename(name: str, version: str) -> str:
+    """The PEP 427 file name: the normalised name with '-' spelled '_'."""
+    return f"{dist_name(name).replace('-', '_')}-{version}-{WHEEL_TAG}.whl"
+
+
+def runtime_sources() -> dict[str, bytes]:
+    """Every ``*.py`` file of the installed ``cudal2.runtime`` package, by file name."""
+    root = importlib.resources.files("cudal2.runtime")
+    files = [p for p in root.iterdir() if p.is_file() and p.name.endswith(".py")]
+    return {p.name: p.read_bytes() for p in sorted(files, key=lambda p: p.name)}
+
+
+def write_wheel(table: dict[str, Any], cubins: Mapping[str, bytes], out_dir: Path) -> Path:
+    """Write the kernel wheel for ``table`` into ``out_dir`` and return its path.
+
+    ``cubins`` maps sha256 hex -> cubin bytes and must hold the cubin of every
+    ``kind == "kernel"`` entry (extra cubins are ignored). Raises
+    :class:`WheelBuildError` on a missing cubin, a cubin whose hash is not its key,
+    or a table name/version/package that cannot name a wheel; a malformed table
+    raises :class:`cudal2.packaging.table.TableError`.
+    """
+    table_bytes = write_table_bytes(table)  # validates the table first
+    name, version, package = table["name"], table["version"], table["package"]
+    _check_names(name, version, package)
+
+    members = _package_members(table, table_bytes, cubins)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    filename = wheel_filename(name, version)
+    # WheelFile derives the .dist-info name from the file name, so the temporary
+    # file keeps the final name, inside a private folder on the same file system
+    # as out_dir so that os.replace is an atomic rename.
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".cudal2-wheel-", dir=out_dir))
+    try:
+        tmp_path = tmp_dir / filename
+        with _ReproducibleWheelFile(tmp_path, "w") as whl:
+            dist_info = whl.dist_info_path
+            members[f"{dist_info}/METADATA"] = _metadata(table)
+            members[f"{dist_info}/WHEEL"] = _wheel_file(table)
+            for arcname, data in members.items():
+                whl.writestr(_zipinfo(arcname), data)
+            record_path = whl.record_path
+            whl.writestr(_zipinfo(record_path), _record(members, record_path))
+        final = out_dir / filename
+        os.replace(tmp_path, final)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return final
+
+
+def _check_names(name: str, version: str, package: str) -> None:
+    if not _NAME_RE.fullmatch(name):
+        raise WheelBuildError(f"table name {name!r} is not a valid distribution name part")
+    if not _VERSION_RE.fullmatch(version):
+        raise WheelBuildError(
+            f"table version {version!r} is not a normalised PEP 440 version (e.g. '0.1.0')"
+        )
+    if not package.isidentifier() or package.startswith("_"):
+        raise WheelBuildError(f"table package {package!r} is not a public Python identifier")
+
+
+def _package_members(
+    table: dict[str, Any], table_bytes: bytes, cubins: Mapping[str, bytes]
+) -> dict[str, bytes]:
+    """The import package's files, in the order they go into the zip (sorted by name)."""
+    package = table["package"]
+    members: dict[str, bytes] = {
+        f"{package}/__init__.py": _init_source(table).encode("utf-8"),
+        f"{package}/dispatch.json": table_bytes,
+    }
+    for fname, data in runtime_sources().items():
+        members[f"{package}/_runtime/{fname}"] = data
+    for sha, data in _kernel_cubins(table, cubins).items():
+        members[f"{package}/cubins/{sha}.cubin"] = data
+    return dict(sorted(members.items()))
+
+
+def _kernel_cubins(table: dict[str, Any], cubins: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The cubins that the table's kernel entries need, each checked against its hash."""
+    needed = sorted({e["cubin_sha256"] for e in table["entries"] if e["kind"] == "kernel"})
+    missing = [sha for sha in needed if sha not in cubins]
+    if missing:
+        raise WheelBuildError(
+            f"{len(missing)} cubin(s) referenced by kernel entries were not supplied: "
+            + ", ".join(missing)
+        )
+    out: dict[str, bytes] = {}
+    for sha in needed:
+        data = bytes(cubins[sha])
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha:
+            raise WheelBuildError(f"cubin supplied for {sha} has sha256 {actual}")
+        out[sha] = data
+    return out
+
+
+def _init_source(table: dict[str, Any]) -> str:
+    """The generated ``__init__.py`` of the kernel package."""
+    gpus = ", ".join(table["gpu_models"]) or "no GPU"
+    archs = ", ".join(table["archs"]) or "no arch"
+    kernels = sum(1 for e in table["entries"] if e["kind"] == "kernel")
+    doc = (
+        f"HGEMM kernels precompiled by cudal2 {table['tool_version']} for {gpus} ({archs}).\n"
+        f"\n"
+        f"Built from manifest {table['name']!r} (sha256 {table['manifest_sha256']}),\n"
+        f"measured {table['measured_from']} .. {table['measured_to']}:\n"
+        f"{len(table['entries'])} dispatch entries, {kernels} of them kernels.\n"
+        f"Shapes or GPUs the table does not cover fall back to torch.\n"
+    )
+    # Table strings are data, not code: keep them from closing the docstring.
+    doc = doc.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    return (
+        f'"""{doc}"""\n'
+        "\n"
+        "from ._runtime.api import bind\n"
+        "\n"
+        f"__version__ = {table['version']!r}\n"
+        "\n"
+        "_api = bind(__name__)\n"
+        "matmul = _api.matmul\n"
+        "linear = _api.linear\n"
+        "\n"
+        '__all__ = ["__version__", "linear", "matmul"]\n'
+    )
+
+
+def _metadata(table: dict[str, Any]) -> bytes:
+    gpus = ", ".join(table["gpu_models"]) or "no GPU"
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {dist_name(table['name'])}",
+        f"Version: {table['version']}",
+        f"Summary: cudal2 HGEMM kernels for {gpus} (manifest {table['name']})",
+        f"Requires-Python: {REQUIRES_PYTHON}",
+        *(f"Requires-Dist: {req}" for req in RUNTIME_REQUIRES),
+    ]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _wheel_file(table: dict[str, Any]) -> bytes:
+    lines = [
+        "Wheel-Version: 1.0",
+        f"Generator: cudal2 {table['tool_version']}",
+        "Root-Is-Purelib: true",
+        f"Tag: {WHEEL_TAG}",
+    ]
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _record(members: Mapping[str, bytes], record_path: str) -> bytes:
+    """RECORD per the binary distribution format: path,sha256=<urlsafe b64>,size."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, delimiter=",", quotechar='"', lineterminator="\n")
+    for arcname, data in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        writer.writerow((arcname, f"sha256={digest.decode('ascii')}", len(data)))
+    writer.writerow((record_path, "", ""))
+    return buf.getvalue().encode("utf-8")
+
+
+def _zipinfo(arcname: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(arcname, date_time=_ZIP_DATE_TIME)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = _ZIP_MODE
+    # ZipInfo defaults create_system to the host OS; pin it so the bytes do not.
+    info.create_system = 3
+    return info

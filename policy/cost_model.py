@@ -1,0 +1,54 @@
+"""A cheap analytic time model that ranks designs before anything is timed.
+
+Roofline per block schedule: blocks are spread over the SMs, each SM's tensor rate
+is shared by the blocks it holds, and operand tiles are re-read from L2 once per
+block. It is used only to order candidates (as Triton's ``prune_configs_by``),
+never as a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cudal2.generator.families import sm80_mma
+from cudal2.records import KernelDesign, Target
+
+SM_COUNT = 132  # H100 SXM / H200
+PEAK_FLOPS = 989e12  # dense fp16/bf16, datasheet
+HBM_BW = 3.35e12
+L2_BW = 3 * HBM_BW  # rough: L2 feeds several times HBM's rate
+MMA_SYNC_EFFICIENCY = 0.6  # mma.sync on Hopper reaches roughly this share of wgmma's peak
+MEM_LATENCY_S = 1e-6  # global load latency under load, order of magnitude
+
+
+def _blocks_per_sm(d: KernelDesign) -> int:
+    smem = sm80_mma.smem_bytes(d)
+    mi, ni = d.bm // d.warps_m // 16, d.bn // d.warps_n // 8
+    regs = min(255, mi * ni * 4 + mi * 4 + ni * 2 + 48)
+    by_smem = (228 * 1024) // max(smem + 1024, 1)
+    by_threads = 2048 // d.threads
+    by_regs = 65536 // (d.threads * regs)
+    return max(1, min(by_smem, by_threads, by_regs, 32))
+
+
+def predicted_time_s(d: KernelDesign, t: Target) -> float:
+    tiles = math.ceil(t.m / d.bm) * math.ceil(t.n / d.bn)
+    k_padded = math.ceil(t.k / d.bk) * d.bk
+    occ = _blocks_per_sm(d)
+    # Work of the busiest SM: its share of blocks, at a rate that needs >= 8 warps to saturate.
+    blocks_on_busiest = math.ceil(tiles / SM_COUNT)
+    warps_resident = min(occ, blocks_on_busiest) * d.warps_m * d.warps_n * d.warps_k
+    sm_rate = PEAK_FLOPS * MMA_SYNC_EFFICIENCY / SM_COUNT * min(1.0, warps_resident / 8)
+    compute = blocks_on_busiest * 2 * d.bm * d.bn * k_padded / sm_rate
+    # Bandwidth: DRAM once, L2 once per block; only the SMs in use pull data, and an
+    # SM streams at full rate only with bandwidth x latency bytes in flight (Little's
+    # law), which the (stages - 1) tiles it prefetches per resident block provide.
+    active = min(tiles, SM_COUNT) / SM_COUNT
+    need = HBM_BW / SM_COUNT * MEM_LATENCY_S
+    in_flight = min(occ, blocks_on_busiest) * (d.stages - 1) * (d.bm + d.bn) * d.bk * 2
+    feed = min(1.0, in_flight / need)
+    dram = t.min_bytes / (HBM_BW * max(active, 0.25) * feed)
+    l2 = tiles * (d.bm + d.bn) * k_padded * 2 / (L2_BW * active * feed)
+    # Pipeline fill: each block waits for its first tiles before the first mma.
+    fill = MEM_LATENCY_S * (1 + 0.1 * d.stages)
+    return max(compute, dram, l2) + fill

@@ -1,0 +1,29 @@
+"""Random search: uniform samples of the legal space, seeded per target."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from cudal2.generator import design_space
+from cudal2.policy.base import measured_designs
+from cudal2.records import KernelDesign, Measurement, Target
+
+
+class RandomProposer:
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
+        seen = measured_designs(target, history)
+        pool = [
+            d for d in design_space(target.arch, target.dtype, target.layout) if d.key not in seen
+        ]
+        # Seeded by the target too, so two targets do not get the same sample.
+        rng = random.Random(f"{self.seed}:{target.key}:{len(seen)}")
+        return rng.sample(pool, min(n, len(pool)))
+
+    def observe(self, measurements: Sequence[Measurement]) -> None:
+        return None

@@ -1,0 +1,84 @@
+"""cudal2-build on a machine without a GPU: from the recorded database to a wheel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import zipfile
+
+import pytest
+from cudal2.cli import build as build_cli
+from cudal2.cli import diff as diff_cli
+from cudal2.manifest import default_manifest_path
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr("cudal2.build.gpu_names", lambda: [])
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_default_build_twice_is_byte_identical_and_diffs_clean(
+    tmp_path, no_gpu, artifact_cache, capsys
+):
+    wheels = []
+    for i in range(2):
+        out = tmp_path / f"out{i}"
+        assert build_cli.main(["--out", str(out), "--cache", str(artifact_cache)]) == 0
+        (w,) = out.glob("cudal2_kernels_default-0.1.0-py3-none-any.whl")
+        wheels.append(w)
+    assert _sha(wheels[0]) == _sha(wheels[1])
+    text = capsys.readouterr().out
+    assert "own kernels" in text and "wheel:" in text
+    with zipfile.ZipFile(wheels[0]) as z:
+        names = z.namelist()
+        table = json.loads(z.read("cudal2_kernels_default/dispatch.json"))
+    cubins = {n for n in names if n.startswith("cudal2_kernels_default/cubins/")}
+    shipped = {
+        f"cudal2_kernels_default/cubins/{e['cubin_sha256']}.cubin"
+        for e in table["entries"]
+        if e["kind"] == "kernel"
+    }
+    assert cubins == shipped
+    assert len(table["entries"]) == 32  # every default target was measured
+    assert diff_cli.main([str(wheels[0]), str(wheels[1]), "--fail-on-regression", "0"]) == 0
+    assert "no changes" in capsys.readouterr().out
+
+
+def test_bad_key_exits_2_naming_it_and_writes_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(default_manifest_path().read_text().replace("candidates =", "candidatez ="))
+    assert build_cli.main([str(bad), "--out", str(tmp_path / "dist")]) == 2
+    assert "search.candidatez" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml"]
+
+
+def test_no_gpu_and_no_measurements_is_a_clear_error(tmp_path, no_gpu, capsys):
+    m = tmp_path / "fresh.toml"
+    m.write_text(default_manifest_path().read_text())
+    assert build_cli.main([str(m), "--out", str(tmp_path / "dist")]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU" in err and "fresh.measurements.jsonl" in err
+    assert not (tmp_path / "dist").exists()
+
+
+def test_untrained_policy_proposer_is_refused(tmp_path, capsys):
+    m = tmp_path / "p.toml"
+    m.write_text(
+        default_manifest_path().read_text().replace('proposer = "grid"', 'proposer = "policy"')
+    )
+    assert build_cli.main([str(m)]) == 2
+    assert "not available" in capsys.readouterr().err
+
+
+def test_console_scripts_are_installed():
+    bindir = shutil.which("cudal2-build") or ""
+    assert bindir, f"cudal2-build not on PATH for {sys.executable}"
+    assert shutil.which("cudal2-diff")

@@ -1,0 +1,80 @@
+"""Shared fixtures, all from real data recorded on the H100.
+
+``recorded_measurements`` is the committed database of the default manifest
+(manifests/default.measurements.jsonl). ``recorded_table`` / ``recorded_cubins`` are
+a dispatch table built from it by the real table builder, with every target's
+fastest *correct* recorded kernel as a kernel entry whether or not it beat cuBLAS
+(today none does: the shipped default table is all fallbacks), so the runtime's
+kernel path, the wheel and the diff are exercised with real cubins. Tests copy and
+vary them; they never hard-code entry values.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from typing import Any
+
+import pytest
+from cudal2.database import MeasurementDB
+from cudal2.dispatch import build_table
+from cudal2.generator.compile import ArtifactCache, build_all
+from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.records import Measurement
+from cudal2.select import Selection
+
+
+@pytest.fixture(scope="session")
+def recorded_measurements() -> list[Measurement]:
+    ms = MeasurementDB(default_manifest_path().with_name("default.measurements.jsonl")).read()
+    assert ms, "the recorded H100 database is missing"
+    return ms
+
+
+@pytest.fixture(scope="session")
+def artifact_cache(tmp_path_factory) -> ArtifactCache:
+    """One compile cache for the whole session (nvcc is slow on 2 cores)."""
+    return ArtifactCache(tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
+def _best_kernel_table(
+    recorded_measurements, artifact_cache
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc to rebuild the recorded cubins")
+    best: dict[tuple, Measurement] = {}
+    for m in recorded_measurements:
+        if m.status == "ok":
+            key = (m.gpu.name, m.target)
+            if key not in best or m.median_us < best[key].median_us:
+                best[key] = m
+    designs = [m.design for m in best.values()]
+    built = build_all(designs, artifact_cache)
+    for m in best.values():  # the cubin we ship must be the one that was measured
+        assert built[m.design_key].artifact_key == m.artifact_key, m.design.name
+    sels = [
+        Selection(
+            gpu, t, "kernel", m, m.median_us, m.baselines_us["torch"], m.spread, m.measured_at, 1
+        )
+        for (gpu, t), m in best.items()
+    ]
+    manifest = load_manifest(default_manifest_path())
+    return build_table(
+        name="recorded",
+        version="0.0.1",
+        package="cudal2_kernels_recorded",
+        manifest_sha256=manifest.sha256,
+        selections=sels,
+        cubin_of=artifact_cache.cubin,
+    )
+
+
+@pytest.fixture
+def recorded_table(_best_kernel_table) -> dict[str, Any]:
+    return copy.deepcopy(_best_kernel_table[0])
+
+
+@pytest.fixture
+def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
+    return dict(_best_kernel_table[1])

@@ -1,0 +1,57 @@
+"""nvcc -> sm_90a cubins into the content-addressed cache (one variant per dtype x layout)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from cudal2.generator import compile as comp
+from cudal2.generator.compile import ArtifactCache, artifact_key_of, build, build_all
+from cudal2.records import KernelDesign
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+
+def _d(dtype, layout) -> KernelDesign:
+    return KernelDesign("sm80mma", "sm_90a", dtype, layout, 64, 64, 32, 2, 2, 3)
+
+
+def test_one_variant_per_dtype_layout_compiles_in_parallel(tmp_path):
+    cache = ArtifactCache(tmp_path)
+    designs = [_d(dt, lay) for dt in ("fp16", "bf16") for lay in ("tn", "nn")]
+    results = build_all(designs, cache, jobs=2)
+    assert set(results) == {d.key for d in designs}
+    for d in designs:
+        r = results[d.key]
+        assert r.ok, r.error
+        assert r.symbol == d.name and r.spill_bytes == 0 and 0 < r.registers <= 255
+        assert r.artifact_key == artifact_key_of(d)
+        entry = cache.entry(r.artifact_key)
+        cubin = (entry / "kernel.cubin").read_bytes()
+        assert cubin[:4] == b"\x7fELF"  # a real device ELF
+        assert d.name.encode() in cubin  # the extern "C" symbol is in it
+        assert json.loads((entry / "build.json").read_text())["ok"] is True
+        assert "sm_90a" in " ".join(r.flags)
+    # no temporary folders left behind
+    assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]
+
+
+def test_second_build_recompiles_nothing(tmp_path, monkeypatch):
+    cache = ArtifactCache(tmp_path)
+    first = build(_d("fp16", "tn"), cache)
+
+    def no_nvcc(*a, **k):
+        raise AssertionError("nvcc ran on a cache hit")
+
+    monkeypatch.setattr(comp.subprocess, "run", no_nvcc)
+    assert build(_d("fp16", "tn"), cache) == first
+
+
+def test_compile_error_is_recorded_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setattr(comp, "render", lambda d: "this is not CUDA;\n")
+    cache = ArtifactCache(tmp_path)
+    r = build(_d("bf16", "nn"), cache)
+    assert not r.ok and "error" in r.error.lower()
+    assert cache.get(r.artifact_key) == r
+    assert not (cache.entry(r.artifact_key) / "kernel.cubin").exists()

@@ -1,0 +1,60 @@
+"""The plain proposers behind the one interface: legal, distinct, deterministic, resumable."""
+
+from __future__ import annotations
+
+import pytest
+from cudal2.generator import legality
+from cudal2.policy import GridProposer, RandomProposer, make_proposer
+from cudal2.policy.cost_model import predicted_time_s
+from cudal2.records import KernelDesign, Target
+
+TARGETS = [
+    Target("sm_90a", "fp16", "tn", 1, 4096, 4096),
+    Target("sm_90a", "bf16", "nn", 4096, 4096, 4096),
+    Target("sm_90a", "fp16", "nn", 100, 1000, 1000),
+]
+
+
+@pytest.mark.parametrize(
+    "proposer", [GridProposer(), RandomProposer(seed=3)], ids=["grid", "random"]
+)
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.label)
+def test_proposals_are_legal_distinct_and_for_the_target(proposer, target):
+    ds = proposer.propose(target, [], 8)
+    assert len(ds) == 8 and len({d.key for d in ds}) == 8
+    for d in ds:
+        assert isinstance(d, KernelDesign) and legality(d) == []
+        assert (d.arch, d.dtype, d.layout) == (target.arch, target.dtype, target.layout)
+
+
+@pytest.mark.parametrize(
+    "proposer", [GridProposer(), RandomProposer(seed=3)], ids=["grid", "random"]
+)
+def test_same_inputs_same_proposals(proposer):
+    t = TARGETS[0]
+    assert proposer.propose(t, [], 6) == proposer.propose(t, [], 6)
+
+
+def test_grid_first_round_spans_tile_shapes():
+    ds = GridProposer().propose(TARGETS[1], [], 6)
+    assert len({(d.bm, d.bn) for d in ds}) == 6
+
+
+def test_cost_model_prefers_small_m_tiles_for_decode_and_large_for_square():
+    decode, square = TARGETS[0], TARGETS[1]
+    small = KernelDesign("sm80mma", "sm_90a", "fp16", "tn", 16, 64, 64, 1, 2, 4)
+    large = KernelDesign("sm80mma", "sm_90a", "fp16", "tn", 128, 128, 32, 2, 2, 4)
+    assert predicted_time_s(small, decode) < predicted_time_s(large, decode)
+
+    def sq(d):
+        return KernelDesign(
+            d.family, d.arch, "bf16", "nn", d.bm, d.bn, d.bk, d.warps_m, d.warps_n, d.stages
+        )
+
+    assert predicted_time_s(sq(large), square) < predicted_time_s(sq(small), square)
+
+
+def test_unknown_or_untrained_proposer_is_a_clear_error():
+    with pytest.raises(ValueError, match="not available"):
+        make_proposer("policy")
+    assert make_proposer("random", 1).name == "random"

@@ -1,0 +1,301 @@
+"""The runtime's torch API without a GPU: imports, bind, and every fallback that CPU
+tensors can reach, each of which must return exactly torch's result.
+
+Shapes come from the recorded table's entries (the smallest N*K of each layout, so
+CPU matmuls stay quick); the tests invent no measurements.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import cudal2.runtime
+import pytest
+import torch
+import torch.nn.functional as F
+from cudal2.runtime.api import Api, bind
+
+RUNTIME_DIR = Path(cudal2.runtime.__file__).parent
+
+
+def _write_package(root: Path, table: dict[str, Any], cubins: dict[str, bytes]) -> str:
+    """Lay out a generated package as the wheel writer does (docs/contracts.md) under
+    ``root`` and return its import name."""
+    name = f"cudal2_kernels_test_{uuid.uuid4().hex[:12]}"
+    pkg = root / name
+    shutil.copytree(RUNTIME_DIR, pkg / "_runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "cubins").mkdir()
+    for sha, blob in cubins.items():
+        (pkg / "cubins" / f"{sha}.cubin").write_bytes(blob)
+    (pkg / "dispatch.json").write_text(json.dumps(table, sort_keys=True, indent=2))
+    (pkg / "__init__.py").write_text(
+        "from ._runtime.api import bind\n"
+        "_api = bind(__name__)\n"
+        "matmul = _api.matmul\n"
+        "linear = _api.linear\n"
+        '__version__ = "0.1.0"\n'
+    )
+    return name
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch, recorded_table, recorded_cubins):
+    """The recorded table as an imported generated package."""
+    name = _write_package(tmp_path, recorded_table, recorded_cubins)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    yield module
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+
+
+@pytest.fixture
+def api(package) -> Api:
+    return package._api
+
+
+def _smallest(recorded_table: dict[str, Any], layout: str) -> dict[str, Any] | None:
+    found = [e for e in recorded_table["entries"] if e["layout"] == layout]
+    return min(found, key=lambda e: (e["n"] * e["k"], e["m_measured"]), default=None)
+
+
+def _dtype(entry: dict[str, Any]) -> torch.dtype:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[entry["dtype"]]
+
+
+def _operands(entry: dict[str, Any], m: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [m, K] and B as the entry's layout stores it: [N, K] for tn, [K, N] for nn."""
+    g = torch.Generator().manual_seed(0)
+    dtype, n, k = _dtype(entry), entry["n"], entry["k"]
+    a = torch.randn(m, k, generator=g).to(dtype)
+    b = torch.randn((n, k) if entry["layout"] == "tn" else (k, n), generator=g).to(dtype)
+    return a, b
+
+
+def _misaligned(a: torch.Tensor) -> torch.Tensor:
+    """A copy of ``a`` whose data starts one element (2 bytes) past an aligned address."""
+    buf = torch.empty(a.numel() + 8, dtype=a.dtype)
+    out = buf[1 : 1 + a.numel()].view(a.shape)
+    out.copy_(a)
+    assert out.data_ptr() % 16 != 0
+    return out
+
+
+def _run_python(code: str, path: Path) -> None:
+    """Run ``code`` in a fresh interpreter with ``path`` importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_importing_and_binding_touch_neither_torch_nor_cuda(
+    tmp_path, recorded_table, recorded_cubins
+):
+    name = _write_package(tmp_path, recorded_table, recorded_cubins)
+    e = recorded_table["entries"][0]
+    _run_python(
+        f"""
+        import sys
+        import cudal2.runtime.api, cudal2.runtime.table
+        import {name} as pkg
+        hit = pkg._api.table.lookup({e["gpu"]!r}, {e["arch"]!r}, {e["dtype"]!r},
+                                    {e["layout"]!r}, {e["m_measured"]}, {e["n"]}, {e["k"]})
+        assert hit is not None and hit["m_measured"] == {e["m_measured"]}
+        loaded = sorted(m for m in sys.modules if m == "torch" or m.split(".")[0] == "cuda")
+        assert not loaded, loaded
+        """,
+        tmp_path,
+    )
+
+
+def test_the_runtime_works_without_torch_installed(tmp_path, recorded_table, recorded_cubins):
+    name = _write_package(tmp_path, recorded_table, recorded_cubins)
+    _run_python(
+        f"""
+        import sys
+
+        class NoTorch:
+            def find_spec(self, fullname, path=None, target=None):
+                if fullname.split(".")[0] == "torch":
+                    raise ImportError("torch is not installed here")
+
+        sys.meta_path.insert(0, NoTorch())
+        import {name} as pkg
+        assert len(pkg._api.table.entries) == {len(recorded_table["entries"])}
+        try:
+            pkg.matmul(None, None)
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("matmul without torch must say so")
+        """,
+        tmp_path,
+    )
+
+
+def test_bind_reads_nothing_until_used(tmp_path, monkeypatch):
+    empty = tmp_path / f"cudal2_kernels_empty_{uuid.uuid4().hex[:12]}"
+    empty.mkdir()
+    (empty / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    api = bind(empty.name)  # no dispatch.json: binding still works
+    assert api.package == empty.name
+    with pytest.raises(FileNotFoundError):
+        _ = api.table
+
+
+def test_package_table_is_the_recorded_table(package, api, recorded_table):
+    assert package.matmul == api.matmul and package.linear == api.linear
+    assert api.table.entries == recorded_table["entries"]
+    assert api.table is api.table  # read once
+
+
+@pytest.mark.parametrize("layout", ["tn", "nn"])
+def test_cpu_tensors_fall_back_to_torch(api, recorded_table, layout):
+    entry = _smallest(recorded_table, layout)
+    if entry is None:
+        pytest.skip(f"the recorded table has no {layout} entry")
+    a, b = _operands(entry)
+    if layout == "tn":
+        # b.t() is the transpose view of a row-major [N, K]: classified as tn, then
+        # refused because it is not on a GPU.
+        assert torch.equal(api.matmul(a, b.t()), torch.matmul(a, b.t()))
+        assert torch.equal(api.linear(a, b), F.linear(a, b))
+        assert api.stats.fallbacks == {"device": 2}
+    else:
+        assert torch.equal(api.matmul(a, b), torch.matmul(a, b))
+        assert api.stats.fallbacks == {"device": 1}
+    assert not api.stats.hits
+
+
+def test_linear_with_leading_dims_falls_back_to_torch(api, recorded_table):
+    entry = _smallest(recorded_table, "tn") or _smallest(recorded_table, "nn")
+    a, w = _operands(entry, m=6)
+    if entry["layout"] == "nn":
+        w = w.t().contiguous()
+    x = a.reshape(2, 3, -1)
+    out = api.linear(x, w)
+    assert out.shape == (2, 3, w.shape[0])
+    assert torch.equal(out, F.linear(x, w))
+    # A view that does not collapse to [M, K] without a copy is refused before the device.
+    y = a.reshape(3, 2, -1).transpose(0, 1)
+    assert torch.equal(api.linear(y, w), F.linear(y, w))
+    # A 1-D x is M = 1.
+    assert torch.equal(api.linear(a[0], w), F.linear(a[0], w))
+    assert api.stats.fallbacks == {"device": 2, "stride": 1}
+
+
+def test_fp32_mixed_dtypes_and_3d_fall_back(api, recorded_table):
+    entry = recorded_table["entries"][0]
+    a, b = _operands(entry)
+    b = b.t() if entry["layout"] == "tn" else b
+    a32, b32 = a.float(), b.float()
+    assert torch.equal(api.matmul(a32, b32), torch.matmul(a32, b32))
+    other = torch.bfloat16 if a.dtype == torch.float16 else torch.float16
+    with pytest.raises(RuntimeError) as ours:
+        api.matmul(a, b.to(other))
+    with pytest.raises(RuntimeError) as theirs:
+        torch.matmul(a, b.to(other))
+    assert str(ours.value) == str(theirs.value)
+    a3 = a.reshape(2, -1, a.shape[1])
+    assert torch.equal(api.matmul(a3, b), torch.matmul(a3, b))
+    assert api.stats.fallbacks == {"dtype": 2, "rank": 1}
+
+
+def test_disable_env_falls_back(api, recorded_table, monkeypatch):
+    entry = _smallest(recorded_table, "nn") or _smallest(recorded_table, "tn")
+    a, b = _operands(entry)
+    b = b.t() if entry["layout"] == "tn" else b
+    monkeypatch.setenv("CUDAL2_DISABLE", "1")
+    assert torch.equal(api.matmul(a, b), torch.matmul(a, b))
+    monkeypatch.setenv("CUDAL2_DISABLE", "0")
+    assert torch.equal(api.matmul(a, b), torch.matmul(a, b))
+    assert api.stats.fallbacks == {"disabled": 1, "device": 1}
+
+
+def test_autograd_falls_back_and_keeps_gradients(api, recorded_table):
+    entry = _smallest(recorded_table, "tn") or _smallest(recorded_table, "nn")
+    a, w = _operands(entry)
+    w = torch.nn.Parameter(w if entry["layout"] == "tn" else w.t().contiguous())
+    x = a.clone().requires_grad_(True)
+    api.linear(x, w).float().sum().backward()
+    ours = (x.grad.clone(), w.grad.clone())
+    x.grad, w.grad = None, None
+    F.linear(x, w).float().sum().backward()
+    assert torch.equal(ours[0], x.grad) and torch.equal(ours[1], w.grad)
+    with torch.no_grad():
+        assert torch.equal(api.linear(x, w), F.linear(x, w))
+    # A Parameter is a plain tensor: under no_grad only the device refuses it.
+    assert api.stats.fallbacks == {"grad": 1, "device": 1}
+
+
+def test_stride_alignment_and_shape_rules(api, recorded_table):
+    entry = _smallest(recorded_table, "nn") or _smallest(recorded_table, "tn")
+    a, b = _operands(entry, m=8)
+    b = b.t() if entry["layout"] == "tn" else b
+    k = a.shape[1]
+    cases = {
+        "stride": [
+            (a.t().contiguous().t(), b),  # A column-major
+            (torch.cat([a, a[:, :1]], dim=1)[:, :k], b),  # lda = K + 1
+            (a, b[:, :-1]),  # N - 1: C's leading dim not a multiple of 8
+        ],
+        "alignment": [(_misaligned(a), b)],
+        "empty": [(a[:0], b)],
+    }
+    for reason, pairs in cases.items():
+        for x, y in pairs:
+            assert torch.equal(api.matmul(x, y), torch.matmul(x, y)), reason
+            assert api.stats.fallbacks[reason] >= 1, reason
+    with pytest.raises(RuntimeError):
+        api.matmul(a[:, 1:], b)
+    assert api.stats.fallbacks["shape"] == 1
+    assert not api.stats.hits
+
+
+def test_tensor_subclasses_and_non_tensors_fall_back(api, recorded_table):
+    entry = recorded_table["entries"][0]
+    a, b = _operands(entry)
+    b = b.t() if entry["layout"] == "tn" else b
+
+    class Tagged(torch.Tensor):
+        pass
+
+    ta = a.as_subclass(Tagged)
+    assert torch.equal(api.matmul(ta, b), torch.matmul(ta, b))
+    with pytest.raises(TypeError):
+        api.matmul(a.tolist(), b)
+    assert api.stats.fallbacks == {"tensor_type": 2}
+
+
+def test_stats_reset_and_export(api, recorded_table):
+    entry = recorded_table["entries"][0]
+    a, b = _operands(entry)
+    b = b.t() if entry["layout"] == "tn" else b
+    api.matmul(a.float(), b.float())
+    assert api.stats.as_dict() == {"hits": {}, "fallbacks": {"dtype": 1}}
+    api.stats.reset()
+    assert api.stats.as_dict() == {"hits": {}, "fallbacks": {}}
+
+
+def test_warmup_without_a_usable_gpu_loads_nothing(api):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: test_api_gpu covers warmup")
+    assert api.warmup() == 0
+    assert not api.stats.hits and not api.stats.fallbacks

@@ -1,0 +1,117 @@
+"""Correctness of one kernel on one target: fp32 reference, poisoned output, exact test.
+
+- random trials: fresh uniform(-1, 1) inputs each trial; the output is filled with
+  NaN before the run and every element must be written; the error must stay within
+  a bound set by the vendor library's own error on the same inputs (as CUDA-L2
+  bounds deviation by the vendor spread) and by output rounding.
+- exact trial: {0,1} inputs whose every dot product is an integer <= 2048 (fp16) or
+  256 (bf16), hence exactly representable: the output must equal the reference bit
+  for bit. Each row of A has at most that many ones, so this holds for every K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cudal2.records import Target
+
+EXACT_LIMIT = {"fp16": 2048, "bf16": 256}
+# Unit round-off of the output type: the rounding of a correct fp32 result.
+OUT_EPS = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    error: str
+    max_abs_err: float
+    max_rel_err: float
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def operands(t: Target, kind: str, gen):
+    """A [M,K] and B ([N,K] for tn, [K,N] for nn) on the GPU, fresh from ``gen``."""
+    import torch
+
+    dt = torch_dtype(t.dtype)
+    b_shape = (t.n, t.k) if t.layout == "tn" else (t.k, t.n)
+    if kind == "random":
+        a = torch.rand((t.m, t.k), generator=gen, device="cuda") * 2 - 1
+        b = torch.rand(b_shape, generator=gen, device="cuda") * 2 - 1
+        return a.to(dt), b.to(dt)
+    limit = min(t.k, EXACT_LIMIT[t.dtype])
+    order = torch.rand((t.m, t.k), generator=gen, device="cuda").argsort(dim=1)[:, :limit]
+    a = torch.zeros((t.m, t.k), device="cuda").scatter_(1, order, 1.0)
+    b = (torch.rand(b_shape, generator=gen, device="cuda") < 0.5).float()
+    return a.to(dt), b.to(dt)
+
+
+def reference(t: Target, a, b):
+    """The one reference: fp32 product of the upcast operands, TF32 off."""
+    import torch
+
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        bb = b.float().t() if t.layout == "tn" else b.float()
+        return a.float() @ bb
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def vendor(t: Target, a, b, out=None):
+    """torch.matmul on the same operands (cuBLAS): the baseline, and the error yardstick."""
+    import torch
+
+    bb = b.t() if t.layout == "tn" else b
+    return torch.matmul(a, bb, out=out)
+
+
+def check(t: Target, run: Callable, gen, random_trials: int = 2) -> CheckResult:
+    """``run(a, b, c)`` launches the kernel writing c; returns after queueing it."""
+    import torch
+
+    worst_abs = worst_rel = 0.0
+    for trial in range(random_trials + 1):
+        kind = "random" if trial < random_trials else "exact"
+        a, b = operands(t, kind, gen)
+        c = torch.full((t.m, t.n), float("nan"), dtype=a.dtype, device="cuda")
+        run(a, b, c)
+        torch.cuda.synchronize()
+        ref = reference(t, a, b)
+        unwritten = int(torch.isnan(c).sum())
+        if unwritten:
+            return CheckResult(
+                False,
+                f"{kind} trial: {unwritten} output elements not written (or NaN)",
+                float("inf"),
+                float("inf"),
+            )
+        err = (c.float() - ref).abs()
+        max_abs = float(err.max()) if err.numel() else 0.0
+        scale = float(ref.abs().max()) if ref.numel() else 0.0
+        worst_abs = max(worst_abs, max_abs)
+        worst_rel = max(worst_rel, max_abs / scale if scale else max_abs)
+        if kind == "exact":
+            if max_abs != 0.0:
+                return CheckResult(
+                    False, f"exact {{0,1}} trial: max |error| {max_abs} != 0", worst_abs, worst_rel
+                )
+            continue
+        vendor_err = float((vendor(t, a, b).float() - ref).abs().max()) if ref.numel() else 0.0
+        bound = max(2.0 * vendor_err, 2.0 * OUT_EPS[t.dtype] * scale)
+        if max_abs > bound:
+            return CheckResult(
+                False,
+                f"random trial {trial}: max |error| {max_abs:.3g} > bound {bound:.3g} "
+                f"(vendor error {vendor_err:.3g}, max |ref| {scale:.3g})",
+                worst_abs,
+                worst_rel,
+            )
+    return CheckResult(True, "", worst_abs, worst_rel)

@@ -1,0 +1,102 @@
+"""Parent side of measuring: a worker process per GPU, killed and replaced on a hang or crash.
+
+A faulting candidate (illegal address, hang) kills only its worker and is recorded
+against that candidate (``runtime`` or ``timeout``); the rest of the batch goes on
+in a fresh worker. The build itself never sees a CUDA context.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from typing import Any
+
+from cudal2.records import GpuInfo
+from cudal2.verify.worker import worker_main
+
+START_TIMEOUT_S = 300
+
+
+class WorkerError(RuntimeError):
+    """The worker could not start (no GPU, broken CUDA install)."""
+
+
+class WorkerPool:
+    def __init__(self, device: int = 0, job_timeout_s: float = 180.0):
+        self.device = device
+        self.job_timeout_s = job_timeout_s
+        self._ctx = mp.get_context("spawn")  # a forked CUDA context is unusable
+        self._proc: Any = None
+        self._conn: Any = None
+        self.gpu: GpuInfo | None = None
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=worker_main, args=(child, self.device), daemon=True)
+        proc.start()
+        child.close()
+        if not parent.poll(START_TIMEOUT_S):
+            proc.kill()
+            raise WorkerError(f"measuring worker did not start within {START_TIMEOUT_S} s")
+        try:
+            hello = parent.recv()
+        except EOFError:
+            proc.join(5)
+            raise WorkerError(
+                f"measuring worker exited during start-up (exit code {proc.exitcode}); "
+                "is there a working NVIDIA GPU and a CUDA build of torch?"
+            ) from None
+        self.gpu = GpuInfo.from_json(hello["hello"])
+        self._proc, self._conn = proc, parent
+
+    def start(self) -> GpuInfo:
+        if self._proc is None:
+            self._start()
+        assert self.gpu is not None
+        return self.gpu
+
+    def _discard(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(10)
+        self._proc = self._conn = None
+        self.restarts += 1
+
+    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Run one job; never raises for what the candidate did."""
+        self.start()
+        try:
+            self._conn.send(job)
+            if not self._conn.poll(self.job_timeout_s):
+                self._discard()
+                return {
+                    "status": "timeout",
+                    "error": f"no answer within {self.job_timeout_s:.0f} s (hang?)",
+                }
+            result = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            code = self._proc.exitcode if self._proc is not None else None
+            self._discard()
+            return {"status": "runtime", "error": f"measuring worker died (exit code {code})"}
+        if result.get("status") == "runtime":
+            self._proc.join(0.5)  # a CUDA error makes the worker exit right after answering
+            if not self._proc.is_alive():
+                self._discard()
+        return result
+
+    def close(self) -> None:
+        if self._proc is not None:
+            try:
+                self._conn.send(None)
+                self._proc.join(10)
+            except (BrokenPipeError, OSError):
+                pass
+            if self._proc.is_alive():
+                self._proc.kill()
+        self._proc = self._conn = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""The measuring worker: a separate process that owns the CUDA context.
+
+It answers jobs one at a time over a pipe. A CUDA error poisons the context, so the
+worker reports it and exits; the parent starts a fresh one for the rest of the batch.
+This module is the only place that launches candidates, through the same driver
+code the shipped runtime uses (``cudal2.runtime.driver``).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+from cudal2.records import Target
+from cudal2.runtime import driver
+from cudal2.verify import correctness
+from cudal2.verify.gpu import current_gpu
+from cudal2.verify.timing import TimingConfig, time_interleaved
+
+
+def _strides(t: Target) -> tuple[int, int, int]:
+    return t.k, (t.k if t.layout == "tn" else t.n), t.n
+
+
+def run_job(job: dict[str, Any], device: int) -> dict[str, Any]:
+    import torch
+
+    t = Target.from_json(job["target"])
+    cfg = TimingConfig(**job["timing"])
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(cfg.seed)
+    kernel = driver.Kernel(
+        Path(job["cubin_path"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
+    )
+    recipe = job["recipe"]
+    lda, ldb, ldc = _strides(t)
+
+    def run(a, b, c) -> None:
+        driver.launch_gemm(
+            kernel,
+            recipe,
+            a.data_ptr(),
+            b.data_ptr(),
+            c.data_ptr(),
+            t.m,
+            t.n,
+            t.k,
+            lda,
+            ldb,
+            ldc,
+            torch.cuda.current_stream().cuda_stream,
+            device,
+        )
+
+    result = correctness.check(t, run, gen)
+    out: dict[str, Any] = {
+        "max_abs_err": result.max_abs_err,
+        "max_rel_err": result.max_rel_err,
+    }
+    if not result.ok:
+        return {**out, "status": "incorrect", "error": result.error}
+    a, b = correctness.operands(t, "random", gen)
+    c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
+    c_ref = torch.empty_like(c)
+    timings = time_interleaved(
+        {
+            "candidate": lambda: run(a, b, c),
+            "torch": lambda: correctness.vendor(t, a, b, out=c_ref),
+        },
+        cfg,
+    )
+    return {
+        **out,
+        "status": "ok",
+        "error": "",
+        "samples_us": list(timings["candidate"].samples_us),
+        "baseline_samples_us": {"torch": list(timings["torch"].samples_us)},
+    }
+
+
+def _is_cuda_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return (
+        isinstance(exc, driver.CudaDriverError)
+        or "CUDA error" in text
+        or "cuda" in type(exc).__module__
+    )
+
+
+def worker_main(conn, device: int) -> None:
+    """Entry point of the worker process (spawned, never forked)."""
+    import torch
+
+    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+    torch.cuda.set_device(device)
+    torch.cuda.init()
+    driver.ensure_context(device)
+    conn.send({"hello": current_gpu(device).as_json()})
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        try:
+            conn.send(run_job(job, device))
+        except Exception as exc:  # noqa: BLE001 - every failure is a result, recorded
+            fatal = _is_cuda_error(exc)
+            conn.send(
+                {
+                    "status": "runtime",
+                    "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}",
+                }
+            )
+            if fatal:  # the context is poisoned: leave, the parent starts a fresh worker
+                conn.close()
+                os._exit(3)
