@@ -21,6 +21,7 @@ from cudal2.database import MeasurementDB
 from cudal2.dispatch import build_table
 from cudal2.generator import launch_recipe
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
+from cudal2.generator.render import IllegalDesignError
 from cudal2.manifest import Manifest
 from cudal2.packaging.wheel import write_wheel
 from cudal2.policy import make_proposer
@@ -260,7 +261,10 @@ class Build:
             if x.design is None:
                 return False
             if x.design_key not in key_cache:
-                key_cache[x.design_key] = artifact_key_of(x.design)
+                try:
+                    key_cache[x.design_key] = artifact_key_of(x.design)
+                except IllegalDesignError:  # recorded under older legality rules
+                    key_cache[x.design_key] = ""
             return key_cache[x.design_key] == x.artifact_key
 
         selections, missing = select(

@@ -17,17 +17,15 @@ class Selection:
     target: Target
     kind: str  # "kernel" | "fallback"
     winner: Measurement | None  # the kernel's measurement (kind == "kernel")
-    time_us: float | None  # what dispatch runs: the kernel's median, or the baseline's
-    baseline_us: float | None
-    spread: float | None
+    time_us: float  # what dispatch runs: the kernel's median, or the baseline's
+    baseline_us: float
+    spread: float
     measured_at: str
     candidates: int  # measurements considered (all statuses)
 
     @property
-    def speedup(self) -> float | None:
-        if self.time_us and self.baseline_us:
-            return self.baseline_us / self.time_us
-        return None
+    def speedup(self) -> float:
+        return self.baseline_us / self.time_us
 
 
 def _spread(samples: Sequence[float]) -> float:
@@ -42,10 +40,13 @@ def select(
     mode: str,
     usable: Callable[[Measurement], bool] = lambda m: True,
 ) -> tuple[list[Selection], list[Target]]:
-    """Returns the selections and the targets with no measurement on any GPU.
+    """Returns the selections and the targets without a timed measurement on any GPU
+    (no measurement at all, or only failed ones): those get no entry, and the runtime
+    falls back for them.
 
     ``usable`` says whether a kernel measurement's artifact can ship (its cubin is
-    available with the measured artifact key); unusable ones are not selected.
+    available with the measured artifact key); unusable ones are not selected, but
+    their baseline timings still price the fallback.
     """
     by_target: dict[Target, dict[str, list[Measurement]]] = defaultdict(lambda: defaultdict(list))
     for m in measurements:
@@ -54,38 +55,25 @@ def select(
     selections: list[Selection] = []
     missing: list[Target] = []
     for t in sorted(set(targets)):
-        if t not in by_target:
-            missing.append(t)
-            continue
-        for gpu, ms in sorted(by_target[t].items()):
-            ok = [m for m in ms if m.status == "ok" and m.median_us and usable(m)]
-            last = max(m.measured_at for m in ms)
-            if not ok:
-                selections.append(
-                    Selection(gpu, t, "fallback", None, None, None, None, last, len(ms))
-                )
+        timed_anywhere = False
+        for gpu, ms in sorted(by_target.get(t, {}).items()):
+            timed = [m for m in ms if m.status == "ok" and m.median_us]
+            if not timed:
                 continue
-            best = min(ok, key=lambda m: (m.median_us, m.design_key))
+            timed_anywhere = True
+            ok = [m for m in timed if usable(m)]
+            best = min(ok or timed, key=lambda m: (m.median_us, m.design_key))
             base = best.baselines_us["torch"]
             spread = max(_spread(best.samples_us), _spread(best.baseline_samples_us["torch"]))
-            if base / best.median_us - 1.0 > spread:
-                selections.append(
-                    Selection(
-                        gpu,
-                        t,
-                        "kernel",
-                        best,
-                        best.median_us,
-                        base,
-                        spread,
-                        best.measured_at,
-                        len(ms),
-                    )
+            if ok and base / best.median_us - 1.0 > spread:
+                sel = Selection(
+                    gpu, t, "kernel", best, best.median_us, base, spread, best.measured_at, len(ms)
                 )
             else:
-                selections.append(
-                    Selection(
-                        gpu, t, "fallback", None, base, base, spread, best.measured_at, len(ms)
-                    )
+                sel = Selection(
+                    gpu, t, "fallback", None, base, base, spread, best.measured_at, len(ms)
                 )
+            selections.append(sel)
+        if not timed_anywhere:
+            missing.append(t)
     return selections, missing

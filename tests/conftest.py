@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import copy
 import shutil
+import uuid
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,7 @@ from cudal2.database import MeasurementDB
 from cudal2.dispatch import build_table
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.packaging.wheel import write_wheel
 from cudal2.records import Measurement
 from cudal2.select import Selection
 
@@ -78,3 +83,20 @@ def recorded_table(_best_kernel_table) -> dict[str, Any]:
 @pytest.fixture
 def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
     return dict(_best_kernel_table[1])
+
+
+@pytest.fixture
+def write_package() -> Callable[[Path, dict[str, Any], dict[str, bytes]], str]:
+    """Installs a table as a generated package under ``root``, through the real wheel
+    writer (a wheel is unzipped there, as pip would lay it out), and returns its
+    import name, unique per call so that imports never collide."""
+
+    def write(root: Path, table: dict[str, Any], cubins: dict[str, bytes]) -> str:
+        tag = uuid.uuid4().hex[:12]
+        table = dict(table, name=f"t{tag}", package=f"cudal2_kernels_t{tag}")
+        wheel = write_wheel(table, cubins, root / f"dist-{tag}")
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(root)
+        return table["package"]
+
+    return write

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_summary(report))
     if report.missing:
         print(
-            f"{len(report.missing)} targets have no measurements "
+            f"{len(report.missing)} targets have no timed measurement "
             "(the runtime falls back to cuBLAS for them):"
         )
         for t in report.missing:

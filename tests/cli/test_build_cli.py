@@ -82,3 +82,35 @@ def test_console_scripts_are_installed():
     bindir = shutil.which("cudal2-build") or ""
     assert bindir, f"cudal2-build not on PATH for {sys.executable}"
     assert shutil.which("cudal2-diff")
+
+
+def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
+    tmp_path, no_gpu, artifact_cache, recorded_measurements, capsys
+):
+    import dataclasses
+
+    from cudal2.database import MeasurementDB
+
+    # The recorded database with every design of one target made illegal (bm=24).
+    victim = next(m.target for m in recorded_measurements if m.status == "ok")
+    changed = [
+        dataclasses.replace(m, design=dataclasses.replace(m.design, bm=24))
+        if m.target == victim
+        else m
+        for m in recorded_measurements
+    ]
+    db = tmp_path / "old.jsonl"
+    MeasurementDB(db).append(changed)
+    out = tmp_path / "dist"
+    args = ["--measurements", str(db), "--out", str(out), "--cache", str(artifact_cache)]
+    assert build_cli.main(args) == 0
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        table = json.loads(z.read("cudal2_kernels_default/dispatch.json"))
+    (entry,) = [
+        e
+        for e in table["entries"]
+        if (e["dtype"], e["layout"], e["n"], e["k"], e["m_measured"])
+        == (victim.dtype, victim.layout, victim.n, victim.k, victim.m)
+    ]
+    assert entry["kind"] == "fallback"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.select import select
 
@@ -37,17 +39,19 @@ def test_kernel_wins_only_beyond_the_spread_and_is_the_fastest_correct(recorded_
             assert s.time_us == s.baseline_us  # a fallback runs the baseline
 
 
-def test_unusable_artifacts_are_never_selected(recorded_measurements):
-    sels, _ = select(_targets(), recorded_measurements, "offline", usable=lambda m: False)
-    assert all(s.kind == "fallback" for s in sels)
-
-
 def test_other_timing_mode_has_no_data_here(recorded_measurements):
     sels, missing = select(_targets(), recorded_measurements, "server")
     assert sels == [] and len(missing) == len(set(_targets()))
 
 
-def test_failures_are_recorded_and_never_selected(recorded_measurements):
-    failed = [m for m in recorded_measurements if m.status != "ok"]
-    sels, _ = select(_targets(), failed, "offline")
-    assert all(s.kind == "fallback" and s.time_us is None for s in sels)
+def test_targets_with_only_failures_get_no_entry(recorded_measurements):
+    timed = [m for m in recorded_measurements if m.status == "ok"]
+    failed = [dataclasses.replace(m, status="incorrect", median_us=None) for m in timed]
+    sels, missing = select(_targets(), failed, "offline")
+    assert sels == [] and set(missing) == set(_targets())
+
+
+def test_unusable_kernels_still_price_the_fallback(recorded_measurements):
+    sels, _ = select(_targets(), recorded_measurements, "offline", usable=lambda m: False)
+    for s in sels:
+        assert s.kind == "fallback" and s.time_us == s.baseline_us > 0

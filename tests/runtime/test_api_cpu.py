@@ -8,9 +8,7 @@ CPU matmuls stay quick); the tests invent no measurements.
 from __future__ import annotations
 
 import importlib
-import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,39 +16,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import cudal2.runtime
 import pytest
 import torch
 import torch.nn.functional as F
 from cudal2.runtime.api import Api, bind
 
-RUNTIME_DIR = Path(cudal2.runtime.__file__).parent
-
-
-def _write_package(root: Path, table: dict[str, Any], cubins: dict[str, bytes]) -> str:
-    """Lay out a generated package as the wheel writer does (docs/contracts.md) under
-    ``root`` and return its import name."""
-    name = f"cudal2_kernels_test_{uuid.uuid4().hex[:12]}"
-    pkg = root / name
-    shutil.copytree(RUNTIME_DIR, pkg / "_runtime", ignore=shutil.ignore_patterns("__pycache__"))
-    (pkg / "cubins").mkdir()
-    for sha, blob in cubins.items():
-        (pkg / "cubins" / f"{sha}.cubin").write_bytes(blob)
-    (pkg / "dispatch.json").write_text(json.dumps(table, sort_keys=True, indent=2))
-    (pkg / "__init__.py").write_text(
-        "from ._runtime.api import bind\n"
-        "_api = bind(__name__)\n"
-        "matmul = _api.matmul\n"
-        "linear = _api.linear\n"
-        '__version__ = "0.1.0"\n'
-    )
-    return name
-
 
 @pytest.fixture
-def package(tmp_path, monkeypatch, recorded_table, recorded_cubins):
+def package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
     """The recorded table as an imported generated package."""
-    name = _write_package(tmp_path, recorded_table, recorded_cubins)
+    name = write_package(tmp_path, recorded_table, recorded_cubins)
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module(name)
     yield module
@@ -105,9 +80,9 @@ def _run_python(code: str, path: Path) -> None:
 
 
 def test_importing_and_binding_touch_neither_torch_nor_cuda(
-    tmp_path, recorded_table, recorded_cubins
+    tmp_path, recorded_table, recorded_cubins, write_package
 ):
-    name = _write_package(tmp_path, recorded_table, recorded_cubins)
+    name = write_package(tmp_path, recorded_table, recorded_cubins)
     e = recorded_table["entries"][0]
     _run_python(
         f"""
@@ -124,8 +99,10 @@ def test_importing_and_binding_touch_neither_torch_nor_cuda(
     )
 
 
-def test_the_runtime_works_without_torch_installed(tmp_path, recorded_table, recorded_cubins):
-    name = _write_package(tmp_path, recorded_table, recorded_cubins)
+def test_the_runtime_works_without_torch_installed(
+    tmp_path, recorded_table, recorded_cubins, write_package
+):
+    name = write_package(tmp_path, recorded_table, recorded_cubins)
     _run_python(
         f"""
         import sys

@@ -10,16 +10,11 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
-import shutil
 import sys
-import uuid
 import warnings
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-import cudal2.runtime
 import pytest
 import torch
 
@@ -27,8 +22,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-RUNTIME_DIR = Path(cudal2.runtime.__file__).parent
 
 # Tolerance relative to max|ref|. The kernels accumulate in fp32 and round once to
 # the output type, so an element's error is about half an ulp of the output format
@@ -41,27 +34,8 @@ TOLERANCE = {"fp16": 2e-3, "bf16": 1e-2}
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _write_package(root: Path, table: dict[str, Any], cubins: dict[str, bytes]) -> str:
-    """Lay out a generated package as the wheel writer does (docs/contracts.md)."""
-    name = f"cudal2_kernels_gputest_{uuid.uuid4().hex[:12]}"
-    pkg = root / name
-    shutil.copytree(RUNTIME_DIR, pkg / "_runtime", ignore=shutil.ignore_patterns("__pycache__"))
-    (pkg / "cubins").mkdir()
-    for sha, blob in cubins.items():
-        (pkg / "cubins" / f"{sha}.cubin").write_bytes(blob)
-    (pkg / "dispatch.json").write_text(json.dumps(table, sort_keys=True, indent=2))
-    (pkg / "__init__.py").write_text(
-        "from ._runtime.api import bind\n"
-        "_api = bind(__name__)\n"
-        "matmul = _api.matmul\n"
-        "linear = _api.linear\n"
-        '__version__ = "0.1.0"\n'
-    )
-    return name
-
-
 @pytest.fixture
-def make_api(tmp_path, monkeypatch, recorded_table, recorded_cubins):
+def make_api(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
     """Build and import a fresh generated package per call; returns its Api."""
     if not any(blob.startswith(b"\x7fELF") for blob in recorded_cubins.values()):
         pytest.skip("recorded_cubins holds no ELF cubins (the placeholder table)")
@@ -72,7 +46,7 @@ def make_api(tmp_path, monkeypatch, recorded_table, recorded_cubins):
     names = []
 
     def make(table: dict[str, Any] | None = None):
-        name = _write_package(tmp_path, table or recorded_table, recorded_cubins)
+        name = write_package(tmp_path, table or recorded_table, recorded_cubins)
         names.append(name)
         return importlib.import_module(name)._api
 
