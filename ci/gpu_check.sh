@@ -42,14 +42,17 @@ DB="$OUT/$STEM.measurements.jsonl"
   | tee "$OUT/build.txt" | grep -v "it/s\]\|s/it\]" | tail -60
 
 step "SASS of every compiled kernel (tensor-core instructions, local-memory spills)"
+sass_counts() {
+  local sass sym
+  sass=$(cuobjdump -sass "$1")
+  sym=$(grep -o 'hgemm_[a-z0-9_]*' <<<"$sass" | head -1)
+  printf "%-80s %6d %6d %6d\n" "$sym" "$(grep -c ' HMMA' <<<"$sass")" \
+    "$(grep -c ' HGMMA' <<<"$sass")" "$(grep -cE ' (LDL|STL)' <<<"$sass")"
+}
+export -f sass_counts
 {
   printf "%-80s %6s %6s %6s\n" kernel HMMA HGMMA LDL/STL
-  for cubin in "$CUDAL2_CACHE"/*/*/kernel.cubin; do
-    sass=$(cuobjdump -sass "$cubin")
-    sym=$(grep -o 'hgemm_[a-z0-9_]*' <<<"$sass" | head -1)
-    printf "%-80s %6d %6d %6d\n" "$sym" "$(grep -c ' HMMA' <<<"$sass")" \
-      "$(grep -c ' HGMMA' <<<"$sass")" "$(grep -cE ' (LDL|STL)' <<<"$sass")"
-  done
+  ls "$CUDAL2_CACHE"/*/*/kernel.cubin | xargs -P "$(nproc)" -I{} bash -c 'sass_counts {}' | sort
 } > "$OUT/sass.txt"
 awk 'NR>1 {n++; if ($2>0) h++; if ($4>0) s++} END {printf "%d kernels: %d with HMMA, %d with local-memory loads/stores\n", n, h, s}' "$OUT/sass.txt"
 

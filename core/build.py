@@ -253,6 +253,7 @@ class Build:
                 f"no GPU here: building from {len(relevant)} recorded measurements "
                 f"in {self.db.path}"
             )
+            self.report_counts["reused"] = len(relevant)
         key_cache: dict[str, str] = {}
 
         def usable(x: Measurement) -> bool:
