@@ -28,7 +28,7 @@ from cudal2.policy import make_proposer
 from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
 from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
-from cudal2.verify.timing import TimingConfig
+from cudal2.verify.timing import Timing, TimingConfig
 from tqdm import tqdm
 
 
@@ -83,9 +83,7 @@ def measurement_from(
         metrics["gbps"] = round(target.min_bytes / (median * 1e-6) / 1e9, 2)
     spread = None
     if samples and "torch" in base_samples:
-        from cudal2.select import _spread
-
-        spread = max(_spread(samples), _spread(base_samples["torch"]))
+        spread = max(Timing(samples).spread, Timing(base_samples["torch"]).spread)
     return Measurement(
         target=target,
         design=design,

@@ -3,7 +3,6 @@ baseline by more than the measured spread, otherwise a fallback (cuBLAS via torc
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,12 +25,6 @@ class Selection:
     @property
     def speedup(self) -> float:
         return self.baseline_us / self.time_us
-
-
-def _spread(samples: Sequence[float]) -> float:
-    s = sorted(samples)
-    q = lambda p: s[round(p * (len(s) - 1))]  # noqa: E731
-    return (q(0.8) - q(0.2)) / statistics.median(s)
 
 
 def select(
@@ -64,7 +57,8 @@ def select(
             ok = [m for m in timed if usable(m)]
             best = min(ok or timed, key=lambda m: (m.median_us, m.design_key))
             base = best.baselines_us["torch"]
-            spread = max(_spread(best.samples_us), _spread(best.baseline_samples_us["torch"]))
+            spread = best.spread  # p20-p80 of candidate and baseline, taken when measured
+            assert spread is not None, f"timed record without spread: {best.design_key}"
             if ok and base / best.median_us - 1.0 > spread:
                 sel = Selection(
                     gpu, t, "kernel", best, best.median_us, base, spread, best.measured_at, len(ms)
