@@ -7,6 +7,7 @@ artifact and timing mode), so a killed build re-run repeats no finished work.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import statistics
 import sys
@@ -28,7 +29,7 @@ from cudal2.policy import make_proposer
 from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
 from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
-from cudal2.verify.timing import Timing, TimingConfig
+from cudal2.verify.timing import TIMING_METHOD, Timing, TimingConfig
 from tqdm import tqdm
 
 
@@ -54,6 +55,11 @@ def _now() -> str:
 
 def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
+
+
+def toolchain_of(build: BuildResult) -> str:
+    """What, besides the artifact, a measurement depends on: nvcc and the timing method."""
+    return f"{build.nvcc_version}; {TIMING_METHOD}"
 
 
 def measurement_from(
@@ -94,7 +100,7 @@ def measurement_from(
         gpu=gpu,
         proposer=proposer,
         tool_version=__version__,
-        toolchain=build.nvcc_version,
+        toolchain=toolchain_of(build),
         measured_at=_now(),
         max_abs_err=result.get("max_abs_err"),
         max_rel_err=result.get("max_rel_err"),
@@ -156,11 +162,7 @@ class Build:
                     f"{skipped} targets are for other archs than {gpu.arch}: not measured here"
                 )
             # (GPU model, target, artifact, mode) -> the latest record: reused, not re-run.
-            prior = (
-                {}
-                if self.remeasure
-                else {(x.gpu.name, x.target.key, x.artifact_key, x.mode): x for x in history}
-            )
+            prior = {} if self.remeasure else {x.reuse_key: x for x in history}
             this_build: list[Measurement] = []
             started = time.monotonic()
             for rnd in range(m.search.rounds):
@@ -174,7 +176,8 @@ class Build:
                 for t, ds in proposals.items():
                     for d in ds:
                         b = builds[d.key]
-                        old = prior.get((gpu.name, t.key, b.artifact_key, m.timing_mode))
+                        key = (gpu.name, t.key, b.artifact_key, toolchain_of(b), m.timing_mode)
+                        old = prior.get(key)
                         if old is not None:
                             round_ms.append(old)
                             self.report_counts["reused"] += 1
@@ -210,7 +213,7 @@ class Build:
                         "cubin_path": str(self.cache.entry(b.artifact_key) / "kernel.cubin"),
                         "symbol": b.symbol,
                         "recipe": launch_recipe(d),
-                        "timing": timing.__dict__ | {"server_gap_s": list(timing.server_gap_s)},
+                        "timing": dataclasses.asdict(timing),
                     }
                     rec = measurement_from(
                         t, d, b, pool.run(job), gpu, proposer.name, m.timing_mode

@@ -38,25 +38,30 @@ class MeasurementDB:
         return out
 
     def append(self, measurements: Iterable[Measurement]) -> None:
-        data = "".join(
-            json.dumps(m.as_json(), sort_keys=True, separators=(",", ":")) + "\n"
-            for m in measurements
+        append_lines(
+            self.path,
+            (json.dumps(m.as_json(), sort_keys=True, separators=(",", ":")) for m in measurements),
         )
-        if not data:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            # A previous writer killed mid-line left no newline: start on a fresh line.
-            size = os.fstat(fd).st_size
-            if size:
-                with open(self.path, "rb") as r:
-                    r.seek(size - 1)
-                    if r.read(1) != b"\n":
-                        data = "\n" + data
-            os.write(fd, data.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+
+
+def append_lines(path: Path, lines: Iterable[str]) -> None:
+    """Append whole JSON lines to ``path`` in one write under an exclusive lock, then
+    fsync. A previous writer killed mid-line left no newline: start on a fresh line."""
+    data = "".join(line + "\n" for line in lines)
+    if not data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as r:
+                r.seek(size - 1)
+                if r.read(1) != b"\n":
+                    data = "\n" + data
+        os.write(fd, data.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -268,5 +268,6 @@ class Measurement:
 
     @property
     def reuse_key(self) -> tuple[str, str, str, str, str]:
-        """Measurements are reused per (GPU model, target, design, toolchain, mode)."""
-        return (self.gpu.name, self.target.key, self.design_key, self.toolchain, self.mode)
+        """A measurement stands for another run with the same GPU model, target, artifact
+        (source, nvcc, flags), toolchain (nvcc and timing method) and timing mode."""
+        return (self.gpu.name, self.target.key, self.artifact_key, self.toolchain, self.mode)

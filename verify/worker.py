@@ -16,15 +16,16 @@ from typing import Any
 from cudal2.records import Target
 from cudal2.runtime import driver
 from cudal2.verify import correctness
+from cudal2.verify.floor import floor_us
 from cudal2.verify.gpu import current_gpu
-from cudal2.verify.timing import TimingConfig, time_interleaved
+from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved
 
 
 def _strides(t: Target) -> tuple[int, int, int]:
     return t.k, (t.k if t.layout == "tn" else t.n), t.n
 
 
-def run_job(job: dict[str, Any], device: int) -> dict[str, Any]:
+def run_job(job: dict[str, Any], device: int, gpu_name: str) -> dict[str, Any]:
     import torch
 
     t = Target.from_json(job["target"])
@@ -61,15 +62,18 @@ def run_job(job: dict[str, Any], device: int) -> dict[str, Any]:
     }
     if not result.ok:
         return {**out, "status": "incorrect", "error": result.error}
-    a, b = correctness.operands(t, "random", gen)
-    c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
-    c_ref = torch.empty_like(c)
+    # Time on operand sets rotated past L2 (the same function the benchmarks use).
+    nsets = operand_sets(t.min_bytes)
+    sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]
+    outs = [torch.empty((t.m, t.n), dtype=a.dtype, device="cuda") for a, _ in sets]
     timings = time_interleaved(
         {
-            "candidate": lambda: run(a, b, c),
-            "torch": lambda: correctness.vendor(t, a, b, out=c_ref),
+            "candidate": lambda j: run(sets[j][0], sets[j][1], outs[j]),
+            "torch": lambda j: correctness.vendor(t, sets[j][0], sets[j][1], out=outs[j]),
         },
+        nsets,
         cfg,
+        est_us=max(floor_us(t, gpu_name), 2.0),
     )
     return {
         **out,
@@ -97,13 +101,14 @@ def worker_main(conn, device: int) -> None:
     torch.cuda.set_device(device)
     torch.cuda.init()
     driver.ensure_context(device)
-    conn.send({"hello": current_gpu(device).as_json()})
+    gpu = current_gpu(device)
+    conn.send({"hello": gpu.as_json()})
     while True:
         job = conn.recv()
         if job is None:
             return
         try:
-            conn.send(run_job(job, device))
+            conn.send(run_job(job, device, gpu.name))
         except Exception as exc:  # noqa: BLE001 - every failure is a result, recorded
             fatal = _is_cuda_error(exc)
             conn.send(

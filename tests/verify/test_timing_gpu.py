@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from cudal2.verify.timing import TimingConfig, time_interleaved
+from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved, time_with_sync
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -14,22 +14,44 @@ pytestmark = [
 
 @pytest.mark.parametrize("mode", ["offline", "server"])
 def test_bigger_gemm_takes_longer(mode):
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    a = [torch.randn(2048, 2048, device="cuda", dtype=torch.float16) for _ in range(2)]
+    b = [torch.randn(8192, 8192, device="cuda", dtype=torch.float16) for _ in range(2)]
     t = time_interleaved(
-        {"small": lambda: a @ a, "big": lambda: b @ b}, TimingConfig(reps=15, mode=mode)
+        {"small": lambda j: a[j] @ a[j], "big": lambda j: b[j] @ b[j]},
+        2,
+        TimingConfig(reps=15, mode=mode),
+        est_us=50.0,
     )
     assert len(t["small"].samples_us) == 15
     assert 0 <= t["big"].spread < 0.5
     if mode == "offline":
-        # 64x the FLOPs: at least 20x the time even with launch overhead on the small one.
+        # 64x the FLOPs: at least 20x the time (graph replay hides launch gaps).
         assert t["big"].median_us > 20 * t["small"].median_us
+        assert t["small"].calls > 1
     else:
         # After an idle gap the clocks are still ramping (seen on the H100: a 2048^3
         # GEMM took 4x its offline time), so only the order is certain.
         assert t["big"].median_us > 3 * t["small"].median_us
+        assert t["small"].calls == 1
+
+
+def test_rotation_defeats_l2_for_small_operands():
+    # 4 MiB operands: one set lives in L2; the rotation must read from HBM, so it is slower.
+    nsets = operand_sets(8 * 1024 * 1024)
+    src = [torch.empty(4 << 20, dtype=torch.uint8, device="cuda") for _ in range(nsets)]
+    dst = [torch.empty_like(s) for s in src]
+    cfg = TimingConfig(reps=10)
+    hot = time_interleaved({"x": lambda j: dst[0].copy_(src[0])}, 1, cfg, est_us=3.0)["x"]
+    cold = time_interleaved({"x": lambda j: dst[j].copy_(src[j])}, nsets, cfg, est_us=3.0)["x"]
+    assert cold.median_us > 1.2 * hot.median_us
+
+
+def test_sync_timing_sees_what_events_see():
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    ev = time_interleaved({"mm": lambda j: x @ x}, 1, TimingConfig(reps=5), est_us=1500.0)["mm"]
+    assert time_with_sync(lambda: x @ x, reps=5) >= 0.9 * ev.median_us
 
 
 def test_rejects_unknown_mode():
     with pytest.raises(ValueError, match="timing mode"):
-        time_interleaved({}, TimingConfig(mode="warp"))
+        time_interleaved({}, 1, TimingConfig(mode="warp"))

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On a GPU machine: every vendor baseline on the benchmark shape files, offline and
+# server, beside a cudal2 wheel's dispatch; summaries printed, results under $OUT.
+#
+#   bash ci/gpu_bench.sh WHEEL [SHAPES...]    (default: bench/shapes/llm-public.toml
+#                                              bench/shapes/cuda-l2-grid-sample.toml)
+#
+# nvmath-python (cuBLASLt) comes from .whl/ where there is no package index.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+WHEEL=$1; shift
+SHAPES=("$@")
+[ ${#SHAPES[@]} -gt 0 ] || SHAPES=(bench/shapes/llm-public.toml bench/shapes/cuda-l2-grid-sample.toml)
+if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
+$PY -c "import cudal2" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
+$PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+for shapes in "${SHAPES[@]}"; do
+  name=$(basename "$shapes" .toml); name=${name#cuda-l2-}
+  res="$OUT/$gpu-$name.jsonl"
+  cudal2-bench "$shapes" --kernels "$WHEEL" --mode both --out "$res" 2>&1 | grep -v "it/s\]\|s/it\]" | tail -3
+  for mode in offline server; do
+    echo "=== $name $mode"
+    cudal2-bench summarize "$res" --mode "$mode" | tail -12
+  done
+done

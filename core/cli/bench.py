@@ -1,0 +1,110 @@
+"""``cudal2-bench``: measure every vendor baseline (and a cudal2 wheel) on a shape file,
+then summarise or plot the results.
+
+    cudal2-bench SHAPES.toml [--kernels WHEEL] [--mode offline|server|both] --out RESULTS.jsonl
+    cudal2-bench summarize RESULTS.jsonl [--m-max M] [--m-min M] [--mode ...] [--json]
+    cudal2-bench plot RESULTS.jsonl -o speedup.png
+
+Results are appended one JSON line per (shape, dtype, layout, mode) as they are taken;
+a re-run skips what the file already holds for this GPU model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cudal2.records import DTYPES, LAYOUTS
+
+
+def _filter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results")
+    p.add_argument("--m-min", type=int)
+    p.add_argument("--m-max", type=int)
+    p.add_argument("--mode", default="offline", choices=("offline", "server"))
+    p.add_argument("--dtype", default="fp16", choices=DTYPES)
+    p.add_argument("--layout", default="tn", choices=LAYOUTS)
+
+
+def _filter(a):
+    from cudal2.verify.report import Filter
+
+    return Filter(a.mode, a.dtype, a.layout, a.m_min, a.m_max)
+
+
+def summarize_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="cudal2-bench summarize")
+    _filter_args(p)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    from cudal2.verify.report import read_results, summarize, table
+
+    try:
+        rows = read_results(a.results)
+    except (OSError, ValueError) as e:
+        print(f"cudal2-bench: error: {e}", file=sys.stderr)
+        return 2
+    s = summarize(rows, _filter(a))
+    if a.json:
+        print(json.dumps(s, indent=1))
+    else:
+        print(table(rows, _filter(a)))
+        print()
+        print(json.dumps(s))
+    return 0
+
+
+def plot_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="cudal2-bench plot")
+    _filter_args(p)
+    p.add_argument("-o", "--output", default="speedup.png")
+    a = p.parse_args(argv)
+    from cudal2.verify.report import plot, read_results
+
+    try:
+        out = plot(read_results(a.results), _filter(a), a.output)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"cudal2-bench: error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def run_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="cudal2-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("shapes", help="shape file (bench/shapes/*.toml formats)")
+    p.add_argument("--out", required=True, help="results file (JSON Lines, appended)")
+    p.add_argument(
+        "--kernels", help="a cudal2 wheel (or its dispatch.json) to time beside the baselines"
+    )
+    p.add_argument("--mode", default="offline", choices=("offline", "server", "both"))
+    p.add_argument("--dtype", nargs="+", default=["fp16"], choices=DTYPES)
+    p.add_argument("--layout", nargs="+", default=["tn"], choices=LAYOUTS)
+    p.add_argument("--reps", type=int, default=30)
+    a = p.parse_args(argv)
+    from cudal2.shapes import ShapeFileError, load_shapes
+
+    try:
+        shapes = load_shapes(a.shapes)
+    except ShapeFileError as e:
+        print(f"cudal2-bench: error: {e}", file=sys.stderr)
+        return 2
+    from cudal2.verify.runbench import run
+
+    modes = ("offline", "server") if a.mode == "both" else (a.mode,)
+    return run(shapes, Path(a.out), modes, a.dtype, a.layout, a.reps, a.kernels)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "summarize":
+        return summarize_main(argv[1:])
+    if argv and argv[0] == "plot":
+        return plot_main(argv[1:])
+    return run_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Summaries of the committed H100 benchmark results (bench/results/)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+from cudal2.cli import bench as bench_cli
+from cudal2.records import Target
+from cudal2.verify.floor import floor_us
+from cudal2.verify.report import Filter, baseline_us, read_results, summarize, table, wins
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+LLM = RESULTS / "h100-llm-public.jsonl"
+GRID = RESULTS / "h100-grid-sample.jsonl"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return read_results(LLM)
+
+
+def test_results_cover_every_shape_in_both_modes(llm):
+    for mode in ("offline", "server"):
+        assert summarize(llm, Filter(mode=mode))["shapes"] == 48
+    assert summarize(read_results(GRID), Filter())["shapes"] == 12
+    assert {r["gpu"]["name"] for r in llm} == {"NVIDIA H100 80GB HBM3"}
+
+
+def test_records_are_self_consistent(llm):
+    for r in llm:
+        t = Target.from_json(r["target"])
+        assert r["floor_us"] == pytest.approx(floor_us(t, r["gpu"]["name"]), rel=1e-3)
+        medians = {n: b["median_us"] for n, b in r["baselines"].items()}
+        assert r["best_vendor"]["median_us"] == min(medians.values())
+        assert all(m >= r["floor_us"] for m in medians.values())  # nothing beat physics
+        assert r["errors"] == []
+        auto = r["cublaslt_autotune"]
+        assert 1 <= auto["algorithms"] <= 100 and len(auto["candidates_us"]) == auto["algorithms"]
+        for b in r["baselines"].values():
+            assert b["p20_us"] <= b["median_us"] <= b["p80_us"]
+        assert all(c["agrees"] for c in r["sync_check"].values())
+
+
+def test_summary_matches_a_recomputation(llm):
+    f = Filter(m_max=256)
+    s = summarize(llm, f)
+    kept = [r for r in llm if f.keep(r)]
+    assert s["shapes"] == len(kept) == 32
+    for name in ("torch", "cublas", "best_vendor"):
+        ratios = [baseline_us(r, name) / r["cudal2"]["median_us"] for r in kept]
+        geo = math.exp(statistics.fmean(math.log(x) for x in ratios))
+        assert s["geomean_speedup"][name] == pytest.approx(geo, rel=1e-3)
+    fr = statistics.median(r["floor_us"] / r["cudal2"]["median_us"] for r in kept)
+    assert s["floor_fraction_median"] == pytest.approx(fr, rel=1e-3)
+    # No own kernel ships yet: cudal2 runs the fallback, torch.matmul, at torch's time.
+    assert s["own_kernel_targets"] == 0 == s["wins_vs_best_vendor"]
+    assert s["geomean_speedup"]["torch"] == 1.0
+    assert s["geomean_speedup"]["best_vendor"] <= 1.0
+
+
+def test_a_kernel_counts_as_a_win_only_beyond_the_spread(llm):
+    r = json.loads(json.dumps(next(x for x in llm if x["mode"] == "offline")))
+    best = r["baselines"][r["best_vendor"]["name"]]
+    r["cudal2"]["dispatch"] = {"kind": "kernel", "kernel": "k"}
+    spread = (best["p80_us"] - best["p20_us"]) / best["median_us"]
+    for factor, expect in ((1 + spread / 2, False), (1 + spread + 0.05, True)):
+        t = best["median_us"] / factor
+        r["cudal2"]["timing"] = {"median_us": t, "p20_us": t, "p80_us": t}
+        assert wins(r) is expect
+
+
+def test_table_lists_shapes_and_m_buckets(llm):
+    text = table(llm, Filter())
+    assert text.count("\n") > 48
+    assert "floor fraction by M bucket" in text and ">=1025" in text
+
+
+def test_cli_summarize_json_and_plot(tmp_path, capsys):
+    assert bench_cli.main(["summarize", str(LLM), "--m-min", "1024", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["shapes"] == 16 and s["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert set(s["geomean_speedup"]) == {
+        "torch",
+        "cublas",
+        "cublaslt_heuristic",
+        "cublaslt_autotune",
+        "best_vendor",
+    }
+    for key in ("own_kernel_targets", "wins_vs_best_vendor", "floor_fraction_median"):
+        assert key in s
+    png = tmp_path / "speedup.png"
+    assert bench_cli.main(["plot", str(GRID), "-o", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert bench_cli.main(["summarize", str(tmp_path / "none.jsonl")]) == 2
+    bad = tmp_path / "bad.toml"
+    bad.write_text("shapes = [[1, -2, 3]]")
+    assert bench_cli.main([str(bad), "--out", str(tmp_path / "r.jsonl")]) == 2
+    assert "shapes[0][1] = -2" in capsys.readouterr().err

@@ -1,0 +1,226 @@
+"""Summaries and plots of benchmark results (``cudal2-bench`` JSON Lines); CPU only.
+
+A speedup is a baseline's time over cudal2's time, where cudal2's time is what its
+dispatch runs (its kernel, or the fallback's real time). ``cublas`` is the faster of
+cuBLAS TN and NN per shape; ``best_vendor`` the fastest of every baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SPEEDUP_BASELINES = ("torch", "cublas", "cublaslt_heuristic", "cublaslt_autotune", "best_vendor")
+M_BUCKETS = ((1, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 31))
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON record ({e})") from None
+    return rows
+
+
+@dataclass(frozen=True)
+class Filter:
+    mode: str = "offline"
+    dtype: str = "fp16"
+    layout: str = "tn"
+    m_min: int | None = None
+    m_max: int | None = None
+
+    def keep(self, r: dict[str, Any]) -> bool:
+        t = r["target"]
+        return (
+            r["mode"] == self.mode
+            and t["dtype"] == self.dtype
+            and t["layout"] == self.layout
+            and (self.m_min is None or t["m"] >= self.m_min)
+            and (self.m_max is None or t["m"] <= self.m_max)
+        )
+
+
+def baseline_us(r: dict[str, Any], name: str) -> float | None:
+    b = r["baselines"]
+    if name == "cublas":
+        xs = [b[n]["median_us"] for n in ("cublas_tn", "cublas_nn") if n in b]
+        return min(xs) if xs else None
+    if name == "best_vendor":
+        return r["best_vendor"]["median_us"] if r.get("best_vendor") else None
+    return b[name]["median_us"] if name in b else None
+
+
+def _rel_spread(t: dict[str, Any]) -> float:
+    return (t["p80_us"] - t["p20_us"]) / t["median_us"]
+
+
+def wins(r: dict[str, Any]) -> bool:
+    """cudal2's own kernel beats the best vendor by more than the measured spread."""
+    own = r["cudal2"]
+    if own["dispatch"]["kind"] != "kernel" or not own.get("timing") or not r.get("best_vendor"):
+        return False
+    best = r["baselines"][r["best_vendor"]["name"]]
+    spread = max(_rel_spread(own["timing"]), _rel_spread(best))
+    return best["median_us"] / own["timing"]["median_us"] - 1.0 > spread
+
+
+def geomean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summarize(rows: list[dict[str, Any]], f: Filter) -> dict[str, Any]:
+    kept = [r for r in rows if f.keep(r) and r["cudal2"]["median_us"]]
+    gpus = sorted({r["gpu"]["name"] for r in kept})
+    speedups: dict[str, float | None] = {}
+    for name in SPEEDUP_BASELINES:
+        xs = [baseline_us(r, name) / r["cudal2"]["median_us"] for r in kept if baseline_us(r, name)]
+        g = geomean(xs)
+        speedups[name] = round(g, 4) if g else None
+    fractions = [r["floor_us"] / r["cudal2"]["median_us"] for r in kept]
+    return {
+        "gpu": ", ".join(gpus),
+        "mode": f.mode,
+        "dtype": f.dtype,
+        "layout": f.layout,
+        "shapes": len(kept),
+        "geomean_speedup": speedups,
+        "own_kernel_targets": sum(r["cudal2"]["dispatch"]["kind"] == "kernel" for r in kept),
+        "wins_vs_best_vendor": sum(wins(r) for r in kept),
+        "floor_fraction_median": round(statistics.median(fractions), 4) if fractions else None,
+        "errors": sum(len(r.get("errors", [])) for r in kept),
+        "sync_disagreements": sum(
+            not c["agrees"] for r in kept for c in r.get("sync_check", {}).values()
+        ),
+    }
+
+
+def _fmt(x: float | None, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def table(rows: list[dict[str, Any]], f: Filter) -> str:
+    """Per-shape table, then the floor fraction of cuBLASLt-autotune and of the best
+    vendor per M bucket (where the headroom is)."""
+    kept = sorted(
+        (r for r in rows if f.keep(r)),
+        key=lambda r: (r["target"]["n"], r["target"]["k"], r["target"]["m"]),
+    )
+    head = (
+        "M",
+        "N",
+        "K",
+        "floor",
+        "torch",
+        "cublasTN",
+        "cublasNN",
+        "Lt-heur",
+        "Lt-auto(n)",
+        "best",
+        "cudal2",
+        "x best",
+        "floor frac",
+    )
+    out = [head]
+    for r in kept:
+        t, b = r["target"], r["baselines"]
+        own = r["cudal2"]["median_us"]
+        best = baseline_us(r, "best_vendor")
+        out.append(
+            (
+                str(t["m"]),
+                str(t["n"]),
+                str(t["k"]),
+                _fmt(r["floor_us"]),
+                *(
+                    _fmt(b[n]["median_us"]) if n in b else "-"
+                    for n in ("torch", "cublas_tn", "cublas_nn", "cublaslt_heuristic")
+                ),
+                f"{_fmt(b['cublaslt_autotune']['median_us'])}({r['cublaslt_autotune']['algorithms']})"
+                if "cublaslt_autotune" in b
+                else "-",
+                _fmt(best),
+                _fmt(own) + ("*" if r["cudal2"]["dispatch"]["kind"] == "kernel" else ""),
+                _fmt(best / own if best and own else None, 3),
+                _fmt(r["floor_us"] / own if own else None, 3),
+            )
+        )
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in out]
+    lines.append(
+        "times in us (median); cudal2* = its own kernel, otherwise the fallback (torch.matmul)"
+    )
+    lines.append("")
+    lines.append(
+        "floor fraction by M bucket (median):  M range      Lt-autotune  best vendor  shapes"
+    )
+    for lo, hi in M_BUCKETS:
+        rs = [r for r in kept if lo <= r["target"]["m"] <= hi]
+        if not rs:
+            continue
+        lt = [
+            r["floor_us"] / r["baselines"]["cublaslt_autotune"]["median_us"]
+            for r in rs
+            if "cublaslt_autotune" in r["baselines"]
+        ]
+        bv = [
+            r["floor_us"] / baseline_us(r, "best_vendor")
+            for r in rs
+            if baseline_us(r, "best_vendor")
+        ]
+        label = f"{lo}-{hi}" if hi < (1 << 31) else f">={lo}"
+        lines.append(
+            f"{'':38}{label:>11}  {_fmt(statistics.median(lt) if lt else None, 3):>11}  "
+            f"{_fmt(statistics.median(bv) if bv else None, 3):>11}  {len(rs):>6}"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], f: Filter, out: str | Path) -> Path:
+    """One panel per baseline: per-shape speedups sorted, geomean and 1.0 marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("plotting needs matplotlib: pip install 'cudal2[plot]'") from None
+    kept = [r for r in rows if f.keep(r) and r["cudal2"]["median_us"]]
+    fig, axes = plt.subplots(
+        1, len(SPEEDUP_BASELINES), figsize=(4 * len(SPEEDUP_BASELINES), 3.6), sharey=True
+    )
+    for ax, name in zip(axes, SPEEDUP_BASELINES, strict=True):
+        xs = sorted(
+            baseline_us(r, name) / r["cudal2"]["median_us"] for r in kept if baseline_us(r, name)
+        )
+        # Bars grow from the 1.0 line (a win up, a loss down); within 0.5% is a tie.
+        colors = ["tab:green" if x > 1.005 else "tab:red" if x < 0.995 else "tab:gray" for x in xs]
+        ax.bar(range(len(xs)), [x - 1 for x in xs], bottom=1.0, color=colors)
+        ax.axhline(1.0, color="black", lw=1)
+        if xs:
+            ax.set_ylim(min(min(xs), 1.0) - 0.03, max(max(xs), 1.0) + 0.03)
+        g = geomean(xs)
+        if g:
+            ax.axhline(g, color="tab:blue", ls="--", lw=1.2, label=f"geomean {g:.3f}")
+            ax.legend(loc="upper left", fontsize=8)
+        ax.set_title(f"vs {name}", fontsize=10)
+        ax.set_xlabel("shapes, sorted")
+    axes[0].set_ylabel("speedup (baseline / cudal2)")
+    gpu = ", ".join(sorted({r["gpu"]["name"] for r in kept}))
+    fig.suptitle(
+        f"cudal2 speedup, {gpu}, {f.dtype} {f.layout} {f.mode}, {len(kept)} shapes", fontsize=11
+    )
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

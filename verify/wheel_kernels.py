@@ -1,0 +1,84 @@
+"""A cudal2 wheel's dispatch, for benchmarking: the same table lookup and the same
+driver launcher the shipped runtime uses, on operands the bench rotates."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cudal2.records import GpuInfo, Target
+from cudal2.runtime import driver
+from cudal2.runtime.table import DispatchTable
+
+
+class WheelKernels:
+    def __init__(self, path: str | Path, gpu: GpuInfo):
+        path = Path(path)
+        self.cubins: dict[str, bytes] = {}
+        if path.suffix == ".whl":
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+                (table_name,) = [n for n in names if n.endswith("/dispatch.json")]
+                table = json.loads(z.read(table_name))
+                for n in names:
+                    if "/cubins/" in n and n.endswith(".cubin"):
+                        self.cubins[Path(n).stem] = z.read(n)
+        else:  # a dispatch.json beside its cubins/ folder
+            table = json.loads(path.read_text())
+            for f in (path.parent / "cubins").glob("*.cubin"):
+                self.cubins[f.stem] = f.read_bytes()
+        self.table = DispatchTable.from_json(table)
+        self.gpu = gpu
+        self.model, self.stand_in = self.table.resolve_gpu(gpu.name, gpu.arch)
+        self._kernels: dict[str, driver.Kernel] = {}
+
+    def entry(self, t: Target) -> dict[str, Any] | None:
+        if self.model is None:
+            return None
+        return self.table.lookup(self.model, t.arch, t.dtype, t.layout, t.m, t.n, t.k)
+
+    def describe(self, t: Target) -> dict[str, Any]:
+        e = self.entry(t)
+        if e is None:
+            return {"kind": "fallback", "reason": "no entry"}
+        return {
+            "kind": e["kind"],
+            "kernel": e["kernel"],
+            "m_measured": e["m_measured"],
+            "table_gpu": e["gpu"],
+            "stand_in": self.stand_in,
+        }
+
+    def launcher(self, t: Target, a: list, w: list, c: list) -> Callable[[int], None]:
+        import torch
+
+        e = self.entry(t)
+        assert e is not None and e["kind"] == "kernel"
+        sha = e["cubin_sha256"]
+        if sha not in self._kernels:
+            self._kernels[sha] = driver.Kernel(
+                self.cubins[sha], e["symbol"], e["launch"]["smem_bytes"], expected_sha256=sha
+            )
+        kernel, recipe = self._kernels[sha], e["launch"]
+        ldb = t.k if t.layout == "tn" else t.n
+
+        def run(j: int) -> None:
+            driver.launch_gemm(
+                kernel,
+                recipe,
+                a[j].data_ptr(),
+                w[j].data_ptr(),
+                c[j].data_ptr(),
+                t.m,
+                t.n,
+                t.k,
+                t.k,
+                ldb,
+                t.n,
+                torch.cuda.current_stream().cuda_stream,
+            )
+
+        return run
