@@ -29,6 +29,8 @@ from cudal2.policy import make_proposer
 from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
 from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
+from cudal2.verify.sanitizer import PREFIX as SANITIZER_PREFIX
+from cudal2.verify.sanitizer import memcheck
 from cudal2.verify.timing import TIMING_METHOD, Timing, TimingConfig
 from tqdm import tqdm
 
@@ -139,6 +141,7 @@ class Build:
         self.log = log
         self.report_counts = {"measured": 0, "reused": 0, "compiled": 0}
         self.failures: dict[str, int] = {}
+        self._sanitized: set[str] = set()
 
     def say(self, msg: str) -> None:
         print(msg, file=self.log, flush=True)
@@ -227,6 +230,36 @@ class Build:
                 this_build.extend(round_ms)
                 proposer.observe(round_ms)
 
+    def _sanitize(self, selections: Sequence[Selection], unsafe: set[str]) -> set[str]:
+        """memcheck each selected kernel's artifact once per build; failures are
+        recorded (status runtime) so that no later build ships them either."""
+        failed: set[str] = set()
+        for s in selections:
+            w = s.winner
+            if s.kind != "kernel" or w is None or w.design is None:
+                continue
+            if w.artifact_key in self._sanitized or w.artifact_key in unsafe:
+                continue
+            self._sanitized.add(w.artifact_key)
+            build_all([w.design], self.cache)  # a winner recorded by an earlier build
+            cubin = self.cache.entry(w.artifact_key) / "kernel.cubin"
+            res = memcheck(cubin, w.design.name, launch_recipe(w.design), s.target)
+            if not res.ok:
+                failed.add(w.artifact_key)
+                self.db.append(
+                    [
+                        dataclasses.replace(
+                            w,
+                            status="runtime",
+                            error=res.report,
+                            samples_us=(),
+                            median_us=None,
+                            measured_at=_now(),
+                        )
+                    ]
+                )
+        return failed
+
     def _compile(self, designs: Sequence[KernelDesign], desc: str) -> dict[str, BuildResult]:
         unique = {d.key: d for d in designs}
         bar = tqdm(total=len(unique), desc=desc, unit="kernel", file=self.log)
@@ -256,11 +289,13 @@ class Build:
             )
             self.report_counts["reused"] = len(relevant)
         key_cache: dict[str, str] = {}
+        # Artifacts that failed compute-sanitizer on any target never ship.
+        unsafe = {x.artifact_key for x in history if x.error.startswith(SANITIZER_PREFIX)}
 
         def usable(x: Measurement) -> bool:
             # Ship only what was measured: the design must render and compile to the
             # same artifact key (source, nvcc version, flags) here.
-            if x.design is None:
+            if x.design is None or x.artifact_key in unsafe:
                 return False
             if x.design_key not in key_cache:
                 try:
@@ -272,6 +307,12 @@ class Build:
         selections, missing = select(
             self.manifest.targets, history, self.manifest.timing_mode, usable
         )
+        while have_gpu and (failed := self._sanitize(selections, unsafe)):
+            self.say(f"{len(failed)} selected kernels failed {SANITIZER_PREFIX}: reselecting")
+            unsafe |= failed
+            selections, missing = select(
+                self.manifest.targets, history, self.manifest.timing_mode, usable
+            )
         stale = {
             x.design_key
             for x in history

@@ -88,6 +88,16 @@ def make_operands(t: Target, nsets: int, seed: int) -> Operands:
     return ops
 
 
+def below_floor(timings: dict[str, Timing], floor: float) -> list[str]:
+    """A median under the physical floor is a measurement error (work that escaped the
+    timed stream, a skipped computation, a broken timer), never a fast kernel."""
+    return [
+        f"{name}: median {tm.median_us:.3f} us is below the physical floor {floor:.3f} us"
+        for name, tm in timings.items()
+        if tm.median_us < floor
+    ]
+
+
 class Bench:
     """Holds the library handles and workspace for a run; ``shape`` measures one."""
 
@@ -192,13 +202,7 @@ class Bench:
     def _record(
         self, t, timings, floor, nsets, count, best_algo, tuned, dispatch
     ) -> dict[str, Any]:
-        errors = []
-        for name, tm in timings.items():
-            if tm.median_us < floor:
-                errors.append(
-                    f"{name}: median {tm.median_us:.3f} us is below the physical floor "
-                    f"{floor:.3f} us"
-                )
+        errors = below_floor(timings, floor)
         valid = {n: tm for n, tm in timings.items() if tm.median_us >= floor}
         vendors = {n: valid[n] for n in VENDORS if n in valid}
         best = min(vendors, key=lambda n: vendors[n].median_us) if vendors else None

@@ -78,10 +78,9 @@ class WorkerPool:
             code = self._proc.exitcode if self._proc is not None else None
             self._discard()
             return {"status": "runtime", "error": f"measuring worker died (exit code {code})"}
-        if result.get("status") == "runtime":
-            self._proc.join(0.5)  # a CUDA error makes the worker exit right after answering
-            if not self._proc.is_alive():
-                self._discard()
+        if result.pop("fatal", False):
+            self._proc.join(30)  # a CUDA error: the worker exits right after answering
+            self._discard()
         return result
 
     def close(self) -> None:

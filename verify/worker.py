@@ -114,6 +114,7 @@ def worker_main(conn, device: int) -> None:
             conn.send(
                 {
                     "status": "runtime",
+                    "fatal": fatal,
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}",
                 }
             )
