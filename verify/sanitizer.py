@@ -90,6 +90,7 @@ def _child(job_path: str) -> None:
     from cuda.bindings import driver as cu
     from cudal2.runtime import driver
     from cudal2.verify.correctness import operands
+    from cudal2.verify.launch import launch_dense
 
     job = json.loads(Path(job_path).read_text())
     t = Target.from_json(job["target"])
@@ -103,21 +104,8 @@ def _child(job_path: str) -> None:
     kernel = driver.Kernel(
         Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
     )
-    ldb = t.k if t.layout == "tn" else t.n
-    driver.launch_gemm(
-        kernel,
-        job["recipe"],
-        a.data_ptr(),
-        b.data_ptr(),
-        int(c_ptr),
-        t.m,
-        t.n,
-        t.k,
-        t.k,
-        ldb,
-        t.n,
-        torch.cuda.current_stream().cuda_stream,
-    )
+    stream = torch.cuda.current_stream().cuda_stream
+    launch_dense(kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), int(c_ptr), stream)
     torch.cuda.synchronize()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from cudal2.records import GpuInfo, Target
 from cudal2.runtime import driver
 from cudal2.runtime.table import DispatchTable
+from cudal2.verify.launch import launch_dense
 
 
 class WheelKernels:
@@ -63,22 +64,11 @@ class WheelKernels:
                 self.cubins[sha], e["symbol"], e["launch"]["smem_bytes"], expected_sha256=sha
             )
         kernel, recipe = self._kernels[sha], e["launch"]
-        ldb = t.k if t.layout == "tn" else t.n
 
         def run(j: int) -> None:
-            driver.launch_gemm(
-                kernel,
-                recipe,
-                a[j].data_ptr(),
-                w[j].data_ptr(),
-                c[j].data_ptr(),
-                t.m,
-                t.n,
-                t.k,
-                t.k,
-                ldb,
-                t.n,
-                torch.cuda.current_stream().cuda_stream,
+            stream = torch.cuda.current_stream().cuda_stream
+            launch_dense(
+                kernel, recipe, t, a[j].data_ptr(), w[j].data_ptr(), c[j].data_ptr(), stream
             )
 
         return run

@@ -18,11 +18,8 @@ from cudal2.runtime import driver
 from cudal2.verify import correctness
 from cudal2.verify.floor import floor_us
 from cudal2.verify.gpu import current_gpu
+from cudal2.verify.launch import launch_dense
 from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved
-
-
-def _strides(t: Target) -> tuple[int, int, int]:
-    return t.k, (t.k if t.layout == "tn" else t.n), t.n
 
 
 def run_job(job: dict[str, Any], device: int, gpu_name: str) -> dict[str, Any]:
@@ -36,24 +33,10 @@ def run_job(job: dict[str, Any], device: int, gpu_name: str) -> dict[str, Any]:
         Path(job["cubin_path"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
     )
     recipe = job["recipe"]
-    lda, ldb, ldc = _strides(t)
 
     def run(a, b, c) -> None:
-        driver.launch_gemm(
-            kernel,
-            recipe,
-            a.data_ptr(),
-            b.data_ptr(),
-            c.data_ptr(),
-            t.m,
-            t.n,
-            t.k,
-            lda,
-            ldb,
-            ldc,
-            torch.cuda.current_stream().cuda_stream,
-            device,
-        )
+        stream = torch.cuda.current_stream().cuda_stream
+        launch_dense(kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device)
 
     result = correctness.check(t, run, gen)
     out: dict[str, Any] = {

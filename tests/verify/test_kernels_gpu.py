@@ -35,6 +35,7 @@ SHAPES = [(1, 8, 8), (17, 40, 24), (100, 1000, 1000), (130, 264, 72), (257, 129,
 def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
     from cudal2.runtime import driver
     from cudal2.verify import correctness
+    from cudal2.verify.launch import launch_dense
 
     *tile, wk = knobs
     d = KernelDesign("sm80mma", "sm_90a", dtype, layout, *tile, warps_k=wk)
@@ -51,20 +52,9 @@ def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
         t = Target("sm_90a", dtype, layout, m, n, k)
 
         def run(a, bb, c, t=t):
-            ldb = t.k if t.layout == "tn" else t.n
-            driver.launch_gemm(
-                kernel,
-                launch_recipe(d),
-                a.data_ptr(),
-                bb.data_ptr(),
-                c.data_ptr(),
-                t.m,
-                t.n,
-                t.k,
-                t.k,
-                ldb,
-                t.n,
-                torch.cuda.current_stream().cuda_stream,
+            stream = torch.cuda.current_stream().cuda_stream
+            launch_dense(
+                kernel, launch_recipe(d), t, a.data_ptr(), bb.data_ptr(), c.data_ptr(), stream
             )
 
         res = correctness.check(t, run, gen)
