@@ -120,8 +120,8 @@ class Bench:
     def shape(self, t: Target) -> dict[str, Any]:
         import torch
 
-        per_set = t.min_bytes + 2 * t.n * t.k  # A, both W storages, C
-        nsets = operand_sets(per_set)
+        # Sized by what one call reads (A, one W, C): each callable's rotation exceeds L2.
+        nsets = operand_sets(t.min_bytes)
         ops = make_operands(t, nsets, self.seed)
         floor = floor_us(t, self.gpu.name)
         est = max(floor, 2.0)
