@@ -143,6 +143,11 @@ class Bench:
                 i, ops.a[j].data_ptr(), w_own[j].data_ptr(), ops.c[j].data_ptr(), self._stream()
             )
 
+        def cublas(p: Problem, w: list) -> Callable[[int], None]:
+            return lambda j: self.cublas.gemm(
+                p, ops.a[j].data_ptr(), w[j].data_ptr(), ops.c[j].data_ptr(), self._stream()
+            )
+
         # Autotune: time every heuristic candidate once (fewer reps), keep the fastest.
         tune_cfg = TimingConfig(reps=max(5, self.reps // 3), mode="offline", seed=self.seed)
         tuned = time_interleaved({f"lt{i}": lt_algo(i) for i in range(count)}, nsets, tune_cfg, est)
@@ -150,20 +155,8 @@ class Bench:
 
         fns: dict[str, Callable[[int], object]] = {
             "torch": lambda j: torch.matmul(ops.a[j], w_t[j], out=ops.c[j]),
-            "cublas_tn": lambda j: self.cublas.gemm(
-                p_tn,
-                ops.a[j].data_ptr(),
-                ops.w_tn[j].data_ptr(),
-                ops.c[j].data_ptr(),
-                self._stream(),
-            ),
-            "cublas_nn": lambda j: self.cublas.gemm(
-                p_nn,
-                ops.a[j].data_ptr(),
-                ops.w_nn[j].data_ptr(),
-                ops.c[j].data_ptr(),
-                self._stream(),
-            ),
+            "cublas_tn": cublas(p_tn, ops.w_tn),
+            "cublas_nn": cublas(p_nn, ops.w_nn),
             "cublaslt_heuristic": lt_algo(0),
             "cublaslt_autotune": lt_algo(best_algo),
         }
