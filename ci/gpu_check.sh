@@ -28,7 +28,8 @@ $PY -m pip list 2>/dev/null | grep -iE "^(torch|cuda-python|cuda-bindings|jinja2
 step "install cudal2"
 if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
 $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
-$PY -c "import cudal2, cudal2.runtime.driver; print('cudal2', cudal2.__version__)"
+$PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
+$PY -c "import cudal2, cudal2.runtime.driver, nvmath; print('cudal2', cudal2.__version__, 'nvmath', nvmath.__version__)"
 
 step "gpu tests"
 tests_rc=0
@@ -40,6 +41,9 @@ DB="$OUT/$STEM.measurements.jsonl"
 [ -f "manifests/$STEM.measurements.jsonl" ] && cp "manifests/$STEM.measurements.jsonl" "$DB"
 /usr/bin/time -f "build wall time %e s" cudal2-build "$MANIFEST" --measurements "$DB" --out "$OUT/dist" 2>&1 \
   | tee "$OUT/build.txt" | grep -v "it/s\]\|s/it\]" | tail -60
+
+step "Nsight Compute metrics of three recorded kernels (the CPU tests' fixture)"
+$PY ci/record_ncu.py "$OUT/ncu" 2>&1 | tail -30 || echo "NOTE: profiling failed"
 
 step "SASS of every compiled kernel (tensor-core instructions, local-memory spills)"
 sass_counts() {

@@ -12,13 +12,13 @@ import datetime as dt
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from cudal2 import __version__
-from cudal2.database import MeasurementDB
+from cudal2.database import MeasurementDB, latest
 from cudal2.dispatch import build_table
 from cudal2.generator import launch_recipe
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
@@ -29,6 +29,7 @@ from cudal2.policy import make_proposer
 from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
 from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
+from cudal2.verify.profile import find_ncu, profile
 from cudal2.verify.sanitizer import PREFIX as SANITIZER_PREFIX
 from cudal2.verify.sanitizer import memcheck
 from cudal2.verify.timing import TIMING_METHOD, Timing, TimingConfig
@@ -86,6 +87,9 @@ def measurement_from(
         tiles = -(-target.m // recipe["tile_m"]) * -(-target.n // recipe["tile_n"])
         metrics["waves"] = round(tiles / gpu.sm_count, 4)
         metrics["smem_bytes"] = recipe["smem_bytes"]
+    if result.get("vendors"):  # the vendor spread the correctness bound came from
+        metrics["vendor_max_abs_err"] = result["vendor_max_abs_err"]
+        metrics["bound_vendors"] = result["vendors"]
     if median:
         metrics["tflops"] = round(target.flops / (median * 1e-6) / 1e12, 3)
         metrics["gbps"] = round(target.min_bytes / (median * 1e-6) / 1e9, 2)
@@ -113,6 +117,49 @@ def measurement_from(
         spread=spread,
         metrics=metrics,
         mode=mode,
+    )
+
+
+def unsafe_artifacts(history: Sequence[Measurement]) -> set[str]:
+    """Artifacts that failed compute-sanitizer on any target: they never ship."""
+    return {x.artifact_key for x in history if x.error.startswith(SANITIZER_PREFIX)}
+
+
+def shippable(unsafe: set[str]) -> Callable[[Measurement], bool]:
+    """Whether a kernel measurement can ship: not unsafe, and its design renders and
+    compiles to the measured artifact key (source, nvcc version, flags) here."""
+    key_cache: dict[str, str] = {}
+
+    def usable(x: Measurement) -> bool:
+        if x.design is None or x.artifact_key in unsafe:
+            return False
+        if x.design_key not in key_cache:
+            try:
+                key_cache[x.design_key] = artifact_key_of(x.design)
+            except IllegalDesignError:  # recorded under older legality rules
+                key_cache[x.design_key] = ""
+        return key_cache[x.design_key] == x.artifact_key
+
+    return usable
+
+
+def table_from_measurements(
+    history: Sequence[Measurement], mode: str, cache: ArtifactCache, name: str
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The dispatch table a build would make from these measurements, for every target
+    they hold (winners compiled into ``cache``): what ``cudal2-bench --kernels DB`` runs."""
+    history = latest(history)
+    targets = sorted({x.target for x in history})
+    selections, _ = select(targets, history, mode, shippable(unsafe_artifacts(history)))
+    winners = [s.winner.design for s in selections if s.winner and s.winner.design]
+    build_all(winners, cache)
+    return build_table(
+        name=name,
+        version="0",
+        package=f"cudal2_kernels_{name}",
+        manifest_sha256="",
+        selections=selections,
+        cubin_of=cache.cubin,
     )
 
 
@@ -227,8 +274,53 @@ class Build:
                     if rec.status != "ok":
                         self.failures[rec.status] = self.failures.get(rec.status, 0) + 1
                 bar.close()
+                round_ms = self._profile(round_ms, m.search.profile_top)
                 this_build.extend(round_ms)
                 proposer.observe(round_ms)
+
+    def _profile(self, ms: list[Measurement], top: int) -> list[Measurement]:
+        """Nsight Compute metrics for each target's ``top`` fastest correct candidates
+        of the round (unless they have them already), recorded as enriched copies of their
+        measurements; the returned list carries them to the proposer."""
+        if top <= 0:
+            return ms
+        by_target: dict[Target, list[Measurement]] = {}
+        for x in ms:
+            if x.status == "ok" and x.median_us and x.design is not None:
+                by_target.setdefault(x.target, []).append(x)
+        chosen = [
+            x
+            for xs in by_target.values()
+            for x in sorted(xs, key=lambda x: (x.median_us, x.design_key))[:top]
+            if not any(k.startswith("ncu_") for k in x.metrics)  # profiled before
+        ]
+        if not chosen:
+            return ms
+        if find_ncu() is None:
+            self.say("ncu (Nsight Compute) not found: candidates are not profiled")
+            return ms
+        self.say(f"profiling {len(chosen)} candidates with Nsight Compute")
+        jobs = [
+            {
+                "cubin": str(self.cache.entry(x.artifact_key) / "kernel.cubin"),
+                "symbol": x.design.name,
+                "recipe": launch_recipe(x.design),
+                "target": x.target.as_json(),
+            }
+            for x in chosen
+            if x.design is not None
+        ]
+        res = profile(jobs)
+        if res.error:
+            self.say(f"profiling failed, going on without: {res.error.splitlines()[0]}")
+            return ms
+        enriched = {
+            id(x): dataclasses.replace(x, metrics={**x.metrics, **vals})
+            for x, vals in zip(chosen, res.metrics, strict=True)
+            if vals
+        }
+        self.db.append(enriched.values())
+        return [enriched.get(id(x), x) for x in ms]
 
     def _sanitize(self, selections: Sequence[Selection], unsafe: set[str]) -> set[str]:
         """memcheck each selected kernel's artifact once per build; failures are
@@ -270,11 +362,11 @@ class Build:
 
     # -- selection and packaging (any machine) --------------------------------------
     def run(self) -> BuildReport:
-        history = self.db.read()
+        history = latest(self.db.read())
         have_gpu = self.measure and bool(gpu_names())
         if have_gpu:
             self._measure(history)
-            history = self.db.read()
+            history = latest(self.db.read())
         else:
             relevant = [x for x in history if x.target in set(self.manifest.targets)]
             if not relevant:
@@ -288,22 +380,8 @@ class Build:
                 f"in {self.db.path}"
             )
             self.report_counts["reused"] = len(relevant)
-        key_cache: dict[str, str] = {}
-        # Artifacts that failed compute-sanitizer on any target never ship.
-        unsafe = {x.artifact_key for x in history if x.error.startswith(SANITIZER_PREFIX)}
-
-        def usable(x: Measurement) -> bool:
-            # Ship only what was measured: the design must render and compile to the
-            # same artifact key (source, nvcc version, flags) here.
-            if x.design is None or x.artifact_key in unsafe:
-                return False
-            if x.design_key not in key_cache:
-                try:
-                    key_cache[x.design_key] = artifact_key_of(x.design)
-                except IllegalDesignError:  # recorded under older legality rules
-                    key_cache[x.design_key] = ""
-            return key_cache[x.design_key] == x.artifact_key
-
+        unsafe = unsafe_artifacts(history)
+        usable = shippable(unsafe)
         selections, missing = select(
             self.manifest.targets, history, self.manifest.timing_mode, usable
         )

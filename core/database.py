@@ -44,6 +44,16 @@ class MeasurementDB:
         )
 
 
+def latest(measurements: Iterable[Measurement]) -> list[Measurement]:
+    """The last record of each reuse key (GPU model, target, artifact, toolchain, mode):
+    a re-measurement, a record enriched with profile metrics, or a sanitizer failure
+    stands for the key from then on. Order is that of each key's first record."""
+    last: dict[tuple, Measurement] = {}
+    for m in measurements:
+        last[m.reuse_key] = m
+    return list(last.values())
+
+
 def append_lines(path: Path, lines: Iterable[str]) -> None:
     """Append whole JSON lines to ``path`` in one write under an exclusive lock, then
     fsync. A previous writer killed mid-line left no newline: start on a fresh line."""

@@ -33,7 +33,7 @@ _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TOP_KEYS = ("package", "build", "search", "timing", "targets", "grid", "model")
 _PACKAGE_KEYS = ("name", "version")
 _BUILD_KEYS = ("gpus", "dtypes", "layouts")
-_SEARCH_KEYS = ("proposer", "candidates", "rounds", "gpu_budget_s", "seed")
+_SEARCH_KEYS = ("proposer", "candidates", "rounds", "gpu_budget_s", "seed", "profile_top")
 _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
 _TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
@@ -60,13 +60,15 @@ class ManifestError(Exception):
 @dataclass(frozen=True)
 class SearchSettings:
     """How kernels are searched for: proposer, designs per target per round, rounds,
-    GPU-time budget of one build in seconds, and the random seed."""
+    GPU-time budget of one build in seconds, the random seed, and how many of each
+    target's fastest candidates per round get Nsight Compute metrics (0: none)."""
 
     proposer: str = "grid"
     candidates: int = 8
     rounds: int = 1
     gpu_budget_s: float = 1800.0
     seed: int = 0
+    profile_top: int = 2
 
 
 @dataclass(frozen=True)
@@ -301,6 +303,7 @@ def load_manifest(path: str | Path) -> Manifest:
             s.get("gpu_budget_s", d.gpu_budget_s), "search.gpu_budget_s"
         ),
         seed=r.integer(s.get("seed", d.seed), "search.seed", 0),
+        profile_top=r.integer(s.get("profile_top", d.profile_top), "search.profile_top", 0),
     )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)

@@ -32,10 +32,16 @@ from cudal2.verify.timing import (
     time_interleaved,
     time_with_sync,
 )
-from cudal2.verify.vendor import LT_WORKSPACE_BYTES, Cublas, LtProblem, Problem, lt_handle
+from cudal2.verify.vendor import (
+    AUTOTUNE_LIMIT,
+    LT_WORKSPACE_BYTES,
+    Cublas,
+    LtProblem,
+    Problem,
+    lt_handle,
+)
 
 VENDORS = ("torch", "cublas_tn", "cublas_nn", "cublaslt_heuristic", "cublaslt_autotune")
-AUTOTUNE_LIMIT = 100
 SYNC_DISAGREEMENT = 0.5  # flag when events claim < half of the synchronised time (less overhead)
 
 

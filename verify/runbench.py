@@ -25,11 +25,12 @@ def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str 
         )
         return 1
     gpu = current_gpu()
-    kernels = None
+    kernels = {}
     if kernels_path:
         from cudal2.verify.wheel_kernels import WheelKernels
 
-        kernels = WheelKernels(kernels_path, gpu)
+        # A database's table depends on the mode its measurements were taken in.
+        kernels = {mode: WheelKernels.open(kernels_path, gpu, mode) for mode in modes}
     done = set()
     if out.exists():
         for r in read_results(out):
@@ -54,7 +55,7 @@ def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str 
         f"ceilings: {ceilings['peak_tflops']} TFLOP/s (8192^3 fp16 cuBLAS), "
         f"{ceilings['copy_tbps']} TB/s (device copy)"
     )
-    benches = {mode: Bench(gpu, mode, reps, kernels=kernels) for mode in modes}
+    benches = {mode: Bench(gpu, mode, reps, kernels=kernels.get(mode)) for mode in modes}
     for mode, t in tqdm(todo, desc="shapes", unit="shape"):
         rec = benches[mode].shape(t)
         rec["ceilings"] = ceilings

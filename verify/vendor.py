@@ -22,6 +22,7 @@ OP_N, OP_T = 0, 1
 COMPUTE_32F = 68  # cublasComputeType_t CUBLAS_COMPUTE_32F
 GEMM_DEFAULT_TENSOR_OP = 99
 LT_WORKSPACE_BYTES = 32 * 1024 * 1024
+AUTOTUNE_LIMIT = 100  # cuBLASLt heuristic candidates asked for (it may return fewer)
 HEURISTIC_RESULT_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t); algo is its first field
 
 

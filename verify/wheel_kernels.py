@@ -1,5 +1,6 @@
-"""A cudal2 wheel's dispatch, for benchmarking: the same table lookup and the same
-driver launcher the shipped runtime uses, on operands the bench rotates."""
+"""A cudal2 dispatch table, for benchmarking: the same table lookup and the same
+driver launcher the shipped runtime uses, on operands the bench rotates. The table
+comes from a wheel, a ``dispatch.json``, or a measurement database."""
 
 from __future__ import annotations
 
@@ -16,9 +17,21 @@ from cudal2.verify.launch import launch_dense
 
 
 class WheelKernels:
-    def __init__(self, path: str | Path, gpu: GpuInfo):
+    """A dispatch table and its cubins. ``open`` reads a wheel, a ``dispatch.json``
+    beside its ``cubins/`` folder, or a measurement database (``.jsonl``), whose
+    table is the one a build would select from it."""
+
+    def __init__(self, table: dict[str, Any], cubins: dict[str, bytes], gpu: GpuInfo):
+        self.cubins = cubins
+        self.table = DispatchTable.from_json(table)
+        self.gpu = gpu
+        self.model, self.stand_in = self.table.resolve_gpu(gpu.name, gpu.arch)
+        self._kernels: dict[str, driver.Kernel] = {}
+
+    @classmethod
+    def open(cls, path: str | Path, gpu: GpuInfo, mode: str = "offline") -> WheelKernels:
         path = Path(path)
-        self.cubins: dict[str, bytes] = {}
+        cubins: dict[str, bytes] = {}
         if path.suffix == ".whl":
             with zipfile.ZipFile(path) as z:
                 names = z.namelist()
@@ -26,15 +39,21 @@ class WheelKernels:
                 table = json.loads(z.read(table_name))
                 for n in names:
                     if "/cubins/" in n and n.endswith(".cubin"):
-                        self.cubins[Path(n).stem] = z.read(n)
+                        cubins[Path(n).stem] = z.read(n)
+        elif path.suffix == ".jsonl":
+            from cudal2.build import table_from_measurements
+            from cudal2.database import MeasurementDB
+            from cudal2.generator.compile import ArtifactCache
+
+            history = MeasurementDB(path).read()
+            if not history:
+                raise ValueError(f"{path}: no measurements")
+            table, cubins = table_from_measurements(history, mode, ArtifactCache(), "bench")
         else:  # a dispatch.json beside its cubins/ folder
             table = json.loads(path.read_text())
             for f in (path.parent / "cubins").glob("*.cubin"):
-                self.cubins[f.stem] = f.read_bytes()
-        self.table = DispatchTable.from_json(table)
-        self.gpu = gpu
-        self.model, self.stand_in = self.table.resolve_gpu(gpu.name, gpu.arch)
-        self._kernels: dict[str, driver.Kernel] = {}
+                cubins[f.stem] = f.read_bytes()
+        return cls(table, cubins, gpu)
 
     def entry(self, t: Target) -> dict[str, Any] | None:
         if self.model is None:

@@ -19,10 +19,13 @@ from cudal2.verify import correctness
 from cudal2.verify.floor import floor_us
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.launch import launch_dense
+from cudal2.verify.spread import VendorSpread, nvmath_available
 from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved
 
 
-def run_job(job: dict[str, Any], device: int, gpu_name: str) -> dict[str, Any]:
+def run_job(
+    job: dict[str, Any], device: int, gpu_name: str, vendor_errors: correctness.VendorErrors
+) -> dict[str, Any]:
     import torch
 
     t = Target.from_json(job["target"])
@@ -38,10 +41,12 @@ def run_job(job: dict[str, Any], device: int, gpu_name: str) -> dict[str, Any]:
         stream = torch.cuda.current_stream().cuda_stream
         launch_dense(kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device)
 
-    result = correctness.check(t, run, gen)
+    result = correctness.check(t, run, gen, vendor_errors=vendor_errors)
     out: dict[str, Any] = {
         "max_abs_err": result.max_abs_err,
         "max_rel_err": result.max_rel_err,
+        "vendor_max_abs_err": result.vendor_max_abs_err,
+        "vendors": len(result.vendors),
     }
     if not result.ok:
         return {**out, "status": "incorrect", "error": result.error}
@@ -85,13 +90,18 @@ def worker_main(conn, device: int) -> None:
     torch.cuda.init()
     driver.ensure_context(device)
     gpu = current_gpu(device)
+    # The correctness bound is the spread of every vendor baseline where nvmath-python
+    # (cuBLAS, cuBLASLt) is installed, torch.matmul's error alone otherwise.
+    vendor_errors: correctness.VendorErrors = correctness.torch_error
+    if nvmath_available():
+        vendor_errors = VendorSpread()
     conn.send({"hello": gpu.as_json()})
     while True:
         job = conn.recv()
         if job is None:
             return
         try:
-            conn.send(run_job(job, device, gpu.name))
+            conn.send(run_job(job, device, gpu.name, vendor_errors))
         except Exception as exc:  # noqa: BLE001 - every failure is a result, recorded
             fatal = _is_cuda_error(exc)
             conn.send(

@@ -1,7 +1,8 @@
 """``cudal2-bench``: measure every vendor baseline (and a cudal2 wheel) on a shape file,
 then summarise or plot the results.
 
-    cudal2-bench SHAPES.toml [--kernels WHEEL] [--mode offline|server|both] --out RESULTS.jsonl
+    cudal2-bench SHAPES.toml [--kernels WHEEL_OR_DB] [--mode offline|server|both]
+                 --out RESULTS.jsonl
     cudal2-bench summarize RESULTS.jsonl [--m-max M] [--m-min M] [--mode ...] [--json]
     cudal2-bench plot RESULTS.jsonl -o speedup.png
 
@@ -77,7 +78,9 @@ def run_main(argv: list[str]) -> int:
     p.add_argument("shapes", help="shape file (bench/shapes/*.toml formats)")
     p.add_argument("--out", required=True, help="results file (JSON Lines, appended)")
     p.add_argument(
-        "--kernels", help="a cudal2 wheel (or its dispatch.json) to time beside the baselines"
+        "--kernels",
+        help="cudal2 kernels to time beside the baselines: a wheel, its dispatch.json, or a "
+        "measurement database (.jsonl; its winners as a build would select them)",
     )
     p.add_argument("--mode", default="offline", choices=("offline", "server", "both"))
     p.add_argument("--dtype", nargs="+", default=["fp16"], choices=DTYPES)

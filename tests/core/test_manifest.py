@@ -268,6 +268,7 @@ BAD: list[tuple[str, str, Any]] = [
     ("[search]\ncandidates = '8'\n" + ONE_TARGET, "search.candidates", "8"),
     ("[search]\nrounds = 0\n" + ONE_TARGET, "search.rounds", 0),
     ("[search]\nseed = -1\n" + ONE_TARGET, "search.seed", -1),
+    ("[search]\nprofile_top = -1\n" + ONE_TARGET, "search.profile_top", -1),
     ("[search]\ngpu_budget_s = 0\n" + ONE_TARGET, "search.gpu_budget_s", 0),
     ("[search]\ngpu_budget_s = true\n" + ONE_TARGET, "search.gpu_budget_s", True),
     ("[search]\ngpu_budget_s = inf\n" + ONE_TARGET, "search.gpu_budget_s", float("inf")),

@@ -26,7 +26,7 @@ def test_bench_record_times_every_baseline_and_the_wheel_kernel(
     wheel = write_wheel(recorded_table, recorded_cubins, tmp_path)
     e = next(e for e in recorded_table["entries"] if e["kind"] == "kernel" and e["layout"] == "tn")
     t = Target(e["arch"], e["dtype"], e["layout"], e["m_measured"], e["n"], e["k"])
-    rec = Bench(gpu, "offline", reps=5, kernels=WheelKernels(wheel, gpu)).shape(t)
+    rec = Bench(gpu, "offline", reps=5, kernels=WheelKernels.open(wheel, gpu)).shape(t)
     assert rec["errors"] == []
     assert set(rec["baselines"]) == set(VENDORS)
     assert rec["cublaslt_autotune"]["algorithms"] >= 1

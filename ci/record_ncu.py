@@ -1,0 +1,53 @@
+"""On a GPU machine with ncu: profile three recorded kernels of the default database
+and write what the CPU tests replay: the imported report as CSV, ncu's log, and the
+jobs with the metrics parsed from it (``tests/verify/data/``).
+
+    python ci/record_ncu.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from cudal2.database import MeasurementDB
+from cudal2.generator.compile import ArtifactCache, build_all
+from cudal2.generator.space import launch_recipe
+from cudal2.manifest import default_manifest_path
+from cudal2.verify.profile import profile
+
+
+def main(out: Path) -> int:
+    ms = MeasurementDB(default_manifest_path().with_name("default.measurements.jsonl")).read()
+    ok = sorted((m for m in ms if m.status == "ok"), key=lambda m: m.median_us)
+    chosen = [ok[0], ok[len(ok) // 2], ok[-1]]
+    cache = ArtifactCache()
+    built = build_all([m.design for m in chosen], cache)
+    jobs = [
+        {
+            "cubin": str(cache.entry(built[m.design_key].artifact_key) / "kernel.cubin"),
+            "symbol": m.design.name,
+            "recipe": launch_recipe(m.design),
+            "target": m.target.as_json(),
+        }
+        for m in chosen
+    ]
+    res = profile(jobs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ncu-raw.csv").write_text(res.csv)
+    (out / "ncu-log.txt").write_text(res.log)
+    record = {
+        "error": res.error,
+        "names": res.names,
+        "jobs": [{"symbol": j["symbol"], "target": j["target"]} for j in jobs],
+        "metrics": res.metrics,
+        "recorded_median_us": [m.median_us for m in chosen],
+    }
+    (out / "ncu-profile.json").write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
+    return 0 if not res.error else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

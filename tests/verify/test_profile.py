@@ -1,0 +1,92 @@
+"""Profile metrics (CPU side), replayed from an ncu report recorded on the H100
+(``tests/verify/data/ncu-h100-*``, written by ``ci/record_ncu.py``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from cudal2.verify import profile as prof
+
+DATA = Path(__file__).parent / "data"
+RAW = (DATA / "ncu-h100-raw.csv").read_text()
+RECORD = json.loads((DATA / "ncu-h100-profile.json").read_text())
+
+
+def test_report_parses_to_the_recorded_metrics_in_launch_order():
+    rows = prof.parse_raw_csv(RAW, RECORD["names"])
+    assert rows == RECORD["metrics"]
+    # One row per job, in job order: the report's kernel names are the jobs' symbols.
+    table = [r for r in csv.DictReader(io.StringIO(RAW)) if r["ID"].isdigit()]
+    assert [r["Kernel Name"] for r in table] == [j["symbol"] for j in RECORD["jobs"]]
+
+
+def test_every_quantity_was_found_on_the_h100_with_its_first_name():
+    assert RECORD["names"] == {k: v[0] for k, v in prof.METRICS.items()}
+    for vals in RECORD["metrics"]:
+        assert set(vals) == set(prof.METRICS)
+        assert all(0 <= v <= 100.5 for k, v in vals.items() if k.endswith("_pct"))
+
+
+def test_a_metric_missing_from_the_report_is_absent_not_zero():
+    names = dict(RECORD["names"], ncu_bogus="no__such_metric.sum")
+    rows = prof.parse_raw_csv(RAW, names)
+    assert all("ncu_bogus" not in r for r in rows)
+    assert [{k: v for k, v in r.items()} for r in rows] == RECORD["metrics"]
+
+
+def test_text_without_a_report_is_an_error():
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        prof.parse_raw_csv((DATA / "ncu-h100-log.txt").read_text(), RECORD["names"])
+
+
+def test_no_ncu_gives_empty_metrics_and_says_why(monkeypatch):
+    monkeypatch.setattr(prof, "find_ncu", lambda: None)
+    res = prof.profile([{"cubin": "x", "symbol": "y", "recipe": {}, "target": {}}])
+    assert res.metrics == [{}] and "ncu not found" in res.error
+
+
+def test_build_records_profiled_copies_and_feeds_them_on(
+    tmp_path, monkeypatch, recorded_measurements
+):
+    """The build profiles each target's fastest candidates and appends enriched copies
+    of their records; the proposer receives the enriched ones."""
+    from cudal2 import build as build_mod
+    from cudal2.database import MeasurementDB, latest
+    from cudal2.generator.compile import ArtifactCache
+    from cudal2.manifest import default_manifest_path, load_manifest
+
+    unprofiled = [
+        m for m in latest(recorded_measurements) if not any("ncu_" in k for k in m.metrics)
+    ]
+    target = next(m.target for m in unprofiled if m.status == "ok")
+    ms = [m for m in unprofiled if m.target == target]
+    n = len(RECORD["metrics"])
+    assert len(ms) > n
+    seen = {}
+
+    def fake_profile(jobs):
+        seen["jobs"] = jobs
+        return prof.ProfileResult(RECORD["metrics"][: len(jobs)], "", RECORD["names"])
+
+    monkeypatch.setattr(build_mod, "profile", fake_profile)
+    monkeypatch.setattr(build_mod, "find_ncu", lambda: "ncu")
+    b = build_mod.Build(
+        load_manifest(default_manifest_path()),
+        tmp_path / "db.jsonl",
+        ArtifactCache(tmp_path / "cache"),
+        tmp_path / "dist",
+        log=io.StringIO(),
+    )
+    out = b._profile(ms, n)
+    fastest = sorted(ms, key=lambda m: (m.median_us, m.design_key))[:n]
+    assert [j["symbol"] for j in seen["jobs"]] == [m.design.name for m in fastest]
+    written = MeasurementDB(tmp_path / "db.jsonl").read()
+    assert [w.reuse_key for w in written] == [m.reuse_key for m in fastest]
+    for w, vals in zip(written, RECORD["metrics"], strict=True):
+        assert {k: w.metrics[k] for k in vals} == vals
+    assert len(out) == len(ms) and sum(w in out for w in written) == n
+    assert b._profile(out, n) == out  # already profiled: nothing again

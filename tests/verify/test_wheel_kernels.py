@@ -1,0 +1,54 @@
+"""``cudal2-bench --kernels``: the table it times, from a wheel or from a database."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from cudal2.build import table_from_measurements
+from cudal2.manifest import default_manifest_path
+from cudal2.packaging.wheel import write_wheel
+from cudal2.select import select
+from cudal2.verify.wheel_kernels import WheelKernels
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+DB = default_manifest_path().with_name("default.measurements.jsonl")
+
+
+def test_database_gives_the_table_a_build_would_select(
+    recorded_measurements, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
+    gpu = recorded_measurements[0].gpu
+    k = WheelKernels.open(DB, gpu, "offline")
+    sels, missing = select(
+        sorted({m.target for m in recorded_measurements}), recorded_measurements, "offline"
+    )
+    assert missing == []
+    assert k.model == gpu.name
+    for s in sels:
+        d = k.describe(s.target)
+        assert d["kind"] == s.kind, s.target.label
+        if s.kind == "kernel":  # the winner's cubin came along, by content hash
+            e = k.entry(s.target)
+            assert e["kernel"] == s.winner.design.name and e["cubin_sha256"] in k.cubins
+
+
+def test_wheel_and_database_tables_agree(recorded_measurements, monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
+    from cudal2.generator.compile import ArtifactCache
+
+    table, cubins = table_from_measurements(
+        recorded_measurements, "offline", ArtifactCache(tmp_path / "cache"), "bench"
+    )
+    gpu = recorded_measurements[0].gpu
+    from_wheel = WheelKernels.open(write_wheel(table, cubins, tmp_path / "dist"), gpu)
+    from_db = WheelKernels.open(DB, gpu, "offline")
+    for m in recorded_measurements:
+        assert from_wheel.describe(m.target) == from_db.describe(m.target)
+
+
+def test_empty_database_is_an_error(tmp_path, recorded_measurements):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no measurements"):
+        WheelKernels.open(tmp_path / "empty.jsonl", recorded_measurements[0].gpu)

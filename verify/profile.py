@@ -1,0 +1,185 @@
+"""Nsight Compute metrics of a few kernels: the profiling feedback of the search.
+
+Each kernel runs once, in a child process under ``ncu --clock-control none`` (the
+GPU is measured as found; its clocks are never locked), on fresh random operands of
+its target. ncu replays the launch as many times as its counters need, flushing
+the caches before each pass. The report is read back as CSV (``ncu --import``),
+one row per profiled launch, in launch order.
+
+Metric names differ across GPUs and ncu versions, so each quantity lists
+alternatives; a name ncu does not know is dropped and the next one tried. What
+could not be collected is simply absent: profiling informs the search and never
+decides whether a kernel is correct or fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cudal2.records import Target
+
+# Our name -> ncu metric names, preferred first. Percentages are of the peak.
+METRICS: dict[str, tuple[str, ...]] = {
+    "ncu_sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed",),
+    "ncu_dram_pct": (
+        "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+        "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    ),
+    "ncu_tensor_pct": (
+        "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+        "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active",
+    ),
+    "ncu_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "ncu_l2_hit_pct": ("lts__t_sector_hit_rate.pct",),
+    "ncu_duration_us": ("gpu__time_duration.sum",),
+    "ncu_dram_bytes": ("dram__bytes.sum",),
+}
+_SCALE = {"ncu_duration_us": 1e-3}  # ncu reports base units: ns
+KERNEL_PREFIX = "hgemm_"  # every family's procedural kernel names start so
+_UNKNOWN_RE = re.compile(r"Failed to find metric\s+'?([A-Za-z0-9_.]+)'?")
+
+
+@dataclass
+class ProfileResult:
+    metrics: list[dict[str, float]]  # per job, in job order ({} where none came back)
+    error: str = ""
+    names: dict[str, str] = field(default_factory=dict)  # our name -> ncu metric used
+    csv: str = ""  # the imported report, as ncu printed it
+    log: str = ""  # ncu's own output of the profiling run
+
+
+def find_ncu() -> str | None:
+    return shutil.which("ncu") or next(
+        (p for p in ("/usr/local/cuda/bin/ncu",) if os.path.exists(p)), None
+    )
+
+
+def parse_raw_csv(text: str, names: dict[str, str]) -> list[dict[str, float]]:
+    """``ncu --import R --csv --page raw --print-units base`` -> one dict per launch,
+    in launch (ID) order, keyed by our names. Rows before the header (ncu's own
+    messages) and the units row are skipped."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        raise ValueError('no ncu CSV header (a line starting with "ID") in the report')
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header, data = rows[0], rows[1:]
+    col = {h: i for i, h in enumerate(header)}
+    out: list[tuple[int, dict[str, float]]] = []
+    for row in data:
+        if len(row) != len(header) or not row[col["ID"]].strip().isdigit():
+            continue  # the units row, or a truncated one
+        vals: dict[str, float] = {}
+        for ours, metric in names.items():
+            if metric not in col:
+                continue
+            raw = row[col[metric]].replace(",", "").strip()
+            try:
+                vals[ours] = round(float(raw) * _SCALE.get(ours, 1.0), 4)
+            except ValueError:
+                continue  # "n/a"
+        out.append((int(row[col["ID"]]), vals))
+    return [v for _, v in sorted(out, key=lambda x: x[0])]
+
+
+def profile(jobs: list[dict[str, Any]], timeout_s: float = 900) -> ProfileResult:
+    """``jobs``: dicts with cubin, symbol, recipe and target (as ``Target.as_json``)."""
+    if not jobs:
+        return ProfileResult([])
+    ncu = find_ncu()
+    if ncu is None:
+        return ProfileResult([{} for _ in jobs], "ncu not found (Nsight Compute)")
+    alt = {k: list(v) for k, v in METRICS.items()}
+    with tempfile.TemporaryDirectory(prefix="cudal2-ncu-") as tmp:
+        job_file = Path(tmp) / "jobs.json"
+        job_file.write_text(json.dumps(jobs))
+        report = Path(tmp) / "report"
+        for _ in range(1 + sum(len(v) for v in METRICS.values())):
+            names = {k: v[0] for k, v in alt.items() if v}
+            if not names:
+                return ProfileResult([{} for _ in jobs], "ncu knows none of the metrics")
+            cmd = [
+                ncu,
+                "--clock-control",
+                "none",
+                "--kernel-name",
+                f"regex:^{KERNEL_PREFIX}",
+                "--metrics",
+                ",".join(names.values()),
+                "--export",
+                str(report),
+                "--force-overwrite",
+                sys.executable,
+                "-m",
+                "cudal2.verify.profile",
+                str(job_file),
+            ]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return ProfileResult([{} for _ in jobs], f"ncu timed out after {timeout_s:.0f} s")
+            text = proc.stdout + proc.stderr
+            unknown = set(_UNKNOWN_RE.findall(text))
+            if not unknown:
+                break
+            for v in alt.values():
+                if v and v[0] in unknown:
+                    v.pop(0)  # not known here: try the next name
+        else:
+            return ProfileResult([{} for _ in jobs], f"ncu: no usable metric set\n{text[-2000:]}")
+        if proc.returncode != 0:
+            return ProfileResult([{} for _ in jobs], f"ncu: exit {proc.returncode}\n{text[-2000:]}")
+        imported = subprocess.run(
+            [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw"]
+            + ["--print-units", "base"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        if imported.returncode != 0:
+            return ProfileResult(
+                [{} for _ in jobs], f"ncu --import: exit {imported.returncode}\n{imported.stderr}"
+            )
+        rows = parse_raw_csv(imported.stdout, names)
+    if len(rows) != len(jobs):
+        return ProfileResult(
+            [{} for _ in jobs], f"ncu profiled {len(rows)} launches, expected {len(jobs)}"
+        )
+    return ProfileResult(rows, "", names, imported.stdout, text[-20000:])
+
+
+def _child(job_path: str) -> None:
+    """Runs under ncu: each job's kernel launched once, in job order."""
+    import torch
+    from cudal2.runtime import driver
+    from cudal2.verify.correctness import operands
+    from cudal2.verify.launch import launch_dense
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    stream = torch.cuda.current_stream().cuda_stream
+    for job in json.loads(Path(job_path).read_text()):
+        t = Target.from_json(job["target"])
+        a, b = operands(t, "random", gen)
+        c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
+        kernel = driver.Kernel(
+            Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
+        )
+        launch_dense(kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])
