@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from cudal2.generator.families import sm80_mma
+from cudal2.generator.families import sm80_mma, sm90_csk
 
-FAMILIES: dict[str, ModuleType] = {sm80_mma.FAMILY: sm80_mma}
+FAMILIES: dict[str, ModuleType] = {sm80_mma.FAMILY: sm80_mma, sm90_csk.FAMILY: sm90_csk}
 
 
 def family_of(design_family: str) -> ModuleType:

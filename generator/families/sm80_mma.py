@@ -144,4 +144,5 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         "warps_k": d.warps_k,
         "stages": d.stages,
         "b_kn": "true" if d.layout == "nn" else "false",
+        "store_pred": "",  # every thread stores all of its fragments
     }

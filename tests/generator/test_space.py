@@ -79,9 +79,11 @@ def test_space_is_legal_unique_and_named_uniquely(dtype, layout):
 
 
 def test_space_respects_shared_memory_limit_per_layout():
+    from cudal2.generator.families import family_of
+
     for layout in ("tn", "nn"):
         assert all(
-            sm80_mma.smem_bytes(d) <= sm80_mma.MAX_SMEM_BYTES
+            family_of(d.family).smem_bytes(d) <= sm80_mma.MAX_SMEM_BYTES
             for d in design_space("sm_90a", "fp16", layout)
         )
 

@@ -1,4 +1,5 @@
-"""On a GPU: the sm80mma family is correct for every dtype x layout on residue shapes.
+"""On a GPU: the sm80mma and sm90csk families are correct for every dtype x layout on
+residue shapes.
 
 Uses the project's own correctness check (fresh random trials, NaN-poisoned output,
 exact {0,1} trial) through the same driver launcher the runtime ships.
@@ -27,18 +28,20 @@ DESIGNS = [
     (64, 32, 128, 2, 1, 2, 2),
 ]
 SHAPES = [(1, 8, 8), (17, 40, 24), (100, 1000, 1000), (130, 264, 72), (257, 129, 2056)]
+# sm90csk (bm, bn, bk, warps_m, warps_n, stages, split_k): K shares of one tile each,
+# shares longer than the pipeline, empty trailing shares (K = 8, 24 with split 8).
+CSK_DESIGNS = [
+    (16, 64, 128, 1, 2, 4, 8),
+    (64, 128, 64, 2, 2, 3, 4),
+    (32, 32, 256, 1, 1, 2, 2),
+]
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("layout", ["tn", "nn"])
-@pytest.mark.parametrize("knobs", DESIGNS, ids=lambda k: "x".join(map(str, k)))
-def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
+def _check_design(tmp_path, d: KernelDesign) -> None:
     from cudal2.runtime import driver
     from cudal2.verify import correctness
     from cudal2.verify.launch import launch_dense
 
-    *tile, wk = knobs
-    d = KernelDesign("sm80mma", "sm_90a", dtype, layout, *tile, warps_k=wk)
     cache = ArtifactCache(tmp_path)
     b = build(d, cache)
     assert b.ok, b.error
@@ -47,9 +50,9 @@ def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1)
     for m, n, k in SHAPES:
-        if layout == "nn" and n % 8:
+        if d.layout == "nn" and n % 8:
             continue  # nn needs N % 8 == 0 (dispatch falls back otherwise)
-        t = Target("sm_90a", dtype, layout, m, n, k)
+        t = Target("sm_90a", d.dtype, d.layout, m, n, k)
 
         def run(a, bb, c, t=t):
             stream = torch.cuda.current_stream().cuda_stream
@@ -59,3 +62,19 @@ def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
 
         res = correctness.check(t, run, gen)
         assert res.ok, f"{d.name} on {t.label}: {res.error}"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["tn", "nn"])
+@pytest.mark.parametrize("knobs", DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
+    *tile, wk = knobs
+    _check_design(tmp_path, KernelDesign("sm80mma", "sm_90a", dtype, layout, *tile, warps_k=wk))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["tn", "nn"])
+@pytest.mark.parametrize("knobs", CSK_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_cluster_split_k_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
+    *tile, sk = knobs
+    _check_design(tmp_path, KernelDesign("sm90csk", "sm_90a", dtype, layout, *tile, split_k=sk))
