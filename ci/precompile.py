@@ -18,7 +18,7 @@ def main(paths: list[str]) -> int:
     designs = {}
     for path in paths:
         m = load_manifest(path)
-        proposer = make_proposer(m.search.proposer, m.search.seed)
+        proposer = make_proposer(m.search.proposer, m.search.seed, m.search.families)
         for t in m.targets:
             for d in proposer.propose(t, [], m.search.candidates):
                 designs[d.key] = d

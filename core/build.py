@@ -198,7 +198,7 @@ class Build:
         from cudal2.verify.pool import WorkerPool
 
         m = self.manifest
-        proposer = make_proposer(m.search.proposer, m.search.seed)
+        proposer = make_proposer(m.search.proposer, m.search.seed, m.search.families)
         timing = TimingConfig(mode=m.timing_mode, seed=m.search.seed)
         with WorkerPool(self.device) as pool:
             gpu = pool.start()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal2 import models
+from cudal2.generator.families import FAMILIES
 from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
 
 PROPOSERS: tuple[str, ...] = ("grid", "random", "policy")
@@ -33,7 +34,15 @@ _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 _TOP_KEYS = ("package", "build", "search", "timing", "targets", "grid", "model")
 _PACKAGE_KEYS = ("name", "version")
 _BUILD_KEYS = ("gpus", "dtypes", "layouts")
-_SEARCH_KEYS = ("proposer", "candidates", "rounds", "gpu_budget_s", "seed", "profile_top")
+_SEARCH_KEYS = (
+    "proposer",
+    "candidates",
+    "rounds",
+    "gpu_budget_s",
+    "seed",
+    "profile_top",
+    "families",
+)
 _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
 _TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
@@ -69,6 +78,7 @@ class SearchSettings:
     gpu_budget_s: float = 1800.0
     seed: int = 0
     profile_top: int = 2
+    families: tuple[str, ...] | None = None  # kernel families searched (None: all)
 
 
 @dataclass(frozen=True)
@@ -304,6 +314,11 @@ def load_manifest(path: str | Path) -> Manifest:
         ),
         seed=r.integer(s.get("seed", d.seed), "search.seed", 0),
         profile_top=r.integer(s.get("profile_top", d.profile_top), "search.profile_top", 0),
+        families=(
+            r.choices(s["families"], "search.families", tuple(sorted(FAMILIES)))
+            if "families" in s
+            else None
+        ),
     )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cudal2.generator.families import FAMILIES, family_of
 from cudal2.records import KernelDesign
 
 
-def design_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
-    """Every legal design of every family for (arch, dtype, layout), in a fixed order."""
+def design_space(
+    arch: str, dtype: str, layout: str, families: Sequence[str] | None = None
+) -> list[KernelDesign]:
+    """Every legal design of every family (or of ``families``) for (arch, dtype,
+    layout), in a fixed order."""
     out: list[KernelDesign] = []
-    for name in sorted(FAMILIES):
+    for name in sorted(families if families is not None else FAMILIES):
         out.extend(FAMILIES[name].space(arch, dtype, layout))
     return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cudal2.policy.base import Proposer
 from cudal2.policy.grid import GridProposer
 from cudal2.policy.random_search import RandomProposer
@@ -9,11 +11,12 @@ from cudal2.policy.random_search import RandomProposer
 PROPOSERS = ("grid", "random")
 
 
-def make_proposer(name: str, seed: int = 0) -> Proposer:
+def make_proposer(name: str, seed: int = 0, families: Sequence[str] | None = None) -> Proposer:
+    """``families``: search only these kernel families (None: all)."""
     if name == "grid":
-        return GridProposer()
+        return GridProposer(families)
     if name == "random":
-        return RandomProposer(seed)
+        return RandomProposer(seed, families)
     raise ValueError(
         f"proposer {name!r} is not available in this version (the learned policy is not "
         f"trained yet); use one of {PROPOSERS}"

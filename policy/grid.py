@@ -19,10 +19,13 @@ class GridProposer:
 
     name = "grid"
 
+    def __init__(self, families: Sequence[str] | None = None):
+        self.families = families  # None: every family
+
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
         ranked = sorted(
-            design_space(target.arch, target.dtype, target.layout),
+            design_space(target.arch, target.dtype, target.layout, self.families),
             key=lambda d: (predicted_time_s(d, target), d.name),
         )
         ranked = [d for d in ranked if d.key not in seen]

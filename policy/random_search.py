@@ -13,13 +13,16 @@ from cudal2.records import KernelDesign, Measurement, Target
 class RandomProposer:
     name = "random"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, families: Sequence[str] | None = None):
         self.seed = seed
+        self.families = families
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
         pool = [
-            d for d in design_space(target.arch, target.dtype, target.layout) if d.key not in seen
+            d
+            for d in design_space(target.arch, target.dtype, target.layout, self.families)
+            if d.key not in seen
         ]
         # Seeded by the target too, so two targets do not get the same sample.
         rng = random.Random(f"{self.seed}:{target.key}:{len(seen)}")

@@ -58,3 +58,13 @@ def test_unknown_or_untrained_proposer_is_a_clear_error():
     with pytest.raises(ValueError, match="not available"):
         make_proposer("policy")
     assert make_proposer("random", 1).name == "random"
+
+
+@pytest.mark.parametrize("name", ["grid", "random"])
+def test_families_restrict_the_search(name):
+    t = Target("sm_90a", "fp16", "tn", 1, 4096, 4096)
+    for fams in (("sm90csk",), ("sm80mma",)):
+        ds = make_proposer(name, 0, fams).propose(t, [], 12)
+        assert len(ds) == 12 and {d.family for d in ds} == set(fams)
+    both = make_proposer(name, 0).propose(t, [], 200)
+    assert {d.family for d in both} == {"sm80mma", "sm90csk"}
