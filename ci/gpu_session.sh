@@ -17,7 +17,7 @@ $PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-de
 quiet() { grep -v "it/s\]\|s/it\]\|^H100\|^NVIDIA" || true; }
 
 build() {  # MANIFEST DB
-  cp "manifests/$2" "$OUT/$2" 2>/dev/null || true
+  [ -f "$OUT/$2" ] || cp "manifests/$2" "$OUT/$2" 2>/dev/null || true  # recorded so far
   echo "=== cudal2-build $1 ($(date -u +%H:%M:%S))"
   cudal2-build "manifests/$1" --measurements "$OUT/$2" --out "$OUT/dist" 2>&1 | quiet | tail -8
 }
