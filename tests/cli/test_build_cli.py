@@ -114,3 +114,29 @@ def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
         == (victim.dtype, victim.layout, victim.n, victim.k, victim.m)
     ]
     assert entry["kind"] == "fallback"
+
+
+def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact_cache, capsys):
+    """The committed H100 database rebuilds the wheel it was measured for: the same
+    own kernels (their sources still compile to the measured artifacts), every
+    target covered."""
+    from cudal2.database import MeasurementDB, latest
+    from cudal2.manifest import load_manifest
+    from cudal2.select import select
+
+    manifest = default_manifest_path().with_name("llm-public-h100.toml")
+    db = manifest.with_name("llm-public-h100.measurements.jsonl")
+    out = tmp_path / "out"
+    args = [str(manifest), "--measurements", str(db), "--out", str(out)]
+    assert build_cli.main([*args, "--cache", str(artifact_cache)]) == 0
+    err = capsys.readouterr().err
+    assert "no longer build to the measured artifact" not in err  # nothing stale
+    (w,) = out.glob("cudal2_kernels_llm_public_h100-*.whl")
+    with zipfile.ZipFile(w) as z:
+        table = json.loads(z.read("cudal2_kernels_llm_public_h100/dispatch.json"))
+    m = load_manifest(manifest)
+    sels, missing = select(m.targets, latest(MeasurementDB(db).read()), "offline")
+    assert missing == [] and len(table["entries"]) == len(m.targets) == 48
+    own = {e["kernel"] for e in table["entries"] if e["kind"] == "kernel"}
+    assert own == {s.winner.design.name for s in sels if s.kind == "kernel"}
+    assert own and all(k.startswith("hgemm_sm90csk_") for k in own)
