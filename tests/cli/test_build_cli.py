@@ -31,7 +31,7 @@ def test_default_build_twice_is_byte_identical_and_diffs_clean(
     wheels = []
     for i in range(2):
         out = tmp_path / f"out{i}"
-        assert build_cli.main(["--out", str(out), "--cache", str(artifact_cache)]) == 0
+        assert build_cli.main(["--out", str(out), "--cache", str(artifact_cache.root)]) == 0
         (w,) = out.glob("cudal2_kernels_default-0.1.0-py3-none-any.whl")
         wheels.append(w)
     assert _sha(wheels[0]) == _sha(wheels[1])
@@ -102,7 +102,7 @@ def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
     db = tmp_path / "old.jsonl"
     MeasurementDB(db).append(changed)
     out = tmp_path / "dist"
-    args = ["--measurements", str(db), "--out", str(out), "--cache", str(artifact_cache)]
+    args = ["--measurements", str(db), "--out", str(out), "--cache", str(artifact_cache.root)]
     assert build_cli.main(args) == 0
     (wheel,) = out.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
@@ -128,7 +128,7 @@ def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact
     db = manifest.with_name("llm-public-h100.measurements.jsonl")
     out = tmp_path / "out"
     args = [str(manifest), "--measurements", str(db), "--out", str(out)]
-    assert build_cli.main([*args, "--cache", str(artifact_cache)]) == 0
+    assert build_cli.main([*args, "--cache", str(artifact_cache.root)]) == 0
     err = capsys.readouterr().err
     assert "no longer build to the measured artifact" not in err  # nothing stale
     (w,) = out.glob("cudal2_kernels_llm_public_h100-*.whl")
