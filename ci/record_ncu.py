@@ -13,9 +13,8 @@ from pathlib import Path
 
 from cudal2.database import MeasurementDB
 from cudal2.generator.compile import ArtifactCache, build_all
-from cudal2.generator.space import launch_recipe
 from cudal2.manifest import default_manifest_path
-from cudal2.verify.profile import profile
+from cudal2.verify.profile import job, profile
 
 
 def main(out: Path) -> int:
@@ -25,12 +24,7 @@ def main(out: Path) -> int:
     cache = ArtifactCache()
     built = build_all([m.design for m in chosen], cache)
     jobs = [
-        {
-            "cubin": str(cache.entry(built[m.design_key].artifact_key) / "kernel.cubin"),
-            "symbol": m.design.name,
-            "recipe": launch_recipe(m.design),
-            "target": m.target.as_json(),
-        }
+        job(cache.entry(built[m.design_key].artifact_key) / "kernel.cubin", m.design, m.target)
         for m in chosen
     ]
     res = profile(jobs)

@@ -29,7 +29,7 @@ from cudal2.policy import make_proposer
 from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
 from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
-from cudal2.verify.profile import find_ncu, profile
+from cudal2.verify.profile import find_ncu, is_profiled, job, profile
 from cudal2.verify.sanitizer import PREFIX as SANITIZER_PREFIX
 from cudal2.verify.sanitizer import memcheck
 from cudal2.verify.timing import TIMING_METHOD, Timing, TimingConfig
@@ -292,7 +292,7 @@ class Build:
             x
             for xs in by_target.values()
             for x in sorted(xs, key=lambda x: (x.median_us, x.design_key))[:top]
-            if not any(k.startswith("ncu_") for k in x.metrics)  # profiled before
+            if not is_profiled(x.metrics)  # profiled before
         ]
         if not chosen:
             return ms
@@ -300,17 +300,12 @@ class Build:
             self.say("ncu (Nsight Compute) not found: candidates are not profiled")
             return ms
         self.say(f"profiling {len(chosen)} candidates with Nsight Compute")
-        jobs = [
-            {
-                "cubin": str(self.cache.entry(x.artifact_key) / "kernel.cubin"),
-                "symbol": x.design.name,
-                "recipe": launch_recipe(x.design),
-                "target": x.target.as_json(),
-            }
-            for x in chosen
-            if x.design is not None
-        ]
-        res = profile(jobs)
+        res = profile(
+            [
+                job(self.cache.entry(x.artifact_key) / "kernel.cubin", x.design, x.target)
+                for x in chosen
+            ]
+        )
         if res.error:
             self.say(f"profiling failed, going on without: {res.error.splitlines()[0]}")
             return ms

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal2.records import Target
+from cudal2.generator.space import launch_recipe
+from cudal2.records import KernelDesign, Target
 
 # Our name -> ncu metric names, preferred first. Percentages are of the peak.
 METRICS: dict[str, tuple[str, ...]] = {
@@ -58,6 +59,20 @@ class ProfileResult:
     names: dict[str, str] = field(default_factory=dict)  # our name -> ncu metric used
     csv: str = ""  # the imported report, as ncu printed it
     log: str = ""  # ncu's own output of the profiling run
+
+
+def job(cubin: Path, design: KernelDesign, target: Target) -> dict[str, Any]:
+    """One kernel launch to profile: its cubin, symbol, launch recipe and target."""
+    return {
+        "cubin": str(cubin),
+        "symbol": design.name,
+        "recipe": launch_recipe(design),
+        "target": target.as_json(),
+    }
+
+
+def is_profiled(metrics: dict[str, float]) -> bool:
+    return any(k in METRICS for k in metrics)
 
 
 def find_ncu() -> str | None:

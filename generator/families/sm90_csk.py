@@ -8,6 +8,7 @@ few bytes of the weight stream in flight; ``split_k`` CTAs per tile multiply the
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -35,21 +36,7 @@ def smem_bytes(d: KernelDesign) -> int:
 def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
     # The main loop's own rules, less the knobs this family defines differently.
-    base = sm80_mma.legality(
-        KernelDesign(
-            sm80_mma.FAMILY,
-            d.arch,
-            d.dtype,
-            d.layout,
-            d.bm,
-            d.bn,
-            d.bk,
-            d.warps_m,
-            d.warps_n,
-            d.stages,
-            warps_k=d.warps_k,
-        )
-    )
+    base = sm80_mma.legality(dataclasses.replace(d, family=sm80_mma.FAMILY, split_k=1))
     reasons = [r for r in base if not r.startswith("shared memory")]
     if d.family != FAMILY:
         reasons.append(f"family {d.family!r} is not {FAMILY!r}")

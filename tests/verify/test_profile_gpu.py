@@ -4,7 +4,7 @@ one set per launch in job order, within their ranges."""
 from __future__ import annotations
 
 import pytest
-from cudal2.verify.profile import METRICS, find_ncu, profile
+from cudal2.verify.profile import METRICS, find_ncu, job, profile
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -16,7 +16,6 @@ pytestmark = [
 
 def test_profile_recorded_kernels(recorded_measurements, artifact_cache):
     from cudal2.generator.compile import build_all
-    from cudal2.generator.space import launch_recipe
 
     ok = sorted(
         (m for m in recorded_measurements if m.status == "ok" and m.target.layout == "tn"),
@@ -25,12 +24,11 @@ def test_profile_recorded_kernels(recorded_measurements, artifact_cache):
     chosen = [ok[0], ok[len(ok) // 2], ok[-1]]  # a fast, a middling and a slow one
     built = build_all([m.design for m in chosen], artifact_cache)
     jobs = [
-        {
-            "cubin": str(artifact_cache.entry(built[m.design_key].artifact_key) / "kernel.cubin"),
-            "symbol": m.design.name,
-            "recipe": launch_recipe(m.design),
-            "target": m.target.as_json(),
-        }
+        job(
+            artifact_cache.entry(built[m.design_key].artifact_key) / "kernel.cubin",
+            m.design,
+            m.target,
+        )
         for m in chosen
     ]
     res = profile(jobs)
