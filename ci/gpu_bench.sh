@@ -10,18 +10,11 @@
 #
 # nvmath-python (cuBLASLt) comes from .whl/ where there is no package index.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
+source "$(dirname "$0")/gpu_env.sh"
 KERNELS=$1; shift
 read -r -a DTYPE_LIST <<<"${DTYPES:-fp16}"
 SHAPES=("$@")
 [ ${#SHAPES[@]} -gt 0 ] || SHAPES=(bench/shapes/llm-public.toml bench/shapes/cuda-l2-grid-sample.toml)
-if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
-$PY -c "import cudal2" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
-$PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
 for shapes in "${SHAPES[@]}"; do
   name=$(basename "$shapes" .toml); name=${name#cuda-l2-}

@@ -9,26 +9,16 @@
 # Where there is no package index (the lent GPU machine), missing wheels come from
 # .whl/ (see docs/gpu.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
 MANIFEST=${1:-manifests/default.toml}
+source "$(dirname "$0")/gpu_env.sh"
 STEM=$(basename "$MANIFEST" .toml)
-export PYTHONUNBUFFERED=1
-export CUDAL2_CACHE=${CUDAL2_CACHE:-$PWD/.cache/artifacts}
-PY=${PYTHON:-python3}
-
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 step "environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 nvcc --version | tail -1
 $PY -m pip list 2>/dev/null | grep -iE "^(torch|cuda-python|cuda-bindings|jinja2|wheel|tqdm|transformers|pytest) " || true
 
-step "install cudal2"
-if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
-$PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
-$PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
+step "installed"
 $PY -c "import cudal2, cudal2.runtime.driver, nvmath; print('cudal2', cudal2.__version__, 'nvmath', nvmath.__version__)"
 
 step "gpu tests"
@@ -46,19 +36,9 @@ step "Nsight Compute metrics of three recorded kernels (the CPU tests' fixture)"
 $PY ci/record_ncu.py "$OUT/ncu" 2>&1 | tail -30 || echo "NOTE: profiling failed"
 
 step "SASS of every compiled kernel (tensor-core instructions, local-memory spills)"
-sass_counts() {
-  local sass sym
-  sass=$(cuobjdump -sass "$1")
-  sym=$(grep -o 'hgemm_[a-z0-9_]*' <<<"$sass" | head -1)
-  printf "%-80s %6d %6d %6d\n" "$sym" "$(grep -c ' HMMA' <<<"$sass")" \
-    "$(grep -c ' HGMMA' <<<"$sass")" "$(grep -cE ' (LDL|STL)' <<<"$sass")"
-}
-export -f sass_counts
-{
-  printf "%-80s %6s %6s %6s\n" kernel HMMA HGMMA LDL/STL
-  ls "$CUDAL2_CACHE"/*/*/kernel.cubin | xargs -P "$(nproc)" -I{} bash -c 'sass_counts {}' | sort
-} > "$OUT/sass.txt"
-awk 'NR>1 {n++; if ($2>0) h++; if ($4>0) s++} END {printf "%d kernels: %d with HMMA, %d with local-memory loads/stores\n", n, h, s}' "$OUT/sass.txt"
+mapfile -t cubins < <(ls "$CUDAL2_CACHE"/*/*/kernel.cubin)
+sass_table "${cubins[@]}" > "$OUT/sass.txt"
+sass_summary "$OUT/sass.txt"
 
 step "install the wheel and check it"
 WHEEL=$(ls "$OUT"/dist/*.whl | head -1)

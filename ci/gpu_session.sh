@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
-# On a GPU machine: the decode sweep and the product manifests built into their
-# databases, then every vendor baseline benchmarked beside each built wheel.
-# Databases, wheels and bench results land under $OUT.
+# On a GPU machine: a family's GPU tests, the sweeps and the product manifests built
+# into their databases, then every vendor baseline benchmarked beside each built
+# wheel. Databases, wheels' bench results and logs land under $OUT.
 #
-#   bash ci/gpu_session.sh
+#   TESTS='pytest -k expression' SWEEPS='sweep-a.toml sweep-b.toml' bash ci/gpu_session.sh
+#
+# SWEEPS (default: sweep-direct-h100.toml) are built into the llm-public database, so
+# their measurements compete in that manifest's selection.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-export CUDAL2_CACHE=${CUDAL2_CACHE:-$PWD/.cache/artifacts}
-PY=${PYTHON:-python3}
-if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
-$PY -c "import cudal2" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
-$PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
-quiet() { grep -v "it/s\]\|s/it\]\|^H100\|^NVIDIA" || true; }
+source "$(dirname "$0")/gpu_env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+
+if [ -n "${TESTS:-}" ]; then
+  step "gpu tests -k '$TESTS'"
+  $PY -m pytest -m gpu tests -q -p no:cacheprovider -k "$TESTS" > "$OUT/gpu-tests.txt" 2>&1 || true
+  tail -3 "$OUT/gpu-tests.txt"
+fi
 
 build() {  # MANIFEST DB
   [ -f "$OUT/$2" ] || cp "manifests/$2" "$OUT/$2" 2>/dev/null || true  # recorded so far
-  echo "=== cudal2-build $1 ($(date -u +%H:%M:%S))"
-  cudal2-build "manifests/$1" --measurements "$OUT/$2" --out "$OUT/dist" 2>&1 | quiet | tail -8
+  step "cudal2-build $1"
+  cudal2-build "manifests/$1" --measurements "$OUT/$2" --out "$OUT/dist" 2>&1 | quiet | tail -4
 }
-build sweep-decode-h100.toml llm-public-h100.measurements.jsonl
-rm -f "$OUT"/dist/cudal2_kernels_sweep_decode_h100-*.whl
+for sweep in ${SWEEPS:-sweep-direct-h100.toml}; do
+  build "$sweep" llm-public-h100.measurements.jsonl
+  rm -f "$OUT"/dist/cudal2_kernels_sweep_*.whl
+done
 build llm-public-h100.toml llm-public-h100.measurements.jsonl
 build grid-sample-h100.toml grid-sample-h100.measurements.jsonl
 
@@ -31,7 +34,7 @@ for pair in llm-public:llm_public_h100 cuda-l2-grid-sample:grid_sample_h100; do
   name=${shapes#cuda-l2-}
   res="$OUT/h100-$name.jsonl"
   wheel=$(ls "$OUT"/dist/cudal2_kernels_"$pkg"-*.whl)
-  echo "=== cudal2-bench $shapes ($(date -u +%H:%M:%S))"
+  step "cudal2-bench $shapes"
   cudal2-bench "bench/shapes/$shapes.toml" --kernels "$wheel" --mode both --out "$res" 2>&1 | quiet | tail -2
   for mode in offline server; do
     echo "--- $name $mode"

@@ -25,14 +25,37 @@ MEM_LATENCY_S = 4e-6  # effective latency x bandwidth window a stream must cover
 CLUSTER_REDUCE_S = 0.5e-6  # a split-K cluster's two cluster barriers and DSMEM sums
 
 
+def _threads(d: KernelDesign) -> int:
+    """Threads per block: the stream family adds its producer warp."""
+    return d.threads + (32 if d.family == "sm90stream" else 0)
+
+
+def _regs(d: KernelDesign) -> int:
+    if d.family == "sm90direct":
+        return min(255, (2 + d.bm // 8) * d.bk // 32 * 4 + d.bm // 8 * 4 + 40)
+    if d.family == "sm90stream":  # weight rows on the mma M side
+        mi, nj = d.bn // d.warps_n // 16, d.bm // d.warps_m // 8
+        return min(255, mi * nj * 4 + mi * 4 + nj * 2 + 40)
+    mi, ni = d.bm // d.warps_m // 16, d.bn // d.warps_n // 8
+    return min(255, mi * ni * 4 + mi * 4 + ni * 2 + 48)
+
+
 def _blocks_per_sm(d: KernelDesign) -> int:
     smem = family_of(d.family).smem_bytes(d)
-    mi, ni = d.bm // d.warps_m // 16, d.bn // d.warps_n // 8
-    regs = min(255, mi * ni * 4 + mi * 4 + ni * 2 + 48)
     by_smem = (228 * 1024) // max(smem + 1024, 1)
-    by_threads = 2048 // d.threads
-    by_regs = 65536 // (d.threads * regs)
+    by_threads = 2048 // _threads(d)
+    by_regs = 65536 // (_threads(d) * _regs(d))
     return max(1, min(by_smem, by_threads, by_regs, 32))
+
+
+def _bytes_in_flight(d: KernelDesign, k_block: int) -> int:
+    """Operand bytes one resident block keeps requested ahead of its math."""
+    if d.family == "sm90direct":
+        # Every warp: bk/32 16-byte loads per lane for each of its two weight rows
+        # and its bm/8 activation rows, all issued before the step's mmas.
+        return d.threads * (d.bk // 32) * (2 + d.bm // 8) * 16
+    ahead = d.stages if d.family == "sm90stream" else d.stages - 1  # producer: all slots
+    return min(ahead, math.ceil(k_block / d.bk)) * (d.bm + d.bn) * d.bk * 2
 
 
 def predicted_time_s(d: KernelDesign, t: Target) -> float:
@@ -51,12 +74,11 @@ def predicted_time_s(d: KernelDesign, t: Target) -> float:
     # law), which the (stages - 1) tiles it prefetches per resident block provide.
     active = min(blocks, SM_COUNT) / SM_COUNT
     need = HBM_BW / SM_COUNT * MEM_LATENCY_S
-    tiles_ahead = min(d.stages - 1, math.ceil(k_block / d.bk))
-    in_flight = min(occ, blocks_on_busiest) * tiles_ahead * (d.bm + d.bn) * d.bk * 2
+    in_flight = min(occ, blocks_on_busiest) * _bytes_in_flight(d, k_block)
     feed = min(1.0, in_flight / need)
     dram = t.min_bytes / (HBM_BW * max(active, 0.25) * feed)
     l2 = blocks * (d.bm + d.bn) * k_block * 2 / (L2_BW * active * feed)
     # Pipeline fill: each block waits for its first tiles before the first mma.
-    fill = MEM_LATENCY_S * (1 + 0.1 * d.stages)
+    fill = MEM_LATENCY_S * (1 + 0.1 * (d.stages if d.family != "sm90direct" else 4))
     reduce = CLUSTER_REDUCE_S if d.split_k > 1 else 0.0
     return max(compute, dram, l2) + fill + reduce

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from cudal2.generator.families import sm80_mma, sm90_csk
+from cudal2.generator.families import sm80_mma, sm90_csk, sm90_direct, sm90_stream
 
-FAMILIES: dict[str, ModuleType] = {sm80_mma.FAMILY: sm80_mma, sm90_csk.FAMILY: sm90_csk}
+FAMILIES: dict[str, ModuleType] = {
+    m.FAMILY: m for m in (sm80_mma, sm90_csk, sm90_direct, sm90_stream)
+}
 
 
 def family_of(design_family: str) -> ModuleType:

@@ -1,5 +1,5 @@
-"""On a GPU: the sm80mma and sm90csk families are correct for every dtype x layout on
-residue shapes.
+"""On a GPU: the sm80mma, sm90csk, sm90stream and sm90direct families are correct for
+every dtype x layout they support on residue shapes.
 
 Uses the project's own correctness check (fresh random trials, NaN-poisoned output,
 exact {0,1} trial) through the same driver launcher the runtime ships.
@@ -34,6 +34,28 @@ CSK_DESIGNS = [
     (16, 64, 128, 1, 2, 4, 8),
     (64, 128, 64, 2, 2, 3, 4),
     (32, 32, 256, 1, 1, 2, 2),
+]
+
+# sm90stream (bm, bn, bk, warps_m, warps_n, stages, split_k): 8-row activation tiles
+# (the two-matrix ldmatrix path), an odd count of n8 fragments (bm 24 with one warp),
+# no split, rings that wrap many times (K = 2056 over 3 stages of 64), split 8 with
+# empty trailing shares, K tails inside the last tile, tiles larger than M and N.
+STREAM_DESIGNS = [
+    (8, 64, 128, 1, 4, 4, 2),
+    (16, 32, 64, 1, 2, 3, 1),
+    (24, 32, 256, 1, 1, 2, 4),
+    (64, 128, 64, 2, 4, 4, 8),
+]
+
+# sm90direct (bm, warps_n, warps_k, bk, split_k), tn only: one 8-row fragment, two,
+# three (odd), four;
+# K slices longer than a step, shorter than one load per lane, empty ones.
+DIRECT_DESIGNS = [
+    (8, 4, 2, 128, 2),
+    (16, 2, 1, 64, 1),
+    (32, 1, 4, 64, 8),
+    (32, 8, 1, 64, 4),
+    (24, 1, 1, 64, 2),
 ]
 
 
@@ -78,3 +100,21 @@ def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
 def test_cluster_split_k_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
     *tile, sk = knobs
     _check_design(tmp_path, KernelDesign("sm90csk", "sm_90a", dtype, layout, *tile, split_k=sk))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["tn", "nn"])
+@pytest.mark.parametrize("knobs", STREAM_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_bulk_copy_streaming_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
+    *tile, sk = knobs
+    _check_design(tmp_path, KernelDesign("sm90stream", "sm_90a", dtype, layout, *tile, split_k=sk))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", DIRECT_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_direct_register_streaming_correct_on_residue_shapes(tmp_path, dtype, knobs):
+    bm, wn, wk, bk, sk = knobs
+    d = KernelDesign(
+        "sm90direct", "sm_90a", dtype, "tn", bm, 16 * wn, bk, 1, wn, 2, warps_k=wk, split_k=sk
+    )
+    _check_design(tmp_path, d)

@@ -1,0 +1,32 @@
+# Sourced by the ci/gpu_*.sh scripts: the repository as working directory, $OUT, the
+# artifact cache, and cudal2 + nvmath-python installed (from .whl/ where there is no
+# package index, as on the lent GPU machine; see docs/gpu.md).
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export CUDAL2_CACHE=${CUDAL2_CACHE:-$PWD/.cache/artifacts}
+PY=${PYTHON:-python3}
+if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
+$PY -c "import cudal2" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
+$PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+noprogress() { grep -v '/s\]\|s/[a-z]*\]' || true; }  # tqdm lines
+quiet() { noprogress | grep -v '^H100\|^NVIDIA' || true; }  # nor per-target table rows
+# SASS counts of one cubin: symbol, HMMA, HGMMA, local-memory loads/stores.
+sass_counts() {
+  local sass sym
+  sass=$(cuobjdump -sass "$1")
+  sym=$(grep -o 'hgemm_[a-z0-9_]*' <<<"$sass" | head -1)
+  printf "%-80s %6d %6d %6d\n" "$sym" "$(grep -c ' HMMA' <<<"$sass")" \
+    "$(grep -c ' HGMMA' <<<"$sass")" "$(grep -cE ' (LDL|STL)' <<<"$sass")"
+}
+export -f sass_counts
+# sass_table CUBIN... > FILE: one row per cubin, then a one-line summary on stdout.
+sass_table() {
+  printf "%-80s %6s %6s %6s\n" kernel HMMA HGMMA LDL/STL
+  printf "%s\n" "$@" | xargs -P "$(nproc)" -I{} bash -c 'sass_counts {}' | sort
+}
+sass_summary() {
+  awk 'NR>1 {n++; if ($2>0) h++; if ($3>0) g++; if ($4>0) s++} END {printf "%d kernels: %d with HMMA, %d with HGMMA, %d with local-memory loads/stores\n", n, h, g, s}' "$1"
+}

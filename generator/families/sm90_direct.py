@@ -1,0 +1,129 @@
+"""Family ``sm90direct``: small-M (decode) GEMM that loads the weight straight into
+mma.sync registers with 16-byte global loads, no shared-memory staging.
+
+Each warp owns 16 weight rows and a slice of K; the k order inside each mma is
+permuted identically for both operands so that one 16-byte load fills the fragment
+registers (see the template). K is split over ``warps_k`` warps and a ``split_k``-CTA
+cluster, reduced in fixed order through shared and distributed shared memory.
+sm90stream's profile is the reason: the bulk-copy producer kept the CTA count and
+occupancy low; here bytes in flight come from many warps, each with ``bk / 32``
+16-byte loads per weight row per step.
+
+Knobs as in KernelDesign: ``bm`` activation rows per CTA, ``bn`` = 16 x ``warps_n``
+weight rows per CTA, ``warps_k`` K-slice warps, ``bk`` k per warp step (32 per
+unrolled load), ``split_k`` (1 = no cluster). ``warps_m`` is 1; ``stages`` is 2 (register buffers).
+Layout ``tn`` only: the loads need each weight row's k contiguous.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from cudal2.generator.families import sm80_mma
+from cudal2.records import DTYPES, KernelDesign
+
+FAMILY = "sm90direct"
+TEMPLATE = "sm90_direct.cu.j2"
+ARCHS = ("sm_90a",)  # clusters and distributed shared memory: Hopper
+LAYOUTS = ("tn",)
+
+BM = (8, 16, 24, 32)
+WARPS_N = (1, 2, 4, 8)
+WARPS_K = (1, 2, 4, 8)
+BK = (64, 128, 256)
+SPLIT_K = (1, 2, 4, 8)
+MAX_SPACE_THREADS = 512
+# Registers ptxas needs beyond the loads and accumulators (addresses, predicates,
+# loop state, the cluster reduction): with 72, no design of the space spills (192
+# data registers spilled 160 bytes in a split-8 cluster design).
+OTHER_REGS = 72
+STAGES = 2  # register buffers: the next step's loads are issued before this step's mmas
+
+
+def smem_bytes(d: KernelDesign) -> int:
+    """The fp32 partial tiles of the CTA's K slices."""
+    return d.warps_k * d.bm * (d.bn + 4) * 4
+
+
+def data_regs(d: KernelDesign) -> int:
+    nj = d.bm // 8
+    unroll = d.bk // 32
+    return STAGES * (2 + nj) * unroll * 4 + nj * 4
+
+
+def legality(d: KernelDesign) -> list[str]:
+    """Every reason this design cannot be built or run; empty when legal."""
+    reasons: list[str] = []
+    if d.family != FAMILY:
+        reasons.append(f"family {d.family!r} is not {FAMILY!r}")
+    if d.arch not in ARCHS:
+        reasons.append(f"arch {d.arch!r}: clusters need one of {ARCHS}")
+    if d.dtype not in DTYPES:
+        reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
+    if d.layout not in LAYOUTS:
+        reasons.append(
+            f"layout {d.layout!r}: this family streams k-contiguous weight rows (tn only)"
+        )
+    if (d.warps_m, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
+        reasons.append("warps_m, cluster_m, cluster_n and swizzle must be 1 (not knobs)")
+    if d.stages != STAGES:
+        reasons.append(f"stages={d.stages} must be {STAGES} (two register buffers; not a knob)")
+    if d.split_k not in (1, 2, 4, 8):
+        reasons.append(f"split_k={d.split_k} must be 1, 2, 4 or 8 (a portable cluster size)")
+    if d.warps_n < 1 or d.warps_k < 1:
+        reasons.append("warps_n and warps_k must be >= 1")
+        return reasons
+    if d.bn != 16 * d.warps_n:
+        reasons.append(f"bn={d.bn} must be 16*warps_n={16 * d.warps_n} (16 weight rows per warp)")
+    if d.bm < 8 or d.bm % 8:
+        reasons.append(f"bm={d.bm} must be a positive multiple of 8")
+    if d.bk < 32 or d.bk % 32:
+        reasons.append(
+            f"bk={d.bk} must be a positive multiple of 32 (one 16-byte load per 4 lanes)"
+        )
+    if d.threads > sm80_mma.MAX_THREADS:
+        reasons.append(f"{d.threads} threads > {sm80_mma.MAX_THREADS}")
+    if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:
+        reasons.append(f"shared memory {smem_bytes(d)} B > {sm80_mma.MAX_SMEM_BYTES} B")
+    if d.bm % 8 == 0 and d.bk % 32 == 0 and d.threads > 0:
+        cap = min(255, 65536 // d.threads)  # the register file split over the block
+        if data_regs(d) + OTHER_REGS > cap:
+            reasons.append(
+                f"{data_regs(d)} load/accumulator registers + {OTHER_REGS} > {cap} per thread"
+                f" at {d.threads} threads (would spill)"
+            )
+    return reasons
+
+
+def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
+    """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
+    if arch not in ARCHS or layout not in LAYOUTS:
+        return []
+    out = []
+    for bm, wn, wk, bk, sk in itertools.product(BM, WARPS_N, WARPS_K, BK, SPLIT_K):
+        d = KernelDesign(
+            FAMILY, arch, dtype, layout, bm, 16 * wn, bk, 1, wn, STAGES, warps_k=wk, split_k=sk
+        )
+        if d.threads <= MAX_SPACE_THREADS and not legality(d):
+            out.append(d)
+    return out
+
+
+def launch_recipe(d: KernelDesign) -> dict[str, Any]:
+    return {
+        "abi": "gemm_v1",
+        "block": [d.threads, 1, 1],
+        "tile_m": d.bm,
+        "tile_n": d.bn,
+        "split_k": d.split_k,
+        "cluster": [1, 1, d.split_k],
+        "smem_bytes": smem_bytes(d),
+        "align": {"k": 8},
+    }
+
+
+def template_context(d: KernelDesign) -> dict[str, Any]:
+    ctx = sm80_mma.template_context(d)
+    ctx.update(split_k=d.split_k)
+    return ctx
