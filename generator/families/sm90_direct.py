@@ -11,7 +11,8 @@ occupancy low; here bytes in flight come from many warps, each with ``bk / 32``
 
 Knobs as in KernelDesign: ``bm`` activation rows per CTA, ``bn`` = 16 x ``warps_n``
 weight rows per CTA, ``warps_k`` K-slice warps, ``bk`` k per warp step (32 per
-unrolled load), ``split_k`` (1 = no cluster). ``warps_m`` is 1; ``stages`` is 2 (register buffers).
+unrolled load), ``split_k`` (1 = no cluster), ``stages`` 2 (activations from L1) or 3 (activations
+staged through shared memory). ``warps_m`` is 1.
 Layout ``tn`` only: the loads need each weight row's k contiguous.
 """
 
@@ -28,8 +29,8 @@ TEMPLATE = "sm90_direct.cu.j2"
 ARCHS = ("sm_90a",)  # clusters and distributed shared memory: Hopper
 LAYOUTS = ("tn",)
 
-BM = (8, 16, 24, 32)
-WARPS_N = (1, 2, 4, 8)
+BM = (8, 16, 24, 32, 64)
+WARPS_N = (1, 2, 4, 8, 16)
 WARPS_K = (1, 2, 4, 8)
 BK = (64, 128, 256)
 SPLIT_K = (1, 2, 4, 8)
@@ -38,18 +39,33 @@ MAX_SPACE_THREADS = 512
 # loop state, the cluster reduction): with 72, no design of the space spills (192
 # data registers spilled 160 bytes in a split-8 cluster design).
 OTHER_REGS = 72
-STAGES = 2  # register buffers: the next step's loads are issued before this step's mmas
+# stages 2: two register buffers (the next step's loads are issued before this step's
+# mmas), activations read by every warp from L1/L2; stages 3: the same for the weights,
+# and activations staged once per CTA through two shared-memory chunk buffers.
+STAGES = (2, 3)
+
+
+def x_smem(d: KernelDesign) -> bool:
+    return d.stages == 3
 
 
 def smem_bytes(d: KernelDesign) -> int:
-    """The fp32 partial tiles of the CTA's K slices."""
-    return d.warps_k * d.bm * (d.bn + 4) * 4
+    """The fp32 partial tiles of the CTA's K slices; with ``x_smem``, the two
+    activation chunk buffers [bm][warps_k * bk + 32] first (the tiles reuse them)."""
+    partial = d.warps_k * d.bm * (d.bn + 4) * 4
+    if x_smem(d):
+        return max(partial, 2 * d.bm * (d.warps_k * d.bk + 32) * 2)
+    return partial
 
 
 def data_regs(d: KernelDesign) -> int:
+    """Load and accumulator registers per thread: two steps of weight (and, without
+    ``x_smem``, activation) loads, the accumulators, one activation load in use."""
     nj = d.bm // 8
     unroll = d.bk // 32
-    return STAGES * (2 + nj) * unroll * 4 + nj * 4
+    if x_smem(d):
+        return 2 * 2 * unroll * 4 + nj * 4 + 4
+    return 2 * (2 + nj) * unroll * 4 + nj * 4
 
 
 def legality(d: KernelDesign) -> list[str]:
@@ -67,8 +83,10 @@ def legality(d: KernelDesign) -> list[str]:
         )
     if (d.warps_m, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
         reasons.append("warps_m, cluster_m, cluster_n and swizzle must be 1 (not knobs)")
-    if d.stages != STAGES:
-        reasons.append(f"stages={d.stages} must be {STAGES} (two register buffers; not a knob)")
+    if d.stages not in STAGES:
+        reasons.append(
+            f"stages={d.stages} must be 2 (activations from L1) or 3 (through shared memory)"
+        )
     if d.split_k not in (1, 2, 4, 8):
         reasons.append(f"split_k={d.split_k} must be 1, 2, 4 or 8 (a portable cluster size)")
     if d.warps_n < 1 or d.warps_k < 1:
@@ -101,9 +119,9 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
-    for bm, wn, wk, bk, sk in itertools.product(BM, WARPS_N, WARPS_K, BK, SPLIT_K):
+    for bm, wn, wk, bk, st, sk in itertools.product(BM, WARPS_N, WARPS_K, BK, STAGES, SPLIT_K):
         d = KernelDesign(
-            FAMILY, arch, dtype, layout, bm, 16 * wn, bk, 1, wn, STAGES, warps_k=wk, split_k=sk
+            FAMILY, arch, dtype, layout, bm, 16 * wn, bk, 1, wn, st, warps_k=wk, split_k=sk
         )
         if d.threads <= MAX_SPACE_THREADS and not legality(d):
             out.append(d)
@@ -125,5 +143,5 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = sm80_mma.template_context(d)
-    ctx.update(split_k=d.split_k)
+    ctx.update(split_k=d.split_k, x_smem="true" if x_smem(d) else "false")
     return ctx

@@ -50,6 +50,7 @@ def test_legal_design_and_its_recipe():
         ({"bm": 12}, "bm=12"),
         ({"bk": 48}, "bk=48"),
         ({"stages": 1}, "stages=1 must be 2"),
+        ({"stages": 4}, "stages=4 must be 2"),
         ({"warps_m": 2}, "warps_m, cluster_m"),
         ({"split_k": 3}, "split_k=3"),
         ({"bm": 32, "bk": 128}, "registers"),
@@ -99,3 +100,16 @@ def test_compiles_without_spills(tmp_path, kw):
     r = build(_d(**kw), ArtifactCache(tmp_path))
     assert r.ok, r.error
     assert r.spill_bytes == 0 and 0 < r.registers <= 255
+
+
+def test_stages_3_stages_activations_through_shared_memory():
+    d = _d(stages=3, bm=32, warps_n=8, bn=128, warps_k=2, bk=64)
+    assert legality(d) == []
+    # Two chunk buffers of [32][2*64 + 32] halves, larger than the partial tiles.
+    assert sm90_direct.smem_bytes(d) == max(2 * 32 * 132 * 4, 2 * 32 * 160 * 2)
+    src = render(d)
+    assert "constexpr bool X_SMEM = true;" in src and "cp.async.cg.shared.global" in src
+    assert src.count("__syncthreads();  // every warp is done with") == 2  # no overwrite race
+    assert "cp.async.wait_group 1;" in src
+    v2 = render(_d())
+    assert "X_SMEM" not in v2 and "load_x_chunk" not in v2  # v2's source, byte for byte

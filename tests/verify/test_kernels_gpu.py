@@ -47,15 +47,19 @@ STREAM_DESIGNS = [
     (64, 128, 64, 2, 4, 4, 8),
 ]
 
-# sm90direct (bm, warps_n, warps_k, bk, split_k), tn only: one 8-row fragment, two,
-# three (odd), four;
-# K slices longer than a step, shorter than one load per lane, empty ones.
+# sm90direct (bm, warps_n, warps_k, bk, split_k, stages), tn only: one 8-row fragment,
+# two, three (odd), four, eight; K slices longer than a step, shorter than one load per
+# lane, empty ones; activations from L1 (stages 2) or staged in shared-memory chunks
+# (stages 3: chunk buffers wrapping many times at K = 2056, a partial last chunk).
 DIRECT_DESIGNS = [
-    (8, 4, 2, 128, 2),
-    (16, 2, 1, 64, 1),
-    (32, 1, 4, 64, 8),
-    (32, 8, 1, 64, 4),
-    (24, 1, 1, 64, 2),
+    (8, 4, 2, 128, 2, 2),
+    (16, 2, 1, 64, 1, 2),
+    (32, 1, 4, 64, 8, 2),
+    (32, 8, 1, 64, 4, 2),
+    (24, 1, 1, 64, 2, 2),
+    (16, 4, 2, 128, 1, 3),
+    (64, 8, 1, 64, 2, 3),
+    (24, 2, 4, 64, 8, 3),
 ]
 
 
@@ -113,8 +117,8 @@ def test_bulk_copy_streaming_correct_on_residue_shapes(tmp_path, dtype, layout, 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", DIRECT_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_direct_register_streaming_correct_on_residue_shapes(tmp_path, dtype, knobs):
-    bm, wn, wk, bk, sk = knobs
+    bm, wn, wk, bk, sk, st = knobs
     d = KernelDesign(
-        "sm90direct", "sm_90a", dtype, "tn", bm, 16 * wn, bk, 1, wn, 2, warps_k=wk, split_k=sk
+        "sm90direct", "sm_90a", dtype, "tn", bm, 16 * wn, bk, 1, wn, st, warps_k=wk, split_k=sk
     )
     _check_design(tmp_path, d)
