@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from cudal2.generator.families import sm80_mma, sm90_csk, sm90_direct, sm90_stream
+from cudal2.generator.families import (
+    sm80_mma,
+    sm90_csk,
+    sm90_direct,
+    sm90_stream,
+    sm90_wgmma,
+)
 
 FAMILIES: dict[str, ModuleType] = {
-    m.FAMILY: m for m in (sm80_mma, sm90_csk, sm90_direct, sm90_stream)
+    m.FAMILY: m for m in (sm80_mma, sm90_csk, sm90_direct, sm90_stream, sm90_wgmma)
 }
 
 

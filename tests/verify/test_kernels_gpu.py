@@ -1,4 +1,4 @@
-"""On a GPU: the sm80mma, sm90csk, sm90stream and sm90direct families are correct for
+"""On a GPU: the sm80mma, sm90csk, sm90stream, sm90direct and sm90wgmma families are correct for
 every dtype x layout they support on residue shapes.
 
 Uses the project's own correctness check (fresh random trials, NaN-poisoned output,
@@ -62,6 +62,9 @@ DIRECT_DESIGNS = [
     (24, 2, 4, 64, 8, 3),
 ]
 
+# sm90wgmma v0 (warpgroups, bn, stages), tn only: one and two warpgroups, every wgmma N.
+WGMMA_DESIGNS = [(1, 64, 3), (2, 128, 4), (2, 256, 3), (1, 256, 5)]
+
 
 def _check_design(tmp_path, d: KernelDesign) -> None:
     from cudal2.runtime import driver
@@ -121,4 +124,12 @@ def test_direct_register_streaming_correct_on_residue_shapes(tmp_path, dtype, kn
     d = KernelDesign(
         "sm90direct", "sm_90a", dtype, "tn", bm, 16 * wn, bk, 1, wn, st, warps_k=wk, split_k=sk
     )
+    _check_design(tmp_path, d)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", WGMMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_wgmma_correct_on_residue_shapes(tmp_path, dtype, knobs):
+    wgs, bn, st = knobs
+    d = KernelDesign("sm90wgmma", "sm_90a", dtype, "tn", 64 * wgs, bn, 64, 4 * wgs, 1, st)
     _check_design(tmp_path, d)
