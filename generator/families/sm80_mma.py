@@ -9,7 +9,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from cudal2.records import ARCHS, DTYPES, LAYOUTS, KernelDesign
+from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.records import ARCHS, LAYOUTS, KernelDesign
 
 FAMILY = "sm80mma"
 TEMPLATE = "sm80_mma.cu.j2"
@@ -55,15 +56,7 @@ def smem_bytes(d: KernelDesign) -> int:
 
 def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
-    reasons: list[str] = []
-    if d.family != FAMILY:
-        reasons.append(f"family {d.family!r} is not {FAMILY!r}")
-    if d.arch not in ARCHS:
-        reasons.append(f"arch {d.arch!r} not in {ARCHS}")
-    if d.dtype not in DTYPES:
-        reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
-    if d.layout not in LAYOUTS:
-        reasons.append(f"layout {d.layout!r} not in {LAYOUTS}")
+    reasons = identity_reasons(d, FAMILY, ARCHS, LAYOUTS)
     if (d.split_k, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
         reasons.append("split_k, cluster and swizzle are not knobs of this family (must be 1)")
     if d.bk % 16 or d.bk < 16:
@@ -116,16 +109,7 @@ def align(d: KernelDesign) -> dict[str, int]:
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return {
-        "abi": "gemm_v1",
-        "block": [d.threads, 1, 1],
-        "tile_m": d.bm,
-        "tile_n": d.bn,
-        "split_k": 1,
-        "cluster": [1, 1, 1],
-        "smem_bytes": smem_bytes(d),
-        "align": align(d),
-    }
+    return gemm_v1_recipe(d, d.threads, smem_bytes(d), align(d))
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:

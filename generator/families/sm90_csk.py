@@ -13,6 +13,7 @@ import itertools
 from typing import Any
 
 from cudal2.generator.families import sm80_mma
+from cudal2.generator.families.common import gemm_v1_recipe
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90csk"
@@ -66,16 +67,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return {
-        "abi": "gemm_v1",
-        "block": [d.threads, 1, 1],
-        "tile_m": d.bm,
-        "tile_n": d.bn,
-        "split_k": d.split_k,
-        "cluster": [1, 1, d.split_k],
-        "smem_bytes": smem_bytes(d),
-        "align": sm80_mma.align(d),
-    }
+    return gemm_v1_recipe(d, d.threads, smem_bytes(d), sm80_mma.align(d), d.split_k)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:

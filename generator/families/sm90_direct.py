@@ -22,7 +22,8 @@ import itertools
 from typing import Any
 
 from cudal2.generator.families import sm80_mma
-from cudal2.records import DTYPES, KernelDesign
+from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.records import KernelDesign
 
 FAMILY = "sm90direct"
 TEMPLATE = "sm90_direct.cu.j2"
@@ -70,17 +71,10 @@ def data_regs(d: KernelDesign) -> int:
 
 def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
-    reasons: list[str] = []
-    if d.family != FAMILY:
-        reasons.append(f"family {d.family!r} is not {FAMILY!r}")
-    if d.arch not in ARCHS:
-        reasons.append(f"arch {d.arch!r}: clusters need one of {ARCHS}")
-    if d.dtype not in DTYPES:
-        reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
-    if d.layout not in LAYOUTS:
-        reasons.append(
-            f"layout {d.layout!r}: this family streams k-contiguous weight rows (tn only)"
-        )
+    reasons = identity_reasons(
+        d, FAMILY, ARCHS, LAYOUTS, "clusters need",
+        "this family streams k-contiguous weight rows (tn only)",
+    )  # fmt: skip
     if (d.warps_m, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
         reasons.append("warps_m, cluster_m, cluster_n and swizzle must be 1 (not knobs)")
     if d.stages not in STAGES:
@@ -129,16 +123,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return {
-        "abi": "gemm_v1",
-        "block": [d.threads, 1, 1],
-        "tile_m": d.bm,
-        "tile_n": d.bn,
-        "split_k": d.split_k,
-        "cluster": [1, 1, d.split_k],
-        "smem_bytes": smem_bytes(d),
-        "align": {"k": 8},
-    }
+    return gemm_v1_recipe(d, d.threads, smem_bytes(d), {"k": 8}, d.split_k)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:

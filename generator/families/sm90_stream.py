@@ -19,7 +19,8 @@ import itertools
 from typing import Any
 
 from cudal2.generator.families import sm80_mma
-from cudal2.records import DTYPES, LAYOUTS, KernelDesign
+from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.records import LAYOUTS, KernelDesign
 
 FAMILY = "sm90stream"
 TEMPLATE = "sm90_stream.cu.j2"
@@ -58,15 +59,7 @@ def block_threads(d: KernelDesign) -> int:
 
 def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
-    reasons: list[str] = []
-    if d.family != FAMILY:
-        reasons.append(f"family {d.family!r} is not {FAMILY!r}")
-    if d.arch not in ARCHS:
-        reasons.append(f"arch {d.arch!r}: bulk copies and clusters need one of {ARCHS}")
-    if d.dtype not in DTYPES:
-        reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
-    if d.layout not in LAYOUTS:
-        reasons.append(f"layout {d.layout!r} not in {LAYOUTS}")
+    reasons = identity_reasons(d, FAMILY, ARCHS, LAYOUTS, "bulk copies and clusters need")
     if (d.warps_k, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
         reasons.append("warps_k, cluster_m, cluster_n and swizzle are not knobs of this family")
     if d.split_k not in (1, 2, 4, 8):
@@ -112,16 +105,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return {
-        "abi": "gemm_v1",
-        "block": [block_threads(d), 1, 1],
-        "tile_m": d.bm,
-        "tile_n": d.bn,
-        "split_k": d.split_k,
-        "cluster": [1, 1, d.split_k],
-        "smem_bytes": smem_bytes(d),
-        "align": sm80_mma.align(d),
-    }
+    return gemm_v1_recipe(d, block_threads(d), smem_bytes(d), sm80_mma.align(d), d.split_k)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:

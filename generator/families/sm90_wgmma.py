@@ -17,7 +17,8 @@ import itertools
 from typing import Any
 
 from cudal2.generator.families import sm80_mma
-from cudal2.records import DTYPES, KernelDesign
+from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.records import KernelDesign
 
 FAMILY = "sm90wgmma"
 TEMPLATE = "sm90_wgmma.cu.j2"
@@ -37,15 +38,9 @@ def smem_bytes(d: KernelDesign) -> int:
 
 def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
-    reasons: list[str] = []
-    if d.family != FAMILY:
-        reasons.append(f"family {d.family!r} is not {FAMILY!r}")
-    if d.arch not in ARCHS:
-        reasons.append(f"arch {d.arch!r}: wgmma needs one of {ARCHS}")
-    if d.dtype not in DTYPES:
-        reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
-    if d.layout not in LAYOUTS:
-        reasons.append(f"layout {d.layout!r}: v0 reads both operands K-major (tn only)")
+    reasons = identity_reasons(
+        d, FAMILY, ARCHS, LAYOUTS, "wgmma needs", "v0 reads both operands K-major (tn only)"
+    )
     if d.warps_m not in tuple(4 * w for w in WARPGROUPS):
         reasons.append(f"warps_m={d.warps_m} must be 4 x warpgroups, one of {WARPGROUPS}")
     elif d.bm != 16 * d.warps_m:
@@ -76,16 +71,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return {
-        "abi": "gemm_v1",
-        "block": [d.threads, 1, 1],
-        "tile_m": d.bm,
-        "tile_n": d.bn,
-        "split_k": 1,
-        "cluster": [1, 1, 1],
-        "smem_bytes": smem_bytes(d),
-        "align": {"k": 8},
-    }
+    return gemm_v1_recipe(d, d.threads, smem_bytes(d), {"k": 8})
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
