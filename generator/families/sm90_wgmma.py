@@ -1,10 +1,11 @@
-"""Family ``sm90wgmma`` (v0): Hopper warpgroup MMA for the compute-heavy side.
+"""Family ``sm90wgmma`` (v1): Hopper warpgroup MMA for the compute-heavy side.
 
 ``wgmma.mma_async`` with both operands read from shared memory through matrix
 descriptors (K-major, 128-byte swizzle) and fp32 accumulators in registers, fed by an
-all-thread ``cp.async`` multistage pipeline. v0 has no TMA, no warp specialisation and
-no persistent scheduling: it establishes the wgmma data path (descriptors, swizzled
-layout, accumulator layout) on which those come next.
+all-thread ``cp.async`` multistage pipeline, one k tile's wgmma group kept in flight
+(v1). No TMA, no warp specialisation and no persistent scheduling yet: it establishes
+the wgmma data path (descriptors, swizzled layout, accumulator layout) on which those
+come next.
 
 Knobs as in KernelDesign: ``warps_m`` = 4 x consumer warpgroups (BM = 16 x warps_m),
 ``bn`` (the wgmma N, 64..256), ``stages``; ``bk`` is 64 (one swizzle atom), the rest 1.
@@ -39,7 +40,7 @@ def smem_bytes(d: KernelDesign) -> int:
 def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
     reasons = identity_reasons(
-        d, FAMILY, ARCHS, LAYOUTS, "wgmma needs", "v0 reads both operands K-major (tn only)"
+        d, FAMILY, ARCHS, LAYOUTS, "wgmma needs", "reads both operands K-major (tn only)"
     )
     if d.warps_m not in tuple(4 * w for w in WARPGROUPS):
         reasons.append(f"warps_m={d.warps_m} must be 4 x warpgroups, one of {WARPGROUPS}")
@@ -50,7 +51,7 @@ def legality(d: KernelDesign) -> list[str]:
     if d.bk != BK:
         reasons.append(f"bk={d.bk} must be {BK} (one 128-byte swizzle atom)")
     if (d.warps_n, d.warps_k, d.split_k, d.cluster_m, d.cluster_n, d.swizzle) != (1,) * 6:
-        reasons.append("warps_n, warps_k, split_k, cluster and swizzle must be 1 in v0")
+        reasons.append("warps_n, warps_k, split_k, cluster and swizzle must be 1 (not knobs yet)")
     if d.stages < 2:
         reasons.append(f"stages={d.stages} < 2")
     if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:

@@ -1,4 +1,4 @@
-"""Family sm90wgmma (v0): legality, recipe, rendering, nvcc."""
+"""Family sm90wgmma: legality, recipe, rendering, nvcc."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_legal_design_and_its_recipe():
         ({"bm": 64}, "bm=64 must be 64 per warpgroup (128)"),
         ({"bn": 96}, "bn=96"),
         ({"bk": 32}, "bk=32"),
-        ({"split_k": 2}, "must be 1 in v0"),
+        ({"split_k": 2}, "must be 1 (not knobs yet)"),
         ({"bn": 256, "stages": 6}, "shared memory"),
         ({"arch": "sm_80"}, "arch 'sm_80'"),
     ],

@@ -62,7 +62,7 @@ DIRECT_DESIGNS = [
     (24, 2, 4, 64, 8, 3),
 ]
 
-# sm90wgmma v0 (warpgroups, bn, stages), tn only: one and two warpgroups, every wgmma N.
+# sm90wgmma (warpgroups, bn, stages), tn only: one and two warpgroups, every wgmma N.
 WGMMA_DESIGNS = [(1, 64, 3), (2, 128, 4), (2, 256, 3), (1, 256, 5)]
 
 
