@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from cudal2.generator.families import family_of
+from cudal2.generator.families import family_of, sm90_direct
+from cudal2.generator.space import launch_recipe
 from cudal2.records import KernelDesign, Target
 
 SM_COUNT = 132  # H100 SXM / H200
@@ -26,13 +27,13 @@ CLUSTER_REDUCE_S = 0.5e-6  # a split-K cluster's two cluster barriers and DSMEM 
 
 
 def _threads(d: KernelDesign) -> int:
-    """Threads per block: the stream family adds its producer warp."""
-    return d.threads + (32 if d.family == "sm90stream" else 0)
+    """Threads per block, as the family launches it (sm90stream adds its producer)."""
+    return launch_recipe(d)["block"][0]
 
 
 def _regs(d: KernelDesign) -> int:
-    if d.family == "sm90direct":
-        return min(255, (2 + d.bm // 8) * d.bk // 32 * 4 + d.bm // 8 * 4 + 40)
+    if d.family == "sm90direct":  # the family's own budget, both register buffers
+        return min(255, sm90_direct.data_regs(d) + sm90_direct.OTHER_REGS)
     if d.family == "sm90stream":  # weight rows on the mma M side
         mi, nj = d.bn // d.warps_n // 16, d.bm // d.warps_m // 8
         return min(255, mi * nj * 4 + mi * 4 + nj * 2 + 40)
