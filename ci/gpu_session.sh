@@ -6,7 +6,9 @@
 #   TESTS='pytest -k expression' SWEEPS='sweep-a.toml sweep-b.toml' bash ci/gpu_session.sh
 #
 # SWEEPS (default: sweep-direct-h100.toml) are built into the llm-public database, so
-# their measurements compete in that manifest's selection.
+# their measurements compete in that manifest's selection; GRID_SWEEPS (default none)
+# likewise into the grid-sample database. BENCH=0 stops after the builds (the wheels
+# stay under $OUT/dist for ci/gpu_bench.sh).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
@@ -26,8 +28,13 @@ for sweep in ${SWEEPS:-sweep-direct-h100.toml}; do
   build "$sweep" llm-public-h100.measurements.jsonl
   rm -f "$OUT"/dist/cudal2_kernels_sweep_*.whl
 done
+for sweep in ${GRID_SWEEPS:-}; do
+  build "$sweep" grid-sample-h100.measurements.jsonl
+  rm -f "$OUT"/dist/cudal2_kernels_sweep_*.whl
+done
 build llm-public-h100.toml llm-public-h100.measurements.jsonl
 build grid-sample-h100.toml grid-sample-h100.measurements.jsonl
+[ "${BENCH:-1}" = 0 ] && exit 0
 
 for pair in llm-public:llm_public_h100 cuda-l2-grid-sample:grid_sample_h100; do
   shapes=${pair%%:*}; pkg=${pair##*:}

@@ -60,8 +60,8 @@ class Stats:
     ``alignment`` (pointer not 16-byte aligned), ``device`` (not one CUDA device),
     ``arch``, ``driver``, ``gpu``, ``no_entry``, ``fallback_entry`` (the table chose
     the baseline), ``align`` (the recipe's dims), ``fits`` (grid or int limits),
-    ``capture`` (kernel not loaded during graph capture), ``load_error``,
-    ``launch_error``.
+    ``abi`` (a launch ABI this runtime does not know), ``capture`` (kernel not loaded
+    during graph capture), ``load_error``, ``launch_error``.
 
     Updates are not locked: concurrent calls from several threads may miss a count.
     """
@@ -110,6 +110,8 @@ class _Plan:
         self.kernel: driver.Kernel | None = None
         self.loaded: set[int] = set()  # device indices where the kernel is loaded
         self.reason: str | None = None if entry.get("kind") == "kernel" else "fallback_entry"
+        if self.reason is None and self.recipe.get("abi", "gemm_v1") not in driver.ABIS:
+            self.reason = "abi"  # a kernel of a newer runtime's ABI
 
 
 def _row_stride(shape: Any, strides: Any, k: int) -> int:

@@ -1,4 +1,5 @@
-"""Load cubins and launch `gemm_v1` kernels through the CUDA driver API (cuda-python).
+"""Load cubins and launch `gemm_v1` / `gemm_v2` kernels through the CUDA driver API
+(cuda-python).
 
 Self-contained: this file ships inside generated wheels, so it imports nothing from
 cudal2, only the standard library and ``cuda.bindings``. Importing it touches no
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
+from collections import OrderedDict
 from typing import Any
 
 # Parameter types of ABI gemm_v1: (A, B, C, M, N, K, lda, ldb, ldc).
@@ -24,6 +26,9 @@ GEMM_V1_TYPES = (
     ctypes.c_longlong,
     ctypes.c_longlong,
 )
+# ABI gemm_v2 appends two tensor maps (CUtensorMap, passed by pointer: type None).
+GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
+ABIS = ("gemm_v1", "gemm_v2")
 INT_MAX = 2**31 - 1
 
 
@@ -173,6 +178,50 @@ def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
     return max(m, n, k) <= INT_MAX and gy <= 65535
 
 
+_TMAP_CACHE_MAX = 4096
+_tmaps: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+_tmap_lock = threading.Lock()
+
+
+def tensor_map(ptr: int, rows: int, k: int, ld: int, box: tuple[int, int]) -> Any:
+    """The TMA descriptor of a K-major [rows, k] matrix of 2-byte elements with row
+    stride ``ld`` (elements), read in boxes of [box[0] k, box[1] rows] with the
+    128-byte swizzle; the TMA engine fills out-of-bounds elements with zeros.
+
+    Encoding is host-only work (no GPU call, safe during graph capture); descriptors
+    are cached by (pointer, shape, stride, box), most recent kept, so a weight's
+    descriptor is encoded once.
+    """
+    key = (ptr, rows, k, ld, box[0], box[1])
+    with _tmap_lock:
+        tmap = _tmaps.get(key)
+        if tmap is not None:
+            _tmaps.move_to_end(key)
+            return tmap
+    drv = _driver()
+    tmap = _check(
+        drv.cuTensorMapEncodeTiled(
+            drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16,  # fp16 and bf16 alike
+            2,
+            ptr,
+            [drv.cuuint64_t(k), drv.cuuint64_t(rows)],
+            [drv.cuuint64_t(2 * ld)],
+            [drv.cuuint32_t(box[0]), drv.cuuint32_t(box[1])],
+            [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        f"cuTensorMapEncodeTiled(rows={rows}, k={k}, ld={ld}, box={list(box)})",
+    )
+    with _tmap_lock:
+        _tmaps[key] = tmap
+        if len(_tmaps) > _TMAP_CACHE_MAX:
+            _tmaps.popitem(last=False)
+    return tmap
+
+
 def launch_gemm(
     kernel: Kernel,
     recipe: dict,
@@ -188,11 +237,16 @@ def launch_gemm(
     stream: int,
     device: int = 0,
 ) -> None:
-    """Launch a gemm_v1 kernel by its recipe (grid from the tile shape, never synchronises)."""
-    kernel.launch(
-        gemm_grid(recipe, m, n),
-        tuple(recipe["block"]),
-        stream,
-        (a_ptr, b_ptr, c_ptr, m, n, k, lda, ldb, ldc),
-        device=device,
-    )
+    """Launch a gemm_v1 or gemm_v2 kernel by its recipe (grid from the tile shape;
+    gemm_v2's tensor maps from the recipe's boxes); never synchronises."""
+    args: tuple = (a_ptr, b_ptr, c_ptr, m, n, k, lda, ldb, ldc)
+    types = GEMM_V1_TYPES
+    if recipe.get("abi") == "gemm_v2":
+        boxes = recipe["tma"]
+        args = (
+            *args,
+            tensor_map(a_ptr, m, k, lda, tuple(boxes["a"])),
+            tensor_map(b_ptr, n, k, ldb, tuple(boxes["b"])),
+        )
+        types = GEMM_V2_TYPES
+    kernel.launch(gemm_grid(recipe, m, n), tuple(recipe["block"]), stream, args, types, device)

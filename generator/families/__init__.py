@@ -10,11 +10,12 @@ from cudal2.generator.families import (
     sm90_csk,
     sm90_direct,
     sm90_stream,
+    sm90_tma,
     sm90_wgmma,
 )
 
 FAMILIES: dict[str, ModuleType] = {
-    m.FAMILY: m for m in (sm80_mma, sm90_csk, sm90_direct, sm90_stream, sm90_wgmma)
+    m.FAMILY: m for m in (sm80_mma, sm90_csk, sm90_direct, sm90_stream, sm90_wgmma, sm90_tma)
 }
 
 

@@ -136,7 +136,10 @@ def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact
         table = json.loads(z.read("cudal2_kernels_llm_public_h100/dispatch.json"))
     m = load_manifest(manifest)
     sels, missing = select(m.targets, latest(MeasurementDB(db).read()), "offline")
-    assert missing == [] and len(table["entries"]) == len(m.targets) == 48
+    assert missing == [] and len(table["entries"]) == len(m.targets) == 96  # fp16 + bf16
     own = {e["kernel"] for e in table["entries"] if e["kind"] == "kernel"}
     assert own == {s.winner.design.name for s in sels if s.kind == "kernel"}
-    assert own and {k.split("_")[1] for k in own} <= {"sm90csk", "sm90direct", "sm90stream"}
+    families = {k.split("_")[1] for k in own}
+    assert "sm90tma" in families
+    assert families <= {"sm90csk", "sm90direct", "sm90stream", "sm90tma"}
+    assert {e["dtype"] for e in table["entries"] if e["kind"] == "kernel"} == {"fp16", "bf16"}

@@ -89,9 +89,10 @@ def test_default_manifest() -> None:
 def test_llm_public_manifest() -> None:
     m = load_manifest(MANIFESTS / "llm-public-h100.toml")
     assert m.name == "llm_public_h100"
-    assert len(m.targets) == 48
+    assert len(m.targets) == 96  # 48 shapes x fp16, bf16
     assert {(t.arch, t.dtype, t.layout, t.accumulator) for t in m.targets} == {
-        ("sm_90a", "fp16", "tn", "fp32")
+        ("sm_90a", "fp16", "tn", "fp32"),
+        ("sm_90a", "bf16", "tn", "fp32"),
     }
     expected = {(mm, n, k) for mm in TOKENS for n, k in LLAMA_8B_NK + LLAMA_70B_TP8_NK}
     assert _mnk(m) == expected
@@ -102,17 +103,19 @@ def test_llama_8b_manifest_is_the_8b_half_of_llm_public() -> None:
     assert m.name == "llama_3_1_8b_h100"
     assert len(m.targets) == 24
     assert _mnk(m) == {(mm, n, k) for mm in TOKENS for n, k in LLAMA_8B_NK}
-    # The same 24 targets as the first (8B) group of the explicit manifest.
+    # The same 24 targets as the first (8B) group of the explicit manifest, in fp16.
     public = load_manifest(MANIFESTS / "llm-public-h100.toml")
-    assert set(m.targets) == {t for t in public.targets if (t.n, t.k) in LLAMA_8B_NK}
+    assert set(m.targets) == {
+        t for t in public.targets if (t.n, t.k) in LLAMA_8B_NK and t.dtype == "fp16"
+    }
 
 
 def test_grid_sample_manifest() -> None:
     m = load_manifest(MANIFESTS / "grid-sample-h100.toml")
     assert m.name == "grid_sample_h100"
-    assert len(m.targets) == 12
+    assert len(m.targets) == 24  # 12 shapes x fp16, bf16
     assert (16384, 64, 1024) in _mnk(m)
-    assert {(t.dtype, t.layout) for t in m.targets} == {("fp16", "tn")}
+    assert {(t.dtype, t.layout) for t in m.targets} == {("fp16", "tn"), ("bf16", "tn")}
 
 
 def test_shipped_copies_match_shared_shape_lists() -> None:

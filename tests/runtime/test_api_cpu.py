@@ -276,3 +276,16 @@ def test_warmup_without_a_usable_gpu_loads_nothing(api):
         pytest.skip("a GPU is present: test_api_gpu covers warmup")
     assert api.warmup() == 0
     assert not api.stats.hits and not api.stats.fallbacks
+
+
+def test_an_entry_of_an_unknown_launch_abi_falls_back():
+    """A table entry whose recipe names an ABI this runtime cannot launch is never
+    launched (reason ``abi``); both known ABIs are launchable."""
+    from cudal2.runtime import driver
+    from cudal2.runtime.api import _Plan
+
+    entry = {"kind": "kernel", "dtype": "fp16", "layout": "tn", "n": 8, "k": 8, "m_min": 1}
+    entry.update(m_max=8, m_measured=8, gpu="H100", arch="sm_90a", design_key="x" * 64)
+    for abi in driver.ABIS:
+        assert _Plan({**entry, "launch": {"abi": abi, "align": {"k": 8}}}).reason is None
+    assert _Plan({**entry, "launch": {"abi": "gemm_v9"}}).reason == "abi"

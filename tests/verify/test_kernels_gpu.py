@@ -1,5 +1,5 @@
-"""On a GPU: the sm80mma, sm90csk, sm90stream, sm90direct and sm90wgmma families are correct for
-every dtype x layout they support on residue shapes.
+"""On a GPU: the sm80mma, sm90csk, sm90stream, sm90direct, sm90wgmma and sm90tma
+families are correct for every dtype x layout they support on residue shapes.
 
 Uses the project's own correctness check (fresh random trials, NaN-poisoned output,
 exact {0,1} trial) through the same driver launcher the runtime ships.
@@ -64,6 +64,25 @@ DIRECT_DESIGNS = [
 
 # sm90wgmma (warpgroups, bn, stages), tn only: one and two warpgroups, every wgmma N.
 WGMMA_DESIGNS = [(1, 64, 3), (2, 128, 4), (2, 256, 3), (1, 256, 5)]
+
+# sm90tma (swapped, warpgroups, 64-row blocks per warpgroup, wgmma n, stages, split_k),
+# tn only: both orientations, one and two consumer warpgroups (with register
+# reallocation), one and two accumulator blocks per warpgroup, the smallest and largest
+# wgmma N, an odd count of n8 blocks (24), rings that wrap many times (K = 2056 over 2
+# or 4 stages), split 8 with empty trailing shares, tiles past M and N (TMA zero fill).
+TMA_DESIGNS = [
+    (False, 1, 1, 64, 4, 1),
+    (False, 2, 1, 256, 2, 1),
+    (False, 2, 1, 128, 6, 4),
+    (False, 2, 2, 128, 3, 1),
+    (True, 1, 1, 8, 4, 2),
+    (True, 1, 1, 16, 8, 8),
+    (True, 1, 1, 24, 2, 4),
+    (True, 2, 1, 64, 4, 1),
+    (True, 1, 1, 256, 3, 1),
+    (True, 2, 2, 64, 4, 2),
+    (True, 1, 2, 16, 6, 8),
+]
 
 
 def _check_design(tmp_path, d: KernelDesign) -> None:
@@ -132,4 +151,16 @@ def test_direct_register_streaming_correct_on_residue_shapes(tmp_path, dtype, kn
 def test_wgmma_correct_on_residue_shapes(tmp_path, dtype, knobs):
     wgs, bn, st = knobs
     d = KernelDesign("sm90wgmma", "sm_90a", dtype, "tn", 64 * wgs, bn, 64, 4 * wgs, 1, st)
+    _check_design(tmp_path, d)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_warp_specialised_correct_on_residue_shapes(tmp_path, dtype, knobs):
+    swap, wgs, mp, n, st, sk = knobs
+    p = 64 * mp * wgs
+    if swap:
+        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", n, p, 64, 1, 4 * wgs, st, split_k=sk)
+    else:
+        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", p, n, 64, 4 * wgs, 1, st, split_k=sk)
     _check_design(tmp_path, d)

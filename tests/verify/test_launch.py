@@ -1,16 +1,18 @@
-"""The gemm_v1 arguments and grid a dense target launches with (no GPU needed: a
-recording stand-in takes the launch)."""
+"""The gemm_v1 / gemm_v2 arguments and grid a dense target launches with (no GPU
+needed: a recording stand-in takes the launch)."""
 
 from __future__ import annotations
 
 import pytest
 from cudal2.records import Target
+from cudal2.runtime import driver
 from cudal2.verify.launch import dense_strides, launch_dense
 
 
 class Recorder:
-    def launch(self, grid, block, stream, args, device=0):
+    def launch(self, grid, block, stream, args, types=driver.GEMM_V1_TYPES, device=0):
         self.call = (grid, block, stream, args, device)
+        self.types = types
 
 
 @pytest.mark.parametrize("layout, ldb", [("tn", 264), ("nn", 136)])
@@ -24,3 +26,27 @@ def test_dense_launch_arguments(layout, ldb):
     assert grid == (5, 2, 1)  # ceil(136/32), ceil(100/64)
     assert block == (128, 1, 1) and stream == 7 and device == 1
     assert args == (0xA0, 0xB0, 0xC0, 100, 136, 264, 264, ldb, 136)
+
+
+def test_gemm_v2_launch_appends_tensor_maps_of_the_recipe_boxes(monkeypatch):
+    """ABI gemm_v2: gemm_v1's arguments, then the tensor maps of A [M, K] and B [N, K]
+    (boxes from the recipe), passed by pointer (type None)."""
+    encoded = []
+
+    def fake_map(ptr, rows, k, ld, box):
+        encoded.append((ptr, rows, k, ld, box))
+        return f"map{len(encoded)}"
+
+    monkeypatch.setattr(driver, "tensor_map", fake_map)
+    t = Target("sm_90a", "bf16", "tn", 16, 4096, 1024)
+    recipe = {
+        "abi": "gemm_v2", "block": [256, 1, 1], "tile_m": 16, "tile_n": 64, "split_k": 4,
+        "tma": {"a": [64, 16], "b": [64, 64]},
+    }  # fmt: skip
+    k = Recorder()
+    launch_dense(k, recipe, t, 0xA0, 0xB0, 0xC0, stream=3)
+    grid, _, _, args, _ = k.call
+    assert grid == (64, 1, 4)
+    assert args == (0xA0, 0xB0, 0xC0, 16, 4096, 1024, 1024, 1024, 4096, "map1", "map2")
+    assert encoded == [(0xA0, 16, 1024, 1024, (64, 16)), (0xB0, 4096, 1024, 1024, (64, 64))]
+    assert k.types == (*driver.GEMM_V1_TYPES, None, None)

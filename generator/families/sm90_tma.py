@@ -1,0 +1,205 @@
+"""Family ``sm90tma``: warp-specialised TMA + wgmma GEMM for sm_90a (ABI gemm_v2).
+
+A producer warpgroup (one elected thread, registers given back with ``setmaxnreg``)
+issues 2-D TMA tile loads (``cp.async.bulk.tensor``, 128-byte swizzle, out-of-bounds
+rows and k filled with zeros by the TMA engine) into a ring of ``stages`` shared-memory
+slots guarded by mbarriers; one or two consumer warpgroups wait on a slot's "full"
+barrier, issue ``wgmma.mma_async`` from it, keep one k tile's group in flight and
+release the slot on its "empty" barrier. K is split over a ``split_k``-CTA cluster
+and the fp32 tiles are summed through distributed shared memory in rank order
+(deterministic). The epilogue goes through shared memory (coalesced stores).
+
+Two orientations, chosen by which of ``warps_m`` / ``warps_n`` carries the consumer
+warpgroups:
+
+- ``warps_m`` = 4 x warpgroups (compute side): the wgmma M side is the activations,
+  ``bm`` = 64 or 128 per warpgroup, ``bn`` = the wgmma N (64, 128, 256);
+- ``warps_n`` = 4 x warpgroups (small M, "swap AB"): the wgmma M side is the weight
+  rows, ``bn`` = 64 or 128 per warpgroup, ``bm`` = the wgmma N (8 .. 256), so a
+  decode batch of 8 or 16 rows wastes nothing.
+
+128 rows per warpgroup (two 64-row accumulator sets) halve how often the other
+operand is read from L2 for the same warps.
+
+``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
+tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from cudal2.generator.families import sm80_mma
+from cudal2.generator.families.common import identity_reasons
+from cudal2.records import KernelDesign
+
+FAMILY = "sm90tma"
+TEMPLATE = "sm90_tma.cu.j2"
+ARCHS = ("sm_90a",)  # wgmma, setmaxnreg, TMA: sm_90a only
+LAYOUTS = ("tn",)
+
+WARPGROUPS = (1, 2)
+M_BLOCKS = (1, 2)  # 64-row wgmma M blocks per consumer warpgroup
+WGMMA_N = (64, 128, 256)  # bn of the compute orientation
+SWAP_N = (8, 16, 32, 64, 128, 256)  # bm of the swapped orientation
+STAGES = (4, 6, 8, 12)
+SPLIT_K = (1, 2, 4, 8)
+BK = 64
+ALIGN_SLACK = 1024  # the kernel aligns its dynamic shared memory to the swizzle atom
+BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
+# Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
+# (the register file over three warpgroups); the producer gives back down to 56, the
+# consumers take up to 224. With one, there is no reallocation: up to 128 registers
+# (two CTAs per SM) when the accumulators are 64 or fewer, 255 otherwise.
+PRODUCER_REGS = 56
+CONSUMER_REGS = 224
+
+
+def swapped(d: KernelDesign) -> bool:
+    """Whether the weight rows are on the wgmma M side (consumers along N)."""
+    return d.warps_m == 1 and d.warps_n >= 4
+
+
+def warpgroups(d: KernelDesign) -> int:
+    return (d.warps_n if swapped(d) else d.warps_m) // 4
+
+
+def m_blocks(d: KernelDesign) -> int:
+    """64-row wgmma M blocks per consumer warpgroup (accumulator sets)."""
+    return mma_rows(d)[0] // max(1, 64 * warpgroups(d))
+
+
+def acc_regs(d: KernelDesign) -> int:
+    """fp32 accumulator registers per consumer thread."""
+    return m_blocks(d) * mma_rows(d)[1] // 2
+
+
+def mma_rows(d: KernelDesign) -> tuple[int, int]:
+    """(rows on the wgmma M side, rows on the wgmma N side) of the CTA tile."""
+    return (d.bn, d.bm) if swapped(d) else (d.bm, d.bn)
+
+
+def threads(d: KernelDesign) -> int:
+    return 128 * (warpgroups(d) + 1)  # + the producer warpgroup
+
+
+def ring_bytes(d: KernelDesign) -> int:
+    p, q = mma_rows(d)
+    return d.stages * (p + q) * BK * 2
+
+
+def smem_bytes(d: KernelDesign) -> int:
+    """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
+    and the alignment slack."""
+    return max(ring_bytes(d), d.bm * (d.bn + 4) * 4) + BARRIER_BYTES + ALIGN_SLACK
+
+
+def min_blocks(d: KernelDesign) -> int:
+    """CTAs per SM the register budget is compiled for (``__launch_bounds__``)."""
+    return 2 if warpgroups(d) == 1 and acc_regs(d) <= 64 else 1
+
+
+def legality(d: KernelDesign) -> list[str]:
+    """Every reason this design cannot be built or run; empty when legal."""
+    reasons = identity_reasons(
+        d, FAMILY, ARCHS, LAYOUTS, "wgmma, setmaxnreg and TMA need",
+        "TMA tiles are K-major for both operands (tn only)",
+    )  # fmt: skip
+    wg_axis = d.warps_n if swapped(d) else d.warps_m
+    other = d.warps_m if swapped(d) else d.warps_n
+    if other != 1 or wg_axis not in tuple(4 * w for w in WARPGROUPS):
+        reasons.append(
+            f"warps {d.warps_m}x{d.warps_n}: one of warps_m / warps_n must be 4 x warpgroups"
+            f" {WARPGROUPS} and the other 1"
+        )
+        return reasons
+    p, q = mma_rows(d)
+    if p not in tuple(16 * wg_axis * b for b in M_BLOCKS):
+        side = "bn" if swapped(d) else "bm"
+        reasons.append(
+            f"{side}={p} must be 64 or 128 per consumer warpgroup"
+            f" ({16 * wg_axis} or {32 * wg_axis})"
+        )
+    if q < 8 or q > 256 or q % 8:
+        side = "bm" if swapped(d) else "bn"
+        reasons.append(f"{side}={q} must be a wgmma N: a multiple of 8 in 8..256")
+    if d.bk != BK:
+        reasons.append(f"bk={d.bk} must be {BK} (one 128-byte swizzle atom)")
+    if (d.warps_k, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
+        reasons.append("warps_k, cluster_m, cluster_n and swizzle must be 1 (not knobs yet)")
+    if d.split_k not in SPLIT_K:
+        reasons.append(f"split_k={d.split_k} must be one of {SPLIT_K} (a portable cluster)")
+    if d.stages < 2 or d.stages > 16:
+        reasons.append(f"stages={d.stages} must be in 2..16")
+    if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:
+        reasons.append(f"shared memory {smem_bytes(d)} B > {sm80_mma.MAX_SMEM_BYTES} B")
+    cap = CONSUMER_REGS if wg_axis > 4 else 255
+    if p % 64 == 0 and q % 8 == 0 and acc_regs(d) + 40 > cap:
+        reasons.append(f"{acc_regs(d)} accumulator registers + 40 > {cap} per thread")
+    return reasons
+
+
+def _design(
+    dtype: str, wgs: int, mp: int, swap: bool, n: int, stages: int, split: int
+) -> KernelDesign:
+    p = 64 * mp * wgs
+    if swap:
+        return KernelDesign(
+            FAMILY, "sm_90a", dtype, "tn", n, p, BK, 1, 4 * wgs, stages, split_k=split
+        )
+    return KernelDesign(FAMILY, "sm_90a", dtype, "tn", p, n, BK, 4 * wgs, 1, stages, split_k=split)
+
+
+def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
+    """Every legal design of this family for (arch, dtype, layout), in a fixed order:
+    the compute orientation, then the swapped one."""
+    if arch not in ARCHS or layout not in LAYOUTS:
+        return []
+    out = []
+    for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
+        for wgs, mp, n, st, sk in itertools.product(WARPGROUPS, M_BLOCKS, ns, STAGES, SPLIT_K):
+            d = _design(dtype, wgs, mp, swap, n, st, sk)
+            if not legality(d):
+                out.append(d)
+    return out
+
+
+def launch_recipe(d: KernelDesign) -> dict[str, Any]:
+    """ABI gemm_v2: gemm_v1's parameters then two tensor maps (A, then B), each a
+    [rows, K] K-major matrix read in boxes of ``tma[x]`` = [64 k, rows]."""
+    p, q = mma_rows(d)
+    a_rows, b_rows = (q, p) if swapped(d) else (p, q)
+    return {
+        "abi": "gemm_v2",
+        "block": [threads(d), 1, 1],
+        "tile_m": d.bm,
+        "tile_n": d.bn,
+        "split_k": d.split_k,
+        "cluster": [1, 1, d.split_k],
+        "smem_bytes": smem_bytes(d),
+        "align": {"k": 8},
+        "tma": {"a": [BK, a_rows], "b": [BK, b_rows]},
+    }
+
+
+def template_context(d: KernelDesign) -> dict[str, Any]:
+    ctx = sm80_mma.template_context(d)
+    p, q = mma_rows(d)
+    nacc = q // 2
+    ctx.update(
+        wgs=warpgroups(d),
+        mp=m_blocks(d),
+        swap="true" if swapped(d) else "false",
+        p_rows=p,
+        q_rows=q,
+        split_k=d.split_k,
+        setmaxnreg=warpgroups(d) > 1,
+        min_blocks=min_blocks(d),
+        producer_regs=PRODUCER_REGS,
+        consumer_regs=CONSUMER_REGS,
+        nacc=nacc,
+        acc_list=", ".join(f"%{i}" for i in range(nacc)),
+        acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
+    )
+    return ctx

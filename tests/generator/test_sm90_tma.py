@@ -1,0 +1,143 @@
+"""Family sm90tma: legality, recipe (ABI gemm_v2), rendering, nvcc."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from cudal2.generator import legality
+from cudal2.generator.compile import ArtifactCache, build
+from cudal2.generator.families import sm90_tma
+from cudal2.generator.render import render
+from cudal2.records import KernelDesign
+
+
+def _d(**kw) -> KernelDesign:
+    base = dict(
+        family="sm90tma", arch="sm_90a", dtype="fp16", layout="tn",
+        bm=128, bn=128, bk=64, warps_m=8, warps_n=1, stages=4,
+    )  # fmt: skip
+    base.update(kw)
+    return KernelDesign(**base)
+
+
+def _swapped(**kw) -> KernelDesign:
+    return _d(**{"bm": 16, "bn": 64, "warps_m": 1, "warps_n": 4, **kw})
+
+
+def test_compute_orientation_recipe():
+    d = _d(split_k=2)
+    assert legality(d) == [] and not sm90_tma.swapped(d)
+    r = sm90_tma.launch_recipe(d)
+    assert r["abi"] == "gemm_v2" and r["block"] == [384, 1, 1]  # two consumers + producer
+    assert (r["tile_m"], r["tile_n"], r["split_k"], r["cluster"]) == (128, 128, 2, [1, 1, 2])
+    assert r["tma"] == {"a": [64, 128], "b": [64, 128]}
+    ring = 4 * (128 + 128) * 64 * 2
+    assert r["smem_bytes"] == ring + sm90_tma.BARRIER_BYTES + sm90_tma.ALIGN_SLACK
+    assert r["align"] == {"k": 8}
+
+
+def test_swapped_orientation_puts_weights_on_the_wgmma_m_side():
+    d = _swapped(stages=8)
+    assert legality(d) == [] and sm90_tma.swapped(d)
+    assert sm90_tma.mma_rows(d) == (64, 16)  # 64 weight rows x a 16-row decode batch
+    r = sm90_tma.launch_recipe(d)
+    assert r["block"] == [256, 1, 1] and (r["tile_m"], r["tile_n"]) == (16, 64)
+    assert r["tma"] == {"a": [64, 16], "b": [64, 64]}  # A's box: the batch rows
+    # The fp32 output tile [16][64 + 4] is smaller than the ring, which it reuses.
+    assert r["smem_bytes"] == 8 * (64 + 16) * 128 + sm90_tma.BARRIER_BYTES + 1024
+
+
+def test_output_tile_larger_than_the_ring_sizes_shared_memory():
+    d = _d(bn=256, stages=2)  # ring 2 x (128 + 256) x 128 B < the tile 128 x 260 x 4 B
+    assert sm90_tma.smem_bytes(d) == 128 * 260 * 4 + sm90_tma.BARRIER_BYTES + 1024
+
+
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"layout": "nn"}, "tn only"),
+        ({"warps_m": 2, "bm": 32}, "one of warps_m / warps_n must be 4 x warpgroups"),
+        ({"warps_m": 4, "warps_n": 4}, "one of warps_m / warps_n"),
+        ({"bm": 64}, "bm=64 must be 64 or 128 per consumer warpgroup (128 or 256)"),
+        ({"bm": 256, "bn": 256, "stages": 2}, "256 accumulator registers + 40 > 224"),
+        ({"bn": 100}, "bn=100 must be a wgmma N"),
+        ({"bn": 512}, "bn=512 must be a wgmma N"),
+        ({"bk": 128}, "bk=128"),
+        ({"split_k": 3}, "split_k=3"),
+        ({"swizzle": 2}, "not knobs yet"),
+        ({"stages": 1}, "stages=1"),
+        ({"bn": 256, "stages": 6}, "shared memory"),
+        ({"arch": "sm_80"}, "arch 'sm_80'"),
+    ],
+)
+def test_illegal_designs_say_why(kw, needle):
+    reasons = legality(_d(**kw))
+    assert any(needle in r for r in reasons), reasons
+
+
+def test_swapped_illegal_designs_say_why():
+    assert any("bn=192 must be 64 or 128 per" in r for r in legality(_swapped(bn=192)))
+    assert any("bm=12 must be a wgmma N" in r for r in legality(_swapped(bm=12)))
+
+
+def test_two_m_blocks_per_warpgroup():
+    d = _swapped(bm=64, bn=256, warps_n=8)  # 2 warpgroups x 128 weight rows
+    assert legality(d) == [] and sm90_tma.m_blocks(d) == 2 and sm90_tma.acc_regs(d) == 64
+    assert sm90_tma.launch_recipe(d)["tma"] == {"a": [64, 64], "b": [64, 256]}
+    src = render(d)
+    assert "constexpr int MP = 2;" in src
+    assert "dp + 512 * j + 2 * kk" in src  # the second block is 8 KiB further
+    # One warpgroup with 128 accumulators: compiled for one CTA per SM.
+    assert sm90_tma.min_blocks(_swapped(bm=128, bn=128)) == 1
+    assert sm90_tma.min_blocks(_swapped(bm=32, bn=128)) == 2
+
+
+def test_render_compute_orientation_with_register_reallocation():
+    src = render(_d(bn=256, stages=3))
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src
+    assert src.count('"+f"(d[') == 128  # every accumulator register is an operand
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
+    assert "setmaxnreg.dec.sync.aligned.u32 56" in src
+    assert "setmaxnreg.inc.sync.aligned.u32 224" in src
+    assert "constexpr bool SWAP = false;" in src
+    assert "__launch_bounds__(THREADS, 1)" in src and "__cluster_dims__" not in src
+
+
+def test_render_swapped_split_design():
+    src = render(_swapped(bm=8, split_k=4, dtype="bf16"))
+    assert "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16" in src
+    assert "constexpr bool SWAP = true;" in src
+    assert "__cluster_dims__(1, 1, SPLIT_K)" in src and "map_shared_rank" in src
+    # One consumer warpgroup: no register reallocation, two CTAs per SM.
+    assert "setmaxnreg." not in src and "__launch_bounds__(THREADS, 2)" in src
+
+
+def test_space_covers_both_orientations():
+    space = sm90_tma.space("sm_90a", "fp16", "tn")
+    assert len(space) >= 150 and all(legality(d) == [] for d in space)
+    swapped = [d for d in space if sm90_tma.swapped(d)]
+    assert {d.bm for d in swapped} == set(sm90_tma.SWAP_N)
+    assert {d.bn for d in space if not sm90_tma.swapped(d)} == set(sm90_tma.WGMMA_N)
+    assert {d.split_k for d in space} == set(sm90_tma.SPLIT_K)
+    assert sm90_tma.space("sm_90a", "fp16", "nn") == []
+    assert sm90_tma.space("sm_80", "fp16", "tn") == []
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize(
+    "d",
+    [
+        _d(bn=256),
+        _d(bm=256, bn=128, stages=3),
+        _swapped(bm=256, dtype="bf16"),
+        _swapped(bm=16, bn=256, warps_n=8, split_k=8),
+    ],
+    ids=lambda d: d.name,
+)
+def test_compiles_without_spills(tmp_path, d):
+    r = build(d, ArtifactCache(tmp_path))
+    assert r.ok, r.error
+    assert r.spill_bytes == 0 and 0 < r.registers <= 255
+    if sm90_tma.min_blocks(d) == 2:
+        assert r.registers <= 128  # two CTAs per SM
