@@ -7,8 +7,8 @@
 #
 # SWEEPS (default: sweep-direct-h100.toml) are built into the llm-public database, so
 # their measurements compete in that manifest's selection; GRID_SWEEPS (default none)
-# likewise into the grid-sample database. BENCH=0 stops after the builds (the wheels
-# stay under $OUT/dist for ci/gpu_bench.sh).
+# likewise into the grid-sample database. PRODUCTS=0 stops after the sweeps; BENCH=0
+# stops after the product builds (the wheels stay under $OUT/dist for ci/gpu_bench.sh).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
@@ -32,6 +32,7 @@ for sweep in ${GRID_SWEEPS:-}; do
   build "$sweep" grid-sample-h100.measurements.jsonl
   rm -f "$OUT"/dist/cudal2_kernels_sweep_*.whl
 done
+[ "${PRODUCTS:-1}" = 0 ] && exit 0
 build llm-public-h100.toml llm-public-h100.measurements.jsonl
 build grid-sample-h100.toml grid-sample-h100.measurements.jsonl
 [ "${BENCH:-1}" = 0 ] && exit 0

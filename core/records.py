@@ -89,7 +89,10 @@ class KernelDesign:
     (each owning a ``bm/warps_m x bn/warps_n`` output tile) times ``warps_k`` (warps
     that split each K tile and are reduced through shared memory: sliced-K),
     ``stages`` of the shared-memory pipeline, ``split_k`` slices of K over blocks,
-    ``cluster_m x cluster_n`` thread-block cluster, ``swizzle`` raster group width.
+    ``cluster_m x cluster_n`` thread-block cluster, ``swizzle`` raster group width,
+    ``persistent`` (1: one CTA per SM slot walks the output tiles; added after the
+    first records, so it is left out of ``as_json`` and the key when 0 and every
+    earlier design keeps its key and name).
     """
 
     family: str
@@ -107,9 +110,13 @@ class KernelDesign:
     cluster_m: int = 1
     cluster_n: int = 1
     swizzle: int = 1
+    persistent: int = 0
 
     def as_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not self.persistent:
+            del d["persistent"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KernelDesign:
@@ -129,6 +136,7 @@ class KernelDesign:
             f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}x{self.warps_k}"
             f"_s{self.stages}"
             f"_c{self.cluster_m}x{self.cluster_n}_sk{self.split_k}_sw{self.swizzle}"
+            + ("_p" if self.persistent else "")
         )
 
     @property

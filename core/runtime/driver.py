@@ -165,16 +165,39 @@ class Kernel:
         )
 
 
-def gemm_grid(recipe: dict, m: int, n: int) -> tuple[int, int, int]:
-    """Grid of a gemm_v1 launch recipe for an M x N output."""
+_sm_counts: dict[int, int] = {}
+
+
+def sm_count(device: int = 0) -> int:
+    """The device's multiprocessor count (asked once per device; no stream work)."""
+    n = _sm_counts.get(device)
+    if n is None:
+        drv = _driver()
+        ensure_context(device)
+        dev = _check(drv.cuDeviceGet(device), "cuDeviceGet")
+        attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        n = int(_check(drv.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
+        _sm_counts[device] = n
+    return n
+
+
+def gemm_grid(recipe: dict, m: int, n: int, device: int = 0) -> tuple[int, int, int]:
+    """Grid of a gemm launch recipe for an M x N output: one CTA per output tile (and
+    K split); a persistent recipe launches one CTA per SM slot, at most one per tile."""
     gx = -(-n // recipe["tile_n"])
     gy = -(-m // recipe["tile_m"])
+    if recipe.get("persistent"):
+        slots = sm_count(device) * int(recipe.get("ctas_per_sm", 1))
+        return (min(gx * gy, slots), 1, 1)
     return (gx, gy, recipe.get("split_k", 1))
 
 
 def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
-    """Whether the grid and the int parameters of ABI gemm_v1 can hold this size."""
-    _, gy, _ = gemm_grid(recipe, m, n)
+    """Whether the grid and the int parameters of the gemm ABIs can hold this size."""
+    gx = -(-n // recipe["tile_n"])
+    gy = -(-m // recipe["tile_m"])
+    if recipe.get("persistent"):
+        return max(m, n, k) <= INT_MAX and gx * gy <= INT_MAX  # tile index is an int
     return max(m, n, k) <= INT_MAX and gy <= 65535
 
 
@@ -249,4 +272,5 @@ def launch_gemm(
             tensor_map(b_ptr, n, k, ldb, tuple(boxes["b"])),
         )
         types = GEMM_V2_TYPES
-    kernel.launch(gemm_grid(recipe, m, n), tuple(recipe["block"]), stream, args, types, device)
+    grid = gemm_grid(recipe, m, n, device)
+    kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device)

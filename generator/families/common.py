@@ -16,10 +16,17 @@ def identity_reasons(
     layouts: Sequence[str],
     arch_why: str = "",
     layout_why: str = "",
+    persistent_ok: bool = False,
 ) -> list[str]:
-    """Family, arch, dtype and layout checks; ``arch_why`` / ``layout_why`` say what
-    the family needs them for."""
+    """Family, arch, dtype and layout checks (and ``persistent`` only where the family
+    has that knob); ``arch_why`` / ``layout_why`` say what the family needs them for."""
     reasons: list[str] = []
+    if d.persistent not in ((0, 1) if persistent_ok else (0,)):
+        reasons.append(
+            f"persistent={d.persistent} must be 0 or 1"
+            if persistent_ok
+            else f"persistent={d.persistent}: not a knob of family {family!r} (must be 0)"
+        )
     if d.family != family:
         reasons.append(f"family {d.family!r} is not {family!r}")
     if d.arch not in archs:

@@ -21,6 +21,10 @@ warpgroups:
 128 rows per warpgroup (two 64-row accumulator sets) halve how often the other
 operand is read from L2 for the same warps.
 
+``persistent`` = 1 (split 1 only): a grid of one CTA per SM slot walks the output
+tiles, the producer loading the next tile while the consumers store this one straight
+from their accumulators.
+
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
 """
@@ -104,8 +108,14 @@ def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
     reasons = identity_reasons(
         d, FAMILY, ARCHS, LAYOUTS, "wgmma, setmaxnreg and TMA need",
-        "TMA tiles are K-major for both operands (tn only)",
+        "TMA tiles are K-major for both operands (tn only)", persistent_ok=True,
     )  # fmt: skip
+    if d.persistent and d.split_k != 1:
+        reasons.append(f"persistent designs do not split K (split_k={d.split_k})")
+    if d.persistent and swapped(d) and d.bn == 32 * d.warps_n and d.bm > 64:
+        # Measured: ptxas spilled the swapped persistent epilogue of 128x256 (two
+        # blocks of 64 accumulators x two warpgroups) in fp16 and bf16.
+        reasons.append("swapped persistent designs with two 64-row blocks and bm > 64 spill")
     wg_axis = d.warps_n if swapped(d) else d.warps_m
     other = d.warps_m if swapped(d) else d.warps_n
     if other != 1 or wg_axis not in tuple(4 * w for w in WARPGROUPS):
@@ -141,19 +151,19 @@ def legality(d: KernelDesign) -> list[str]:
 
 
 def _design(
-    dtype: str, wgs: int, mp: int, swap: bool, n: int, stages: int, split: int
+    dtype: str, wgs: int, mp: int, swap: bool, n: int, stages: int, split: int, pers: int = 0
 ) -> KernelDesign:
     p = 64 * mp * wgs
+    kw = {"split_k": split, "persistent": pers}
     if swap:
-        return KernelDesign(
-            FAMILY, "sm_90a", dtype, "tn", n, p, BK, 1, 4 * wgs, stages, split_k=split
-        )
-    return KernelDesign(FAMILY, "sm_90a", dtype, "tn", p, n, BK, 4 * wgs, 1, stages, split_k=split)
+        return KernelDesign(FAMILY, "sm_90a", dtype, "tn", n, p, BK, 1, 4 * wgs, stages, **kw)
+    return KernelDesign(FAMILY, "sm_90a", dtype, "tn", p, n, BK, 4 * wgs, 1, stages, **kw)
 
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order:
-    the compute orientation, then the swapped one."""
+    the compute orientation, then the swapped one; then the persistent designs (two
+    consumer warpgroups, tiles of at least 128 x 128, the large-M side)."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -162,7 +172,18 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
             d = _design(dtype, wgs, mp, swap, n, st, sk)
             if not legality(d):
                 out.append(d)
+    for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
+        for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
+            d = _design(dtype, 2, mp, swap, n, st, 1, pers=1)
+            if min(d.bm, d.bn) >= 128 and not legality(d):
+                out.append(d)
     return out
+
+
+def ctas_per_sm(d: KernelDesign) -> int:
+    """CTAs that fit one SM (registers as compiled, shared memory): a persistent
+    grid's slots per SM."""
+    return max(1, min(min_blocks(d), (sm80_mma.MAX_SMEM_BYTES + 1024) // (smem_bytes(d) + 1024)))
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
@@ -170,6 +191,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     [rows, K] K-major matrix read in boxes of ``tma[x]`` = [64 k, rows]."""
     p, q = mma_rows(d)
     a_rows, b_rows = (q, p) if swapped(d) else (p, q)
+    extra = {"persistent": 1, "ctas_per_sm": ctas_per_sm(d)} if d.persistent else {}
     return {
         "abi": "gemm_v2",
         "block": [threads(d), 1, 1],
@@ -180,6 +202,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
         "smem_bytes": smem_bytes(d),
         "align": {"k": 8},
         "tma": {"a": [BK, a_rows], "b": [BK, b_rows]},
+        **extra,
     }
 
 
@@ -195,6 +218,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         q_rows=q,
         split_k=d.split_k,
         setmaxnreg=warpgroups(d) > 1,
+        persistent=bool(d.persistent),
         min_blocks=min_blocks(d),
         producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS,

@@ -141,3 +141,25 @@ def test_compiles_without_spills(tmp_path, d):
     assert r.spill_bytes == 0 and 0 < r.registers <= 255
     if sm90_tma.min_blocks(d) == 2:
         assert r.registers <= 128  # two CTAs per SM
+
+
+def test_persistent_designs():
+    d = _d(bn=256, persistent=1)
+    assert legality(d) == [] and d.name.endswith("_sw1_p")
+    r = sm90_tma.launch_recipe(d)
+    assert r["persistent"] == 1 and r["ctas_per_sm"] == 1 and r["split_k"] == 1
+    src = render(d)
+    assert "Persistent: gridDim.x CTAs" in src and "tile += gridDim.x" in src
+    assert "map_shared_rank" not in src and "__cluster_dims__" not in src
+    assert any("do not split K" in x for x in legality(_d(persistent=1, split_k=2)))
+    assert any("must be 0 or 1" in x for x in legality(_d(persistent=2)))
+    space = sm90_tma.space("sm_90a", "fp16", "tn")
+    persistent = [x for x in space if x.persistent]
+    assert persistent and all(x.split_k == 1 and min(x.bm, x.bn) >= 128 for x in persistent)
+
+
+def test_non_persistent_sources_do_not_mention_the_persistent_loop():
+    """The persistent kernel is a separate branch of the template: a non-persistent
+    design renders without it (its recorded measurements keep their artifacts)."""
+    src = render(_d())
+    assert "Persistent" not in src and "tile += gridDim.x" not in src

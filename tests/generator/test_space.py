@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 from cudal2.generator import design_space, legality
@@ -66,6 +68,24 @@ def test_key_is_content_hash_and_name_is_procedural():
     assert KernelDesign.from_json(d.as_json()) == d
     with pytest.raises(dataclasses.FrozenInstanceError):
         d.bm = 64  # type: ignore[misc]
+
+
+def test_persistent_field_keeps_earlier_keys():
+    """``persistent`` came after the first records: left out of the JSON (and so of the
+    key and the name) when 0, so every recorded design keeps its key."""
+    d = _d()
+    assert "persistent" not in d.as_json()
+    # Designs recorded before the field existed still have their recorded keys.
+    db = Path(__file__).parents[2] / "manifests" / "default.measurements.jsonl"
+    records = [json.loads(line) for line in db.read_text().splitlines()[:200]]
+    designs = [r for r in records if r["design"]]
+    assert designs and all(
+        KernelDesign.from_json(r["design"]).key == r["design_key"] for r in designs
+    )
+    p = KernelDesign(**{**d.as_json(), "persistent": 1})
+    assert p.as_json()["persistent"] == 1 and p.key != d.key and p.name == d.name + "_p"
+    assert KernelDesign.from_json(p.as_json()) == p
+    assert any("not a knob of family 'sm80mma'" in r for r in legality(p))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -83,9 +83,14 @@ TMA_DESIGNS = [
     (True, 2, 2, 64, 4, 2),
     (True, 1, 2, 16, 6, 8),
 ]
+# Persistent sm90tma (swapped, 64-row blocks per warpgroup, wgmma n, stages): two
+# consumer warpgroups; 2100x2056x200 has 153-289 tiles, so CTAs walk 2-3 tiles and
+# the ring's slot counter runs across tile boundaries (K = 200: a partial last tile).
+TMA_PERSISTENT_DESIGNS = [(False, 1, 256, 4), (True, 1, 128, 6), (False, 2, 128, 4)]
+PERSISTENT_SHAPES = [*SHAPES, (2100, 2056, 200)]
 
 
-def _check_design(tmp_path, d: KernelDesign) -> None:
+def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
     from cudal2.runtime import driver
     from cudal2.verify import correctness
     from cudal2.verify.launch import launch_dense
@@ -97,7 +102,7 @@ def _check_design(tmp_path, d: KernelDesign) -> None:
     kernel = driver.Kernel(cache.cubin(b.artifact_key), b.symbol, launch_recipe(d)["smem_bytes"])
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1)
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         if d.layout == "nn" and n % 8:
             continue  # nn needs N % 8 == 0 (dispatch falls back otherwise)
         t = Target("sm_90a", d.dtype, d.layout, m, n, k)
@@ -164,3 +169,15 @@ def test_tma_warp_specialised_correct_on_residue_shapes(tmp_path, dtype, knobs):
     else:
         d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", p, n, 64, 4 * wgs, 1, st, split_k=sk)
     _check_design(tmp_path, d)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_PERSISTENT_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_warp_specialised_persistent_correct(tmp_path, dtype, knobs):
+    swap, mp, n, st = knobs
+    p = 128 * mp
+    if swap:
+        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", n, p, 64, 1, 8, st, persistent=1)
+    else:
+        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", p, n, 64, 8, 1, st, persistent=1)
+    _check_design(tmp_path, d, PERSISTENT_SHAPES)

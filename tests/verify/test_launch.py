@@ -50,3 +50,12 @@ def test_gemm_v2_launch_appends_tensor_maps_of_the_recipe_boxes(monkeypatch):
     assert args == (0xA0, 0xB0, 0xC0, 16, 4096, 1024, 1024, 1024, 4096, "map1", "map2")
     assert encoded == [(0xA0, 16, 1024, 1024, (64, 16)), (0xB0, 4096, 1024, 1024, (64, 64))]
     assert k.types == (*driver.GEMM_V1_TYPES, None, None)
+
+
+def test_persistent_grid_is_one_cta_per_sm_slot(monkeypatch):
+    monkeypatch.setattr(driver, "sm_count", lambda device=0: 132)
+    recipe = {"tile_m": 128, "tile_n": 256, "persistent": 1, "ctas_per_sm": 1}
+    assert driver.gemm_grid(recipe, 4096, 4096) == (132, 1, 1)  # 512 tiles
+    assert driver.gemm_grid(recipe, 256, 1024) == (8, 1, 1)  # fewer tiles than SMs
+    assert driver.gemm_grid({**recipe, "ctas_per_sm": 2}, 4096, 4096) == (264, 1, 1)
+    assert driver.gemm_fits(recipe, 2**20, 2**20, 64)  # a 1-D grid: no 65535 limit
