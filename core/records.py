@@ -90,8 +90,9 @@ class KernelDesign:
     that split each K tile and are reduced through shared memory: sliced-K),
     ``stages`` of the shared-memory pipeline, ``split_k`` slices of K over blocks,
     ``cluster_m x cluster_n`` thread-block cluster, ``swizzle`` raster group width,
-    ``persistent`` (1: one CTA per SM slot walks the output tiles; added after the
-    first records, so it is left out of ``as_json`` and the key when 0 and every
+    ``persistent`` (1: one CTA per SM slot walks the output tiles; 2: the same with
+    consumer warpgroups taking turns on whole tiles, "ping-pong", recorded once on the
+    H100 and failed, in no family's space now; added after the first records, so it is left out of ``as_json`` and the key when 0 and every
     earlier design keeps its key and name).
     """
 
@@ -136,7 +137,7 @@ class KernelDesign:
             f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}x{self.warps_k}"
             f"_s{self.stages}"
             f"_c{self.cluster_m}x{self.cluster_n}_sk{self.split_k}_sw{self.swizzle}"
-            + ("_p" if self.persistent else "")
+            + ("_" + "p" * self.persistent if self.persistent else "")
         )
 
     @property
