@@ -92,8 +92,9 @@ class KernelDesign:
     ``cluster_m x cluster_n`` thread-block cluster, ``swizzle`` raster group width,
     ``persistent`` (1: one CTA per SM slot walks the output tiles; 2: the same with
     consumer warpgroups taking turns on whole tiles, "ping-pong", recorded once on the
-    H100 and failed, in no family's space now; added after the first records, so it is left out of ``as_json`` and the key when 0 and every
-    earlier design keeps its key and name).
+    H100 and failed, in no family's space now; added after the first records, so it
+    is left out of ``as_json`` and the key when 0 and every earlier design keeps its
+    key and name).
     """
 
     family: str
