@@ -150,9 +150,11 @@ def legality(d: KernelDesign) -> list[str]:
     return reasons
 
 
-def _design(
+def design(
     dtype: str, wgs: int, mp: int, swap: bool, n: int, stages: int, split: int, pers: int = 0
 ) -> KernelDesign:
+    """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
+    the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs."""
     p = 64 * mp * wgs
     kw = {"split_k": split, "persistent": pers}
     if swap:
@@ -169,12 +171,12 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out = []
     for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
         for wgs, mp, n, st, sk in itertools.product(WARPGROUPS, M_BLOCKS, ns, STAGES, SPLIT_K):
-            d = _design(dtype, wgs, mp, swap, n, st, sk)
+            d = design(dtype, wgs, mp, swap, n, st, sk)
             if not legality(d):
                 out.append(d)
     for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
         for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
-            d = _design(dtype, 2, mp, swap, n, st, 1, pers=1)
+            d = design(dtype, 2, mp, swap, n, st, 1, pers=1)
             if min(d.bm, d.bn) >= 128 and not legality(d):
                 out.append(d)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from cudal2.generator.compile import ArtifactCache, build
+from cudal2.generator.families import sm90_tma
 from cudal2.generator.space import launch_recipe
 from cudal2.records import KernelDesign, Target
 
@@ -163,21 +164,12 @@ def test_wgmma_correct_on_residue_shapes(tmp_path, dtype, knobs):
 @pytest.mark.parametrize("knobs", TMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_warp_specialised_correct_on_residue_shapes(tmp_path, dtype, knobs):
     swap, wgs, mp, n, st, sk = knobs
-    p = 64 * mp * wgs
-    if swap:
-        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", n, p, 64, 1, 4 * wgs, st, split_k=sk)
-    else:
-        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", p, n, 64, 4 * wgs, 1, st, split_k=sk)
-    _check_design(tmp_path, d)
+    _check_design(tmp_path, sm90_tma.design(dtype, wgs, mp, swap, n, st, sk))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_PERSISTENT_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_warp_specialised_persistent_correct(tmp_path, dtype, knobs):
     swap, mp, n, st = knobs
-    p = 128 * mp
-    if swap:
-        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", n, p, 64, 1, 8, st, persistent=1)
-    else:
-        d = KernelDesign("sm90tma", "sm_90a", dtype, "tn", p, n, 64, 8, 1, st, persistent=1)
+    d = sm90_tma.design(dtype, 2, mp, swap, n, st, 1, pers=1)
     _check_design(tmp_path, d, PERSISTENT_SHAPES)
