@@ -37,8 +37,10 @@ BK = (64, 128, 256)
 SPLIT_K = (1, 2, 4, 8)
 MAX_SPACE_THREADS = 512
 # Registers ptxas needs beyond the loads and accumulators (addresses, predicates,
-# loop state, the cluster reduction): with 72, no design of the space spills (192
-# data registers spilled 160 bytes in a split-8 cluster design).
+# loop state, the cluster reduction): with 72, no stages-2 design of the first space
+# spilled (192 data registers spilled 160 bytes in a split-8 cluster design). The
+# space grew since (stages 3, bk 128): 76 of its 940 fp16 designs spill, mostly
+# stages 3 with bm 64 (bench/results/ptxas-sm90direct-fp16.json, docs/kernels.md).
 OTHER_REGS = 72
 # stages 2: two register buffers (the next step's loads are issued before this step's
 # mmas), activations read by every warp from L1/L2; stages 3: the same for the weights,
