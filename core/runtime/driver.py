@@ -181,11 +181,15 @@ def sm_count(device: int = 0) -> int:
     return n
 
 
+def _tiles(recipe: dict, m: int, n: int) -> tuple[int, int]:
+    """Output tiles of a recipe along N and M."""
+    return -(-n // recipe["tile_n"]), -(-m // recipe["tile_m"])
+
+
 def gemm_grid(recipe: dict, m: int, n: int, device: int = 0) -> tuple[int, int, int]:
     """Grid of a gemm launch recipe for an M x N output: one CTA per output tile (and
     K split); a persistent recipe launches one CTA per SM slot, at most one per tile."""
-    gx = -(-n // recipe["tile_n"])
-    gy = -(-m // recipe["tile_m"])
+    gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
         slots = sm_count(device) * int(recipe.get("ctas_per_sm", 1))
         return (min(gx * gy, slots), 1, 1)
@@ -194,8 +198,7 @@ def gemm_grid(recipe: dict, m: int, n: int, device: int = 0) -> tuple[int, int, 
 
 def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
     """Whether the grid and the int parameters of the gemm ABIs can hold this size."""
-    gx = -(-n // recipe["tile_n"])
-    gy = -(-m // recipe["tile_m"])
+    gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
         return max(m, n, k) <= INT_MAX and gx * gy <= INT_MAX  # tile index is an int
     return max(m, n, k) <= INT_MAX and gy <= 65535

@@ -35,7 +35,7 @@ import itertools
 from typing import Any
 
 from cudal2.generator.families import sm80_mma
-from cudal2.generator.families.common import identity_reasons
+from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90tma"
@@ -193,19 +193,12 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     [rows, K] K-major matrix read in boxes of ``tma[x]`` = [64 k, rows]."""
     p, q = mma_rows(d)
     a_rows, b_rows = (q, p) if swapped(d) else (p, q)
-    extra = {"persistent": 1, "ctas_per_sm": ctas_per_sm(d)} if d.persistent else {}
-    return {
-        "abi": "gemm_v2",
-        "block": [threads(d), 1, 1],
-        "tile_m": d.bm,
-        "tile_n": d.bn,
-        "split_k": d.split_k,
-        "cluster": [1, 1, d.split_k],
-        "smem_bytes": smem_bytes(d),
-        "align": {"k": 8},
-        "tma": {"a": [BK, a_rows], "b": [BK, b_rows]},
-        **extra,
-    }
+    recipe = gemm_v1_recipe(d, threads(d), smem_bytes(d), {"k": 8}, d.split_k)
+    recipe["abi"] = "gemm_v2"
+    recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows]}
+    if d.persistent:
+        recipe.update(persistent=1, ctas_per_sm=ctas_per_sm(d))
+    return recipe
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
