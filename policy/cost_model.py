@@ -33,11 +33,14 @@ WGMMA_EFFICIENCY = 0.7
 WGMMA_SATURATING_WGS = 2
 WGMMA_L2_BW = 2 * HBM_BW
 # A non-persistent wgmma CTA's prologue (barriers, pipeline fill) and epilogue run
-# with its tensor pipe idle, once per round of CTAs on an SM; a persistent CTA overlaps
-# them with the next tile's loads but for the last. A prior (the epilogue of a
-# 128x256 tile moves 64-128 KB through shared memory, about a microsecond), not
-# fitted, though it raises the Spearman correlation above from 0.65 to 0.71 on the
-# same recorded (non-persistent) measurements.
+# with its tensor pipe idle, once per round of CTAs on an SM. A cooperative persistent
+# CTA (persistent = 1) overlaps the next tile's loads with the epilogue but not its
+# math (measured: no faster than one tile per CTA), so it pays per tile as well; a
+# ping-pong CTA (persistent = 2) runs one warpgroup's epilogue under the other's
+# wgmmas and pays once. A prior (the epilogue of a 128x256 tile moves 64-128 KB
+# through shared memory, about a microsecond), not fitted, though it raises the
+# Spearman correlation above from 0.65 to 0.71 on the same recorded (non-persistent)
+# measurements.
 WGMMA_TILE_OVERHEAD_S = 1e-6
 WGMMA_FAMILIES = ("sm90tma", "sm90wgmma")
 
@@ -107,5 +110,5 @@ def predicted_time_s(d: KernelDesign, t: Target) -> float:
     reduce = CLUSTER_REDUCE_S if d.split_k > 1 else 0.0
     rounds = 0.0
     if d.family in WGMMA_FAMILIES:
-        rounds = 1 if d.persistent else math.ceil(blocks_on_busiest / occ)
+        rounds = 1 if d.persistent == 2 else math.ceil(blocks_on_busiest / occ)
     return max(compute, dram, l2) + fill + reduce + rounds * WGMMA_TILE_OVERHEAD_S

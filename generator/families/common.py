@@ -16,15 +16,16 @@ def identity_reasons(
     layouts: Sequence[str],
     arch_why: str = "",
     layout_why: str = "",
-    persistent_ok: bool = False,
+    persistent: Sequence[int] = (0,),
 ) -> list[str]:
-    """Family, arch, dtype and layout checks (and ``persistent`` only where the family
-    has that knob); ``arch_why`` / ``layout_why`` say what the family needs them for."""
+    """Family, arch, dtype and layout checks, and ``persistent`` among the family's
+    values of that knob (only 0 where it has none); ``arch_why`` / ``layout_why`` say
+    what the family needs them for."""
     reasons: list[str] = []
-    if d.persistent not in ((0, 1) if persistent_ok else (0,)):
+    if d.persistent not in persistent:
         reasons.append(
-            f"persistent={d.persistent} must be 0 or 1"
-            if persistent_ok
+            f"persistent={d.persistent} must be one of {tuple(persistent)}"
+            if len(persistent) > 1
             else f"persistent={d.persistent}: not a knob of family {family!r} (must be 0)"
         )
     if d.family != family:

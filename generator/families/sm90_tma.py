@@ -23,7 +23,10 @@ operand is read from L2 for the same warps.
 
 ``persistent`` = 1 (split 1 only): a grid of one CTA per SM slot walks the output
 tiles, the producer loading the next tile while the consumers store this one straight
-from their accumulators.
+from their accumulators. ``persistent`` = 2 ("ping-pong", two consumer warpgroups):
+the same walk, but each warpgroup computes whole tiles (``64 x m_blocks`` rows on the
+wgmma M side), the two taking turns on the ring through "turn" mbarriers, so one
+warpgroup's epilogue runs under the other's wgmmas.
 
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
@@ -47,11 +50,16 @@ WARPGROUPS = (1, 2)
 M_BLOCKS = (1, 2)  # 64-row wgmma M blocks per consumer warpgroup
 WGMMA_N = (64, 128, 256)  # bn of the compute orientation
 SWAP_N = (8, 16, 32, 64, 128, 256)  # bm of the swapped orientation
+# bn of compute-orientation ping-pong tiles: finer steps, so that a grid of whole tiles
+# fills the last wave (4096x1280: 128x160 tiles make 2.0 waves where 128x128 make 2.4)
+PINGPONG_N = (64, 96, 112, 128, 160, 192, 256)
 STAGES = (4, 6, 8, 12)
+PERSISTENT = (0, 1, 2)  # one tile per CTA; persistent cooperative; persistent ping-pong
 SPLIT_K = (1, 2, 4, 8)
 BK = 64
 ALIGN_SLACK = 1024  # the kernel aligns its dynamic shared memory to the swizzle atom
 BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
+PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
 # (the register file over three warpgroups); the producer gives back down to 56, the
 # consumers take up to 224. With one, there is no reallocation: up to 128 registers
@@ -69,9 +77,14 @@ def warpgroups(d: KernelDesign) -> int:
     return (d.warps_n if swapped(d) else d.warps_m) // 4
 
 
+def pingpong(d: KernelDesign) -> bool:
+    """Whether each consumer warpgroup computes whole tiles, taking turns."""
+    return d.persistent == 2
+
+
 def m_blocks(d: KernelDesign) -> int:
     """64-row wgmma M blocks per consumer warpgroup (accumulator sets)."""
-    return mma_rows(d)[0] // max(1, 64 * warpgroups(d))
+    return mma_rows(d)[0] // max(1, 64 * (1 if pingpong(d) else warpgroups(d)))
 
 
 def acc_regs(d: KernelDesign) -> int:
@@ -108,13 +121,14 @@ def legality(d: KernelDesign) -> list[str]:
     """Every reason this design cannot be built or run; empty when legal."""
     reasons = identity_reasons(
         d, FAMILY, ARCHS, LAYOUTS, "wgmma, setmaxnreg and TMA need",
-        "TMA tiles are K-major for both operands (tn only)", persistent_ok=True,
+        "TMA tiles are K-major for both operands (tn only)", PERSISTENT,
     )  # fmt: skip
     if d.persistent and d.split_k != 1:
         reasons.append(f"persistent designs do not split K (split_k={d.split_k})")
-    if d.persistent and swapped(d) and d.bn == 32 * d.warps_n and d.bm > 64:
-        # Measured: ptxas spilled the swapped persistent epilogue of 128x256 (two
-        # blocks of 64 accumulators x two warpgroups) in fp16 and bf16.
+    if d.persistent and swapped(d) and m_blocks(d) == 2 and d.bm > 64:
+        # Measured: ptxas spilled the swapped persistent epilogue of two 64-row blocks
+        # of more than 32 accumulators (128x256 cooperative, 128x128 ping-pong) in
+        # fp16 and bf16.
         reasons.append("swapped persistent designs with two 64-row blocks and bm > 64 spill")
     wg_axis = d.warps_n if swapped(d) else d.warps_m
     other = d.warps_m if swapped(d) else d.warps_n
@@ -125,8 +139,15 @@ def legality(d: KernelDesign) -> list[str]:
         )
         return reasons
     p, q = mma_rows(d)
-    if p not in tuple(16 * wg_axis * b for b in M_BLOCKS):
-        side = "bn" if swapped(d) else "bm"
+    side = "bn" if swapped(d) else "bm"
+    if pingpong(d):
+        if wg_axis != 8:
+            reasons.append("ping-pong designs have two consumer warpgroups (8 warps)")
+        if p not in tuple(64 * b for b in M_BLOCKS):
+            reasons.append(f"{side}={p}: a ping-pong warpgroup computes 64 or 128 rows")
+        if d.stages > PINGPONG_MAX_STAGES:
+            reasons.append(f"stages={d.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
+    elif p not in tuple(16 * wg_axis * b for b in M_BLOCKS):
         reasons.append(
             f"{side}={p} must be 64 or 128 per consumer warpgroup"
             f" ({16 * wg_axis} or {32 * wg_axis})"
@@ -155,7 +176,7 @@ def design(
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs."""
-    p = 64 * mp * wgs
+    p = 64 * mp * (1 if pers == 2 else wgs)
     kw = {"split_k": split, "persistent": pers}
     if swap:
         return KernelDesign(FAMILY, "sm_90a", dtype, "tn", n, p, BK, 1, 4 * wgs, stages, **kw)
@@ -165,7 +186,8 @@ def design(
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order:
     the compute orientation, then the swapped one; then the persistent designs (two
-    consumer warpgroups, tiles of at least 128 x 128, the large-M side)."""
+    consumer warpgroups, tiles of at least 128 x 128, the large-M side); then the
+    ping-pong ones (tiles of at least 64 x 128)."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -178,6 +200,11 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
         for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
             d = design(dtype, 2, mp, swap, n, st, 1, pers=1)
             if min(d.bm, d.bn) >= 128 and not legality(d):
+                out.append(d)
+    for swap, ns in ((False, PINGPONG_N), (True, SWAP_N)):
+        for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
+            d = design(dtype, 2, mp, swap, n, st, 1, pers=2)
+            if d.bm * d.bn >= 64 * 128 and not legality(d):
                 out.append(d)
     return out
 
@@ -197,7 +224,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe["abi"] = "gemm_v2"
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows]}
     if d.persistent:
-        recipe.update(persistent=1, ctas_per_sm=ctas_per_sm(d))
+        recipe.update(persistent=d.persistent, ctas_per_sm=ctas_per_sm(d))
     return recipe
 
 
@@ -214,6 +241,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         split_k=d.split_k,
         setmaxnreg=warpgroups(d) > 1,
         persistent=bool(d.persistent),
+        pingpong=pingpong(d),
         min_blocks=min_blocks(d),
         producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS,

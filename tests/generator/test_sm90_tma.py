@@ -118,7 +118,9 @@ def test_space_covers_both_orientations():
     assert len(space) >= 150 and all(legality(d) == [] for d in space)
     swapped = [d for d in space if sm90_tma.swapped(d)]
     assert {d.bm for d in swapped} == set(sm90_tma.SWAP_N)
-    assert {d.bn for d in space if not sm90_tma.swapped(d)} == set(sm90_tma.WGMMA_N)
+    assert {d.bn for d in space if not sm90_tma.swapped(d)} == set(sm90_tma.WGMMA_N) | set(
+        sm90_tma.PINGPONG_N
+    )
     assert {d.split_k for d in space} == set(sm90_tma.SPLIT_K)
     assert sm90_tma.space("sm_90a", "fp16", "nn") == []
     assert sm90_tma.space("sm_80", "fp16", "tn") == []
@@ -152,9 +154,9 @@ def test_persistent_designs():
     assert "Persistent: gridDim.x CTAs" in src and "tile += gridDim.x" in src
     assert "map_shared_rank" not in src and "__cluster_dims__" not in src
     assert any("do not split K" in x for x in legality(_d(persistent=1, split_k=2)))
-    assert any("must be 0 or 1" in x for x in legality(_d(persistent=2)))
+    assert any("must be one of (0, 1, 2)" in x for x in legality(_d(persistent=3)))
     space = sm90_tma.space("sm_90a", "fp16", "tn")
-    persistent = [x for x in space if x.persistent]
+    persistent = [x for x in space if x.persistent == 1]
     assert persistent and all(x.split_k == 1 and min(x.bm, x.bn) >= 128 for x in persistent)
 
 
@@ -163,3 +165,36 @@ def test_non_persistent_sources_do_not_mention_the_persistent_loop():
     design renders without it (its recorded measurements keep their artifacts)."""
     src = render(_d())
     assert "Persistent" not in src and "tile += gridDim.x" not in src
+
+
+def test_pingpong_designs():
+    """Ping-pong: each of the two consumer warpgroups computes whole tiles, so the tile
+    is 64 or 128 rows on the wgmma M side (not per warpgroup), and the warpgroups take
+    turns on the ring through two more mbarriers."""
+    d = sm90_tma.design("fp16", 2, 2, False, 128, 6, 1, pers=2)
+    assert (d.bm, d.bn, d.warps_m) == (128, 128, 8) and d.name.endswith("_sw1_pp")
+    assert legality(d) == [] and sm90_tma.m_blocks(d) == 2 and sm90_tma.acc_regs(d) == 128
+    r = sm90_tma.launch_recipe(d)
+    assert r["persistent"] == 2 and r["block"] == [384, 1, 1] and r["tma"]["a"] == [64, 128]
+    src = render(d)
+    assert "Ping-pong" in src and "mbar_init(turn0 + 8, 4)" in src
+    assert "tile += 2 * gridDim.x" in src and "wg * MP * 64 * BK" not in src
+    cooperative = render(sm90_tma.design("fp16", 2, 1, False, 128, 6, 1, pers=1))
+    assert "turn0" not in cooperative and "Ping-pong" not in cooperative
+    # 256 rows per warpgroup is not a ping-pong tile; one warpgroup cannot take turns
+    assert any("64 or 128 rows" in x for x in legality(_d(bm=256, persistent=2)))
+    assert any("two consumer warpgroups" in x for x in legality(_d(bm=64, warps_m=4, persistent=2)))
+    assert any("at most 15" in x for x in legality(_d(stages=16, bn=64, persistent=2)))
+    # the swapped 128x128 ping-pong epilogue spilled under ptxas (16 bytes)
+    spills = sm90_tma.design("fp16", 2, 2, True, 128, 4, 1, pers=2)
+    assert any("spill" in x for x in legality(spills))
+    pp = [x for x in sm90_tma.space("sm_90a", "bf16", "tn") if x.persistent == 2]
+    assert len(pp) == 28 and all(x.split_k == 1 and x.bm * x.bn >= 64 * 128 for x in pp)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_pingpong_compiles_without_spills(tmp_path):
+    d = sm90_tma.design("bf16", 2, 2, False, 128, 4, 1, pers=2)
+    r = build(d, ArtifactCache(tmp_path))
+    assert r.ok, r.error
+    assert r.spill_bytes == 0

@@ -89,6 +89,21 @@ TMA_DESIGNS = [
 # the ring's slot counter runs across tile boundaries (K = 200: a partial last tile).
 TMA_PERSISTENT_DESIGNS = [(False, 1, 256, 4), (True, 1, 128, 6), (False, 2, 128, 4)]
 PERSISTENT_SHAPES = [*SHAPES, (2100, 2056, 200)]
+# Ping-pong sm90tma (swapped, 64-row blocks per warpgroup, wgmma n, stages): tiles of
+# 64 and 128 rows in both orientations, wgmma N of 112 and 160 (not powers of 2).
+# 2100x2056x1096 (KT = 18, a partial last k tile) gives each CTA 2-5 tiles, so the
+# warpgroups hand the ring over several times with KT > 2 x stages: a wait more than
+# one phase ahead would pass early and break the result (the v3 attempt's failure).
+TMA_PINGPONG_DESIGNS = [
+    (False, 2, 128, 4),
+    (False, 1, 256, 4),
+    (False, 2, 64, 8),
+    (False, 2, 160, 4),
+    (False, 2, 112, 6),
+    (True, 1, 128, 6),
+    (True, 2, 64, 4),
+]
+PINGPONG_SHAPES = [*PERSISTENT_SHAPES, (2100, 2056, 1096)]
 
 
 def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
@@ -173,3 +188,11 @@ def test_tma_warp_specialised_persistent_correct(tmp_path, dtype, knobs):
     swap, mp, n, st = knobs
     d = sm90_tma.design(dtype, 2, mp, swap, n, st, 1, pers=1)
     _check_design(tmp_path, d, PERSISTENT_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_PINGPONG_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_warp_specialised_pingpong_correct(tmp_path, dtype, knobs):
+    swap, mp, n, st = knobs
+    d = sm90_tma.design(dtype, 2, mp, swap, n, st, 1, pers=2)
+    _check_design(tmp_path, d, PINGPONG_SHAPES)
