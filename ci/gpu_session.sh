@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: a family's GPU tests, the sweeps and the product manifests built
 # into their databases, then every vendor baseline benchmarked beside each built
-# wheel. Databases, wheels' bench results and logs land under $OUT.
+# wheel. Databases (gzipped: $OUT gives back files of up to 16 MiB), wheels' bench
+# results and logs land under $OUT.
 #
 #   TESTS='pytest -k expression' SWEEPS='sweep-a.toml sweep-b.toml' bash ci/gpu_session.sh
 #
@@ -11,6 +12,7 @@
 # stops after the product builds (the wheels stay under $OUT/dist for ci/gpu_bench.sh).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
+trap 'for f in "$OUT"/*.measurements.jsonl; do [ -f "$f" ] && gzip -f "$f"; done' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 
 if [ -n "${TESTS:-}" ]; then

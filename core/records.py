@@ -89,12 +89,12 @@ class KernelDesign:
     (each owning a ``bm/warps_m x bn/warps_n`` output tile) times ``warps_k`` (warps
     that split each K tile and are reduced through shared memory: sliced-K),
     ``stages`` of the shared-memory pipeline, ``split_k`` slices of K over blocks,
-    ``cluster_m x cluster_n`` thread-block cluster, ``swizzle`` raster group width,
+    ``cluster_m x cluster_n`` thread-block cluster (sm90tma: 2 x 1, CTAs of adjacent
+    M tiles multicasting the shared B tile), ``swizzle`` raster group width,
     ``persistent`` (1: one CTA per SM slot walks the output tiles; 2: the same with
-    consumer warpgroups taking turns on whole tiles, "ping-pong", recorded once on the
-    H100 and failed, in no family's space now; added after the first records, so it
-    is left out of ``as_json`` and the key when 0 and every earlier design keeps its
-    key and name).
+    consumer warpgroups taking turns on whole tiles, "ping-pong"; added after the first
+    records, so it is left out of ``as_json`` and the key when 0 and every earlier
+    design keeps its key and name).
     """
 
     family: str

@@ -104,7 +104,8 @@ def predicted_time_s(d: KernelDesign, t: Target) -> float:
     feed = min(1.0, in_flight / need)
     dram = t.min_bytes / (HBM_BW * max(active, 0.25) * feed)
     l2_bw = WGMMA_L2_BW if d.family in WGMMA_FAMILIES else L2_BW
-    l2 = blocks * (d.bm + d.bn) * k_block * 2 / (l2_bw * active * feed)
+    # a multicast cluster along M reads each B tile once per cluster_m CTAs
+    l2 = blocks * (d.bm + d.bn / d.cluster_m) * k_block * 2 / (l2_bw * active * feed)
     # Pipeline fill: each block waits for its first tiles before the first mma.
     fill = MEM_LATENCY_S * (1 + 0.1 * (d.stages if d.family != "sm90direct" else 4))
     reduce = CLUSTER_REDUCE_S if d.split_k > 1 else 0.0

@@ -186,14 +186,23 @@ def _tiles(recipe: dict, m: int, n: int) -> tuple[int, int]:
     return -(-n // recipe["tile_n"]), -(-m // recipe["tile_m"])
 
 
+def _whole_clusters(recipe: dict, gx: int, gy: int) -> tuple[int, int]:
+    """(gx, gy) rounded up to whole clusters of the recipe's compile-time cluster
+    shape: a cluster along M (cluster [1, 2, 1]) may hold a CTA past the last tile,
+    which the kernel runs for its cluster partner and stores nothing from."""
+    cx, cy = (recipe.get("cluster") or [1, 1, 1])[:2]
+    return -(-gx // cx) * cx, -(-gy // cy) * cy
+
+
 def gemm_grid(recipe: dict, m: int, n: int, device: int = 0) -> tuple[int, int, int]:
     """Grid of a gemm launch recipe for an M x N output: one CTA per output tile (and
-    K split); a persistent recipe launches one CTA per SM slot, at most one per tile."""
+    K split), in whole clusters; a persistent recipe launches one CTA per SM slot, at
+    most one per tile."""
     gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
         slots = sm_count(device) * int(recipe.get("ctas_per_sm", 1))
         return (min(gx * gy, slots), 1, 1)
-    return (gx, gy, recipe.get("split_k", 1))
+    return (*_whole_clusters(recipe, gx, gy), recipe.get("split_k", 1))
 
 
 def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
@@ -201,7 +210,7 @@ def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
     gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
         return max(m, n, k) <= INT_MAX and gx * gy <= INT_MAX  # tile index is an int
-    return max(m, n, k) <= INT_MAX and gy <= 65535
+    return max(m, n, k) <= INT_MAX and _whole_clusters(recipe, gx, gy)[1] <= 65535
 
 
 _TMAP_CACHE_MAX = 4096

@@ -48,17 +48,23 @@ def identity_reasons(
 
 
 def gemm_v1_recipe(
-    d: KernelDesign, threads: int, smem_bytes: int, align: dict[str, int], split_k: int = 1
+    d: KernelDesign,
+    threads: int,
+    smem_bytes: int,
+    align: dict[str, int],
+    split_k: int = 1,
+    cluster_m: int = 1,
 ) -> dict[str, Any]:
-    """Launch recipe of ABI gemm_v1: grid [ceil(N/bn), ceil(M/bm), split_k]; a split
-    is a compile-time cluster (1, 1, split_k)."""
+    """Launch recipe of ABI gemm_v1: grid [ceil(N/bn), ceil(M/bm), split_k], in whole
+    compile-time clusters (1, cluster_m, split_k): a split, or CTAs of adjacent M tiles
+    that share the other operand's tile."""
     return {
         "abi": "gemm_v1",
         "block": [threads, 1, 1],
         "tile_m": d.bm,
         "tile_n": d.bn,
         "split_k": split_k,
-        "cluster": [1, 1, split_k],
+        "cluster": [1, cluster_m, split_k],
         "smem_bytes": smem_bytes,
         "align": align,
     }

@@ -28,6 +28,11 @@ the same walk, but each warpgroup computes whole tiles (``64 x m_blocks`` rows o
 wgmma M side), the two taking turns on the ring through "turn" mbarriers, so one
 warpgroup's epilogue runs under the other's wgmmas.
 
+``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
+tiles of one N tile; each loads half of the shared B tile and multicasts it to both
+(``.multicast::cluster``), so B is read from L2 once per pair, and a ring slot is
+refilled only when the consumers of both CTAs have released it.
+
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
 """
@@ -55,6 +60,7 @@ SWAP_N = (8, 16, 32, 64, 128, 256)  # bm of the swapped orientation
 PINGPONG_N = (64, 96, 112, 128, 160, 192, 256)
 STAGES = (4, 6, 8, 12)
 PERSISTENT = (0, 1, 2)  # one tile per CTA; persistent cooperative; persistent ping-pong
+CLUSTER_M = (1, 2)  # CTAs of adjacent M tiles sharing (multicasting) the B tile
 SPLIT_K = (1, 2, 4, 8)
 BK = 64
 ALIGN_SLACK = 1024  # the kernel aligns its dynamic shared memory to the swizzle atom
@@ -157,8 +163,12 @@ def legality(d: KernelDesign) -> list[str]:
         reasons.append(f"{side}={q} must be a wgmma N: a multiple of 8 in 8..256")
     if d.bk != BK:
         reasons.append(f"bk={d.bk} must be {BK} (one 128-byte swizzle atom)")
-    if (d.warps_k, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
-        reasons.append("warps_k, cluster_m, cluster_n and swizzle must be 1 (not knobs yet)")
+    if (d.warps_k, d.cluster_n, d.swizzle) != (1, 1, 1):
+        reasons.append("warps_k, cluster_n and swizzle must be 1 (not knobs yet)")
+    if d.cluster_m not in CLUSTER_M:
+        reasons.append(f"cluster_m={d.cluster_m} must be one of {CLUSTER_M}")
+    elif d.cluster_m > 1 and (d.split_k != 1 or d.persistent):
+        reasons.append("a multicast cluster along M has one tile per CTA and split 1")
     if d.split_k not in SPLIT_K:
         reasons.append(f"split_k={d.split_k} must be one of {SPLIT_K} (a portable cluster)")
     if d.stages < 2 or d.stages > 16:
@@ -172,12 +182,20 @@ def legality(d: KernelDesign) -> list[str]:
 
 
 def design(
-    dtype: str, wgs: int, mp: int, swap: bool, n: int, stages: int, split: int, pers: int = 0
+    dtype: str,
+    wgs: int,
+    mp: int,
+    swap: bool,
+    n: int,
+    stages: int,
+    split: int,
+    pers: int = 0,
+    cluster: int = 1,
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs."""
     p = 64 * mp * (1 if pers == 2 else wgs)
-    kw = {"split_k": split, "persistent": pers}
+    kw = {"split_k": split, "persistent": pers, "cluster_m": cluster}
     if swap:
         return KernelDesign(FAMILY, "sm_90a", dtype, "tn", n, p, BK, 1, 4 * wgs, stages, **kw)
     return KernelDesign(FAMILY, "sm_90a", dtype, "tn", p, n, BK, 4 * wgs, 1, stages, **kw)
@@ -187,7 +205,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order:
     the compute orientation, then the swapped one; then the persistent designs (two
     consumer warpgroups, tiles of at least 128 x 128, the large-M side); then the
-    ping-pong ones (tiles of at least 64 x 128)."""
+    ping-pong ones (tiles of at least 64 x 128); then the multicast clusters."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -206,6 +224,11 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
             d = design(dtype, 2, mp, swap, n, st, 1, pers=2)
             if d.bm * d.bn >= 64 * 128 and not legality(d):
                 out.append(d)
+    for swap, ns in ((False, PINGPONG_N), (True, SWAP_N)):
+        for wgs, mp, n, st in itertools.product(WARPGROUPS, M_BLOCKS, ns, STAGES):
+            d = design(dtype, wgs, mp, swap, n, st, 1, cluster=2)
+            if not legality(d):
+                out.append(d)
     return out
 
 
@@ -220,9 +243,9 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     [rows, K] K-major matrix read in boxes of ``tma[x]`` = [64 k, rows]."""
     p, q = mma_rows(d)
     a_rows, b_rows = (q, p) if swapped(d) else (p, q)
-    recipe = gemm_v1_recipe(d, threads(d), smem_bytes(d), {"k": 8}, d.split_k)
+    recipe = gemm_v1_recipe(d, threads(d), smem_bytes(d), {"k": 8}, d.split_k, d.cluster_m)
     recipe["abi"] = "gemm_v2"
-    recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows]}
+    recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // d.cluster_m]}
     if d.persistent:
         recipe.update(persistent=d.persistent, ctas_per_sm=ctas_per_sm(d))
     return recipe
@@ -242,6 +265,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         setmaxnreg=warpgroups(d) > 1,
         persistent=bool(d.persistent),
         pingpong=pingpong(d),
+        cluster_m=d.cluster_m,
         min_blocks=min_blocks(d),
         producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS,

@@ -198,3 +198,33 @@ def test_pingpong_compiles_without_spills(tmp_path):
     r = build(d, ArtifactCache(tmp_path))
     assert r.ok, r.error
     assert r.spill_bytes == 0
+
+
+def test_multicast_cluster_designs():
+    """cluster_m = 2: two CTAs on adjacent M tiles, each loading half of the shared B
+    box (the weights in either orientation) and multicasting it."""
+    d = sm90_tma.design("fp16", 2, 1, False, 256, 4, 1, cluster=2)
+    assert legality(d) == [] and d.name.endswith("_s4_c2x1_sk1_sw1")
+    r = sm90_tma.launch_recipe(d)
+    assert r["cluster"] == [1, 2, 1] and r["tma"] == {"a": [64, 128], "b": [64, 128]}
+    src = render(d)
+    assert "__cluster_dims__(1, 2, 1)" in src and ".multicast::cluster" in src
+    assert "mbar_init(empty0 + 8 * s, 8 * WGS)" in src and "mbar_arrive_cluster(" in src
+    swapped = sm90_tma.design("bf16", 1, 1, True, 16, 8, 1, cluster=2)
+    assert legality(swapped) == []
+    assert sm90_tma.launch_recipe(swapped)["tma"] == {"a": [64, 16], "b": [64, 32]}
+    plain = render(sm90_tma.design("fp16", 2, 1, False, 256, 4, 1))
+    assert "multicast" not in plain and "__cluster_dims__" not in plain
+    assert any("one tile per CTA and split 1" in x for x in legality(_d(cluster_m=2, split_k=2)))
+    assert any("one tile per CTA" in x for x in legality(_d(cluster_m=2, persistent=1)))
+    assert any("cluster_m=4" in x for x in legality(_d(cluster_m=4)))
+    clusters = [x for x in sm90_tma.space("sm_90a", "fp16", "tn") if x.cluster_m == 2]
+    assert len(clusters) == 112 and all(x.split_k == 1 and not x.persistent for x in clusters)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_multicast_cluster_compiles_without_spills(tmp_path):
+    d = sm90_tma.design("fp16", 2, 2, False, 128, 4, 1, cluster=2)
+    r = build(d, ArtifactCache(tmp_path))
+    assert r.ok, r.error
+    assert r.spill_bytes == 0

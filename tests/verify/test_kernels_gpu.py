@@ -104,6 +104,19 @@ TMA_PINGPONG_DESIGNS = [
     (True, 2, 64, 4),
 ]
 PINGPONG_SHAPES = [*PERSISTENT_SHAPES, (2100, 2056, 1096)]
+# Multicast clusters along M (swapped, warpgroups, 64-row blocks, wgmma n, stages):
+# both orientations, one and two warpgroups, the narrowest B half (32 rows: a 64-row
+# tile of either side) and wgmma N 160; odd M tile counts (2100 / 128 = 17) leave a
+# partner CTA past M, and K = 1096 wraps the ring many times.
+TMA_CLUSTER_DESIGNS = [
+    (False, 2, 1, 256, 4),
+    (False, 2, 2, 128, 4),
+    (False, 1, 1, 64, 6),
+    (False, 2, 1, 160, 4),
+    (True, 1, 1, 16, 8),
+    (True, 2, 1, 64, 4),
+    (True, 1, 1, 128, 6),
+]
 
 
 def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
@@ -195,4 +208,12 @@ def test_tma_warp_specialised_persistent_correct(tmp_path, dtype, knobs):
 def test_tma_warp_specialised_pingpong_correct(tmp_path, dtype, knobs):
     swap, mp, n, st = knobs
     d = sm90_tma.design(dtype, 2, mp, swap, n, st, 1, pers=2)
+    _check_design(tmp_path, d, PINGPONG_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_CLUSTER_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_warp_specialised_multicast_cluster_correct(tmp_path, dtype, knobs):
+    swap, wgs, mp, n, st = knobs
+    d = sm90_tma.design(dtype, wgs, mp, swap, n, st, 1, cluster=2)
     _check_design(tmp_path, d, PINGPONG_SHAPES)

@@ -59,3 +59,15 @@ def test_persistent_grid_is_one_cta_per_sm_slot(monkeypatch):
     assert driver.gemm_grid(recipe, 256, 1024) == (8, 1, 1)  # fewer tiles than SMs
     assert driver.gemm_grid({**recipe, "ctas_per_sm": 2}, 4096, 4096) == (264, 1, 1)
     assert driver.gemm_fits(recipe, 2**20, 2**20, 64)  # a 1-D grid: no 65535 limit
+
+
+def test_grid_comes_in_whole_clusters():
+    """A cluster of two CTAs along M: an odd M tile count gets one more CTA (the
+    kernel runs it for its partner and stores nothing); split clusters keep z."""
+    recipe = {"tile_m": 128, "tile_n": 256, "split_k": 1, "cluster": [1, 2, 1]}
+    assert driver.gemm_grid(recipe, 2100, 4096) == (16, 18, 1)  # 17 M tiles
+    assert driver.gemm_grid(recipe, 2048, 4096) == (16, 16, 1)
+    split = {"tile_m": 128, "tile_n": 256, "split_k": 4, "cluster": [1, 1, 4]}
+    assert driver.gemm_grid(split, 2100, 4096) == (16, 17, 4)
+    assert driver.gemm_fits(recipe, 65535 * 128, 256, 64) is False  # 65536 rounded up
+    assert driver.gemm_fits(split, 65535 * 128, 256, 64)
