@@ -4,6 +4,9 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
+# $OUT gives back files of up to 16 MiB (the llm-public database is larger): every
+# database written there comes back gzipped when the script exits.
+trap 'for f in "$OUT"/*.measurements.jsonl; do [ -f "$f" ] && gzip -f "$f"; done' EXIT
 export PYTHONUNBUFFERED=1
 export CUDAL2_CACHE=${CUDAL2_CACHE:-$PWD/.cache/artifacts}
 PY=${PYTHON:-python3}

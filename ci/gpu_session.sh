@@ -12,7 +12,6 @@
 # stops after the product builds (the wheels stay under $OUT/dist for ci/gpu_bench.sh).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-trap 'for f in "$OUT"/*.measurements.jsonl; do [ -f "$f" ] && gzip -f "$f"; done' EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 
 if [ -n "${TESTS:-}" ]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: a family's GPU tests, then a sweep manifest built into its own
 # database, with the SASS counts of every kernel compiled. Under $OUT: gpu.txt,
-# gpu-tests.txt, <sweep>.measurements.jsonl, build.txt, sass.txt.
+# gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt, sass.txt.
 #
 #   bash ci/gpu_sweep.sh SWEEP_MANIFEST [PYTEST_K_EXPR]
 set -euo pipefail

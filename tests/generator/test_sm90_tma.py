@@ -192,14 +192,6 @@ def test_pingpong_designs():
     assert len(pp) == 28 and all(x.split_k == 1 and x.bm * x.bn >= 64 * 128 for x in pp)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_pingpong_compiles_without_spills(tmp_path):
-    d = sm90_tma.design("bf16", 2, 2, False, 128, 4, 1, pers=2)
-    r = build(d, ArtifactCache(tmp_path))
-    assert r.ok, r.error
-    assert r.spill_bytes == 0
-
-
 def test_multicast_cluster_designs():
     """cluster_m = 2: two CTAs on adjacent M tiles, each loading half of the shared B
     box (the weights in either orientation) and multicasting it."""
@@ -223,8 +215,15 @@ def test_multicast_cluster_designs():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_multicast_cluster_compiles_without_spills(tmp_path):
-    d = sm90_tma.design("fp16", 2, 2, False, 128, 4, 1, cluster=2)
+@pytest.mark.parametrize(
+    "d",
+    [
+        sm90_tma.design("bf16", 2, 2, False, 128, 4, 1, pers=2),
+        sm90_tma.design("fp16", 2, 2, False, 128, 4, 1, cluster=2),
+    ],
+    ids=["pingpong", "multicast"],
+)
+def test_new_schedules_compile_without_spills(tmp_path, d):
     r = build(d, ArtifactCache(tmp_path))
     assert r.ok, r.error
     assert r.spill_bytes == 0
