@@ -1,8 +1,9 @@
 """On a GPU: the harness rejects every adversarial fixture (tests/verify/fixtures/).
 
 Each fixture cheats in one way that has fooled kernel benchmarks: skipped work, a
-partial write, a result cached across calls, NaN output, an out-of-bounds write, a
-hang, an illegal address, and work on another stream. ``fx_honest`` is the control.
+partial write, a result cached across calls, NaN output, a race whose every run stays
+inside the error bound, an out-of-bounds write, a hang, an illegal address, and work on
+another stream. ``fx_honest`` is the control.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def test_honest_control_passes(pool, cubin):
         ("fx_partial_write", "not written"),
         ("fx_cached_result", "trial"),
         ("fx_nan_output", "not written (or NaN)"),
+        ("fx_racy", "differ bit for bit from the first run"),
     ],
 )
 def test_wrong_answers_are_incorrect(pool, cubin, symbol, needle):
