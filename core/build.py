@@ -26,7 +26,15 @@ from cudal2.generator.render import IllegalDesignError
 from cudal2.manifest import Manifest
 from cudal2.packaging.wheel import write_wheel
 from cudal2.policy import make_proposer
-from cudal2.records import BuildResult, GpuInfo, KernelDesign, Measurement, Target
+from cudal2.records import (
+    BuildResult,
+    GpuInfo,
+    KernelDesign,
+    Measurement,
+    Target,
+    canonical_json,
+    sha256_hex,
+)
 from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
 from cudal2.verify.profile import find_ncu, is_profiled, job, profile
@@ -65,6 +73,35 @@ def toolchain_of(build: BuildResult) -> str:
     return f"{build.nvcc_version}; {TIMING_METHOD}"
 
 
+def _timed(target: Target, result: dict[str, Any]) -> dict[str, Any]:
+    """The timing fields of a worker's answer and the metrics derived from them."""
+    samples = tuple(result.get("samples_us", ()))
+    base_samples = {k: tuple(v) for k, v in result.get("baseline_samples_us", {}).items()}
+    median = _median(samples)
+    metrics: dict[str, float] = {}
+    if result.get("vendors"):  # the vendor spread the correctness bound came from
+        metrics["vendor_max_abs_err"] = result["vendor_max_abs_err"]
+        metrics["bound_vendors"] = result["vendors"]
+    if median:
+        metrics["tflops"] = round(target.flops / (median * 1e-6) / 1e12, 3)
+        metrics["gbps"] = round(target.min_bytes / (median * 1e-6) / 1e9, 2)
+    spread = None
+    if samples and "torch" in base_samples:
+        spread = max(Timing(samples).spread, Timing(base_samples["torch"]).spread)
+    return {
+        "status": result["status"],
+        "error": result.get("error", ""),
+        "max_abs_err": result.get("max_abs_err"),
+        "max_rel_err": result.get("max_rel_err"),
+        "samples_us": samples,
+        "median_us": median,
+        "baselines_us": {k: statistics.median(v) for k, v in base_samples.items()},
+        "baseline_samples_us": base_samples,
+        "spread": spread,
+        "metrics": metrics,
+    }
+
+
 def measurement_from(
     target: Target,
     design: KernelDesign,
@@ -75,9 +112,7 @@ def measurement_from(
     mode: str,
 ) -> Measurement:
     """A worker's answer (or a compile failure) as a typed record with derived metrics."""
-    samples = tuple(result.get("samples_us", ()))
-    base_samples = {k: tuple(v) for k, v in result.get("baseline_samples_us", {}).items()}
-    median = _median(samples)
+    timed = _timed(target, result)
     metrics: dict[str, float] = {}
     if build.registers is not None:
         metrics["registers"] = build.registers
@@ -87,36 +122,53 @@ def measurement_from(
         tiles = -(-target.m // recipe["tile_m"]) * -(-target.n // recipe["tile_n"])
         metrics["waves"] = round(tiles / gpu.sm_count, 4)
         metrics["smem_bytes"] = recipe["smem_bytes"]
-    if result.get("vendors"):  # the vendor spread the correctness bound came from
-        metrics["vendor_max_abs_err"] = result["vendor_max_abs_err"]
-        metrics["bound_vendors"] = result["vendors"]
-    if median:
-        metrics["tflops"] = round(target.flops / (median * 1e-6) / 1e12, 3)
-        metrics["gbps"] = round(target.min_bytes / (median * 1e-6) / 1e9, 2)
-    spread = None
-    if samples and "torch" in base_samples:
-        spread = max(Timing(samples).spread, Timing(base_samples["torch"]).spread)
+    timed["metrics"] = {**metrics, **timed["metrics"]}
     return Measurement(
         target=target,
         design=design,
         design_key=design.key,
         artifact_key=build.artifact_key,
-        status=result["status"],
-        error=result.get("error", ""),
         gpu=gpu,
         proposer=proposer,
         tool_version=__version__,
         toolchain=toolchain_of(build),
         measured_at=_now(),
-        max_abs_err=result.get("max_abs_err"),
-        max_rel_err=result.get("max_rel_err"),
-        samples_us=samples,
-        median_us=median,
-        baselines_us={k: statistics.median(v) for k, v in base_samples.items()},
-        baseline_samples_us=base_samples,
-        spread=spread,
-        metrics=metrics,
         mode=mode,
+        **timed,
+    )
+
+
+VENDOR_PROPOSER = "cublaslt-autotune"
+
+
+def vendor_toolchain(version: int) -> str:
+    """What a cuBLASLt record depends on besides its algorithm: the library's version
+    and the timing method."""
+    return f"cublasLt {version}; {TIMING_METHOD}"
+
+
+def vendor_measurement(
+    target: Target, result: dict[str, Any], gpu: GpuInfo, mode: str
+) -> Measurement:
+    """A vendor job's answer (cuBLASLt autotuning) as a record that the selection can
+    weigh against the kernels and a table can dispatch."""
+    vendor = result["vendor"]
+    key = sha256_hex(canonical_json({k: vendor[k] for k in ("library", "version", "algo")}))
+    timed = _timed(target, result)
+    timed["metrics"]["workspace_bytes"] = vendor["workspace_bytes"]
+    return Measurement(
+        target=target,
+        design=None,
+        design_key=f"cublaslt:{key}",
+        artifact_key=f"cublaslt:{key}",
+        gpu=gpu,
+        proposer=VENDOR_PROPOSER,
+        tool_version=__version__,
+        toolchain=vendor_toolchain(vendor["version"]),
+        measured_at=_now(),
+        mode=mode,
+        vendor=vendor,
+        **timed,
     )
 
 
@@ -277,6 +329,62 @@ class Build:
                 round_ms = self._profile(round_ms, m.search.profile_top)
                 this_build.extend(round_ms)
                 proposer.observe(round_ms)
+            if m.search.cublaslt:
+                self._autotune_vendor(pool, gpu, targets, history, timing, started)
+
+    def _autotune_vendor(
+        self,
+        pool: Any,
+        gpu: GpuInfo,
+        targets: Sequence[Target],
+        history: Sequence[Measurement],
+        timing: TimingConfig,
+        started: float,
+    ) -> None:
+        """cuBLASLt autotuning of every target without a record of this GPU model,
+        cuBLASLt version and timing mode: its fastest correct algorithm becomes a
+        candidate of the selection like any kernel."""
+        m = self.manifest
+        version = pool.cublaslt_version
+        if version is None:
+            self.say(
+                "nvmath-python is not importable in the measuring worker: cuBLASLt is not "
+                "autotuned (pip install nvmath-python; or set search.cublaslt = false)"
+            )
+            return
+        toolchain = vendor_toolchain(version)
+        done = set()
+        if not self.remeasure:
+            done = {
+                x.target
+                for x in history
+                if x.is_vendor
+                and x.gpu.name == gpu.name
+                and x.mode == m.timing_mode
+                and x.toolchain == toolchain
+            }
+        todo = [t for t in targets if t not in done]
+        self.report_counts["reused"] += len(targets) - len(todo)
+        bar = tqdm(todo, desc=f"cuBLASLt {version} autotune", unit="target", file=self.log)
+        for t in bar:
+            if time.monotonic() - started > m.search.gpu_budget_s:
+                self.say(
+                    f"GPU-time budget of {m.search.gpu_budget_s:.0f} s spent: "
+                    f"{len(todo) - bar.n} targets left without cuBLASLt autotuning"
+                )
+                break
+            job = {"kind": "cublaslt", "target": t.as_json(), "timing": dataclasses.asdict(timing)}
+            result = pool.run(job)
+            if "vendor" not in result:  # the job failed before any algorithm was tried
+                self.failures["cublaslt"] = self.failures.get("cublaslt", 0) + 1
+                self.say(f"cuBLASLt autotuning of {t.label} failed: {result.get('error', '')}")
+                continue
+            rec = vendor_measurement(t, result, gpu, m.timing_mode)
+            self.db.append([rec])
+            self.report_counts["measured"] += 1
+            if rec.status != "ok":
+                self.failures[rec.status] = self.failures.get(rec.status, 0) + 1
+        bar.close()
 
     def _profile(self, ms: list[Measurement], top: int) -> list[Measurement]:
         """Nsight Compute metrics for each target's ``top`` fastest correct candidates
@@ -389,7 +497,10 @@ class Build:
         stale = {
             x.design_key
             for x in history
-            if x.status == "ok" and x.target in set(self.manifest.targets) and not usable(x)
+            if x.status == "ok"
+            and not x.is_vendor
+            and x.target in set(self.manifest.targets)
+            and not usable(x)
         }
         if stale:
             self.say(

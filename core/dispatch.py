@@ -82,6 +82,19 @@ def build_table(
                 )
                 gpus["drivers"].add(w.gpu.driver)
                 gpus["cuda_versions"].add(_cuda_version(w.gpu.cuda_runtime))
+            elif s.kind == "cublaslt":
+                w = s.winner
+                assert w is not None and w.vendor
+                e.update(
+                    kernel=w.vendor["name"],
+                    design_key=w.design_key,
+                    cublaslt={
+                        "version": int(w.vendor["version"]),
+                        "algo": w.vendor["algo"],
+                        "workspace_bytes": int(w.vendor["workspace_bytes"]),
+                        "config": dict(w.vendor.get("config") or {}),
+                    },
+                )
             entries.append(e)
     stamps = sorted(s.measured_at for s in selections)
     table = {

@@ -42,6 +42,7 @@ _SEARCH_KEYS = (
     "seed",
     "profile_top",
     "families",
+    "cublaslt",
 )
 _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
@@ -69,8 +70,10 @@ class ManifestError(Exception):
 @dataclass(frozen=True)
 class SearchSettings:
     """How kernels are searched for: proposer, designs per target per round, rounds,
-    GPU-time budget of one build in seconds, the random seed, and how many of each
-    target's fastest candidates per round get Nsight Compute metrics (0: none)."""
+    GPU-time budget of one build in seconds, the random seed, how many of each
+    target's fastest candidates per round get Nsight Compute metrics (0: none), the
+    families searched, and whether cuBLASLt is autotuned per target as one more
+    candidate."""
 
     proposer: str = "grid"
     candidates: int = 8
@@ -79,6 +82,7 @@ class SearchSettings:
     seed: int = 0
     profile_top: int = 2
     families: tuple[str, ...] | None = None  # kernel families searched (None: all)
+    cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
 
 
 @dataclass(frozen=True)
@@ -319,6 +323,7 @@ def load_manifest(path: str | Path) -> Manifest:
             if "families" in s
             else None
         ),
+        cublaslt=r.boolean(s.get("cublaslt", d.cublaslt), "search.cublaslt"),
     )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)

@@ -201,6 +201,12 @@ class Measurement:
     learns from them. ``samples_us`` holds every timing sample of the candidate;
     ``baselines_us`` the median of each baseline timed in the same process,
     ``baseline_samples_us`` their samples.
+
+    A vendor record (``design`` None, ``vendor`` set) is a library algorithm measured
+    the same way: ``vendor = {"library": "cublaslt", "version", "algo" (hex of the
+    64-byte cublasLtMatmulAlgo_t), "workspace_bytes", "config", "name", ...}``, its
+    ``design_key`` and ``artifact_key`` a hash of (library, version, algo). Left out
+    of ``as_json`` when empty, so every kernel record keeps its bytes.
     """
 
     target: Target
@@ -224,9 +230,10 @@ class Measurement:
     metrics: dict[str, float] = field(default_factory=dict)
     mode: str = "offline"
     schema_version: int = SCHEMA_VERSION
+    vendor: dict[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "schema_version": self.schema_version,
             "target": self.target.as_json(),
             "design": self.design.as_json() if self.design else None,
@@ -249,6 +256,9 @@ class Measurement:
             "metrics": dict(self.metrics),
             "mode": self.mode,
         }
+        if self.vendor:
+            d["vendor"] = dict(self.vendor)
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Measurement:
@@ -274,7 +284,12 @@ class Measurement:
             metrics=dict(d.get("metrics", {})),
             mode=d.get("mode", "offline"),
             schema_version=d.get("schema_version", SCHEMA_VERSION),
+            vendor=dict(d.get("vendor") or {}),
         )
+
+    @property
+    def is_vendor(self) -> bool:
+        return bool(self.vendor)
 
     @property
     def reuse_key(self) -> tuple[str, str, str, str, str]:

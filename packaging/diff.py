@@ -2,8 +2,9 @@
 
 Entries are matched by target: (gpu, dtype, layout, n, k, m_measured). A target
 only in the new table is *added*, only in the old one *removed*. A matched target
-is *changed* when its kernel was swapped, it moved between kernel and fallback, or
-its ``time_us`` moved by more than the noise threshold. A *regression* is a matched
+is *changed* when its kernel (or cuBLASLt algorithm) was swapped, it moved between
+kernel, cuBLASLt algorithm and fallback, or its ``time_us`` moved by more than the
+noise threshold. A *regression* is a matched
 target whose time got slower by more than a threshold; since the GPU model is part
 of the match, regressions only ever compare measurements of one GPU model.
 """
@@ -19,6 +20,7 @@ from .table import target_key, validate_table
 KERNEL_SWAPPED = "kernel_swapped"
 TO_FALLBACK = "to_fallback"
 TO_KERNEL = "to_kernel"
+TO_CUBLASLT = "to_cublaslt"
 SLOWER = "slower"
 FASTER = "faster"
 
@@ -26,6 +28,7 @@ _REASON_LABELS = {
     KERNEL_SWAPPED: "swapped",
     TO_FALLBACK: "->fallback",
     TO_KERNEL: "->kernel",
+    TO_CUBLASLT: "->cublaslt",
 }
 
 
@@ -151,8 +154,8 @@ def _row(
 def _matched_row(b: dict[str, Any], a: dict[str, Any], noise_pct: float) -> dict[str, Any]:
     reasons: list[str] = []
     if b["kind"] != a["kind"]:
-        reasons.append(TO_FALLBACK if a["kind"] == "fallback" else TO_KERNEL)
-    elif b["kind"] == "kernel" and b["kernel"] != a["kernel"]:
+        reasons.append({"fallback": TO_FALLBACK, "cublaslt": TO_CUBLASLT}.get(a["kind"], TO_KERNEL))
+    elif b["kind"] != "fallback" and b["kernel"] != a["kernel"]:
         reasons.append(KERNEL_SWAPPED)
     time_pct = (a["time_us"] - b["time_us"]) / b["time_us"] * 100.0
     if abs(time_pct) > noise_pct:
@@ -164,7 +167,7 @@ def _matched_row(b: dict[str, Any], a: dict[str, Any], noise_pct: float) -> dict
 def _side(summary: dict[str, Any] | None) -> str:
     if summary is None:
         return "-"
-    return summary["kernel"] if summary["kind"] == "kernel" else "fallback"
+    return summary["kernel"] if summary["kind"] != "fallback" else "fallback"
 
 
 def _pair(row: dict[str, Any], key: str, fmt: str) -> str:

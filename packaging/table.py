@@ -63,10 +63,13 @@ ENTRY_KEYS: tuple[str, ...] = (
 
 # Keys that a kernel entry must fill and a fallback entry must leave null.
 KERNEL_ONLY_KEYS: tuple[str, ...] = ("kernel", "symbol", "cubin_sha256", "launch", "design_key")
+# A cublaslt entry fills these and leaves the rest of KERNEL_ONLY_KEYS null.
+CUBLASLT_KEYS: tuple[str, ...] = ("kernel", "design_key")
 
-KINDS: tuple[str, ...] = ("kernel", "fallback")
+KINDS: tuple[str, ...] = ("kernel", "cublaslt", "fallback")
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_ALGO_RE = re.compile(r"[0-9a-f]{128}")
 
 
 class TableError(ValueError):
@@ -216,9 +219,31 @@ def _validate_entry(entry: Any, where: str) -> None:
         if not isinstance(entry["launch"], dict):
             raise TableError(f"{where}: key 'launch' must be an object")
     else:
+        filled = CUBLASLT_KEYS if kind == "cublaslt" else ()
         for key in KERNEL_ONLY_KEYS:
-            if entry[key] is not None:
-                raise TableError(f"{where}: a fallback entry must have {key!r} null")
+            if key in filled and entry[key] is None:
+                raise TableError(f"{where}: a {kind} entry needs a non-null {key!r}")
+            if key not in filled and entry[key] is not None:
+                raise TableError(f"{where}: a {kind} entry must have {key!r} null")
+    lt = entry.get("cublaslt")
+    if kind != "cublaslt":
+        if lt is not None:
+            raise TableError(f"{where}: only a cublaslt entry has key 'cublaslt'")
+        return
+    if not isinstance(lt, dict):
+        raise TableError(f"{where}: a cublaslt entry needs an object 'cublaslt'")
+    for key in ("version", "workspace_bytes"):
+        value = lt.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TableError(
+                f"{where}: key 'cublaslt.{key}' must be a non-negative integer, got {value!r}"
+            )
+    algo = lt.get("algo")
+    if not isinstance(algo, str) or not _ALGO_RE.fullmatch(algo):
+        raise TableError(
+            f"{where}: key 'cublaslt.algo' must be 128 lowercase hex digits (the 64 bytes of "
+            f"a cublasLtMatmulAlgo_t), got {algo!r}"
+        )
 
 
 def canonical_table(table: dict[str, Any]) -> dict[str, Any]:

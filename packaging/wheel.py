@@ -31,6 +31,8 @@ from .table import write_table_bytes
 # cuda-python's driver bindings: the only thing the runtime imports (the GPU image has
 # cuda-bindings without the cuda-python metapackage).
 RUNTIME_REQUIRES: tuple[str, ...] = ("cuda-bindings>=12.6",)
+# Where the table dispatches cuBLASLt algorithms: the bindings that run them.
+CUBLASLT_REQUIRES: tuple[str, ...] = ("nvmath-python>=1.0",)
 REQUIRES_PYTHON = ">=3.11"
 WHEEL_TAG = "py3-none-any"
 
@@ -168,12 +170,14 @@ def _init_source(table: dict[str, Any]) -> str:
     gpus = ", ".join(table["gpu_models"]) or "no GPU"
     archs = ", ".join(table["archs"]) or "no arch"
     kernels = sum(1 for e in table["entries"] if e["kind"] == "kernel")
+    algos = sum(1 for e in table["entries"] if e["kind"] == "cublaslt")
     doc = (
         f"HGEMM kernels precompiled by cudal2 {table['tool_version']} for {gpus} ({archs}).\n"
         f"\n"
         f"Built from manifest {table['name']!r} (sha256 {table['manifest_sha256']}),\n"
         f"measured {table['measured_from']} .. {table['measured_to']}:\n"
-        f"{len(table['entries'])} dispatch entries, {kernels} of them kernels.\n"
+        f"{len(table['entries'])} dispatch entries, {kernels} of them kernels,\n"
+        f"{algos} of them autotuned cuBLASLt algorithms.\n"
         f"Shapes or GPUs the table does not cover fall back to torch.\n"
     )
     # Table strings are data, not code: keep them from closing the docstring.
@@ -203,6 +207,8 @@ def _metadata(table: dict[str, Any]) -> bytes:
         f"Requires-Python: {REQUIRES_PYTHON}",
         *(f"Requires-Dist: {req}" for req in RUNTIME_REQUIRES),
     ]
+    if any(e["kind"] == "cublaslt" for e in table["entries"]):
+        lines += [f"Requires-Dist: {req}" for req in CUBLASLT_REQUIRES]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 

@@ -3,7 +3,8 @@
 ``recorded_measurements`` is the committed database of the default manifest
 (manifests/default.measurements.jsonl). ``recorded_table`` / ``recorded_cubins`` are
 a dispatch table built from it by the real table builder, with every target's
-fastest *correct* recorded kernel as a kernel entry whether or not it beat cuBLAS
+fastest *correct* recorded kernel (cuBLASLt records left out) as a kernel entry
+whether or not it beat cuBLAS
 (today none does: the shipped default table is all fallbacks), so the runtime's
 kernel path, the wheel and the diff are exercised with real cubins. Tests copy and
 vary them; they never hard-code entry values.
@@ -50,7 +51,7 @@ def _best_kernel_table(
         pytest.skip("needs nvcc to rebuild the recorded cubins")
     best: dict[tuple, Measurement] = {}
     for m in recorded_measurements:
-        if m.status == "ok":
+        if m.status == "ok" and not m.is_vendor:
             key = (m.gpu.name, m.target)
             if key not in best or m.median_us < best[key].median_us:
                 best[key] = m
@@ -83,6 +84,27 @@ def recorded_table(_best_kernel_table) -> dict[str, Any]:
 @pytest.fixture
 def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
     return dict(_best_kernel_table[1])
+
+
+@pytest.fixture(scope="session")
+def _selected_table(recorded_measurements, artifact_cache) -> tuple[dict[str, Any], dict]:
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc to rebuild the recorded cubins")
+    from cudal2.build import table_from_measurements
+
+    return table_from_measurements(recorded_measurements, "offline", artifact_cache, "selected")
+
+
+@pytest.fixture
+def selected_table(_selected_table) -> dict[str, Any]:
+    """The table a build selects from the recorded database: kernel, cublaslt
+    (autotuned cuBLASLt algorithms) and fallback entries."""
+    return copy.deepcopy(_selected_table[0])
+
+
+@pytest.fixture
+def selected_cubins(_selected_table) -> dict[str, bytes]:
+    return dict(_selected_table[1])
 
 
 @pytest.fixture

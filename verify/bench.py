@@ -8,7 +8,8 @@ Baselines per shape (fp16/bf16 in, fp32 accumulate, C = A · op(W)):
 - ``cublaslt_autotune``: every heuristic candidate (up to 100) timed once, the fastest
   then timed again with the others (a selection, not a minimum of noisy medians).
 ``best_vendor`` is the fastest of these. ``cudal2`` is what the wheel's dispatch runs:
-its kernel, or the fallback (torch.matmul), whose time is then torch's.
+its kernel, the cuBLASLt algorithm its build autotuned (run with the runtime's own
+cuBLASLt code), or the fallback (torch.matmul), whose time is then torch's.
 
 Any median under the physical floor is rejected as a measurement error, and the
 winner and the cudal2 kernel are re-timed with full device synchronisation around the
@@ -25,6 +26,7 @@ from typing import Any
 from cudal2 import __version__
 from cudal2.records import GpuInfo, Target
 from cudal2.verify.floor import datasheet, floor_us
+from cudal2.verify.spread import nvmath_available
 from cudal2.verify.timing import (
     Timing,
     TimingConfig,
@@ -38,6 +40,7 @@ from cudal2.verify.vendor import (
     Cublas,
     LtProblem,
     Problem,
+    autotune,
     lt_handle,
 )
 
@@ -155,9 +158,8 @@ class Bench:
             )
 
         # Autotune: time every heuristic candidate once (fewer reps), keep the fastest.
-        tune_cfg = TimingConfig(reps=max(5, self.reps // 3), mode="offline", seed=self.seed)
-        tuned = time_interleaved({f"lt{i}": lt_algo(i) for i in range(count)}, nsets, tune_cfg, est)
-        best_algo = min(range(count), key=lambda i: tuned[f"lt{i}"].median_us)
+        order, tuned = autotune(lt, lt_algo, nsets, max(5, self.reps // 3), self.seed, est)
+        best_algo = order[0]
 
         fns: dict[str, Callable[[int], object]] = {
             "torch": lambda j: torch.matmul(ops.a[j], w_t[j], out=ops.c[j]),
@@ -169,7 +171,10 @@ class Bench:
         dispatch = None
         if self.kernels is not None:
             dispatch = self.kernels.describe(t)
-            if dispatch["kind"] == "kernel":
+            if dispatch["kind"] == "cublaslt" and not nvmath_available():
+                # The wheel's runtime falls back to torch without nvmath: time that.
+                dispatch = {"kind": "fallback", "reason": "cublaslt_missing"}
+            if dispatch["kind"] != "fallback":
                 fns["cudal2"] = self.kernels.launcher(t, ops.a, w_own, ops.c)
         timings = time_interleaved(fns, nsets, cfg, est)
         rec = self._record(t, timings, floor, nsets, count, best_algo, tuned, dispatch)
@@ -205,7 +210,7 @@ class Bench:
         valid = {n: tm for n, tm in timings.items() if tm.median_us >= floor}
         vendors = {n: valid[n] for n in VENDORS if n in valid}
         best = min(vendors, key=lambda n: vendors[n].median_us) if vendors else None
-        if dispatch is None or dispatch["kind"] != "kernel":
+        if dispatch is None or dispatch["kind"] == "fallback":
             own = valid.get("torch")  # the fallback is torch.matmul
         else:
             own = valid.get("cudal2")

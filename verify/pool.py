@@ -28,6 +28,7 @@ class WorkerPool:
         self._proc: Any = None
         self._conn: Any = None
         self.gpu: GpuInfo | None = None
+        self.cublaslt_version: int | None = None  # None: the worker cannot autotune cuBLASLt
         self.restarts = 0
 
     def _start(self) -> None:
@@ -47,6 +48,7 @@ class WorkerPool:
                 "is there a working NVIDIA GPU and a CUDA build of torch?"
             ) from None
         self.gpu = GpuInfo.from_json(hello["hello"])
+        self.cublaslt_version = hello.get("cublaslt_version")
         self._proc, self._conn = proc, parent
 
     def start(self) -> GpuInfo:

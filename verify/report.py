@@ -95,6 +95,7 @@ def summarize(rows: list[dict[str, Any]], f: Filter) -> dict[str, Any]:
         "shapes": len(kept),
         "geomean_speedup": speedups,
         "own_kernel_targets": sum(r["cudal2"]["dispatch"]["kind"] == "kernel" for r in kept),
+        "cublaslt_targets": sum(r["cudal2"]["dispatch"]["kind"] == "cublaslt" for r in kept),
         "wins_vs_best_vendor": sum(wins(r) for r in kept),
         "floor_fraction_median": round(statistics.median(fractions), 4) if fractions else None,
         "errors": sum(len(r.get("errors", [])) for r in kept),
@@ -102,6 +103,9 @@ def summarize(rows: list[dict[str, Any]], f: Filter) -> dict[str, Any]:
             not c["agrees"] for r in kept for c in r.get("sync_check", {}).values()
         ),
     }
+
+
+_MARK = {"kernel": "*", "cublaslt": "^"}  # what the cudal2 column ran
 
 
 def _fmt(x: float | None, nd: int = 2) -> str:
@@ -149,7 +153,7 @@ def table(rows: list[dict[str, Any]], f: Filter) -> str:
                 if "cublaslt_autotune" in b
                 else "-",
                 _fmt(best),
-                _fmt(own) + ("*" if r["cudal2"]["dispatch"]["kind"] == "kernel" else ""),
+                _fmt(own) + _MARK.get(r["cudal2"]["dispatch"]["kind"], ""),
                 _fmt(best / own if best and own else None, 3),
                 _fmt(r["floor_us"] / own if own else None, 3),
             )
@@ -157,7 +161,8 @@ def table(rows: list[dict[str, Any]], f: Filter) -> str:
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in out]
     lines.append(
-        "times in us (median); cudal2* = its own kernel, otherwise the fallback (torch.matmul)"
+        "times in us (median); cudal2* = its own kernel, cudal2^ = the cuBLASLt algorithm the "
+        "build autotuned, otherwise the fallback (torch.matmul)"
     )
     lines.append("")
     lines.append(

@@ -49,6 +49,21 @@ class VendorSpread:
         self.cublas = Cublas(self._cublas_ws.data_ptr(), self._cublas_ws.numel())
         self.lt = lt_handle()
 
+    def problem(self, t: Target) -> LtProblem:
+        """``t``'s cuBLASLt problem with its heuristic candidates (made once per target;
+        the vendor job of the build autotunes the same list)."""
+        lt = self._lt.get(t.key)
+        if lt is None:
+            lt = LtProblem(
+                self.lt,
+                Problem(t.dtype, t.layout, t.m, t.n, t.k),
+                self._ws.data_ptr(),
+                self._ws.numel(),
+            )
+            lt.heuristics(self.lt_limit)
+            self._lt[t.key] = lt
+        return lt
+
     @staticmethod
     def _fingerprint(t: Target, a, b) -> tuple:
         return (t.key, float(a.double().sum()), float(b.double().sum()), float(a[-1].sum()))
@@ -73,16 +88,7 @@ class VendorSpread:
             c.fill_(float("nan"))
             self.cublas.gemm(p, a.data_ptr(), w[lay].data_ptr(), c.data_ptr(), stream)
             errs[f"cublas_{lay}"] = max_abs_error(c, ref)
-        lt = self._lt.get(t.key)
-        if lt is None:
-            lt = LtProblem(
-                self.lt,
-                Problem(t.dtype, t.layout, t.m, t.n, t.k),
-                self._ws.data_ptr(),
-                self._ws.numel(),
-            )
-            lt.heuristics(self.lt_limit)
-            self._lt[t.key] = lt
+        lt = self.problem(t)
         for i in range(lt.count):
             c.fill_(float("nan"))
             lt.run(i, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)

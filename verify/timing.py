@@ -22,7 +22,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 MODES = ("offline", "server")
@@ -70,6 +70,19 @@ class Timing:
             "calls": self.calls,
             "samples_us": [round(x, 4) for x in self.samples_us],
         }
+
+
+def paired_spread(candidate: Sequence[float], baseline: Sequence[float]) -> float | None:
+    """Relative p20-p80 width of the per-repetition speedup baseline/candidate.
+
+    ``time_interleaved`` takes sample i of every callable in repetition i, moments
+    apart, so both saw the same clocks: over a run the H100's clocks step down as it
+    heats (a large GEMM's samples drift by 20%), which widens each callable's own
+    spread but cancels in the ratio. None when the samples are not paired (lengths
+    differ, or fewer than 5)."""
+    if len(candidate) != len(baseline) or len(candidate) < 5:
+        return None
+    return Timing(tuple(b / c for b, c in zip(baseline, candidate, strict=True))).spread
 
 
 def operand_sets(bytes_per_set: int, footprint: int = 3 * 50 * 1024 * 1024, cap: int = 4096) -> int:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.records import GpuInfo, Target
-from cudal2.runtime import driver
-from cudal2.runtime.table import DispatchTable
+from cudal2.runtime import cublaslt, driver
+from cudal2.runtime.table import DispatchTable, entry_key
 from cudal2.verify.launch import launch_dense
 
 
@@ -27,6 +27,8 @@ class WheelKernels:
         self.gpu = gpu
         self.model, self.stand_in = self.table.resolve_gpu(gpu.name, gpu.arch)
         self._kernels: dict[str, driver.Kernel] = {}
+        self._lt_handle: int | None = None
+        self._keep: list[Any] = []  # cuBLASLt workspaces, alive as long as their launchers
 
     @classmethod
     def open(cls, path: str | Path, gpu: GpuInfo, mode: str = "offline") -> WheelKernels:
@@ -73,10 +75,12 @@ class WheelKernels:
         }
 
     def launcher(self, t: Target, a: list, w: list, c: list) -> Callable[[int], None]:
-        import torch
-
+        """Operand set j -> what the entry dispatches: its kernel through the driver
+        launcher, or its cuBLASLt algorithm through the runtime's cuBLASLt calls."""
         e = self.entry(t)
-        assert e is not None and e["kind"] == "kernel"
+        assert e is not None and e["kind"] in ("kernel", "cublaslt")
+        if e["kind"] == "cublaslt":
+            return self._cublaslt(e, t, a, w, c)
         sha = e["cubin_sha256"]
         if sha not in self._kernels:
             self._kernels[sha] = driver.Kernel(
@@ -85,9 +89,53 @@ class WheelKernels:
         kernel, recipe = self._kernels[sha], e["launch"]
 
         def run(j: int) -> None:
-            stream = torch.cuda.current_stream().cuda_stream
             launch_dense(
-                kernel, recipe, t, a[j].data_ptr(), w[j].data_ptr(), c[j].data_ptr(), stream
+                kernel, recipe, t, a[j].data_ptr(), w[j].data_ptr(), c[j].data_ptr(), _stream()
             )
 
         return run
+
+    def _cublaslt(self, e: dict[str, Any], t: Target, a: list, w: list, c: list):
+        import torch
+
+        lt = e["cublaslt"]
+        if cublaslt.version() != lt["version"]:
+            raise RuntimeError(
+                f"{entry_key(e)}: measured with cuBLASLt {lt['version']}, this process has "
+                f"{cublaslt.version()}: the bench would not time what the wheel runs"
+            )
+        if self._lt_handle is None:
+            self._lt_handle = cublaslt.create_handle()
+        ldb = t.k if t.layout == "tn" else t.n
+        gemm = cublaslt.LtGemm(
+            self._lt_handle,
+            bytes.fromhex(lt["algo"]),
+            t.dtype,
+            t.layout,
+            t.m,
+            t.n,
+            t.k,
+            t.k,
+            ldb,
+            t.n,
+        )
+        ws = torch.empty(max(gemm.workspace_bytes, 1), dtype=torch.uint8, device="cuda")
+        self._keep.append(ws)
+
+        def run(j: int) -> None:
+            gemm.run(
+                a[j].data_ptr(),
+                w[j].data_ptr(),
+                c[j].data_ptr(),
+                ws.data_ptr(),
+                ws.numel(),
+                _stream(),
+            )
+
+        return run
+
+
+def _stream() -> int:
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream

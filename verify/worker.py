@@ -10,37 +10,60 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cudal2.records import Target
 from cudal2.runtime import driver
+from cudal2.runtime.cublaslt import version
 from cudal2.verify import correctness
 from cudal2.verify.floor import floor_us
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.launch import launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available
 from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved
+from cudal2.verify.vendor import algo_name, autotune
+
+CHECKED_ALGOS = 3  # vendor job: the fastest candidates tried through the checks, in order
 
 
 def run_job(
     job: dict[str, Any], device: int, gpu_name: str, vendor_errors: correctness.VendorErrors
 ) -> dict[str, Any]:
-    import torch
-
+    if job.get("kind") == "cublaslt":
+        return run_vendor_job(job, gpu_name, vendor_errors)
     t = Target.from_json(job["target"])
-    cfg = TimingConfig(**job["timing"])
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(cfg.seed)
     kernel = driver.Kernel(
         Path(job["cubin_path"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
     )
     recipe = job["recipe"]
 
     def run(a, b, c) -> None:
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = _stream()
         launch_dense(kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device)
 
+    return _check_and_time(t, TimingConfig(**job["timing"]), run, gpu_name, vendor_errors)
+
+
+def _stream() -> int:
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream
+
+
+def _check_and_time(
+    t: Target,
+    cfg: TimingConfig,
+    run: Callable[[Any, Any, Any], None],
+    gpu_name: str,
+    vendor_errors: correctness.VendorErrors,
+) -> dict[str, Any]:
+    """The correctness suite on ``run(a, b, c)``, then its timing beside torch."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(cfg.seed)
     result = correctness.check(t, run, gen, vendor_errors=vendor_errors)
     out: dict[str, Any] = {
         "max_abs_err": result.max_abs_err,
@@ -72,6 +95,58 @@ def run_job(
     }
 
 
+def run_vendor_job(
+    job: dict[str, Any], gpu_name: str, vendor_errors: correctness.VendorErrors
+) -> dict[str, Any]:
+    """cuBLASLt autotuning of one target: every heuristic candidate timed, the fastest
+    that passes the same correctness suite as a kernel timed again beside torch. The
+    answer carries the algorithm (``vendor``) so the table can dispatch it."""
+    import torch
+
+    if not isinstance(vendor_errors, VendorSpread):
+        raise RuntimeError("cuBLASLt autotuning needs nvmath-python in the measuring worker")
+    t = Target.from_json(job["target"])
+    cfg = TimingConfig(**job["timing"])
+    lt = vendor_errors.problem(t)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(cfg.seed)
+    nsets = operand_sets(t.min_bytes)
+    sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]
+    outs = [torch.empty((t.m, t.n), dtype=a.dtype, device="cuda") for a, _ in sets]
+
+    def run_of(i: int) -> Callable[[int], None]:
+        return lambda j: lt.run(
+            i, sets[j][0].data_ptr(), sets[j][1].data_ptr(), outs[j].data_ptr(), _stream()
+        )
+
+    est = max(floor_us(t, gpu_name), 2.0)
+    order, tuned = autotune(lt, run_of, nsets, max(5, cfg.reps // 3), cfg.seed, est)
+    sets.clear()  # free them: the checks and the final timing draw their own
+    outs.clear()
+    res: dict[str, Any] = {}
+    for i in order[:CHECKED_ALGOS]:
+
+        def run(a, b, c, i=i) -> None:
+            lt.run(i, a.data_ptr(), b.data_ptr(), c.data_ptr(), _stream())
+
+        res = _check_and_time(t, cfg, run, gpu_name, vendor_errors)
+        config = lt.algo_config(i)
+        res["vendor"] = {
+            "library": "cublaslt",
+            "version": version(),
+            "algo": lt.algo_bytes(i).hex(),
+            "workspace_bytes": lt.workspace_of(i),
+            "config": config,
+            "name": algo_name(config),
+            "heuristic_index": i,
+            "candidates": lt.count,
+            "candidates_us": [round(tuned[f"lt{x}"].median_us, 4) for x in range(lt.count)],
+        }
+        if res["status"] == "ok":
+            break
+    return res
+
+
 def _is_cuda_error(exc: BaseException) -> bool:
     text = str(exc)
     return (
@@ -95,7 +170,10 @@ def worker_main(conn, device: int) -> None:
     vendor_errors: correctness.VendorErrors = correctness.torch_error
     if nvmath_available():
         vendor_errors = VendorSpread()
-    conn.send({"hello": gpu.as_json()})
+    # The cuBLASLt version the worker autotunes with: the build reuses vendor records
+    # of that version only (an algorithm belongs to the library that offered it).
+    lt_version = version() if isinstance(vendor_errors, VendorSpread) else None
+    conn.send({"hello": gpu.as_json(), "cublaslt_version": lt_version})
     while True:
         job = conn.recv()
         if job is None:

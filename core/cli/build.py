@@ -56,9 +56,7 @@ def _summary(report) -> str:
                 f"{e['m_min']}-{e['m_max']}",
                 str(e["n"]),
                 str(e["k"]),
-                e["kernel"].split(f"_{e['layout']}_", 1)[1]
-                if e["kind"] == "kernel"
-                else "fallback",
+                _dispatched(e),
                 "-" if e["time_us"] is None else f"{e['time_us']:.2f}",
                 "-" if e["baseline_us"] is None else f"{e['baseline_us']:.2f}",
                 "-" if e["speedup"] is None else f"{e['speedup']:.3f}",
@@ -72,12 +70,20 @@ def _summary(report) -> str:
         )
         for r in rows
     ]
-    kernels = sum(1 for e in report.table["entries"] if e["kind"] == "kernel")
+    kinds = [e["kind"] for e in report.table["entries"]]
     lines.append(
-        f"{len(report.table['entries'])} entries: {kernels} own kernels, "
-        f"{len(report.table['entries']) - kernels} fallbacks"
+        f"{len(kinds)} entries: {kinds.count('kernel')} own kernels, "
+        f"{kinds.count('cublaslt')} autotuned cuBLASLt algorithms, "
+        f"{kinds.count('fallback')} fallbacks"
     )
     return "\n".join(lines)
+
+
+def _dispatched(e: dict) -> str:
+    """What an entry runs, short: the kernel's knobs, the cuBLASLt algorithm, or fallback."""
+    if e["kind"] == "kernel":
+        return e["kernel"].split(f"_{e['layout']}_", 1)[1]
+    return e["kernel"] if e["kind"] == "cublaslt" else "fallback"
 
 
 def main(argv: list[str] | None = None) -> int:

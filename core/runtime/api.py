@@ -1,9 +1,10 @@
 """The torch API of a generated kernel package: ``bind(package) -> Api``.
 
-``Api.matmul(a, b)`` and ``Api.linear(x, w)`` run a measured kernel where the
-dispatch table has one for the shape and the inputs meet the ABI ``gemm_v1``
-(docs/contracts.md), and otherwise return exactly what torch returns: a fallback is
-never a wrong answer, only a slower one.
+``Api.matmul(a, b)`` and ``Api.linear(x, w)`` run a measured kernel (or the cuBLASLt
+algorithm the build autotuned, entries of kind ``cublaslt``) where the dispatch table
+has one for the shape and the inputs meet the ABI ``gemm_v1`` (docs/contracts.md),
+and otherwise return exactly what torch returns: a fallback is never a wrong answer,
+only a slower one.
 
 Self-contained (ships inside wheels as ``_runtime``): imports the standard library
 and its own files only. ``torch`` and ``cuda.bindings`` are imported at the first
@@ -20,7 +21,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
-from . import driver
+from . import cublaslt, driver
 from .table import DispatchTable, entry_key
 
 DISABLE_ENV = "CUDAL2_DISABLE"
@@ -61,7 +62,10 @@ class Stats:
     ``arch``, ``driver``, ``gpu``, ``no_entry``, ``fallback_entry`` (the table chose
     the baseline), ``align`` (the recipe's dims), ``fits`` (grid or int limits),
     ``abi`` (a launch ABI this runtime does not know), ``capture`` (kernel not loaded
-    during graph capture), ``load_error``, ``launch_error``.
+    during graph capture), ``load_error``, ``launch_error``; for cuBLASLt entries
+    ``cublaslt_missing`` (nvmath-python not importable), ``cublaslt_version`` (another
+    cuBLASLt than the one the algorithm was measured with), ``cublaslt_algo``
+    (cublasLtMatmulAlgoCheck refuses this shape or wants more workspace).
 
     Updates are not locked: concurrent calls from several threads may miss a count.
     """
@@ -95,12 +99,27 @@ class _Device:
 
 
 class _Plan:
-    """How to run one table entry: its recipe, its kernel and where it is loaded."""
+    """How to run one table entry: its recipe and kernel (kind ``kernel``) or its
+    cuBLASLt algorithm (kind ``cublaslt``), and where it is loaded."""
 
-    __slots__ = ("align", "kernel", "key", "loaded", "reason", "recipe")
+    __slots__ = (
+        "align",
+        "dtype",
+        "gemms",
+        "kernel",
+        "key",
+        "layout",
+        "loaded",
+        "lt",
+        "reason",
+        "recipe",
+    )
 
     def __init__(self, entry: dict[str, Any]):
         self.key = entry_key(entry)
+        self.dtype: str = entry["dtype"]
+        self.layout: str = entry["layout"]
+        kind = entry.get("kind")
         self.recipe: dict[str, Any] = entry.get("launch") or {}
         # (index into (m, n, k), required multiple), checked on every call
         dims = {"m": 0, "n": 1, "k": 2}
@@ -108,9 +127,12 @@ class _Plan:
             (dims[d], int(v)) for d, v in (self.recipe.get("align") or {}).items() if int(v) > 1
         )
         self.kernel: driver.Kernel | None = None
-        self.loaded: set[int] = set()  # device indices where the kernel is loaded
-        self.reason: str | None = None if entry.get("kind") == "kernel" else "fallback_entry"
-        if self.reason is None and self.recipe.get("abi", "gemm_v1") not in driver.ABIS:
+        self.loaded: set[int] = set()  # device indices where the kernel (or cuBLASLt) is ready
+        self.lt: dict[str, Any] | None = entry.get("cublaslt") if kind == "cublaslt" else None
+        # (device, m, n, k, lda, ldb) -> the cuBLASLt call checked for that shape
+        self.gemms: dict[tuple, cublaslt.LtGemm] = {}
+        self.reason: str | None = None if kind in ("kernel", "cublaslt") else "fallback_entry"
+        if kind == "kernel" and self.recipe.get("abi", "gemm_v1") not in driver.ABIS:
             self.reason = "abi"  # a kernel of a newer runtime's ABI
 
 
@@ -237,6 +259,8 @@ class Api:
         # (device, dtype, layout, m, n, k) -> a plan that passed every check there
         self._ready: dict[tuple, _Plan] = {}
         self._warned: set[str] = set()
+        self._lt_handles: dict[int, int] = {}  # device -> cuBLASLt handle
+        self._lt_workspaces: dict[tuple[int, int], Any] = {}  # (device, stream) -> workspace
         self._driver_reason: str | None = None
         self._driver_checked = False
 
@@ -283,9 +307,10 @@ class Api:
 
     def warmup(self, device: int | None = None) -> int:
         """Load every kernel of the table for ``device`` (default: the current one),
-        so that a CUDA-graph capture later loads nothing. Returns how many table
-        entries have their kernel loaded there; 0 when the device cannot use the
-        table, or when there is no CUDA at all (so calling it at start-up is safe)."""
+        and ready its cuBLASLt entries (library, handle, the current stream's
+        workspace), so that a CUDA-graph capture later loads nothing. Returns how many
+        table entries are ready there; 0 when the device cannot use the table, or when
+        there is no CUDA at all (so calling it at start-up is safe)."""
         torch = _torch or _import_torch()
         if not torch.cuda.is_available():
             return 0
@@ -296,8 +321,11 @@ class Api:
         loaded = 0
         for entry in self.table.entries_for(info.gpu, info.arch):
             plan = self._plans.get(id(entry)) or self._plan(entry)
-            if plan.reason is None and (dev in plan.loaded or self._load(torch, plan, dev) is None):
+            load = self._load if plan.lt is None else self._load_cublaslt
+            if plan.reason is None and (dev in plan.loaded or load(torch, plan, dev) is None):
                 loaded += 1
+                if plan.lt is not None:  # the current stream's workspace too
+                    self._lt_workspace(torch, dev, _raw_stream(dev))
         return loaded
 
     # -- the dispatch path -------------------------------------------------------
@@ -317,6 +345,12 @@ class Api:
             if type(plan) is str:
                 return plan
         c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        if plan.lt is not None:
+            reason = self._run_cublaslt(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
+            if reason is not None:
+                return reason
+            self.stats.hits[plan.key] += 1
+            return c
         try:
             if torch.cuda.current_device() == dev:
                 self._launch(plan, a, b, c, m, n, k, lda, ldb, dev)
@@ -352,10 +386,11 @@ class Api:
         for dim, multiple in plan.align:
             if mnk[dim] % multiple:
                 return "align"
-        if not driver.gemm_fits(plan.recipe, m, n, k):
+        if plan.lt is None and not driver.gemm_fits(plan.recipe, m, n, k):
             return "fits"
         if dev not in plan.loaded:
-            reason = self._load(torch, plan, dev)
+            load = self._load if plan.lt is None else self._load_cublaslt
+            reason = load(torch, plan, dev)
             if reason is not None:
                 return reason
         if len(self._ready) >= _READY_MAX:
@@ -393,7 +428,121 @@ class Api:
             device=dev,
         )
 
+    def _run_cublaslt(
+        self,
+        torch: Any,
+        plan: _Plan,
+        a: Any,
+        b: Any,
+        c: Any,
+        m: int,
+        n: int,
+        k: int,
+        lda: int,
+        ldb: int,
+        dev: int,
+    ) -> str | None:
+        """Queue the entry's cuBLASLt algorithm on the current stream; a reason when
+        this shape cannot take it (checked once per shape and leading dims)."""
+        stream = _raw_stream(dev)
+        gemm = plan.gemms.get((dev, m, n, k, lda, ldb))
+        if gemm is None:
+            gemm = self._lt_gemm(torch, plan, dev, m, n, k, lda, ldb)
+            if type(gemm) is str:
+                return gemm
+        ws = self._lt_workspaces.get((dev, stream))
+        if ws is None:
+            ws = self._lt_workspace(torch, dev, stream)
+        if gemm.workspace_bytes > ws.numel():
+            return "cublaslt_algo"
+        gemm.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), ws.data_ptr(), ws.numel(), stream)
+        return None
+
     # -- first-use work (under the lock, off the hot path) -----------------------
+
+    def _load_cublaslt(self, torch: Any, plan: _Plan, dev: int) -> str | None:
+        """Ready a cuBLASLt entry on ``dev``: the bindings import, the library is the
+        version the algorithm was measured with, a handle exists for the device."""
+        if torch.cuda.is_current_stream_capturing():
+            self._warn_once(
+                "capture",
+                f"{self.package}: a CUDA graph is being captured and {plan.key} is not "
+                "ready yet; using torch for it. Call warmup() before capturing.",
+            )
+            return "capture"
+        with self._lock:
+            if dev in plan.loaded:
+                return None
+            try:
+                have = cublaslt.version()
+            except Exception as exc:  # noqa: BLE001 - not installed, or cannot load the library
+                self._warn_once(
+                    "cublaslt_missing",
+                    f"{self.package}: cannot load cuBLASLt through nvmath-python ({exc}); "
+                    "using torch where the table picked a cuBLASLt algorithm "
+                    "(pip install nvmath-python)",
+                )
+                return "cublaslt_missing"
+            want = int(plan.lt["version"])
+            if have != want:
+                self._warn_once(
+                    f"cublaslt_version:{want}",
+                    f"{self.package}: the table's cuBLASLt algorithms were measured with "
+                    f"cuBLASLt {want}, this process loads {have}; using torch for them",
+                )
+                return "cublaslt_version"
+            if dev not in self._lt_handles:
+                with torch.cuda.device(dev):
+                    self._lt_handles[dev] = cublaslt.create_handle()
+            plan.loaded.add(dev)
+        return None
+
+    def _lt_gemm(
+        self, torch: Any, plan: _Plan, dev: int, m: int, n: int, k: int, lda: int, ldb: int
+    ) -> cublaslt.LtGemm | str:
+        """The checked cuBLASLt call for one shape (``cublasLtMatmulAlgoCheck``)."""
+        with self._lock:
+            key = (dev, m, n, k, lda, ldb)
+            gemm = plan.gemms.get(key)
+            if gemm is not None:
+                return gemm
+            algo = bytes.fromhex(plan.lt["algo"])
+            try:
+                with torch.cuda.device(dev):
+                    gemm = cublaslt.LtGemm(
+                        self._lt_handles[dev], algo, plan.dtype, plan.layout, m, n, k, lda, ldb, n
+                    )
+            except Exception as exc:  # noqa: BLE001 - nvmath's cuBLASLt error: fall back
+                self._warn_once(
+                    f"cublaslt_algo:{plan.key}",
+                    f"{self.package}: cuBLASLt refuses {plan.key}'s algorithm for "
+                    f"{m}x{n}x{k} ({exc}); using torch for it",
+                )
+                return "cublaslt_algo"
+            if len(plan.gemms) >= _READY_MAX:
+                plan.gemms.clear()
+            plan.gemms[key] = gemm
+            return gemm
+
+    def _lt_workspace(self, torch: Any, dev: int, stream: int) -> Any:
+        """cuBLASLt's workspace for one stream of ``dev`` (one per stream: two streams
+        running at once must not share one), as large as the table's largest need.
+        Allocated through torch, so a call inside graph capture draws it from the
+        graph's pool; it is kept for the life of the process."""
+        with self._lock:
+            ws = self._lt_workspaces.get((dev, stream))
+            if ws is None:
+                size = max(
+                    (
+                        int(e["cublaslt"]["workspace_bytes"])
+                        for e in self.table.entries
+                        if e.get("kind") == "cublaslt"
+                    ),
+                    default=0,
+                )
+                ws = torch.empty(max(size, 1), dtype=torch.uint8, device=f"cuda:{dev}")
+                self._lt_workspaces[(dev, stream)] = ws
+            return ws
 
     def _device_info(self, torch: Any, dev: int) -> _Device:
         """Check a device against the table once: arch, driver, GPU model."""
@@ -457,7 +606,7 @@ class Api:
             if plan is not None:
                 return plan
             plan = _Plan(entry)
-            if plan.reason is None:
+            if plan.reason is None and plan.lt is None:
                 try:
                     plan.kernel = self._kernel(entry)
                 except OSError as exc:

@@ -148,6 +148,10 @@ def test_defaults(tmp_path: Path) -> None:
     assert m.dtypes == ("fp16",)
     assert m.layouts == ("tn",)
     assert m.search == SearchSettings("grid", 8, 1, 1800.0, 0)
+    assert m.search.cublaslt  # cuBLASLt is autotuned unless a manifest says not
+    assert not _load(
+        tmp_path, PACKAGE + "[search]\ncublaslt = false\n" + ONE_TARGET
+    ).search.cublaslt
     assert m.timing_mode == "offline"
     assert m.targets == (Target("sm_90a", "fp16", "tn", 64, 4096, 4096),)
     assert m.package == "cudal2_kernels_t"
@@ -274,6 +278,7 @@ BAD: list[tuple[str, str, Any]] = [
     ("[search]\nprofile_top = -1\n" + ONE_TARGET, "search.profile_top", -1),
     ("[search]\nfamilies = ['sm100x']\n" + ONE_TARGET, "search.families[0]", "sm100x"),
     ("[search]\nfamilies = []\n" + ONE_TARGET, "search.families", []),
+    ("[search]\ncublaslt = 'yes'\n" + ONE_TARGET, "search.cublaslt", "yes"),
     ("[search]\ngpu_budget_s = 0\n" + ONE_TARGET, "search.gpu_budget_s", 0),
     ("[search]\ngpu_budget_s = true\n" + ONE_TARGET, "search.gpu_budget_s", True),
     ("[search]\ngpu_budget_s = inf\n" + ONE_TARGET, "search.gpu_budget_s", float("inf")),

@@ -11,6 +11,7 @@ from cudal2.packaging.diff import (
     FASTER,
     KERNEL_SWAPPED,
     SLOWER,
+    TO_CUBLASLT,
     TO_FALLBACK,
     TO_KERNEL,
     diff_tables,
@@ -211,3 +212,20 @@ def test_malformed_table_rejected(recorded_table):
     del bad["entries"][0]["time_us"]
     with pytest.raises(TableError, match="new table: entries\\[0\\]: missing key 'time_us'"):
         diff_tables(recorded_table, bad)
+
+
+def test_moves_to_and_between_cublaslt_algorithms(selected_table):
+    i = next(i for i, e in enumerate(selected_table["entries"]) if e["kind"] == "cublaslt")
+    lt = selected_table["entries"][i]
+    old = copy.deepcopy(selected_table)
+    for key in ("kernel", "design_key"):
+        old["entries"][i][key] = None
+    del old["entries"][i]["cublaslt"]
+    old["entries"][i].update(kind="fallback", time_us=lt["baseline_us"], speedup=1.0)
+    [row] = diff_tables(old, selected_table).changed
+    assert row["reasons"][0] == TO_CUBLASLT and row["after"]["kernel"] == lt["kernel"]
+    assert "->cublaslt" in render_text(diff_tables(old, selected_table))
+    other = copy.deepcopy(selected_table)
+    other["entries"][i]["kernel"] = lt["kernel"] + "_other"
+    [row] = diff_tables(selected_table, other).changed
+    assert row["reasons"] == [KERNEL_SWAPPED]

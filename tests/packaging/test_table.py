@@ -211,3 +211,58 @@ def test_corrupted_wheel_member(recorded_table, recorded_cubins, tmp_path):
 def test_directory_is_not_a_table(tmp_path):
     with pytest.raises(TableError, match="not a regular file"):
         read_table(tmp_path)
+
+
+def _lt_index(table: dict[str, Any]) -> int:
+    return next(i for i, e in enumerate(table["entries"]) if e["kind"] == "cublaslt")
+
+
+def test_selected_table_with_cublaslt_entries_round_trips(selected_table, tmp_path):
+    kinds = {e["kind"] for e in selected_table["entries"]}
+    assert kinds == {"kernel", "cublaslt", "fallback"}
+    path = tmp_path / "dispatch.json"
+    path.write_bytes(write_table_bytes(selected_table))
+    assert read_table(path) == canonical_table(selected_table)
+    e = selected_table["entries"][_lt_index(selected_table)]
+    assert e["kernel"].startswith("cublaslt_") and e["symbol"] is None
+    assert len(bytes.fromhex(e["cublaslt"]["algo"])) == 64
+
+
+def _drop(key: str):
+    def mutate(entry: dict[str, Any]) -> None:
+        del entry[key]
+
+    return mutate
+
+
+def _lt_set(key: str, value: Any):
+    def mutate(entry: dict[str, Any]) -> None:
+        entry["cublaslt"][key] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (_drop("cublaslt"), "needs an object 'cublaslt'"),
+        (_set("kernel", None), "needs a non-null 'kernel'"),
+        (_set("cubin_sha256", "0" * 64), "must have 'cubin_sha256' null"),
+        (_lt_set("algo", "00ff"), "'cublaslt.algo' must be 128 lowercase hex"),
+        (_lt_set("version", "13.1"), "'cublaslt.version' must be a non-negative integer"),
+        (_lt_set("workspace_bytes", -1), "'cublaslt.workspace_bytes'"),
+    ],
+)
+def test_bad_cublaslt_entry(selected_table, tmp_path, mutate, match):
+    i = _lt_index(selected_table)
+    mutate(selected_table["entries"][i])
+    with pytest.raises(TableError, match=match) as err:
+        read_table(_write_json(tmp_path, selected_table))
+    assert f"entries[{i}]" in str(err.value)
+
+
+def test_only_cublaslt_entries_carry_an_algorithm(selected_table, tmp_path):
+    lt = selected_table["entries"][_lt_index(selected_table)]["cublaslt"]
+    selected_table["entries"][_kernel_index(selected_table)]["cublaslt"] = lt
+    with pytest.raises(TableError, match="only a cublaslt entry has key 'cublaslt'"):
+        read_table(_write_json(tmp_path, selected_table))

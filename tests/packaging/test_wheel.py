@@ -20,6 +20,7 @@ import cudal2.runtime
 import pytest
 from cudal2.packaging.table import TableError, read_table, write_table_bytes
 from cudal2.packaging.wheel import (
+    CUBLASLT_REQUIRES,
     RUNTIME_REQUIRES,
     WheelBuildError,
     dist_name,
@@ -246,3 +247,14 @@ def test_wheel_installs_and_imports_without_cuda(recorded_table, built, tmp_path
         True,
         False,
     ]
+
+
+def test_a_table_with_cublaslt_entries_requires_nvmath(selected_table, selected_cubins, tmp_path):
+    wheel = write_wheel(selected_table, selected_cubins, tmp_path)
+    meta = _metadata_lines(wheel, selected_table)
+    requires = [line for line in meta if line.startswith("Requires-Dist: ")]
+    assert requires == [f"Requires-Dist: {r}" for r in (*RUNTIME_REQUIRES, *CUBLASLT_REQUIRES)]
+    algos = sum(e["kind"] == "cublaslt" for e in selected_table["entries"])
+    with zipfile.ZipFile(wheel) as zf:
+        init = zf.read(f"{selected_table['package']}/__init__.py").decode()
+    assert f"{algos} of them autotuned cuBLASLt algorithms" in init

@@ -298,3 +298,154 @@ def test_a_table_this_machine_cannot_run_falls_back(make_api, recorded_table, ch
     assert (api.warmup() > 0) == (change == "recipe_align")
     if change == "newer_cuda":
         assert any("driver" in str(w.message) for w in caught)
+
+
+# -- entries of kind cublaslt: algorithms autotuned here by the build's own vendor job --
+
+# Shapes whose cuBLASLt winners differ in kind: a skinny split-K one, a residue shape
+# in nn, and a large tile.
+LT_TARGETS = [("fp16", "tn", 16, 4096, 4096), ("bf16", "nn", 100, 1000, 1000)]
+LT_TARGETS += [("fp16", "tn", 1024, 4096, 4096)]
+
+
+@pytest.fixture(scope="module")
+def lt_records():
+    """Real vendor records: the build's vendor job (autotune, correctness suite, timing
+    beside torch) run here on each of LT_TARGETS."""
+    pytest.importorskip("nvmath.bindings.cublasLt")
+    from cudal2.build import vendor_measurement
+    from cudal2.records import Target
+    from cudal2.verify.gpu import current_gpu
+    from cudal2.verify.spread import VendorSpread
+    from cudal2.verify.timing import TimingConfig
+    from cudal2.verify.worker import run_vendor_job
+
+    gpu = current_gpu(0)
+    spread = VendorSpread()
+    timing = {"reps": 10, "mode": "offline", "seed": 0}
+    assert TimingConfig(**timing)
+    records = []
+    for dtype, layout, m, n, k in LT_TARGETS:
+        t = Target("sm_90a", dtype, layout, m, n, k)
+        result = run_vendor_job(
+            {"kind": "cublaslt", "target": t.as_json(), "timing": timing}, gpu.name, spread
+        )
+        records.append(vendor_measurement(t, result, gpu, "offline"))
+    return records
+
+
+@pytest.fixture
+def lt_table(lt_records, recorded_table):
+    """The recorded table with LT_TARGETS' entries of kind cublaslt added (whether or
+    not they beat torch: this is about running them)."""
+    from cudal2.dispatch import build_table
+    from cudal2.select import Selection
+
+    sels = [
+        Selection(
+            r.gpu.name,
+            r.target,
+            "cublaslt",
+            r,
+            r.median_us,
+            r.baselines_us["torch"],
+            r.spread,
+            r.measured_at,
+            1,
+        )
+        for r in lt_records
+    ]
+    lt, _ = build_table(
+        name="lt",
+        version="0",
+        package="cudal2_kernels_lt",
+        manifest_sha256="",
+        selections=sels,
+        cubin_of=lambda key: b"",
+    )
+    table = copy.deepcopy(recorded_table)
+    ours = {(e["gpu"], e["dtype"], e["layout"], e["n"], e["k"]) for e in lt["entries"]}
+    table["entries"] = [
+        e
+        for e in table["entries"]
+        if (e["gpu"], e["dtype"], e["layout"], e["n"], e["k"]) not in ours
+    ] + lt["entries"]
+    table["gpu_models"] = sorted({e["gpu"] for e in table["entries"]})
+    return table
+
+
+def _lt_entries(table: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in table["entries"] if e["kind"] == "cublaslt"]
+
+
+def test_vendor_job_records_a_checked_algorithm(lt_records):
+    from cudal2.runtime import cublaslt
+
+    for r in lt_records:
+        assert r.status == "ok", (r.target.label, r.error)
+        assert r.vendor["version"] == cublaslt.version()
+        assert len(bytes.fromhex(r.vendor["algo"])) == cublaslt.ALGO_BYTES
+        assert r.metrics["bound_vendors"] > 1  # the bound came from the vendor spread
+        assert r.median_us > 0 and r.baselines_us["torch"] > 0 and r.spread is not None
+        assert r.vendor["candidates"] == len(r.vendor["candidates_us"]) >= 1
+        assert r.design is None and r.design_key.startswith("cublaslt:")
+
+
+def test_cublaslt_entries_match_the_reference(make_api, lt_table):
+    api = make_api(lt_table)
+    probes = _probes(_lt_entries(lt_table))
+    with torch.inference_mode():
+        for i, (e, m) in enumerate(probes):
+            a, b = _inputs(e, m, seed=100 + i)
+            what = f"cublaslt {e['dtype']}/{e['layout']} m={m} n={e['n']} k={e['k']}"
+            _check(_call(api, e, a, b), _reference(e, a, b), e["dtype"], what)
+            if e["layout"] == "tn":  # and as matmul of the transpose view
+                _check(api.matmul(a, b.t()), _reference(e, a, b), e["dtype"], what)
+    calls = sum(2 if e["layout"] == "tn" else 1 for e, _ in probes)
+    assert sum(api.stats.hits.values()) == calls and not api.stats.fallbacks, api.stats
+
+
+def test_cublaslt_graph_capture_after_warmup_matches_eager(make_api, lt_table):
+    api = make_api(lt_table)
+    entries = _lt_entries(lt_table)
+    assert api.warmup() == len([e for e in _served(lt_table, api) if e["kind"] != "fallback"])
+    inputs = [_inputs(e, e["m_measured"], seed=110 + i) for i, e in enumerate(entries)]
+    with torch.inference_mode():
+        eager = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
+        graph = torch.cuda.CUDAGraph()
+        # torch.cuda.graph captures on its own stream: that stream gets its workspace.
+        with warnings.catch_warnings(record=True) as caught, torch.cuda.graph(graph):
+            warnings.simplefilter("always")
+            captured = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
+        assert not [w for w in caught if api.package in str(w.message)]
+        for a, _ in inputs:
+            a.mul_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+    for e, (a, b), before, out in zip(entries, inputs, eager, captured, strict=True):
+        # One algorithm, one summation order: the sign flips exactly.
+        assert torch.equal(out, -before), e["kernel"]
+        _check(out, _reference(e, a, b), e["dtype"], "graph " + e["kernel"])
+    assert sum(api.stats.hits.values()) == 2 * len(entries) and not api.stats.fallbacks
+
+
+@pytest.mark.parametrize("change", ["version", "missing"])
+def test_cublaslt_entries_fall_back_without_their_library(make_api, lt_table, change):
+    table = copy.deepcopy(lt_table)
+    if change == "version":
+        for e in _lt_entries(table):
+            e["cublaslt"]["version"] += 1  # measured with another cuBLASLt than this one
+    api = make_api(table)
+    if change == "missing":  # nvmath-python not installed: its import fails
+        runtime = sys.modules[f"{api.package}._runtime.cublaslt"]
+
+        def missing():
+            raise ImportError("No module named 'nvmath'")
+
+        runtime.bindings = missing
+    e = _lt_entries(table)[0]
+    a, b = _inputs(e, e["m_measured"], seed=120)
+    torch_fn = torch.nn.functional.linear if e["layout"] == "tn" else torch.matmul
+    with torch.inference_mode(), pytest.warns(RuntimeWarning, match="cuBLASLt"):
+        assert torch.equal(_call(api, e, a, b), torch_fn(a, b))
+    assert api.stats.fallbacks == {f"cublaslt_{change}": 1}, api.stats
