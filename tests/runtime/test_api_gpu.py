@@ -159,6 +159,24 @@ def _reference(e: dict[str, Any], a: torch.Tensor, b: torch.Tensor) -> torch.Ten
     return a.double() @ (b.double().t() if e["layout"] == "tn" else b.double())
 
 
+def _eager_then_replayed(api: Any, entries: list[dict], inputs: list) -> tuple[list, list]:
+    """Each entry's call run eagerly, then captured in one CUDA graph, the A inputs
+    negated, and the graph replayed: (eager outputs, replayed outputs)."""
+    with torch.inference_mode():
+        eager = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
+        graph = torch.cuda.CUDAGraph()
+        with warnings.catch_warnings(record=True) as caught, torch.cuda.graph(graph):
+            warnings.simplefilter("always")
+            captured = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
+        # Anything not ready before capture would have fallen back with a warning.
+        assert not [w for w in caught if api.package in str(w.message)]
+        for a, _ in inputs:
+            a.mul_(-1)  # replay must read the new inputs
+        graph.replay()
+        torch.cuda.synchronize()
+    return eager, captured
+
+
 def test_graph_capture_after_warmup_matches_eager(make_api, recorded_table):
     api = make_api()
     entries = _kernel_entries(api, recorded_table, 4)
@@ -167,18 +185,7 @@ def test_graph_capture_after_warmup_matches_eager(make_api, recorded_table):
     assert api.warmup() == len([e for e in _served(recorded_table, api) if e["kind"] == "kernel"])
     assert len(api._kernels) == len(kernels)
     inputs = [_inputs(e, e["m_measured"], seed=10 + i) for i, e in enumerate(entries)]
-    with torch.inference_mode():
-        eager = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
-        graph = torch.cuda.CUDAGraph()
-        with warnings.catch_warnings(record=True) as caught, torch.cuda.graph(graph):
-            warnings.simplefilter("always")
-            captured = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
-        # A kernel that was not loaded would have fallen back with a warning.
-        assert not [w for w in caught if api.package in str(w.message)]
-        for a, _ in inputs:
-            a.mul_(-1)  # replay must read the new inputs
-        graph.replay()
-        torch.cuda.synchronize()
+    eager, captured = _eager_then_replayed(api, entries, inputs)
     for e, (a, b), before, out in zip(entries, inputs, eager, captured, strict=True):
         if e["launch"].get("split_k", 1) == 1:
             # One fp32 summation order per output: bitwise equal (the sign flips exactly).
@@ -410,18 +417,8 @@ def test_cublaslt_graph_capture_after_warmup_matches_eager(make_api, lt_table):
     entries = _lt_entries(lt_table)
     assert api.warmup() == len([e for e in _served(lt_table, api) if e["kind"] != "fallback"])
     inputs = [_inputs(e, e["m_measured"], seed=110 + i) for i, e in enumerate(entries)]
-    with torch.inference_mode():
-        eager = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
-        graph = torch.cuda.CUDAGraph()
-        # torch.cuda.graph captures on its own stream: that stream gets its workspace.
-        with warnings.catch_warnings(record=True) as caught, torch.cuda.graph(graph):
-            warnings.simplefilter("always")
-            captured = [_call(api, e, a, b) for e, (a, b) in zip(entries, inputs, strict=True)]
-        assert not [w for w in caught if api.package in str(w.message)]
-        for a, _ in inputs:
-            a.mul_(-1)
-        graph.replay()
-        torch.cuda.synchronize()
+    # torch.cuda.graph captures on its own stream: that stream gets its own workspace.
+    eager, captured = _eager_then_replayed(api, entries, inputs)
     for e, (a, b), before, out in zip(entries, inputs, eager, captured, strict=True):
         # One algorithm, one summation order: the sign flips exactly.
         assert torch.equal(out, -before), e["kernel"]
