@@ -345,26 +345,22 @@ class Api:
             if type(plan) is str:
                 return plan
         c = torch.empty((m, n), dtype=a.dtype, device=a.device)
-        if plan.lt is not None:
-            reason = self._run_cublaslt(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
-            if reason is not None:
-                return reason
-            self.stats.hits[plan.key] += 1
-            return c
         try:
             if torch.cuda.current_device() == dev:
-                self._launch(plan, a, b, c, m, n, k, lda, ldb, dev)
+                reason = self._launch(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
             else:
                 # The driver launches in the current context: make it the device's.
                 with torch.cuda.device(dev):
-                    self._launch(plan, a, b, c, m, n, k, lda, ldb, dev)
-        except driver.CudaDriverError as exc:
+                    reason = self._launch(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
+        except (driver.CudaDriverError, cublaslt.LtError) as exc:
             plan.reason = "launch_error"
             self._warn_once(
                 f"launch:{plan.key}",
                 f"{self.package}: launching {plan.key} failed ({exc}); using torch for it",
             )
             return "launch_error"
+        if reason is not None:
+            return reason
         self.stats.hits[plan.key] += 1
         return c
 
@@ -400,6 +396,7 @@ class Api:
 
     def _launch(
         self,
+        torch: Any,
         plan: _Plan,
         a: Any,
         b: Any,
@@ -410,8 +407,12 @@ class Api:
         lda: int,
         ldb: int,
         dev: int,
-    ) -> None:
-        # On the caller's current stream, never synchronising: ordering is the stream's.
+    ) -> str | None:
+        """Queue the plan's kernel (or cuBLASLt algorithm) on the caller's current
+        stream, never synchronising: ordering is the stream's. A fallback reason when
+        cuBLASLt refuses this shape."""
+        if plan.lt is not None:
+            return self._run_cublaslt(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
         driver.launch_gemm(
             plan.kernel,
             plan.recipe,
@@ -427,6 +428,7 @@ class Api:
             stream=_raw_stream(dev),
             device=dev,
         )
+        return None
 
     def _run_cublaslt(
         self,
@@ -447,7 +449,7 @@ class Api:
         stream = _raw_stream(dev)
         gemm = plan.gemms.get((dev, m, n, k, lda, ldb))
         if gemm is None:
-            gemm = self._lt_gemm(torch, plan, dev, m, n, k, lda, ldb)
+            gemm = self._lt_gemm(plan, dev, m, n, k, lda, ldb)
             if type(gemm) is str:
                 return gemm
         ws = self._lt_workspaces.get((dev, stream))
@@ -498,7 +500,7 @@ class Api:
         return None
 
     def _lt_gemm(
-        self, torch: Any, plan: _Plan, dev: int, m: int, n: int, k: int, lda: int, ldb: int
+        self, plan: _Plan, dev: int, m: int, n: int, k: int, lda: int, ldb: int
     ) -> cublaslt.LtGemm | str:
         """The checked cuBLASLt call for one shape (``cublasLtMatmulAlgoCheck``)."""
         with self._lock:
@@ -507,11 +509,10 @@ class Api:
             if gemm is not None:
                 return gemm
             algo = bytes.fromhex(plan.lt["algo"])
-            try:
-                with torch.cuda.device(dev):
-                    gemm = cublaslt.LtGemm(
-                        self._lt_handles[dev], algo, plan.dtype, plan.layout, m, n, k, lda, ldb, n
-                    )
+            try:  # the caller made ``dev`` the current device
+                gemm = cublaslt.LtGemm(
+                    self._lt_handles[dev], algo, plan.dtype, plan.layout, m, n, k, lda, ldb, n
+                )
             except Exception as exc:  # noqa: BLE001 - nvmath's cuBLASLt error: fall back
                 self._warn_once(
                     f"cublaslt_algo:{plan.key}",

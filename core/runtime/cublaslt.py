@@ -34,6 +34,10 @@ COMPUTE_32F = 68  # cublasComputeType_t CUBLAS_COMPUTE_32F
 _lt: Any = None
 
 
+class LtError(RuntimeError):
+    """cuBLASLt refused to queue a matmul (the bindings' error, wrapped)."""
+
+
 def bindings() -> Any:
     """nvmath-python's ``cublasLt`` module (raises ImportError where it is missing)."""
     global _lt
@@ -165,13 +169,16 @@ class LtGemm:
         workspace_bytes: int,
         stream: int,
     ) -> None:
-        self.desc.matmul(
-            self.handle,
-            self.algo_ptr,
-            a_ptr,
-            w_ptr,
-            c_ptr,
-            workspace_ptr,
-            workspace_bytes,
-            stream,
-        )
+        try:
+            self.desc.matmul(
+                self.handle,
+                self.algo_ptr,
+                a_ptr,
+                w_ptr,
+                c_ptr,
+                workspace_ptr,
+                workspace_bytes,
+                stream,
+            )
+        except Exception as exc:  # noqa: BLE001 - nvmath's cuBLASLt error, wrapped
+            raise LtError(str(exc)) from exc
