@@ -410,43 +410,25 @@ class Api:
     ) -> str | None:
         """Queue the plan's kernel (or cuBLASLt algorithm) on the caller's current
         stream, never synchronising: ordering is the stream's. A fallback reason when
-        cuBLASLt refuses this shape."""
-        if plan.lt is not None:
-            return self._run_cublaslt(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
-        driver.launch_gemm(
-            plan.kernel,
-            plan.recipe,
-            a.data_ptr(),
-            b.data_ptr(),
-            c.data_ptr(),
-            m,
-            n,
-            k,
-            lda,
-            ldb,
-            n,
-            stream=_raw_stream(dev),
-            device=dev,
-        )
-        return None
-
-    def _run_cublaslt(
-        self,
-        torch: Any,
-        plan: _Plan,
-        a: Any,
-        b: Any,
-        c: Any,
-        m: int,
-        n: int,
-        k: int,
-        lda: int,
-        ldb: int,
-        dev: int,
-    ) -> str | None:
-        """Queue the entry's cuBLASLt algorithm on the current stream; a reason when
-        this shape cannot take it (checked once per shape and leading dims)."""
+        cuBLASLt refuses this shape (checked once per shape and leading dims)."""
         stream = _raw_stream(dev)
+        if plan.lt is None:
+            driver.launch_gemm(
+                plan.kernel,
+                plan.recipe,
+                a.data_ptr(),
+                b.data_ptr(),
+                c.data_ptr(),
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                n,
+                stream=stream,
+                device=dev,
+            )
+            return None
         gemm = plan.gemms.get((dev, m, n, k, lda, ldb))
         if gemm is None:
             gemm = self._lt_gemm(plan, dev, m, n, k, lda, ldb)
