@@ -37,6 +37,8 @@ def main() -> None:
         t, d = r["target"], r["design"]
         if r["status"] != "ok" or t["dtype"] != "fp16" or t["layout"] != "tn":
             continue
+        if d is None:  # a cuBLASLt (vendor) record: no kernel design
+            continue
         if args.family and d["family"] not in args.family:
             continue
         key = (t["m"], t["n"], t["k"])
