@@ -21,7 +21,7 @@ from cudal2 import models
 from cudal2.generator.families import FAMILIES
 from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
 
-PROPOSERS: tuple[str, ...] = ("grid", "random", "policy")
+PROPOSERS: tuple[str, ...] = ("grid", "random", "sample", "policy")
 TIMING_MODES: tuple[str, ...] = ("offline", "server")
 
 # The gemm_v1 ABI passes M, N, K as C ``int``.
@@ -75,7 +75,7 @@ class SearchSettings:
     families searched, and whether cuBLASLt is autotuned per target as one more
     candidate."""
 
-    proposer: str = "grid"
+    proposer: str = "policy"
     candidates: int = 8
     rounds: int = 1
     gpu_budget_s: float = 1800.0

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from cudal2.policy.base import Proposer
 from cudal2.policy.grid import GridProposer
 from cudal2.policy.random_search import RandomProposer
+from cudal2.policy.sample import SampleProposer
 
-PROPOSERS = ("grid", "random")
+PROPOSERS = ("grid", "random", "sample", "policy")
 
 
 def make_proposer(name: str, seed: int = 0, families: Sequence[str] | None = None) -> Proposer:
@@ -17,10 +18,20 @@ def make_proposer(name: str, seed: int = 0, families: Sequence[str] | None = Non
         return GridProposer(families)
     if name == "random":
         return RandomProposer(seed, families)
-    raise ValueError(
-        f"proposer {name!r} is not available in this version (the learned policy is not "
-        f"trained yet); use one of {PROPOSERS}"
-    )
+    if name == "sample":
+        return SampleProposer(seed, families)
+    if name == "policy":
+        from cudal2.policy.learned import PolicyProposer
+
+        return PolicyProposer(seed, families)
+    raise ValueError(f"proposer {name!r} is not one of {PROPOSERS}")
 
 
-__all__ = ["PROPOSERS", "GridProposer", "Proposer", "RandomProposer", "make_proposer"]
+__all__ = [
+    "PROPOSERS",
+    "GridProposer",
+    "Proposer",
+    "RandomProposer",
+    "SampleProposer",
+    "make_proposer",
+]

@@ -10,6 +10,28 @@ from cudal2.policy.cost_model import predicted_time_s
 from cudal2.records import KernelDesign, Measurement, Target
 
 
+def grid_round(target: Target, designs: Sequence[KernelDesign], n: int) -> list[KernelDesign]:
+    """One round of grid search over ``designs``: the model's best design of each
+    distinct block tile first, then the rest in rank order."""
+    ranked = sorted(designs, key=lambda d: (predicted_time_s(d, target), d.name))
+    picked: list[KernelDesign] = []
+    tiles: set[tuple[int, int]] = set()
+    for d in ranked:  # first pass: one design per tile shape
+        if len(picked) == n:
+            break
+        if (d.bm, d.bn) not in tiles:
+            tiles.add((d.bm, d.bn))
+            picked.append(d)
+    chosen = set(picked)
+    for d in ranked:  # second pass: fill up in rank order
+        if len(picked) == n:
+            break
+        if d not in chosen:
+            picked.append(d)
+            chosen.add(d)
+    return picked
+
+
 class GridProposer:
     """Deterministic: the same target and history always give the same designs.
 
@@ -24,25 +46,8 @@ class GridProposer:
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
-        ranked = sorted(
-            design_space(target.arch, target.dtype, target.layout, self.families),
-            key=lambda d: (predicted_time_s(d, target), d.name),
-        )
-        ranked = [d for d in ranked if d.key not in seen]
-        picked: list[KernelDesign] = []
-        tiles: set[tuple[int, int]] = set()
-        for d in ranked:  # first pass: one design per tile shape
-            if len(picked) == n:
-                break
-            if (d.bm, d.bn) not in tiles:
-                tiles.add((d.bm, d.bn))
-                picked.append(d)
-        for d in ranked:  # second pass: fill up in rank order
-            if len(picked) == n:
-                break
-            if d not in picked:
-                picked.append(d)
-        return picked
+        space = design_space(target.arch, target.dtype, target.layout, self.families)
+        return grid_round(target, [d for d in space if d.key not in seen], n)
 
     def observe(self, measurements: Sequence[Measurement]) -> None:
         return None

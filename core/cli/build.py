@@ -7,6 +7,7 @@ could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache",
         help="artifact cache folder (default: $CUDAL2_CACHE or ~/.cache/cudal2/artifacts)",
+    )
+    p.add_argument(
+        "--proposer",
+        choices=PROPOSERS,
+        help="override the manifest's search.proposer (grid, random, sample, policy)",
     )
     p.add_argument("--jobs", type=int, help="parallel nvcc processes (default: all cores)")
     p.add_argument("--device", type=int, default=0, help="CUDA device to measure on (default: 0)")
@@ -94,14 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     except ManifestError as e:
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 2
-    if manifest.search.proposer not in PROPOSERS:
-        print(
-            f"cudal2-build: error: {path}: search.proposer = {manifest.search.proposer!r} is not "
-            f"available in this version (the learned policy is not trained yet); "
-            f"use one of {PROPOSERS}",
-            file=sys.stderr,
-        )
-        return 2
+    if args.proposer:
+        search = dataclasses.replace(manifest.search, proposer=args.proposer)
+        manifest = dataclasses.replace(manifest, search=search)
 
     # Imported after validation so a bad manifest fails fast and writes nothing.
     from cudal2.build import Build, BuildError

@@ -69,13 +69,11 @@ def test_no_gpu_and_no_measurements_is_a_clear_error(tmp_path, no_gpu, capsys):
     assert not (tmp_path / "dist").exists()
 
 
-def test_untrained_policy_proposer_is_refused(tmp_path, capsys):
-    m = tmp_path / "p.toml"
-    m.write_text(
-        default_manifest_path().read_text().replace('proposer = "grid"', 'proposer = "policy"')
-    )
-    assert build_cli.main([str(m)]) == 2
-    assert "not available" in capsys.readouterr().err
+def test_unknown_proposer_flag_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_cli.main([str(default_manifest_path()), "--proposer", "bayes"])
+    assert e.value.code == 2
+    assert "invalid choice: 'bayes'" in capsys.readouterr().err
 
 
 def test_console_scripts_are_installed():

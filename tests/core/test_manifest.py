@@ -147,7 +147,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert m.archs == ("sm_90a",)
     assert m.dtypes == ("fp16",)
     assert m.layouts == ("tn",)
-    assert m.search == SearchSettings("grid", 8, 1, 1800.0, 0)
+    assert m.search == SearchSettings("policy", 8, 1, 1800.0, 0)
     assert m.search.cublaslt  # cuBLASLt is autotuned unless a manifest says not
     assert not _load(
         tmp_path, PACKAGE + "[search]\ncublaslt = false\n" + ONE_TARGET
@@ -337,7 +337,7 @@ def test_bad_input_names_key_path_and_value(
         ("[build]\ngpus = ['sm_80']\n", "sm_90a"),
         ("[build]\ndtypes = ['fp8']\n", "fp16, bf16"),
         ("[build]\nlayouts = ['tt']\n", "tn, nn"),
-        ("[search]\nproposer = 'bayes'\n", "grid, random, policy"),
+        ("[search]\nproposer = 'bayes'\n", "grid, random, sample, policy"),
         ("[timing]\nmode = 'cloud'\n", "offline, server"),
     ],
 )

@@ -55,10 +55,11 @@ def test_cost_model_prefers_small_m_tiles_for_decode_and_large_for_square():
     assert predicted_time_s(sq(large), square) < predicted_time_s(sq(small), square)
 
 
-def test_unknown_or_untrained_proposer_is_a_clear_error():
-    with pytest.raises(ValueError, match="not available"):
-        make_proposer("policy")
+def test_unknown_proposer_is_a_clear_error():
+    with pytest.raises(ValueError, match="'bayes' is not one of"):
+        make_proposer("bayes")
     assert make_proposer("random", 1).name == "random"
+    assert make_proposer("policy", 1).name == "policy"
 
 
 @pytest.mark.parametrize("name", ["grid", "random"])
@@ -69,3 +70,24 @@ def test_families_restrict_the_search(name):
         assert len(ds) == 12 and {d.family for d in ds} <= set(fams)
     every = make_proposer(name, 0).propose(t, [], 10**6)  # the whole space
     assert {d.family for d in every} == set(FAMILIES)
+
+
+def test_sample_proposer_is_stratified_and_the_same_for_every_target():
+    from collections import Counter
+
+    from cudal2.generator import design_space
+
+    p = make_proposer("sample", 5)
+    a = p.propose(Target("sm_90a", "fp16", "tn", 8, 5120, 5120), [], 288)
+    b = p.propose(Target("sm_90a", "fp16", "tn", 2048, 2560, 10240), [], 288)
+    assert a == b and len(set(a)) == 288
+    per_family = Counter(d.family for d in a)
+    sizes = Counter(d.family for d in design_space("sm_90a", "fp16", "tn"))
+    # families take turns: each gets an equal share, or all of itself if smaller
+    share = max(per_family.values())
+    assert all(n >= share - 1 or n == sizes[f] for f, n in per_family.items())
+    assert per_family["sm90wgmma"] == sizes["sm90wgmma"] < share
+    assert (
+        make_proposer("sample", 6).propose(Target("sm_90a", "fp16", "tn", 8, 5120, 5120), [], 288)
+        != a
+    )

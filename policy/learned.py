@@ -1,0 +1,99 @@
+"""The learned proposer: the trained policy sampling designs for a build.
+
+Each round's prompt holds the GPU, the target, the best and worst designs of the three
+nearest targets of the corpus, and what this build measured on the target so far (its
+speedups and profile metrics), best last. Designs are decoded field by field under the
+legal space's grammar, minus what was measured already, so every proposal is legal and
+new. Where the policy's draws repeat, the cost model's grid order fills the round up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cudal2.generator import design_space
+from cudal2.policy.base import measured_designs
+from cudal2.policy.corpus import Row
+from cudal2.policy.grid import grid_round
+from cudal2.policy.tokens import Grammar
+from cudal2.records import KernelDesign, Measurement, Target
+
+DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_CHECKPOINT = DATA / "h100-policy"
+DEFAULT_CORPUS = DATA / "h100-corpus.jsonl.gz"
+OVERSAMPLE = 4  # draws per wanted design before the grid fills up
+
+
+def row_of(m: Measurement) -> Row:
+    """A build's measurement as a corpus row (for the prompt's history)."""
+    if m.design is None:
+        raise ValueError("a vendor record has no design to put in a policy's history")
+    ok = m.status == "ok"
+    return Row(
+        target=m.target,
+        design=m.design,
+        status=m.status,
+        time_us=m.median_us if ok else None,
+        torch_us=m.baselines_us.get("torch"),
+        gpu=m.gpu.name,
+        proposer=m.proposer,
+        deviation=None,
+        metrics={k: float(v) for k, v in m.metrics.items() if isinstance(v, int | float)},
+        code_chars=0,
+    )
+
+
+class PolicyProposer:
+    name = "policy"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        families: Sequence[str] | None = None,
+        checkpoint: str | Path = DEFAULT_CHECKPOINT,
+        corpus: str | Path = DEFAULT_CORPUS,
+    ):
+        self.seed = seed
+        self.families = families
+        self.checkpoint = Path(checkpoint)
+        self.corpus_path = Path(corpus)
+        self._loaded: tuple[Any, Any, Any] | None = None
+
+    def _load(self) -> tuple[Any, Any, Any]:
+        if self._loaded is None:
+            from cudal2.policy import model as pm
+            from cudal2.policy.corpus import load
+            from cudal2.policy.train import Context
+
+            model, mcfg, _ = pm.load(self.checkpoint)
+            # Every measured target of the corpus may serve as a neighbour in a build.
+            self._loaded = (model, mcfg, Context(load(self.corpus_path), neighbours="all"))
+        return self._loaded
+
+    def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
+        import torch
+        from cudal2.policy import model as pm
+
+        model, mcfg, ctx = self._load()
+        seen = measured_designs(target, history)
+        space = design_space(target.arch, target.dtype, target.layout, self.families)
+        left = [d for d in space if d.key not in seen]
+        if not left or n <= 0:
+            return []
+        own = [row_of(m) for m in history if m.target == target and m.design is not None]
+        prompt = ctx.prompt(target, own, mcfg.max_history)
+        grammar = Grammar(left)
+        digest = hashlib.sha256(f"{self.seed}:{target.key}:{len(seen)}".encode()).hexdigest()
+        gen = torch.Generator().manual_seed(int(digest[:15], 16))
+        draws = pm.sample(model, prompt, grammar, min(len(left), OVERSAMPLE * n), gen)
+        picked = list(dict.fromkeys(grammar.designs[i] for i in draws))[:n]
+        if len(picked) < n:
+            chosen = set(picked)
+            picked += grid_round(target, [d for d in left if d not in chosen], n - len(picked))
+        return picked
+
+    def observe(self, measurements: Sequence[Measurement]) -> None:
+        return None  # the next propose() reads them from its history

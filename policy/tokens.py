@@ -1,0 +1,207 @@
+"""The policy's language: prompt tokens (GPU, target, contrastive history) and design
+tokens decoded one field at a time under a grammar mask.
+
+A prompt is ``<bos> gpu... target... (<h> design... speed status metrics...)* <design>``,
+and the design follows as one token per field of ``FIELDS``. Each token is a
+``name=value`` string of a fixed vocabulary. The grammar (``Grammar``) is a trie over
+a set of legal designs: at every field it allows only values that continue to at
+least one design of the set, so every sample is legal (the set is the arch's design
+space) or measured (the set is a target's measured designs, for replay).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Target
+
+FIELDS = (
+    "family",
+    "bm",
+    "bn",
+    "bk",
+    "warps_m",
+    "warps_n",
+    "warps_k",
+    "stages",
+    "split_k",
+    "cluster_m",
+    "cluster_n",
+    "swizzle",
+    "persistent",
+)
+FAMILIES = ("sm80mma", "sm90csk", "sm90direct", "sm90stream", "sm90tma", "sm90wgmma")
+POW2 = tuple(2**i for i in range(0, 10))  # 1 .. 512
+FIELD_VALUES: dict[str, tuple] = {
+    "family": FAMILIES,
+    "bm": tuple(sorted({*POW2, 8, 24, 48, 80, 96, 112, 160, 192, 224, 240})),
+    "bn": tuple(sorted({*POW2, 24, 48, 80, 96, 112, 160, 192, 224, 240})),
+    "bk": POW2,
+    "warps_m": POW2[:6],
+    "warps_n": POW2[:6],
+    "warps_k": POW2[:6],
+    "stages": tuple(range(1, 17)),
+    "split_k": POW2[:6],
+    "cluster_m": (1, 2, 4),
+    "cluster_n": (1, 2, 4),
+    "swizzle": (1, 2, 4, 8, 16),
+    "persistent": (0, 1, 2),
+}
+SPECIAL = ("<pad>", "<bos>", "<h>", "<design>")
+SPEED_STEP = 0.05  # log-speedup buckets
+SPEED_MIN, SPEED_MAX = -2.0, 0.4
+STATUSES = ("ok", "compile", "runtime", "incorrect", "timeout", "illegal", "pending")
+FRAC_BUCKETS = 10  # metrics as a fraction of the datasheet peak, tenths
+
+
+def _log2_bucket(x: float, hi: int) -> int:
+    return max(0, min(hi, round(math.log2(max(x, 1)))))
+
+
+def speed_bucket(log_speedup: float) -> int:
+    x = min(SPEED_MAX, max(SPEED_MIN, log_speedup))
+    return round((x - SPEED_MIN) / SPEED_STEP)
+
+
+def _vocab() -> tuple[str, ...]:
+    toks = list(SPECIAL)
+    toks += ["arch=sm_90a", *(f"sms={b}" for b in range(0, 9))]
+    toks += [f"bw={b}" for b in range(0, 16)] + [f"tflops={b}" for b in range(0, 16)]
+    toks += [f"dtype={d}" for d in DTYPES] + [f"layout={lay}" for lay in LAYOUTS]
+    for dim in ("m", "n", "k"):
+        toks += [f"{dim}={b}" for b in range(0, 18)]
+    toks += [f"waves128={b}" for b in range(0, 12)] + [f"mtiles64={b}" for b in range(0, 12)]
+    for f in FIELDS:
+        toks += [f"{f}={v}" for v in FIELD_VALUES[f]]
+    toks += [f"speed={b}" for b in range(speed_bucket(SPEED_MAX) + 1)]
+    toks += [f"status={s}" for s in STATUSES]
+    for metric in ("dram", "tensor"):
+        toks += [f"{metric}={b}" for b in range(FRAC_BUCKETS + 1)]
+    return tuple(toks)
+
+
+VOCAB = _vocab()
+INDEX = {tok: i for i, tok in enumerate(VOCAB)}
+PAD, BOS, HIST, DESIGN = (INDEX[s] for s in SPECIAL)
+
+
+def tok(s: str) -> int:
+    try:
+        return INDEX[s]
+    except KeyError:
+        raise ValueError(f"token {s!r} is not in the policy's vocabulary") from None
+
+
+@dataclass(frozen=True)
+class GpuFeatures:
+    arch: str = "sm_90a"
+    sm_count: int = 132
+    bandwidth: float = 3.35e12  # bytes/s, datasheet
+    flops: float = 989e12  # dense fp16, datasheet
+
+    def tokens(self) -> list[int]:
+        return [
+            tok(f"arch={self.arch}"),
+            tok(f"sms={_log2_bucket(self.sm_count / 2, 8)}"),
+            tok(f"bw={min(15, round(self.bandwidth / 0.5e12))}"),
+            tok(f"tflops={min(15, round(self.flops / 100e12))}"),
+        ]
+
+
+def gpu_features(name: str, sm_count: int = 132) -> GpuFeatures:
+    from cudal2.verify.floor import datasheet
+
+    flops, bw = datasheet(name)
+    return GpuFeatures("sm_90a", sm_count, bw, flops)
+
+
+def target_tokens(t: Target, sm_count: int = 132) -> list[int]:
+    waves = math.ceil(t.m / 128) * math.ceil(t.n / 128) / sm_count
+    return [
+        tok(f"dtype={t.dtype}"),
+        tok(f"layout={t.layout}"),
+        tok(f"m={_log2_bucket(t.m, 17)}"),
+        tok(f"n={_log2_bucket(t.n, 17)}"),
+        tok(f"k={_log2_bucket(t.k, 17)}"),
+        tok(f"waves128={min(11, max(0, round(math.log2(waves)) + 6))}"),
+        tok(f"mtiles64={_log2_bucket(math.ceil(t.m / 64), 11)}"),
+    ]
+
+
+def design_tokens(d: KernelDesign) -> list[int]:
+    return [tok(f"{f}={getattr(d, f)}") for f in FIELDS]
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One earlier candidate: its design, log speedup over the best vendor (None for a
+    failure), status, and profile metrics as fractions of the datasheet peaks."""
+
+    design: KernelDesign
+    log_speedup: float | None
+    status: str
+    dram_frac: float | None = None
+    tensor_frac: float | None = None
+
+    def tokens(self) -> list[int]:
+        out = [HIST, *design_tokens(self.design), tok(f"status={self.status}")]
+        if self.log_speedup is not None:
+            out.append(tok(f"speed={speed_bucket(self.log_speedup)}"))
+        for name, frac in (("dram", self.dram_frac), ("tensor", self.tensor_frac)):
+            if frac is not None:
+                out.append(tok(f"{name}={min(FRAC_BUCKETS, max(0, round(frac * FRAC_BUCKETS)))}"))
+        return out
+
+
+def prompt_tokens(
+    gpu: GpuFeatures, t: Target, history: Sequence[HistoryEntry], max_history: int
+) -> list[int]:
+    """History ordered worst to best (contrastive: the best sits next to the design)."""
+    hist = sorted(history, key=lambda h: -9.0 if h.log_speedup is None else h.log_speedup)[
+        -max_history:
+    ]
+    out = [BOS, *gpu.tokens(), *target_tokens(t, gpu.sm_count)]
+    for h in hist:
+        out += h.tokens()
+    return [*out, DESIGN]
+
+
+class Grammar:
+    """A trie over a set of designs, as token ids per field."""
+
+    def __init__(self, designs: Iterable[KernelDesign]):
+        self.designs = list(dict.fromkeys(designs))
+        if not self.designs:
+            raise ValueError("a grammar needs at least one design")
+        self.index = set(self.designs)
+        self.seqs = [design_tokens(d) for d in self.designs]
+        self._children: dict[tuple[int, ...], set[int]] = {}
+        for s in self.seqs:
+            for i in range(len(s)):
+                self._children.setdefault(tuple(s[:i]), set()).add(s[i])
+
+    def allowed(self, prefix: Sequence[int]) -> list[int]:
+        return sorted(self._children.get(tuple(prefix), ()))
+
+    def masks(self) -> list[list[list[int]]]:
+        """For every design, the allowed token ids at each of its fields."""
+        return [[self.allowed(s[:i]) for i in range(len(s))] for s in self.seqs]
+
+    def view(self, designs: Sequence[KernelDesign]) -> Grammar:
+        """The same trie (so the same probabilities), scoring only ``designs`` (which
+        must be in it)."""
+        v = object.__new__(Grammar)
+        v.designs = list(designs)
+        v.index = set(v.designs)
+        v.seqs = [design_tokens(d) for d in v.designs]
+        v._children = self._children
+        missing = [
+            d.name
+            for d, s in zip(v.designs, v.seqs, strict=True)
+            if s[-1] not in self.allowed(s[:-1])
+        ]
+        if missing:
+            raise ValueError(f"designs not in the grammar: {missing[:3]}")
+        return v

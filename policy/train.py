@@ -1,0 +1,214 @@
+"""Training the policy offline from the corpus: behaviour cloning as a warm start (and the
+KL reference), then GRPO on the recorded rewards.
+
+Every step draws a training target, a prompt (GPU, target, the best and worst designs of
+its three nearest measured targets, and a random few of its own measured designs as
+"earlier rounds"), and a pool: up to ``pool`` of the target's other measured designs.
+The policy's distribution restricted to the pool is its grammar-masked probability of
+each pool design, renormalised over the pool.
+
+- Behaviour cloning: cross-entropy from softmax(reward / tau) over the pool (the
+  measured ranking, not only the best), plus ``abs_weight`` x the best pool design's
+  negative log probability in the whole legal space, so that sampling the whole space
+  in a build also favours it.
+- GRPO: a group of ``group`` designs drawn from the restricted distribution, rewards
+  from their records (``reward.reward``), advantages normalised within the group, the
+  clipped ratio objective over ``inner`` updates per group, and a KL penalty (the k3
+  estimator) to the behaviour-cloned reference.
+- Unmeasured designs get no reward: sampling is restricted to the pool, every design of
+  which was measured on the target. The full-space term of behaviour cloning only
+  raises measured good designs.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cudal2.generator import design_space
+from cudal2.policy import model as pm
+from cudal2.policy.corpus import Corpus, Row
+from cudal2.policy.reward import entry, neighbour_history, reward
+from cudal2.policy.tokens import Grammar, gpu_features, prompt_tokens
+from cudal2.records import Target
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    bc_steps: int = 400
+    grpo_steps: int = 200
+    batch: int = 4  # targets per optimiser step
+    pool: int = 64
+    bc_lr: float = 2e-3
+    grpo_lr: float = 3e-4
+    tau: float = 0.05
+    abs_weight: float = 0.1
+    group: int = 8
+    inner: int = 2
+    clip: float = 0.2
+    kl: float = 0.05
+    max_own: int = 4
+    seed: int = 0
+
+
+class Context:
+    """What prompts are built from: the rows of ``split`` (the episodes' targets), the
+    rows neighbours are taken from (the train split; ``neighbours="all"`` in a build,
+    where every measured target may help), each target's vendor log speedup, the GPU's
+    features, and the legal space's grammar per (arch, dtype, layout)."""
+
+    def __init__(self, corpus: Corpus, split: str = "train", neighbours: str = "train"):
+        self.rows = corpus.by_target(split)
+        self.train_rows = corpus.by_target(None if neighbours == "all" else neighbours)
+        self.vendor_log = {t: corpus.vendor_log(t) for t in corpus.targets()}
+        name = corpus.gpu.split(",")[0] or "NVIDIA H100"
+        self.gpu = gpu_features(name)
+        self._space: dict[tuple[str, str, str], Grammar] = {}
+        self._neigh: dict[Target, list] = {}
+
+    def space(self, t: Target) -> Grammar:
+        key = (t.arch, t.dtype, t.layout)
+        if key not in self._space:
+            self._space[key] = Grammar(design_space(*key))
+        return self._space[key]
+
+    def neighbour_entries(self, t: Target) -> list:
+        if t not in self._neigh:
+            self._neigh[t] = neighbour_history(t, self.train_rows, self.vendor_log, self.gpu)
+        return self._neigh[t]
+
+    def prompt(self, t: Target, own: list[Row], max_history: int) -> list[int]:
+        vl = self.vendor_log.get(t, 0.0)
+        hist = self.neighbour_entries(t) + [entry(r, vl, self.gpu) for r in own]
+        return prompt_tokens(self.gpu, t, hist, max_history)
+
+
+def _episode(ctx: Context, t: Target, cfg: TrainConfig, mcfg: pm.ModelConfig, rng: random.Random):
+    rows = ctx.rows[t]
+    own = rng.sample(rows, rng.randint(0, min(cfg.max_own, len(rows) - 2)))
+    seen = {r.design for r in own}
+    rest = [r for r in rows if r.design not in seen]
+    pool = rng.sample(rest, min(cfg.pool, len(rest)))
+    return ctx.prompt(t, own, mcfg.max_history), pool
+
+
+def _restricted(model: Any, prompt: list[int], pool: list[Row]) -> Any:
+    import torch
+
+    lp = pm.score(model, prompt, Grammar(r.design for r in pool))
+    return lp - torch.logsumexp(lp, 0)
+
+
+def behaviour_clone(
+    model: Any, ctx: Context, cfg: TrainConfig, mcfg: pm.ModelConfig, log: Callable
+) -> None:
+    import torch
+
+    rng = random.Random(cfg.seed)
+    targets = sorted(t for t, rs in ctx.rows.items() if sum(r.status == "ok" for r in rs) >= 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.bc_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.bc_steps)
+    model.train()
+    for step in range(cfg.bc_steps):
+        opt.zero_grad()
+        total = 0.0
+        for t in rng.sample(targets, min(cfg.batch, len(targets))):
+            prompt, pool = _episode(ctx, t, cfg, mcfg, rng)
+            vl = ctx.vendor_log.get(t, 0.0)
+            r = torch.tensor([reward(x, vl) for x in pool])
+            q = torch.softmax(r / cfg.tau, 0)
+            loss = -(q * _restricted(model, prompt, pool)).sum()
+            best = max(pool, key=lambda x: reward(x, vl))
+            space = ctx.space(t)
+            if best.status == "ok" and best.design in space.index:
+                loss = loss - cfg.abs_weight * pm.score(model, prompt, space.view([best.design]))[0]
+            (loss / cfg.batch).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == cfg.bc_steps - 1:
+            log(f"bc step {step}: loss {total / cfg.batch:.4f}")
+    model.eval()
+
+
+def grpo(
+    model: Any, ref: Any, ctx: Context, cfg: TrainConfig, mcfg: pm.ModelConfig, log: Callable
+) -> None:
+    import torch
+
+    rng = random.Random(cfg.seed + 1)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    targets = sorted(t for t, rs in ctx.rows.items() if sum(r.status == "ok" for r in rs) >= 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.grpo_lr, weight_decay=0.0)
+    for step in range(cfg.grpo_steps):
+        groups = []
+        for t in rng.sample(targets, min(cfg.batch, len(targets))):
+            prompt, pool = _episode(ctx, t, cfg, mcfg, rng)
+            vl = ctx.vendor_log.get(t, 0.0)
+            with torch.no_grad():
+                old = _restricted(model, prompt, pool)
+                refp = _restricted(ref, prompt, pool)
+            pick = torch.multinomial(old.exp(), cfg.group, replacement=True, generator=gen)
+            r = torch.tensor([reward(pool[i], vl) for i in pick.tolist()])
+            if float(r.std()) < 1e-6:
+                continue
+            adv = (r - r.mean()) / (r.std() + 1e-6)
+            groups.append((prompt, pool, pick, adv, old[pick], refp[pick], float(r.mean())))
+        if not groups:
+            continue
+        model.train()
+        for _ in range(cfg.inner):
+            opt.zero_grad()
+            for prompt, pool, pick, adv, old_lp, ref_lp, _ in groups:
+                new_lp = _restricted(model, prompt, pool)[pick]
+                ratio = torch.exp(new_lp - old_lp)
+                surr = torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv)
+                d = ref_lp - new_lp
+                kl = (torch.exp(d) - d - 1).mean()
+                loss = -surr.mean() + cfg.kl * kl
+                (loss / len(groups)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        model.eval()
+        if step % 25 == 0 or step == cfg.grpo_steps - 1:
+            mean_r = sum(g[-1] for g in groups) / len(groups)
+            log(f"grpo step {step}: mean group reward {mean_r:+.4f}")
+
+
+def train(
+    corpus: Corpus,
+    cfg: TrainConfig = TrainConfig(),
+    mcfg: pm.ModelConfig | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[Any, dict[str, Any]]:
+    """Behaviour cloning, then GRPO; returns the model and what the checkpoint records."""
+    import torch
+
+    mcfg = mcfg or pm.ModelConfig(seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    ctx = Context(corpus)
+    model = pm.build_model(mcfg)
+    started = time.monotonic()
+    behaviour_clone(model, ctx, cfg, mcfg, log)
+    bc_s = time.monotonic() - started
+    ref = copy.deepcopy(model)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    grpo(model, ref, ctx, cfg, mcfg, log)
+    info = {
+        "train": asdict(cfg),
+        "corpus_gpu": corpus.gpu,
+        "train_targets": len(ctx.rows),
+        "train_rows": sum(len(v) for v in ctx.rows.values()),
+        "holdout_targets": [t.label for t in corpus.targets("holdout")],
+        "seconds": {"bc": round(bc_s, 1), "total": round(time.monotonic() - started, 1)},
+        "model": asdict(mcfg),
+        "torch": torch.__version__,
+    }
+    return model, info

@@ -1,0 +1,34 @@
+"""The committed checkpoint as a build's proposer."""
+
+import dataclasses
+
+from cudal2.generator import legality
+from cudal2.policy import make_proposer
+from cudal2.policy.learned import DEFAULT_CHECKPOINT, row_of
+from cudal2.records import Target
+
+NEW = Target("sm_90a", "fp16", "tn", 24, 6144, 5120)  # in no manifest
+
+
+def test_committed_checkpoint_proposes_new_legal_designs(recorded_measurements):
+    assert DEFAULT_CHECKPOINT.with_suffix(".safetensors").exists()
+    p = make_proposer("policy", 0)
+    first = p.propose(NEW, [], 16)
+    assert len(first) == 16 == len(set(first))
+    assert all(not legality(d) and (d.dtype, d.layout) == ("fp16", "tn") for d in first)
+    assert p.propose(NEW, [], 16) == first  # seeded: the same build proposes the same
+    # a measured design is never proposed again: fake this build's history by moving
+    # real recorded measurements onto the new target with the first round's designs
+    fp16 = [m for m in recorded_measurements if m.design and m.target.dtype == "fp16"]
+    history = [
+        dataclasses.replace(m, target=NEW, design=d, design_key=d.key)
+        for m, d in zip(fp16, first, strict=False)
+    ]
+    second = p.propose(NEW, history, 16)
+    assert len(second) == 16 and not {d.key for d in second} & {m.design_key for m in history}
+    assert row_of(history[0]).speedup == history[0].baselines_us["torch"] / history[0].median_us
+
+
+def test_families_restrict_the_policy():
+    ds = make_proposer("policy", 1, ("sm90direct",)).propose(NEW, [], 8)
+    assert len(ds) == 8 and {d.family for d in ds} == {"sm90direct"}
