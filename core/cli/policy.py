@@ -2,7 +2,8 @@
 
     cudal2-policy corpus --db A.jsonl [B.jsonl.gz ...] [--holdout MANIFEST ...] --out CORPUS
     cudal2-policy train --db CORPUS [--out CHECKPOINT] [--bc-steps N] [--grpo-steps N]
-    cudal2-policy eval --db CORPUS [--checkpoint CHECKPOINT] [--json] [--plot PNG]
+    cudal2-policy eval --db CORPUS [--checkpoint CHECKPOINT] [--adapter DIR] [--json] [--plot PNG]
+    cudal2-policy adapt --db GPU_CORPUS [--base CHECKPOINT] --out DIR
 
 Exit status 2 when an input cannot be read (the message names it).
 """
@@ -39,12 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="replay the held-out targets: policy vs random vs grid")
     e.add_argument("--db", default=str(DEFAULT_CORPUS), help="corpus file")
     e.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
+    e.add_argument("--adapter", help="a peft LoRA adapter folder to apply to the checkpoint")
     e.add_argument("--policy-seeds", type=int, default=5)
     e.add_argument("--random-seeds", type=int, default=20)
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
     e.add_argument("--out", help="also write the full result (per target) as JSON here")
     e.add_argument("--plot", help="write the curves (median ratio vs k) to this PNG")
+    a = sub.add_parser("adapt", help="train a LoRA adapter for one GPU model's corpus")
+    a.add_argument("--db", required=True, help="corpus of one GPU model's measurements")
+    a.add_argument("--base", default=str(DEFAULT_CHECKPOINT), help="base checkpoint")
+    a.add_argument("--out", required=True, help="adapter folder")
+    a.add_argument("--seed", type=int, default=0)
     return ap
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from cudal2.policy.adapter import ADAPTER_TRAIN, save_adapter, train_adapter
+    from cudal2.policy.corpus import load
+
+    corpus = load(args.db)
+    cfg = dataclasses.replace(ADAPTER_TRAIN, seed=args.seed)
+    model, _, info = train_adapter(args.base, corpus, cfg, log=lambda s: print(s, flush=True))
+    info["corpus"] = Path(args.db).name
+    save_adapter(model, args.out, info)
+    print(f"adapter: {args.out} ({info['seconds']} s, {corpus.gpu})")
+    return 0
 
 
 def _corpus(args: argparse.Namespace) -> int:
@@ -96,7 +118,12 @@ def _eval(args: argparse.Namespace) -> int:
     corpus = load(args.db)
     if not corpus.targets("holdout"):
         raise CorpusError(f"{args.db}: no held-out targets to evaluate on")
-    model, mcfg, _ = pm.load(args.checkpoint)
+    if args.adapter:
+        from cudal2.policy.adapter import load_with_adapter
+
+        model, mcfg = load_with_adapter(args.checkpoint, args.adapter)
+    else:
+        model, mcfg, _ = pm.load(args.checkpoint)
     quiet = args.json
     res = evaluate(
         corpus,
@@ -149,7 +176,8 @@ def plot(res: dict, path: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"corpus": _corpus, "train": _train, "eval": _eval}[args.command](args)
+        commands = {"corpus": _corpus, "train": _train, "eval": _eval, "adapt": _adapt}
+        return commands[args.command](args)
     except (CorpusError, FileNotFoundError, ValueError) as e:
         print(f"cudal2-policy: {e}", file=sys.stderr)
         return 2

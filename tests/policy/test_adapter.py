@@ -1,0 +1,58 @@
+"""Per-GPU LoRA adapters: trained on one GPU model's corpus, saved and loaded by peft."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from cudal2.generator import design_space
+from cudal2.policy import model as pm
+from cudal2.policy.adapter import load_with_adapter, save_adapter, train_adapter
+from cudal2.policy.learned import DATA
+from cudal2.policy.tokens import GpuFeatures, Grammar, prompt_tokens
+from cudal2.policy.train import TrainConfig
+
+from .conftest import SMALL_HOLDOUT
+
+H100 = GpuFeatures()
+
+
+def _scores(model, gpu=H100):
+    g = Grammar(design_space("sm_90a", "fp16", "tn")[::50])
+    with torch.no_grad():
+        return pm.score(model, prompt_tokens(gpu, SMALL_HOLDOUT[0], [], 4), g)
+
+
+def test_adapter_trains_only_low_rank_weights_and_round_trips(
+    small_corpus, tiny_model_config, tmp_path
+):
+    base = tmp_path / "base"
+    pm.save(pm.build_model(tiny_model_config).eval(), tiny_model_config, base, {})
+    cfg = TrainConfig(bc_steps=4, grpo_steps=2, batch=2, pool=16, bc_lr=5e-2, seed=4)
+    model, mcfg, info = train_adapter(base, small_corpus, cfg, log=lambda s: None)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert info["train_targets"] and set(info["holdout_targets"]) == {
+        t.label for t in SMALL_HOLDOUT
+    }
+    save_adapter(model, tmp_path / "lora", info)
+    assert json.loads((tmp_path / "lora" / "cudal2_adapter.json").read_text())["gpu"] == info["gpu"]
+    again, _ = load_with_adapter(base, tmp_path / "lora")
+    plain, _, _ = pm.load(base)
+    assert torch.allclose(_scores(again), _scores(model), atol=1e-5)
+    assert not torch.allclose(_scores(again), _scores(plain), atol=1e-4)  # the adapter acts
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        load_with_adapter(base, tmp_path)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_committed_adapters_load_on_the_committed_base(gpu):
+    folder = DATA / f"{gpu}-lora"
+    info = json.loads((folder / "cudal2_adapter.json").read_text())
+    assert info["gpu"].startswith(f"NVIDIA {gpu.upper()}")
+    assert len(info["train_targets"]) == 6 and len(info["holdout_targets"]) == 6
+    assert not set(info["train_targets"]) & set(info["holdout_targets"])
+    model, _ = load_with_adapter(DATA / "h100-policy", folder)
+    base, _, _ = pm.load(DATA / "h100-policy")
+    h200 = dataclasses.replace(GpuFeatures(), bandwidth=4.8e12)
+    assert not torch.allclose(_scores(model, h200), _scores(base, h200), atol=1e-4)
