@@ -9,9 +9,14 @@ seeds.
 
 - policy: each round, the prompt holds the nearest training targets' designs (never the
   held-out target's) and every earlier round's proposals with their replayed speedups
-  and metrics; ``ROUND`` designs are drawn without replacement from the policy's
-  distribution restricted to the target's not yet proposed measured designs (Gumbel
-  top-k on the exact restricted log probabilities).
+  and metrics; ``ROUND`` designs are drawn without replacement (Gumbel top-k on exact
+  log probabilities) from the policy's distribution restricted to the target's not yet
+  proposed measured designs. ``restriction``: ``condition`` (the default) is the
+  distribution a build samples from (field by field under the legal space's grammar)
+  conditioned on landing in the measured set, i.e. a build's sampling with unmeasured
+  draws rejected; ``grammar`` samples field by field under the measured set's own
+  grammar, as training's pools do (it moves each field's mass onto the values the set
+  has, so it is not the build's distribution).
 - random: uniform without replacement over the measured designs, ``RANDOM_SEEDS`` seeds.
 - grid: the cost model's order (``grid_round``: the best design of each block tile
   first), round by round, restricted to the measured designs; deterministic.
@@ -27,6 +32,7 @@ from typing import Any
 from cudal2.policy import model as pm
 from cudal2.policy.corpus import Corpus, Row
 from cudal2.policy.grid import grid_round
+from cudal2.policy.tokens import Grammar
 from cudal2.policy.train import Context
 from cudal2.records import Target
 
@@ -74,8 +80,17 @@ def grid_curve(t: Target, rows: Sequence[Row]) -> dict[int, float]:
     return _curve(found, max(map(_speed, rows)))
 
 
+RESTRICTIONS = ("condition", "grammar")
+
+
 def policy_curve(
-    model: Any, max_history: int, ctx: Context, t: Target, rows: Sequence[Row], seed: int
+    model: Any,
+    max_history: int,
+    ctx: Context,
+    t: Target,
+    rows: Sequence[Row],
+    seed: int,
+    restriction: str = "condition",
 ) -> dict:
     import torch
 
@@ -83,11 +98,13 @@ def policy_curve(
     left = list(rows)
     own: list[Row] = []
     found: list[float] = []
-    space = ctx.space(t)
+    space = ctx.space(t) if restriction == "condition" else None
     while left and len(found) < max(KS):
         prompt = ctx.prompt(t, own, max_history)
+        designs = [r.design for r in left]
+        grammar = space.view(designs) if space is not None else Grammar(designs)
         with torch.no_grad():
-            lp = pm.score(model, prompt, space.view([r.design for r in left]))
+            lp = pm.score(model, prompt, grammar)
         gumbel = -torch.log(-torch.log(torch.rand(len(left), generator=gen).clamp_min(1e-20)))
         take = torch.topk(lp + gumbel, min(ROUND, len(left))).indices.tolist()
         picked = [left[i] for i in take]
@@ -105,7 +122,10 @@ def evaluate(
     policy_seeds: int = POLICY_SEEDS,
     random_seeds: int = RANDOM_SEEDS,
     progress: Callable[[str], None] = lambda s: None,
+    restriction: str = "condition",
 ) -> dict[str, Any]:
+    if restriction not in RESTRICTIONS:
+        raise ValueError(f"restriction {restriction!r} is not one of {RESTRICTIONS}")
     ctx = Context(corpus, split="holdout")
     held = {t: rs for t, rs in ctx.rows.items() if any(r.status == "ok" for r in rs)}
     # A design the legal space no longer has cannot be proposed by the policy: left out
@@ -117,7 +137,8 @@ def evaluate(
         progress(f"{t.label}: {len(rows)} measured designs")
         curves = {
             "policy": [
-                policy_curve(model, mcfg.max_history, ctx, t, rows, s) for s in range(policy_seeds)
+                policy_curve(model, mcfg.max_history, ctx, t, rows, s, restriction)
+                for s in range(policy_seeds)
             ],
             "random": [random_curve(rows, s) for s in range(random_seeds)],
             "grid": [grid_curve(t, rows)],
@@ -134,7 +155,9 @@ def evaluate(
                 for k in KS
             },
         }
-    return summarize(per_target, policy_seeds, random_seeds)
+    res = summarize(per_target, policy_seeds, random_seeds)
+    res["restriction"] = restriction
+    return res
 
 
 def summarize(per_target: dict[str, dict], policy_seeds: int, random_seeds: int) -> dict:

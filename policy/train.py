@@ -4,8 +4,9 @@ KL reference), then GRPO on the recorded rewards.
 Every step draws a training target, a prompt (GPU, target, the best and worst designs of
 its three nearest measured targets, and a random few of its own measured designs as
 "earlier rounds"), and a pool: up to ``pool`` of the target's other measured designs.
-The policy's distribution restricted to the pool is its grammar-masked probability of
-each pool design, renormalised over the pool.
+The policy restricted to the pool samples field by field under the pool's grammar (a
+trie over the pool's designs), as a build samples under the legal space's grammar less
+what it measured, and replay under the measured designs' grammar.
 
 - Behaviour cloning: cross-entropy from softmax(reward / tau) over the pool (the
   measured ranking, not only the best), plus ``abs_weight`` x the best pool design's
@@ -53,6 +54,9 @@ class TrainConfig:
     kl: float = 0.05
     max_own: int = 4
     seed: int = 0
+    # "grammar": pools scored under their own grammar (the committed checkpoint);
+    # "condition": the legal space's distribution conditioned on the pool.
+    restriction: str = "grammar"
 
 
 class Context:
@@ -96,10 +100,21 @@ def _episode(ctx: Context, t: Target, cfg: TrainConfig, mcfg: pm.ModelConfig, rn
     return ctx.prompt(t, own, mcfg.max_history), pool
 
 
-def _restricted(model: Any, prompt: list[int], pool: list[Row]) -> Any:
+def _space(ctx: Context, t: Target, cfg: TrainConfig) -> Grammar | None:
+    if cfg.restriction not in ("grammar", "condition"):
+        raise ValueError(f"restriction {cfg.restriction!r} is not grammar or condition")
+    return ctx.space(t) if cfg.restriction == "condition" else None
+
+
+def _restricted(model: Any, prompt: list[int], pool: list[Row], space: Grammar | None) -> Any:
+    """log probabilities of the pool's designs under the policy restricted to the pool:
+    sampled field by field under the pool's own grammar (``space`` None; the logsumexp
+    then only takes out rounding), or the legal space's distribution conditioned on the
+    pool (``space``: the legal space's grammar), as replay restricts by default."""
     import torch
 
-    lp = pm.score(model, prompt, Grammar(r.design for r in pool))
+    designs = [r.design for r in pool]
+    lp = pm.score(model, prompt, space.view(designs) if space is not None else Grammar(designs))
     return lp - torch.logsumexp(lp, 0)
 
 
@@ -121,7 +136,7 @@ def behaviour_clone(
             vl = ctx.vendor_log.get(t, 0.0)
             r = torch.tensor([reward(x, vl) for x in pool])
             q = torch.softmax(r / cfg.tau, 0)
-            loss = -(q * _restricted(model, prompt, pool)).sum()
+            loss = -(q * _restricted(model, prompt, pool, _space(ctx, t, cfg))).sum()
             best = max(pool, key=lambda x: reward(x, vl))
             space = ctx.space(t)
             if best.status == "ok" and best.design in space.index:
@@ -150,22 +165,23 @@ def grpo(
         for t in rng.sample(targets, min(cfg.batch, len(targets))):
             prompt, pool = _episode(ctx, t, cfg, mcfg, rng)
             vl = ctx.vendor_log.get(t, 0.0)
+            space = _space(ctx, t, cfg)
             with torch.no_grad():
-                old = _restricted(model, prompt, pool)
-                refp = _restricted(ref, prompt, pool)
+                old = _restricted(model, prompt, pool, space)
+                refp = _restricted(ref, prompt, pool, space)
             pick = torch.multinomial(old.exp(), cfg.group, replacement=True, generator=gen)
             r = torch.tensor([reward(pool[i], vl) for i in pick.tolist()])
             if float(r.std()) < 1e-6:
                 continue
             adv = (r - r.mean()) / (r.std() + 1e-6)
-            groups.append((prompt, pool, pick, adv, old[pick], refp[pick], float(r.mean())))
+            groups.append((prompt, pool, space, pick, adv, old[pick], refp[pick], float(r.mean())))
         if not groups:
             continue
         model.train()
         for _ in range(cfg.inner):
             opt.zero_grad()
-            for prompt, pool, pick, adv, old_lp, ref_lp, _ in groups:
-                new_lp = _restricted(model, prompt, pool)[pick]
+            for prompt, pool, space, pick, adv, old_lp, ref_lp, _ in groups:
+                new_lp = _restricted(model, prompt, pool, space)[pick]
                 ratio = torch.exp(new_lp - old_lp)
                 surr = torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv)
                 d = ref_lp - new_lp

@@ -37,10 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--bc-steps", type=int)
     t.add_argument("--grpo-steps", type=int)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument(
+        "--restriction",
+        choices=("grammar", "condition"),
+        default="grammar",
+        help="how pools restrict the policy in training (docs/policy.md)",
+    )
     e = sub.add_parser("eval", help="replay the held-out targets: policy vs random vs grid")
     e.add_argument("--db", default=str(DEFAULT_CORPUS), help="corpus file")
     e.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     e.add_argument("--adapter", help="a peft LoRA adapter folder to apply to the checkpoint")
+    e.add_argument(
+        "--restriction",
+        choices=("condition", "grammar"),
+        default="condition",
+        help="how the policy is restricted to the measured designs (docs/policy.md)",
+    )
     e.add_argument("--policy-seeds", type=int, default=5)
     e.add_argument("--random-seeds", type=int, default=20)
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -96,7 +108,7 @@ def _train(args: argparse.Namespace) -> int:
     from cudal2.policy.train import TrainConfig, train
 
     corpus = load(args.db)
-    over = {"seed": args.seed}
+    over = {"seed": args.seed, "restriction": args.restriction}
     if args.bc_steps is not None:
         over["bc_steps"] = args.bc_steps
     if args.grpo_steps is not None:
@@ -132,6 +144,7 @@ def _eval(args: argparse.Namespace) -> int:
         args.policy_seeds,
         args.random_seeds,
         progress=(lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr, flush=True)),
+        restriction=args.restriction,
     )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")

@@ -73,3 +73,16 @@ def test_replay_evaluation_reports_every_k_for_every_strategy(
         assert random_curve(rows, 0)[max(KS)] == 1.0
         assert grid_curve(t, rows)[max(KS)] == 1.0
     assert set(res["by_family"]) <= {"decode (M <= 64)", "mid (64 < M <= 512)", "prefill (M > 512)"}
+    assert res["restriction"] == "condition"
+
+
+def test_both_restrictions_of_the_policy_replay_and_a_wrong_one_is_refused(
+    tiny_trained, small_corpus, tiny_model_config
+):
+    model = tiny_trained[0]
+    args = (small_corpus, model, tiny_model_config, 1, 2)
+    res = evaluate(*args, restriction="grammar")
+    assert res["restriction"] == "grammar"
+    assert all(0.0 < res["k"][str(k)]["policy"] <= 1.0 for k in KS)
+    with pytest.raises(ValueError, match="restriction 'uniform'"):
+        evaluate(*args, restriction="uniform")
