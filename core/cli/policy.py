@@ -17,10 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cudal2.policy.corpus import CorpusError
-
-DATA = Path(__import__("cudal2.policy").policy.__file__).resolve().parent / "data"
-DEFAULT_CORPUS = DATA / "h100-corpus.jsonl.gz"
-DEFAULT_CHECKPOINT = DATA / "h100-policy"
+from cudal2.policy.learned import DEFAULT_CHECKPOINT, DEFAULT_CORPUS
 
 
 def build_parser() -> argparse.ArgumentParser:
