@@ -250,13 +250,21 @@ class Build:
         from cudal2.verify.pool import WorkerPool
 
         m = self.manifest
-        proposer = make_proposer(m.search.proposer, m.search.seed, m.search.families)
         timing = TimingConfig(mode=m.timing_mode, seed=m.search.seed)
         with WorkerPool(self.device) as pool:
             gpu = pool.start()
             self.say(
                 f"measuring on {gpu.name} ({gpu.arch}, driver {gpu.driver}, {gpu.sm_count} SMs)"
             )
+            proposer = make_proposer(
+                m.search.proposer,
+                m.search.seed,
+                m.search.families,
+                gpu=gpu.name,
+                updates=m.search.policy_updates,
+            )
+            describe = getattr(proposer, "describe", None)
+            self.say(f"proposer: {describe() if describe else proposer.name}")
             targets = [t for t in m.targets if t.arch == gpu.arch]
             skipped = len(m.targets) - len(targets)
             if skipped:
@@ -328,7 +336,9 @@ class Build:
                 bar.close()
                 round_ms = self._profile(round_ms, m.search.profile_top)
                 this_build.extend(round_ms)
-                proposer.observe(round_ms)
+                learned = proposer.observe(round_ms)
+                if learned:
+                    self.say(learned)
             if m.search.cublaslt:
                 self._autotune_vendor(pool, gpu, targets, history, timing, started)
 

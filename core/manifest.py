@@ -43,6 +43,7 @@ _SEARCH_KEYS = (
     "profile_top",
     "families",
     "cublaslt",
+    "policy_updates",
 )
 _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
@@ -72,8 +73,8 @@ class SearchSettings:
     """How kernels are searched for: proposer, designs per target per round, rounds,
     GPU-time budget of one build in seconds, the random seed, how many of each
     target's fastest candidates per round get Nsight Compute metrics (0: none), the
-    families searched, and whether cuBLASLt is autotuned per target as one more
-    candidate."""
+    families searched, whether cuBLASLt is autotuned per target as one more
+    candidate, and whether the policy's weights are updated between rounds."""
 
     proposer: str = "policy"
     candidates: int = 8
@@ -83,6 +84,7 @@ class SearchSettings:
     profile_top: int = 2
     families: tuple[str, ...] | None = None  # kernel families searched (None: all)
     cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
+    policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,9 @@ def load_manifest(path: str | Path) -> Manifest:
             else None
         ),
         cublaslt=r.boolean(s.get("cublaslt", d.cublaslt), "search.cublaslt"),
+        policy_updates=r.boolean(
+            s.get("policy_updates", d.policy_updates), "search.policy_updates"
+        ),
     )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)

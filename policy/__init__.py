@@ -12,8 +12,16 @@ from cudal2.policy.sample import SampleProposer
 PROPOSERS = ("grid", "random", "sample", "policy")
 
 
-def make_proposer(name: str, seed: int = 0, families: Sequence[str] | None = None) -> Proposer:
-    """``families``: search only these kernel families (None: all)."""
+def make_proposer(
+    name: str,
+    seed: int = 0,
+    families: Sequence[str] | None = None,
+    gpu: str | None = None,
+    updates: bool = True,
+) -> Proposer:
+    """``families``: search only these kernel families (None: all). The policy also
+    takes the measuring ``gpu``'s model name (its adapter and prompt features) and
+    whether its weights are ``updates``d between rounds."""
     if name == "grid":
         return GridProposer(families)
     if name == "random":
@@ -23,7 +31,7 @@ def make_proposer(name: str, seed: int = 0, families: Sequence[str] | None = Non
     if name == "policy":
         from cudal2.policy.learned import PolicyProposer
 
-        return PolicyProposer(seed, families)
+        return PolicyProposer(seed, families, gpu=gpu, updates=updates)
     raise ValueError(f"proposer {name!r} is not one of {PROPOSERS}")
 
 

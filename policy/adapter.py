@@ -83,6 +83,54 @@ def save_adapter(model: Any, out: str | Path, info: dict[str, Any]) -> None:
     (out / "cudal2_adapter.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
+def merge_lora(model: Any, adapter: str | Path) -> Any:
+    """Add a LoRA adapter folder's low-rank updates into ``model``'s weights in place,
+    without peft (the GPU machine's image has no peft): W += (B @ A)^T * alpha / r for
+    each Conv1D projection (fan_in_fan_out). Refuses adapter kinds this does not
+    implement (DoRA, rsLoRA, per-module ranks, trained biases)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    adapter = Path(adapter)
+    cfg_path, weights = adapter / "adapter_config.json", adapter / "adapter_model.safetensors"
+    for p in (cfg_path, weights):
+        if not p.exists():
+            raise FileNotFoundError(f"{adapter}: no {p.name} (not a peft LoRA adapter folder)")
+    cfg = json.loads(cfg_path.read_text())
+    unsupported = {
+        "peft_type": cfg.get("peft_type") != "LORA",
+        "use_dora": bool(cfg.get("use_dora")),
+        "use_rslora": bool(cfg.get("use_rslora")),
+        "rank_pattern": bool(cfg.get("rank_pattern")),
+        "alpha_pattern": bool(cfg.get("alpha_pattern")),
+        "bias": cfg.get("bias", "none") != "none",
+        "fan_in_fan_out": not cfg.get("fan_in_fan_out"),
+    }
+    bad = [f"{k}={cfg.get(k)!r}" for k, v in unsupported.items() if v]
+    if bad:
+        raise ValueError(f"{cfg_path}: cannot merge this adapter without peft ({', '.join(bad)})")
+    scale = cfg["lora_alpha"] / cfg["r"]
+    state = load_file(str(weights))
+    prefix, suffix_a = "base_model.model.", ".lora_A.weight"
+    modules = dict(model.named_modules())
+    merged = 0
+    with torch.no_grad():
+        for key, a in sorted(state.items()):
+            if not key.endswith(suffix_a):
+                continue
+            name = key[len(prefix) : -len(suffix_a)]
+            b = state.get(f"{prefix}{name}.lora_B.weight")
+            if not key.startswith(prefix) or b is None or name not in modules:
+                raise ValueError(f"{weights}: {key} has no matching module or lora_B")
+            modules[name].weight += (b @ a).T.to(modules[name].weight.dtype) * scale
+            merged += 1
+    if merged == 0 or merged * 2 != len(state):
+        raise ValueError(f"{weights}: {len(state)} tensors, {merged} LoRA pairs merged")
+    return model
+
+
 def load_with_adapter(base: str | Path, adapter: str | Path) -> tuple[Any, pm.ModelConfig]:
     from peft import PeftModel
 

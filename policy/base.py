@@ -17,8 +17,9 @@ class Proposer(Protocol):
         """Up to ``n`` legal designs for ``target`` not yet in ``history`` for it."""
         ...
 
-    def observe(self, measurements: Sequence[Measurement]) -> None:
-        """Learn from a round's results (plain strategies ignore them)."""
+    def observe(self, measurements: Sequence[Measurement]) -> str | None:
+        """Learn from a round's results (plain strategies ignore them); returns a line
+        for the build's log when something was learned."""
         ...
 
 

@@ -16,7 +16,9 @@ seeds.
   conditioned on landing in the measured set, i.e. a build's sampling with unmeasured
   draws rejected; ``grammar`` samples field by field under the measured set's own
   grammar, as training's pools do (it moves each field's mass onto the values the set
-  has, so it is not the build's distribution).
+  has, so it is not the build's distribution). All held-out targets are replayed as
+  one build; with ``online``, the weights are updated between rounds from the round's
+  replayed rewards (``online.OnlineLearner``), as a build updates them.
 - random: uniform without replacement over the measured designs, ``RANDOM_SEEDS`` seeds.
 - grid: the cost model's order (``grid_round``: the best design of each block tile
   first), round by round, restricted to the measured designs; deterministic.
@@ -24,14 +26,18 @@ seeds.
 
 from __future__ import annotations
 
+import copy
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from cudal2.policy import model as pm
 from cudal2.policy.corpus import Corpus, Row
 from cudal2.policy.grid import grid_round
+from cudal2.policy.online import OnlineConfig, OnlineLearner, conditioned_logp
+from cudal2.policy.reward import reward
 from cudal2.policy.tokens import Grammar
 from cudal2.policy.train import Context
 from cudal2.records import Target
@@ -83,36 +89,55 @@ def grid_curve(t: Target, rows: Sequence[Row]) -> dict[int, float]:
 RESTRICTIONS = ("condition", "grammar")
 
 
-def policy_curve(
+def policy_curves(
     model: Any,
     max_history: int,
     ctx: Context,
-    t: Target,
-    rows: Sequence[Row],
+    held: Mapping[Target, Sequence[Row]],
     seed: int,
     restriction: str = "condition",
-) -> dict:
+    online: OnlineConfig | None = None,
+) -> dict[Target, dict[int, float]]:
+    """One replayed build over every held-out target, round by round; each target draws
+    from its own generator (seeded ``seed``). With ``online``, the weights (a copy) are
+    updated after each round from the round's replayed rewards, as a build does."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
-    left = list(rows)
-    own: list[Row] = []
-    found: list[float] = []
-    space = ctx.space(t) if restriction == "condition" else None
-    while left and len(found) < max(KS):
-        prompt = ctx.prompt(t, own, max_history)
-        designs = [r.design for r in left]
-        grammar = space.view(designs) if space is not None else Grammar(designs)
-        with torch.no_grad():
-            lp = pm.score(model, prompt, grammar)
-        gumbel = -torch.log(-torch.log(torch.rand(len(left), generator=gen).clamp_min(1e-20)))
-        take = torch.topk(lp + gumbel, min(ROUND, len(left))).indices.tolist()
-        picked = [left[i] for i in take]
-        found += [_speed(r) for r in picked]
-        own += picked
-        chosen = {id(r) for r in picked}
-        left = [r for r in left if id(r) not in chosen]
-    return _curve(found, max(map(_speed, rows)))
+    learner = OnlineLearner(copy.deepcopy(model), online) if online is not None else None
+    if learner is not None:
+        model = learner.model
+    gens = {t: torch.Generator().manual_seed(seed) for t in held}
+    left = {t: list(rows) for t, rows in held.items()}
+    own: dict[Target, list[Row]] = {t: [] for t in held}
+    found: dict[Target, list[float]] = {t: [] for t in held}
+    while True:
+        active = sorted(t for t in held if left[t] and len(found[t]) < max(KS))
+        if not active:
+            break
+        rewards: dict[Target, dict] = {}
+        for t in active:
+            space = ctx.space(t) if restriction == "condition" else None
+            prompt = ctx.prompt(t, own[t], max_history)
+            designs = [r.design for r in left[t]]
+            grammar = space.view(designs) if space is not None else Grammar(designs)
+            with torch.no_grad():
+                lp = pm.score(model, prompt, grammar)
+            u = torch.rand(len(designs), generator=gens[t]).clamp_min(1e-20)
+            take = torch.topk(lp - torch.log(-torch.log(u)), min(ROUND, len(designs))).indices
+            picked = [left[t][i] for i in take.tolist()]
+            found[t] += [_speed(r) for r in picked]
+            own[t] += picked
+            chosen = {id(r) for r in picked}
+            left[t] = [r for r in left[t] if id(r) not in chosen]
+            if learner is not None:
+                vl = ctx.vendor_log.get(t, 0.0)
+                learner.expect(
+                    t, conditioned_logp(prompt, grammar, take.tolist()), [r.design for r in picked]
+                )
+                rewards[t] = {r.design: reward(r, vl) for r in picked}
+        if learner is not None:
+            learner.update(rewards)
+    return {t: _curve(found[t], max(map(_speed, held[t]))) for t in held}
 
 
 def evaluate(
@@ -123,23 +148,28 @@ def evaluate(
     random_seeds: int = RANDOM_SEEDS,
     progress: Callable[[str], None] = lambda s: None,
     restriction: str = "condition",
+    online: OnlineConfig | None = None,
 ) -> dict[str, Any]:
+    """``online``: update the policy's weights between rounds (a replayed build over
+    all held-out targets per seed); None: fixed weights."""
     if restriction not in RESTRICTIONS:
         raise ValueError(f"restriction {restriction!r} is not one of {RESTRICTIONS}")
     ctx = Context(corpus, split="holdout")
-    held = {t: rs for t, rs in ctx.rows.items() if any(r.status == "ok" for r in rs)}
     # A design the legal space no longer has cannot be proposed by the policy: left out
     # for every strategy alike.
+    held = {
+        t: [r for r in rs if r.design in ctx.space(t).index]
+        for t, rs in sorted(ctx.rows.items())
+        if any(r.status == "ok" for r in rs)
+    }
+    runs = []
+    for s in range(policy_seeds):
+        progress(f"policy seed {s}: {len(held)} targets, rounds of {ROUND}")
+        runs.append(policy_curves(model, mcfg.max_history, ctx, held, s, restriction, online))
     per_target: dict[str, dict] = {}
-    for t in sorted(held):
-        space = ctx.space(t)
-        rows = [r for r in held[t] if r.design in space.index]
-        progress(f"{t.label}: {len(rows)} measured designs")
+    for t, rows in held.items():
         curves = {
-            "policy": [
-                policy_curve(model, mcfg.max_history, ctx, t, rows, s, restriction)
-                for s in range(policy_seeds)
-            ],
+            "policy": [run[t] for run in runs],
             "random": [random_curve(rows, s) for s in range(random_seeds)],
             "grid": [grid_curve(t, rows)],
         }
@@ -157,6 +187,7 @@ def evaluate(
         }
     res = summarize(per_target, policy_seeds, random_seeds)
     res["restriction"] = restriction
+    res["online"] = asdict(online) if online is not None else None
     return res
 
 

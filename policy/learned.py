@@ -5,6 +5,11 @@ nearest targets of the corpus, and what this build measured on the target so far
 speedups and profile metrics), best last. Designs are decoded field by field under the
 legal space's grammar, minus what was measured already, so every proposal is legal and
 new. Where the policy's draws repeat, the cost model's grid order fills the round up.
+
+On the GPU a build measures on, the proposer adds that GPU model's LoRA adapter to the
+base weights where one is committed (``ADAPTERS``; merged without peft), and gives the
+prompt that GPU's features. After each round, ``observe`` updates the weights from the
+round's measured rewards (``online.OnlineLearner``; ``updates=False`` keeps them fixed).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from cudal2.generator import design_space
 from cudal2.policy.base import measured_designs
 from cudal2.policy.corpus import Row
 from cudal2.policy.grid import grid_round
+from cudal2.policy.online import DEFAULT_ONLINE, OnlineConfig, OnlineLearner, full_space_logp
+from cudal2.policy.reward import reward
 from cudal2.policy.tokens import Grammar
 from cudal2.records import KernelDesign, Measurement, Target
 
@@ -25,6 +32,19 @@ DATA = Path(__file__).resolve().parent / "data"
 DEFAULT_CHECKPOINT = DATA / "h100-policy"
 DEFAULT_CORPUS = DATA / "h100-corpus.jsonl.gz"
 OVERSAMPLE = 4  # draws per wanted design before the grid fills up
+# GPU model name prefix -> the LoRA adapter trained on its measurements (on DEFAULT_CHECKPOINT)
+ADAPTERS = {"NVIDIA H100": DATA / "h100-lora", "NVIDIA H200": DATA / "h200-lora"}
+
+
+def adapter_for(gpu: str | None, checkpoint: Path) -> Path | None:
+    """The committed adapter for GPU model ``gpu``, if it was trained on ``checkpoint``."""
+    import json
+
+    for prefix, folder in ADAPTERS.items():
+        if gpu and gpu.startswith(prefix) and folder.is_dir():
+            info = json.loads((folder / "cudal2_adapter.json").read_text())
+            return folder if info.get("base") == checkpoint.name else None
+    return None
 
 
 def row_of(m: Measurement) -> Row:
@@ -55,29 +75,46 @@ class PolicyProposer:
         families: Sequence[str] | None = None,
         checkpoint: str | Path = DEFAULT_CHECKPOINT,
         corpus: str | Path = DEFAULT_CORPUS,
+        gpu: str | None = None,
+        updates: bool = True,
+        online: OnlineConfig = DEFAULT_ONLINE,
     ):
         self.seed = seed
         self.families = families
         self.checkpoint = Path(checkpoint)
         self.corpus_path = Path(corpus)
-        self._loaded: tuple[Any, Any, Any] | None = None
+        self.gpu = gpu
+        self.adapter = adapter_for(gpu, self.checkpoint)
+        self.updates = updates
+        self.online = online
+        self._loaded: tuple[Any, Any, Any, OnlineLearner | None] | None = None
 
-    def _load(self) -> tuple[Any, Any, Any]:
+    def describe(self) -> str:
+        adapter = f" + adapter {self.adapter.name}" if self.adapter else ""
+        updates = f", updated between rounds (lr {self.online.lr})" if self.updates else ""
+        return f"policy {self.checkpoint.name}{adapter}{updates}"
+
+    def _load(self) -> tuple[Any, Any, Any, OnlineLearner | None]:
         if self._loaded is None:
             from cudal2.policy import model as pm
+            from cudal2.policy.adapter import merge_lora
             from cudal2.policy.corpus import load
             from cudal2.policy.train import Context
 
             model, mcfg, _ = pm.load(self.checkpoint)
+            if self.adapter is not None:
+                merge_lora(model, self.adapter)
             # Every measured target of the corpus may serve as a neighbour in a build.
-            self._loaded = (model, mcfg, Context(load(self.corpus_path), neighbours="all"))
+            ctx = Context(load(self.corpus_path), neighbours="all", gpu=self.gpu)
+            learner = OnlineLearner(model, self.online) if self.updates else None
+            self._loaded = (model, mcfg, ctx, learner)
         return self._loaded
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         import torch
         from cudal2.policy import model as pm
 
-        model, mcfg, ctx = self._load()
+        model, mcfg, ctx, learner = self._load()
         seen = measured_designs(target, history)
         space = design_space(target.arch, target.dtype, target.layout, self.families)
         left = [d for d in space if d.key not in seen]
@@ -90,10 +127,21 @@ class PolicyProposer:
         gen = torch.Generator().manual_seed(int(digest[:15], 16))
         draws = pm.sample(model, prompt, grammar, min(len(left), OVERSAMPLE * n), gen)
         picked = list(dict.fromkeys(grammar.designs[i] for i in draws))[:n]
+        if learner is not None:
+            learner.expect(target, full_space_logp(prompt, grammar.view(picked)), picked)
         if len(picked) < n:
             chosen = set(picked)
             picked += grid_round(target, [d for d in left if d not in chosen], n - len(picked))
         return picked
 
-    def observe(self, measurements: Sequence[Measurement]) -> None:
-        return None  # the next propose() reads them from its history
+    def observe(self, measurements: Sequence[Measurement]) -> str | None:
+        """The round's rewards (speedup over torch in the same process; failures
+        ``reward.FAILURE``) update the weights; the next prompt also carries them."""
+        if self._loaded is None or self._loaded[3] is None:
+            return None
+        rewards: dict[Target, dict[KernelDesign, float]] = {}
+        for m in measurements:
+            if m.design is not None:
+                rewards.setdefault(m.target, {})[m.design] = reward(row_of(m), 0.0)
+        done = self._loaded[3].update(rewards)
+        return f"policy: weights updated from {done['groups']} targets' rounds"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -63,13 +63,21 @@ class Context:
     """What prompts are built from: the rows of ``split`` (the episodes' targets), the
     rows neighbours are taken from (the train split; ``neighbours="all"`` in a build,
     where every measured target may help), each target's vendor log speedup, the GPU's
-    features, and the legal space's grammar per (arch, dtype, layout)."""
+    features (``gpu``: a model name; the corpus's GPU by default), and the legal
+    space's grammar per (arch, dtype, layout)."""
 
-    def __init__(self, corpus: Corpus, split: str = "train", neighbours: str = "train"):
+    def __init__(
+        self,
+        corpus: Corpus,
+        split: str = "train",
+        neighbours: str = "train",
+        gpu: str | None = None,
+    ):
         self.rows = corpus.by_target(split)
         self.train_rows = corpus.by_target(None if neighbours == "all" else neighbours)
         self.vendor_log = {t: corpus.vendor_log(t) for t in corpus.targets()}
-        name = corpus.gpu.split(",")[0] or "NVIDIA H100"
+        # The prompt's GPU: the one a build measures on, else the corpus's.
+        name = gpu or corpus.gpu.split(",")[0] or "NVIDIA H100"
         self.gpu = gpu_features(name)
         self._space: dict[tuple[str, str, str], Grammar] = {}
         self._neigh: dict[Target, list] = {}
@@ -151,6 +159,47 @@ def behaviour_clone(
     model.eval()
 
 
+@dataclass
+class Group:
+    """A GRPO group: ``logp(model)`` gives the log probabilities of its samples under the
+    distribution they were drawn from (differentiable); ``adv`` their group-normalised
+    advantages; ``old`` and ``ref`` their log probabilities under the sampling policy
+    and the KL reference, taken before the update."""
+
+    logp: Callable[[Any], Any]
+    adv: Any
+    old: Any
+    ref: Any
+
+
+def advantages(r: Any) -> Any | None:
+    """(r - mean) / std within a group; None where all rewards are equal (no signal)."""
+    if float(r.std()) < 1e-6:
+        return None
+    return (r - r.mean()) / (r.std() + 1e-6)
+
+
+def grpo_update(model: Any, opt: Any, groups: Sequence[Group], cfg: TrainConfig) -> None:
+    """``cfg.inner`` steps of the clipped-ratio objective with the k3 KL estimator to the
+    reference, averaged over ``groups``."""
+    import torch
+
+    model.train()
+    for _ in range(cfg.inner):
+        opt.zero_grad()
+        for g in groups:
+            new_lp = g.logp(model)
+            ratio = torch.exp(new_lp - g.old)
+            surr = torch.min(ratio * g.adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * g.adv)
+            d = g.ref - new_lp
+            kl = (torch.exp(d) - d - 1).mean()
+            loss = -surr.mean() + cfg.kl * kl
+            (loss / len(groups)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+
+
 def grpo(
     model: Any, ref: Any, ctx: Context, cfg: TrainConfig, mcfg: pm.ModelConfig, log: Callable
 ) -> None:
@@ -161,7 +210,8 @@ def grpo(
     targets = sorted(t for t, rs in ctx.rows.items() if sum(r.status == "ok" for r in rs) >= 4)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.grpo_lr, weight_decay=0.0)
     for step in range(cfg.grpo_steps):
-        groups = []
+        groups: list[Group] = []
+        means: list[float] = []
         for t in rng.sample(targets, min(cfg.batch, len(targets))):
             prompt, pool = _episode(ctx, t, cfg, mcfg, rng)
             vl = ctx.vendor_log.get(t, 0.0)
@@ -171,29 +221,20 @@ def grpo(
                 refp = _restricted(ref, prompt, pool, space)
             pick = torch.multinomial(old.exp(), cfg.group, replacement=True, generator=gen)
             r = torch.tensor([reward(pool[i], vl) for i in pick.tolist()])
-            if float(r.std()) < 1e-6:
+            adv = advantages(r)
+            if adv is None:
                 continue
-            adv = (r - r.mean()) / (r.std() + 1e-6)
-            groups.append((prompt, pool, space, pick, adv, old[pick], refp[pick], float(r.mean())))
+
+            def logp(m: Any, prompt=prompt, pool=pool, space=space, pick=pick) -> Any:
+                return _restricted(m, prompt, pool, space)[pick]
+
+            groups.append(Group(logp, adv, old[pick], refp[pick]))
+            means.append(float(r.mean()))
         if not groups:
             continue
-        model.train()
-        for _ in range(cfg.inner):
-            opt.zero_grad()
-            for prompt, pool, space, pick, adv, old_lp, ref_lp, _ in groups:
-                new_lp = _restricted(model, prompt, pool, space)[pick]
-                ratio = torch.exp(new_lp - old_lp)
-                surr = torch.min(ratio * adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv)
-                d = ref_lp - new_lp
-                kl = (torch.exp(d) - d - 1).mean()
-                loss = -surr.mean() + cfg.kl * kl
-                (loss / len(groups)).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        model.eval()
+        grpo_update(model, opt, groups, cfg)
         if step % 25 == 0 or step == cfg.grpo_steps - 1:
-            mean_r = sum(g[-1] for g in groups) / len(groups)
-            log(f"grpo step {step}: mean group reward {mean_r:+.4f}")
+            log(f"grpo step {step}: mean group reward {sum(means) / len(means):+.4f}")
 
 
 def train(

@@ -2,7 +2,8 @@
 
     cudal2-policy corpus --db A.jsonl [B.jsonl.gz ...] [--holdout MANIFEST ...] --out CORPUS
     cudal2-policy train --db CORPUS [--out CHECKPOINT] [--bc-steps N] [--grpo-steps N]
-    cudal2-policy eval --db CORPUS [--checkpoint CHECKPOINT] [--adapter DIR] [--json] [--plot PNG]
+    cudal2-policy eval --db CORPUS [--checkpoint CHECKPOINT] [--adapter DIR] [--online [LR]]
+                       [--json] [--plot PNG]
     cudal2-policy adapt --db GPU_CORPUS [--base CHECKPOINT] --out DIR
 
 Exit status 2 when an input cannot be read (the message names it).
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from cudal2.policy.corpus import CorpusError
 from cudal2.policy.learned import DEFAULT_CHECKPOINT, DEFAULT_CORPUS
+from cudal2.policy.online import DEFAULT_ONLINE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("condition", "grammar"),
         default="condition",
         help="how the policy is restricted to the measured designs (docs/policy.md)",
+    )
+    e.add_argument(
+        "--online",
+        nargs="?",
+        type=float,
+        const=DEFAULT_ONLINE.lr,
+        metavar="LR",
+        help="update the policy's weights between rounds, as a build does "
+        f"(learning rate; {DEFAULT_ONLINE.lr} if given bare)",
     )
     e.add_argument("--policy-seeds", type=int, default=5)
     e.add_argument("--random-seeds", type=int, default=20)
@@ -120,6 +131,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from cudal2.policy import model as pm
     from cudal2.policy.corpus import load
     from cudal2.policy.evaluate import KS, evaluate
@@ -142,6 +155,7 @@ def _eval(args: argparse.Namespace) -> int:
         args.random_seeds,
         progress=(lambda s: None) if quiet else (lambda s: print(s, file=sys.stderr, flush=True)),
         restriction=args.restriction,
+        online=None if args.online is None else dataclasses.replace(DEFAULT_ONLINE, lr=args.online),
     )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from cudal2.generator import design_space
 from cudal2.policy import model as pm
-from cudal2.policy.adapter import load_with_adapter, save_adapter, train_adapter
-from cudal2.policy.learned import DATA
+from cudal2.policy.adapter import load_with_adapter, merge_lora, save_adapter, train_adapter
+from cudal2.policy.learned import DATA, adapter_for
 from cudal2.policy.tokens import GpuFeatures, Grammar, prompt_tokens
 from cudal2.policy.train import TrainConfig
 
@@ -56,3 +56,34 @@ def test_committed_adapters_load_on_the_committed_base(gpu):
     base, _, _ = pm.load(DATA / "h100-policy")
     h200 = dataclasses.replace(GpuFeatures(), bandwidth=4.8e12)
     assert not torch.allclose(_scores(model, h200), _scores(base, h200), atol=1e-4)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_merging_an_adapter_without_peft_matches_peft(gpu):
+    folder = DATA / f"{gpu}-lora"
+    merged, _, _ = pm.load(DATA / "h100-policy")
+    merge_lora(merged, folder)
+    with_peft, _ = load_with_adapter(DATA / "h100-policy", folder)
+    assert torch.allclose(_scores(merged), _scores(with_peft), atol=1e-4)
+
+
+def test_merging_refuses_adapters_it_cannot_merge(tmp_path):
+    import shutil
+
+    folder = tmp_path / "dora"
+    shutil.copytree(DATA / "h100-lora", folder)
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
+    model, _, _ = pm.load(DATA / "h100-policy")
+    with pytest.raises(ValueError, match="use_dora=True"):
+        merge_lora(model, folder)
+    (folder / "adapter_model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no adapter_model.safetensors"):
+        merge_lora(model, folder)
+
+
+def test_a_build_takes_the_measuring_gpus_adapter():
+    assert adapter_for("NVIDIA H200", DATA / "h100-policy") == DATA / "h200-lora"
+    assert adapter_for("NVIDIA H100 80GB HBM3", DATA / "h100-policy") == DATA / "h100-lora"
+    assert adapter_for("NVIDIA A100-SXM4-80GB", DATA / "h100-policy") is None
+    assert adapter_for("NVIDIA H200", DATA / "other-policy") is None  # trained on another base
