@@ -100,7 +100,8 @@ def test_a_builds_policy_learns_between_rounds_and_is_deterministic(recorded_mea
 
 def test_describe_names_checkpoint_adapter_and_updates():
     p = make_proposer("policy", 0, gpu="NVIDIA H200", updates=True)
-    assert p.describe() == "policy h100-policy + adapter h200-lora, updated between rounds (lr 0.001)"
+    said = "policy h100-policy + adapter h200-lora, updated between rounds (lr 0.001)"
+    assert p.describe() == said
     p = make_proposer("policy", 0, gpu="NVIDIA A100-SXM4-80GB", updates=False)
     assert p.describe() == "policy h100-policy"
 
