@@ -107,6 +107,7 @@ def write_wheel(table: dict[str, Any], cubins: Mapping[str, bytes], out_dir: Pat
         with _ReproducibleWheelFile(tmp_path, "w") as whl:
             dist_info = whl.dist_info_path
             members[f"{dist_info}/METADATA"] = _metadata(table)
+            members[f"{dist_info}/entry_points.txt"] = _entry_points(table)
             members[f"{dist_info}/WHEEL"] = _wheel_file(table)
             for arcname, data in members.items():
                 whl.writestr(_zipinfo(arcname), data)
@@ -185,16 +186,55 @@ def _init_source(table: dict[str, Any]) -> str:
     return (
         f'"""{doc}"""\n'
         "\n"
+        "from ._runtime import ops as _ops\n"
         "from ._runtime.api import bind\n"
         "\n"
         f"__version__ = {table['version']!r}\n"
+        f"NAMESPACE = {op_namespace(table)!r}  # torch.ops.<NAMESPACE>.linear / .matmul\n"
         "\n"
         "_api = bind(__name__)\n"
         "matmul = _api.matmul\n"
         "linear = _api.linear\n"
+        "warmup = _api.warmup\n"
+        "stats = _api.stats\n"
+        "has_torch_ops = _ops.register(_api, NAMESPACE)  # needs torch, not a GPU\n"
         "\n"
-        '__all__ = ["__version__", "linear", "matmul"]\n'
+        "\n"
+        "def patch_linear(model):\n"
+        '    """Route model\'s covered nn.Linear layers through the op; .restore() undoes it."""\n'
+        "    return _ops.patch_linear(model, _api, NAMESPACE)\n"
+        "\n"
+        "\n"
+        "def vllm_register():\n"
+        '    """vLLM general plugin entry point (group vllm.general_plugins)."""\n'
+        "    from ._runtime.vllm_plugin import install\n"
+        "\n"
+        "    install(_api, NAMESPACE)\n"
+        "\n"
+        "\n"
+        "__all__ = [\n"
+        '    "NAMESPACE",\n'
+        '    "__version__",\n'
+        '    "linear",\n'
+        '    "matmul",\n'
+        '    "patch_linear",\n'
+        '    "stats",\n'
+        '    "vllm_register",\n'
+        '    "warmup",\n'
+        "]\n"
     )
+
+
+def op_namespace(table: dict[str, Any]) -> str:
+    """The torch op namespace of a table's package: ``cudal2_<manifest name>``."""
+    return f"cudal2_{table['name']}"
+
+
+def _entry_points(table: dict[str, Any]) -> bytes:
+    """The vLLM general plugin entry point (loaded only by vLLM)."""
+    return (
+        f"[vllm.general_plugins]\n{op_namespace(table)} = {table['package']}:vllm_register\n"
+    ).encode()
 
 
 def _metadata(table: dict[str, Any]) -> bytes:

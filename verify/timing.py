@@ -164,3 +164,34 @@ def time_with_sync(fn: Callable[[], object], reps: int = 20) -> float:
         torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(out)
+
+
+def time_eager(fns: Mapping[str, Callable[[], object]], cfg: TimingConfig) -> dict[str, Timing]:
+    """Time each callable as eager code runs, host launches included: per sample, L2
+    is flushed and the GPU drained, then CUDA events bracket one call queued from the
+    host, so a call whose host work outlasts its GPU work shows that host time. The
+    callables are interleaved in a fresh random order every repetition, after
+    ``cfg.warmup`` untimed calls each. (For graph replays, use ``time_interleaved``.)"""
+    import torch
+
+    rng = random.Random(cfg.seed)
+    names = list(fns)
+    for _ in range(cfg.warmup):
+        for name in names:
+            fns[name]()
+    torch.cuda.synchronize()
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(cfg.reps):
+        rng.shuffle(names)
+        for name in names:
+            flush.zero_()
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1000.0)
+    return {name: Timing(tuple(s)) for name, s in samples.items()}

@@ -21,7 +21,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
-from . import cublaslt, driver
+from . import arrays, cublaslt, driver
 from .table import DispatchTable, entry_key
 
 DISABLE_ENV = "CUDAL2_DISABLE"
@@ -56,7 +56,8 @@ class Stats:
     ``fallbacks[reason]`` counts calls served by torch, by the first reason found:
     ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor), ``compiling``
     (torch.compile tracing), ``rank``, ``not_strided``, ``dtype`` (not fp16/bf16 or
-    mixed), ``grad`` (autograd would need a backward), ``shape`` (mismatch: torch
+    mixed), ``grad`` (autograd would need a backward; the torch op has one), ``bias``
+    (not an [N] tensor of the input's dtype and device), ``shape`` (mismatch: torch
     raises), ``empty``, ``stride`` (inner stride, leading dim or view rules),
     ``alignment`` (pointer not 16-byte aligned), ``device`` (not one CUDA device),
     ``arch``, ``driver``, ``gpu``, ``no_entry``, ``fallback_entry`` (the table chose
@@ -154,11 +155,16 @@ def _row_stride(shape: Any, strides: Any, k: int) -> int:
     return k if ld < 0 else ld
 
 
-def _common_checks(torch: Any, a: Any, b: Any) -> str | None:
-    """Checks shared by matmul and linear, cheapest first; a fallback reason or None."""
+def _common_checks(torch: Any, a: Any, b: Any, in_op: bool = False) -> str | None:
+    """Checks shared by matmul and linear, cheapest first; a fallback reason or None.
+    ``in_op``: called as the torch op's CPU/CUDA kernel. The dispatcher has already
+    handled tensor subclasses that dispatch in Python (FakeTensor, DTensor, ...), so
+    any tensor is plain data here (e.g. vLLM's ``Parameter`` subclasses, whose
+    ``__torch_function__`` only passes through); and the op's registered backward takes
+    care of autograd, so inputs that require grad may run a kernel."""
     if os.environ.get(DISABLE_ENV) == "1":
         return "disabled"
-    if type(a) not in _PLAIN_TYPES or type(b) not in _PLAIN_TYPES:
+    if not in_op and (type(a) not in _PLAIN_TYPES or type(b) not in _PLAIN_TYPES):
         # Non-tensors make torch raise; subclasses (FakeTensor, DTensor, ...) dispatch
         # through __torch_function__, and only torch knows what their data pointer means.
         return "tensor_type"
@@ -169,7 +175,7 @@ def _common_checks(torch: Any, a: Any, b: Any) -> str | None:
     dtype = a.dtype
     if dtype is not b.dtype or dtype not in _DTYPE_NAMES:
         return "dtype"
-    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+    if not in_op and (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
         return "grad"
     return None
 
@@ -178,9 +184,9 @@ def _common_checks(torch: Any, a: Any, b: Any) -> str | None:
 _Gemm = tuple[str, str, Any, Any, int, int, int, int, int]
 
 
-def _matmul_operands(torch: Any, a: Any, b: Any) -> _Gemm | str:
+def _matmul_operands(torch: Any, a: Any, b: Any, in_op: bool = False) -> _Gemm | str:
     """Classify ``torch.matmul(a, b)`` as a gemm_v1 GEMM, or give a fallback reason."""
-    reason = _common_checks(torch, a, b)
+    reason = _common_checks(torch, a, b, in_op)
     if reason is not None:
         return reason
     shape_a, shape_b = a.shape, b.shape
@@ -202,12 +208,23 @@ def _matmul_operands(torch: Any, a: Any, b: Any) -> _Gemm | str:
     return _finish(layout, a, b, shape_a, m, n, k, ldb)
 
 
-def _linear_operands(torch: Any, x: Any, w: Any) -> _Gemm | str:
-    """Classify ``F.linear(x, w)`` (x [..., K], w [N, K]) as a tn GEMM, or give a
-    fallback reason."""
-    reason = _common_checks(torch, x, w)
+def _linear_operands(
+    torch: Any, x: Any, w: Any, bias: Any = None, in_op: bool = False
+) -> _Gemm | str:
+    """Classify ``F.linear(x, w, bias)`` (x [..., K], w [N, K], bias [N] or None) as a
+    tn GEMM (the bias added to its output after), or give a fallback reason."""
+    reason = _common_checks(torch, x, w, in_op)
     if reason is not None:
         return reason
+    if bias is not None and (
+        (not in_op and type(bias) not in _PLAIN_TYPES)
+        or bias.dtype is not x.dtype
+        or bias.dim() != 1
+        or bias.shape[0] != w.shape[0]
+        or bias.device != x.device
+        or (not in_op and bias.requires_grad and torch.is_grad_enabled())
+    ):
+        return "bias"
     shape_x, shape_w = x.shape, w.shape
     if not shape_x or len(shape_w) != 2:
         return "rank"
@@ -263,6 +280,7 @@ class Api:
         self._lt_workspaces: dict[tuple[int, int], Any] = {}  # (device, stream) -> workspace
         self._driver_reason: str | None = None
         self._driver_checked = False
+        self._covered: set[tuple[str, str, int, int]] | None = None
 
     def __repr__(self) -> str:
         return f"Api({self.package!r})"
@@ -281,9 +299,33 @@ class Api:
 
     def matmul(self, a: Any, b: Any) -> Any:
         """``torch.matmul(a, b)``; 2-D a [M, K] with b row-major [K, N] (layout nn) or
-        b the transpose view of a row-major [N, K] (layout tn) may run a kernel."""
+        b the transpose view of a row-major [N, K] (layout tn) may run a kernel.
+        CuPy and other DLPack / CUDA-array-interface arrays go through ``arrays``
+        (no torch needed; a CuPy array back)."""
+        if (_torch is None or type(a) not in _PLAIN_TYPES) and arrays.is_foreign(a):
+            return arrays.run(self, "matmul", a, b)
+        return self._matmul(a, b, False)
+
+    def linear(self, x: Any, w: Any, bias: Any = None) -> Any:
+        """``torch.nn.functional.linear(x, w, bias)``: x [..., K], w [N, K] -> [..., N],
+        as layout tn with M = the product of x's leading dims; a bias [N] is added to
+        the kernel's output after it (no kernel fuses it yet). Other arrays: as
+        ``matmul``."""
+        if (_torch is None or type(x) not in _PLAIN_TYPES) and arrays.is_foreign(x):
+            return arrays.run(self, "linear", x, w, bias)
+        return self._linear(x, w, bias, False)
+
+    def op_matmul(self, a: Any, b: Any) -> Any:
+        """``matmul`` as the torch op's kernel (``_common_checks``' ``in_op``)."""
+        return self._matmul(a, b, True)
+
+    def op_linear(self, x: Any, w: Any, bias: Any = None) -> Any:
+        """``linear`` as the torch op's kernel (``_common_checks``' ``in_op``)."""
+        return self._linear(x, w, bias, True)
+
+    def _matmul(self, a: Any, b: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        gemm = _matmul_operands(torch, a, b)
+        gemm = _matmul_operands(torch, a, b, in_op)
         if type(gemm) is tuple:
             out = self._run(torch, gemm)
             if type(out) is not str:
@@ -292,18 +334,31 @@ class Api:
         self.stats.fallbacks[gemm] += 1
         return torch.matmul(a, b)
 
-    def linear(self, x: Any, w: Any) -> Any:
-        """``torch.nn.functional.linear(x, w)`` without bias: x [..., K], w [N, K] ->
-        [..., N], as layout tn with M = the product of x's leading dims."""
+    def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        gemm = _linear_operands(torch, x, w)
+        gemm = _linear_operands(torch, x, w, bias, in_op)
         if type(gemm) is tuple:
             out = self._run(torch, gemm)
             if type(out) is not str:
+                if bias is not None:
+                    out.add_(bias)
                 return out if x.dim() == 2 else out.view(*x.shape[:-1], gemm[5])
             gemm = out
         self.stats.fallbacks[gemm] += 1
-        return torch.nn.functional.linear(x, w)
+        return torch.nn.functional.linear(x, w, bias)
+
+    def covers(self, n: int, k: int, dtype: str, layout: str = "tn") -> bool:
+        """Whether the table has a kernel or cuBLASLt entry for (dtype, layout, N, K) on
+        any of its GPU models (the op still checks the GPU at each call)."""
+        covered = self._covered
+        if covered is None:
+            covered = {
+                (e["dtype"], e["layout"], e["n"], e["k"])
+                for e in self.table.entries
+                if e.get("kind") in ("kernel", "cublaslt")
+            }
+            self._covered = covered
+        return (dtype, layout, n, k) in covered
 
     def warmup(self, device: int | None = None) -> int:
         """Load every kernel of the table for ``device`` (default: the current one),
@@ -338,25 +393,55 @@ class Api:
         dev = a.get_device()
         if b.get_device() != dev:
             return "device"
-        shape = (dev, dtype, layout, m, n, k)
+        return self._dispatch(
+            torch,
+            (dev, dtype, layout, m, n, k),
+            a.data_ptr(),
+            b.data_ptr(),
+            lda,
+            ldb,
+            lambda: torch.empty((m, n), dtype=a.dtype, device=a.device),
+            _raw_stream,
+        )
+
+    def _dispatch(
+        self,
+        be: Any,
+        shape: tuple,
+        a_ptr: int,
+        b_ptr: int,
+        lda: int,
+        ldb: int,
+        alloc: Any,
+        stream_of: Any,
+    ) -> Any:
+        """Run the plan for ``shape`` = (device, dtype, layout, m, n, k) on operands at
+        ``a_ptr`` / ``b_ptr``: the output ``alloc()`` made, or a fallback reason. ``be``
+        is torch, or the CuPy stand-in of ``arrays``; ``stream_of(device)`` the
+        caller's current stream there."""
         plan = self._ready.get(shape)
         if plan is None or plan.reason is not None:
-            plan = self._prepare(torch, shape)
+            plan = self._prepare(be, shape)
             if type(plan) is str:
                 return plan
-        c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        dev, _, _, m, n, k = shape
+        c = alloc()
         try:
-            if torch.cuda.current_device() == dev:
-                reason = self._launch(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
+            if be.cuda.current_device() == dev:
+                reason = self._launch(
+                    be, plan, a_ptr, b_ptr, c.data_ptr(), shape, lda, ldb, stream_of
+                )
             else:
                 # The driver launches in the current context: make it the device's.
-                with torch.cuda.device(dev):
-                    reason = self._launch(torch, plan, a, b, c, m, n, k, lda, ldb, dev)
+                with be.cuda.device(dev):
+                    reason = self._launch(
+                        be, plan, a_ptr, b_ptr, c.data_ptr(), shape, lda, ldb, stream_of
+                    )
         except (driver.CudaDriverError, cublaslt.LtError) as exc:
             plan.reason = "launch_error"
             self._warn_once(
                 f"launch:{plan.key}",
-                f"{self.package}: launching {plan.key} failed ({exc}); using torch for it",
+                f"{self.package}: launching {plan.key} failed ({exc}); using the fallback for it",
             )
             return "launch_error"
         if reason is not None:
@@ -396,29 +481,28 @@ class Api:
 
     def _launch(
         self,
-        torch: Any,
+        be: Any,
         plan: _Plan,
-        a: Any,
-        b: Any,
-        c: Any,
-        m: int,
-        n: int,
-        k: int,
+        a_ptr: int,
+        b_ptr: int,
+        c_ptr: int,
+        shape: tuple,
         lda: int,
         ldb: int,
-        dev: int,
+        stream_of: Any,
     ) -> str | None:
         """Queue the plan's kernel (or cuBLASLt algorithm) on the caller's current
         stream, never synchronising: ordering is the stream's. A fallback reason when
         cuBLASLt refuses this shape (checked once per shape and leading dims)."""
-        stream = _raw_stream(dev)
+        dev, _, _, m, n, k = shape
+        stream = stream_of(dev)
         if plan.lt is None:
             driver.launch_gemm(
                 plan.kernel,
                 plan.recipe,
-                a.data_ptr(),
-                b.data_ptr(),
-                c.data_ptr(),
+                a_ptr,
+                b_ptr,
+                c_ptr,
                 m,
                 n,
                 k,
@@ -436,10 +520,10 @@ class Api:
                 return gemm
         ws = self._lt_workspaces.get((dev, stream))
         if ws is None:
-            ws = self._lt_workspace(torch, dev, stream)
+            ws = self._lt_workspace(be, dev, stream)
         if gemm.workspace_bytes > ws.numel():
             return "cublaslt_algo"
-        gemm.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), ws.data_ptr(), ws.numel(), stream)
+        gemm.run(a_ptr, b_ptr, c_ptr, ws.data_ptr(), ws.numel(), stream)
         return None
 
     # -- first-use work (under the lock, off the hot path) -----------------------

@@ -81,11 +81,18 @@ def test_wheel_members(recorded_table, built):
     expected = {f"{pkg}/__init__.py", f"{pkg}/dispatch.json"}
     expected |= {f"{pkg}/_runtime/{name}" for name in runtime_sources()}
     expected |= {f"{pkg}/cubins/{sha}.cubin" for sha in shas}
-    expected |= {f"{dist_info}/{name}" for name in ("METADATA", "WHEEL", "RECORD")}
+    expected |= {
+        f"{dist_info}/{name}" for name in ("METADATA", "WHEEL", "RECORD", "entry_points.txt")
+    }
     with zipfile.ZipFile(built) as zf:
         names = zf.namelist()
         infos = zf.infolist()
+        entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
     assert set(names) == expected
+    # the vLLM plugin: loaded by vLLM only, named after the op namespace
+    assert entry_points == (
+        f"[vllm.general_plugins]\ncudal2_{recorded_table['name']} = {pkg}:vllm_register\n"
+    )
     assert len(names) == len(expected)  # no member written twice
     package_members = [n for n in names if not n.startswith(dist_info)]
     assert package_members == sorted(package_members)

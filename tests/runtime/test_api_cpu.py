@@ -79,7 +79,7 @@ def _run_python(code: str, path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_importing_and_binding_touch_neither_torch_nor_cuda(
+def test_importing_registers_the_ops_without_touching_cuda(
     tmp_path, recorded_table, recorded_cubins, write_package
 ):
     name = write_package(tmp_path, recorded_table, recorded_cubins)
@@ -88,11 +88,18 @@ def test_importing_and_binding_touch_neither_torch_nor_cuda(
         f"""
         import sys
         import cudal2.runtime.api, cudal2.runtime.table
+        import torch  # (torch itself may import cuda-python's modules)
+        before = {{m for m in sys.modules if m.split(".")[0] == "cuda"}}
         import {name} as pkg
+        assert pkg.has_torch_ops
+        assert pkg.NAMESPACE == "cudal2_" + pkg.__name__.removeprefix("cudal2_kernels_")
+        assert callable(getattr(torch.ops, pkg.NAMESPACE).linear)
+        assert callable(getattr(torch.ops, pkg.NAMESPACE).matmul)
         hit = pkg._api.table.lookup({e["gpu"]!r}, {e["arch"]!r}, {e["dtype"]!r},
                                     {e["layout"]!r}, {e["m_measured"]}, {e["n"]}, {e["k"]})
         assert hit is not None and hit["m_measured"] == {e["m_measured"]}
-        loaded = sorted(m for m in sys.modules if m == "torch" or m.split(".")[0] == "cuda")
+        assert not torch.cuda.is_initialized()
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "cuda" and m not in before)
         assert not loaded, loaded
         """,
         tmp_path,
@@ -114,6 +121,7 @@ def test_the_runtime_works_without_torch_installed(
 
         sys.meta_path.insert(0, NoTorch())
         import {name} as pkg
+        assert not pkg.has_torch_ops
         assert len(pkg._api.table.entries) == {len(recorded_table["entries"])}
         try:
             pkg.matmul(None, None)

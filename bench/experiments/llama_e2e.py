@@ -1,0 +1,190 @@
+"""End to end: a transformers Llama with Llama-3.1-8B's dimensions, patched vs unpatched.
+
+The model is ``LlamaForCausalLM`` built from ``manifests/configs/llama-3.1-8b/config.json``
+(``--layers`` of its 32 decoder layers; random fp16 weights, seeded), run with
+``use_cache=False`` on ``input_ids`` of shape [batch, 1] for decode batches and
+[1, tokens] for the prefill, so each linear layer runs M = batch (or tokens) rows.
+The patched model is a second module tree sharing the same parameters, whose covered
+``nn.Linear`` layers ``patch_linear`` routed through the wheel's op.
+
+Correctness: logits of the unpatched and patched fp16 models against an fp32 model with
+the same (fp16-valued) weights. The patched model passes when its max |error| against
+fp32 is at most ``TOLERANCE`` times the unpatched model's: both are fp16 models with
+fp32-accumulating GEMMs that round differently (tile order, split-K), so the wheel must
+not be further from the exact result than torch's own fp16 model is.
+
+Timing (``cudal2.verify.timing``, patched and unpatched interleaved in one process):
+eager forwards (``time_eager``: L2 flushed, GPU idle, host launches included) and
+CUDA-graph replays (``time_interleaved`` offline: a graph of forwards over two input
+sets). Then ``torch.compile(fullgraph=True)`` of the patched model must run and match.
+
+    python bench/experiments/llama_e2e.py --package cudal2_kernels_llama_3_1_8b_hf_h100 \\
+        --out bench/results/h100-llama-e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import time
+from pathlib import Path
+
+from cudal2.verify.timing import TimingConfig, time_eager, time_interleaved
+
+CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
+TOLERANCE = 2.0
+CASES = (("decode", 1), ("decode", 16), ("decode", 64), ("decode", 256), ("prefill", 2048))
+
+
+def _ids(torch, kind: str, n: int, vocab: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (n, 1) if kind == "decode" else (1, n)
+    return torch.randint(0, vocab, shape, generator=g, device="cuda")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--package", required=True)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    pkg = importlib.import_module(args.package)
+    cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
+    cfg.num_hidden_layers = args.layers
+    started = time.monotonic()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        torch.set_default_dtype(torch.float16)
+        model = LlamaForCausalLM(cfg).eval()
+        torch.set_default_dtype(torch.float32)
+        ref = LlamaForCausalLM(cfg).eval()
+    ref.load_state_dict(model.state_dict())  # fp32 copies of the fp16 weights
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    patched = copy.deepcopy(model, shared)  # new modules, the same parameters
+    assert all(p is q for p, q in zip(model.parameters(), patched.parameters(), strict=True))
+    patch = pkg.patch_linear(patched)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    print(
+        f"model: {args.layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B "
+        f"parameters, {len(patch.names)} of {linears} linear layers patched "
+        f"({time.monotonic() - started:.0f} s)",
+        flush=True,
+    )
+    warmed = pkg.warmup()
+    gpu = torch.cuda.get_device_name()
+    result: dict = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "package": args.package,
+        "layers": args.layers,
+        "patched_layers": len(patch.names),
+        "linear_layers": linears,
+        "warmed_entries": warmed,
+        "tolerance": TOLERANCE,
+        "cases": [],
+    }
+    vocab = cfg.vocab_size
+    tcfg = TimingConfig(reps=args.reps, warmup=2, mode="offline")
+    for kind, n in CASES:
+        ids = [_ids(torch, kind, n, vocab, s) for s in (1, 2)]
+        with torch.no_grad():
+            want = ref(ids[0], use_cache=False).logits.float()
+            plain = model(ids[0], use_cache=False).logits.float()
+            pkg.stats.reset()
+            got = patched(ids[0], use_cache=False).logits.float()
+            hits = dict(pkg.stats.hits)
+            fallbacks = dict(pkg.stats.fallbacks)
+            err_plain = (plain - want).abs().max().item()
+            err_patched = (got - want).abs().max().item()
+            case = {
+                "kind": kind,
+                "tokens": n,
+                "max_abs_logit": round(want.abs().max().item(), 4),
+                "err_unpatched_vs_fp32": round(err_plain, 5),
+                "err_patched_vs_fp32": round(err_patched, 5),
+                "max_diff_patched_vs_unpatched": round((got - plain).abs().max().item(), 5),
+                "ok": err_patched <= TOLERANCE * err_plain,
+                "hits": hits,
+                "fallbacks": fallbacks,
+            }
+            del want, plain, got
+            eager = time_eager(
+                {
+                    "unpatched": lambda ids=ids: model(ids[0], use_cache=False),
+                    "patched": lambda ids=ids: patched(ids[0], use_cache=False),
+                },
+                tcfg,
+            )
+            graphs = time_interleaved(
+                {
+                    "unpatched": lambda j, ids=ids: model(ids[j], use_cache=False),
+                    "patched": lambda j, ids=ids: patched(ids[j], use_cache=False),
+                },
+                2,
+                tcfg,
+                est_us=1e4,
+            )
+        for mode, t in (("eager", eager), ("graph", graphs)):
+            case[mode] = {name: round(x.median_us, 1) for name, x in t.items()}
+            case[mode]["speedup"] = round(t["unpatched"].median_us / t["patched"].median_us, 4)
+            case[mode]["spread"] = {name: round(x.spread, 4) for name, x in t.items()}
+        result["cases"].append(case)
+        print(json.dumps({k: v for k, v in case.items() if k not in ("hits",)}), flush=True)
+        torch.cuda.empty_cache()
+    del ref
+    torch.cuda.empty_cache()
+    if not args.no_compile:
+        # Inductor fuses and reorders the non-GEMM ops (norms, rotary, softmax), which
+        # changes rounding by itself: the unpatched model is compiled too, so the
+        # patched model's compiled-vs-eager difference has its yardstick.
+        compiled = {
+            "patched": torch.compile(patched, fullgraph=True),
+            "unpatched": torch.compile(model, fullgraph=True),
+        }
+        checks = []
+        for kind, n in (("decode", 16), ("prefill", 2048)):
+            ids = _ids(torch, kind, n, vocab, 3)
+            row: dict = {"kind": kind, "tokens": n}
+            with torch.no_grad():
+                eager = {
+                    "patched": patched(ids, use_cache=False).logits.float(),
+                    "unpatched": model(ids, use_cache=False).logits.float(),
+                }
+                outs = {}
+                for name, fn in compiled.items():
+                    t0 = time.monotonic()
+                    pkg.stats.reset()
+                    outs[name] = fn(ids, use_cache=False).logits.float()
+                    row[f"first_call_s_{name}"] = round(time.monotonic() - t0, 1)
+                    if name == "patched":
+                        row["op_calls_in_compiled"] = sum(pkg.stats.hits.values()) + sum(
+                            pkg.stats.fallbacks.values()
+                        )
+                        row["kernel_hits_in_compiled"] = sum(pkg.stats.hits.values())
+            for name in compiled:
+                diff = (outs[name] - eager[name]).abs().max().item()
+                row[f"max_diff_compiled_vs_eager_{name}"] = round(diff, 5)
+            row["max_diff_compiled_patched_vs_compiled_unpatched"] = round(
+                (outs["patched"] - outs["unpatched"]).abs().max().item(), 5
+            )
+            row["ok"] = row["max_diff_compiled_vs_eager_patched"] <= TOLERANCE * max(
+                row["max_diff_compiled_vs_eager_unpatched"], 1e-3
+            ) and row["op_calls_in_compiled"] == len(patch.names)
+            checks.append(row)
+            print(json.dumps(row), flush=True)
+        result["compile"] = checks
+    patch.restore()
+    Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""``matmul`` / ``linear`` on arrays that are not torch tensors: CuPy arrays, and any
+array that speaks DLPack (``__dlpack__``) or ``__cuda_array_interface__`` (taken by
+CuPy without a copy). No torch is needed.
+
+The same dispatch table and kernels serve them (``Api._dispatch``), on CuPy's current
+stream of the array's device, and the output is a CuPy array. Whatever the table does
+not cover, or the kernels cannot take, goes to CuPy's own ``matmul`` (cuBLAS): as with
+torch, a fallback is never a wrong answer. CuPy has no bfloat16, so these paths are
+fp16 (and CuPy's fallback for other dtypes).
+
+``CupyAsTorch`` is the small part of torch's interface the first-use code of ``Api``
+calls (capture state, device context and properties, a byte buffer), made of CuPy.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+_cp: Any = None
+
+
+def cupy() -> Any:
+    global _cp
+    if _cp is None:
+        try:
+            import cupy as cp
+        except ImportError as exc:
+            raise ImportError(
+                "cudal2 kernels take torch tensors (torch), or CuPy/DLPack arrays through "
+                "CuPy: install torch or cupy"
+            ) from exc
+        _cp = cp
+    return _cp
+
+
+def is_foreign(x: Any) -> bool:
+    """An array for this module: not a torch tensor (subclasses included), and CuPy
+    can take it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return False
+    return hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")
+
+
+def as_cupy(x: Any) -> Any:
+    cp = cupy()
+    if isinstance(x, cp.ndarray):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return cp.asarray(x)  # no copy
+    return cp.from_dlpack(x)
+
+
+class _Buffer:
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any):
+        self.array = array
+
+    def data_ptr(self) -> int:
+        return self.array.data.ptr
+
+    def numel(self) -> int:
+        return self.array.size
+
+
+class _Cuda:
+    def __init__(self, cp: Any):
+        self._cp = cp
+
+    def is_current_stream_capturing(self) -> bool:
+        return bool(self._cp.cuda.get_current_stream().is_capturing())
+
+    def device(self, dev: int) -> Any:
+        return self._cp.cuda.Device(dev)
+
+    def current_device(self) -> int:
+        return self._cp.cuda.runtime.getDevice()
+
+    def get_device_capability(self, dev: int) -> tuple[int, int]:
+        props = self._cp.cuda.runtime.getDeviceProperties(dev)
+        return int(props["major"]), int(props["minor"])
+
+    def get_device_name(self, dev: int) -> str:
+        name = self._cp.cuda.runtime.getDeviceProperties(dev)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class CupyAsTorch:
+    """What ``Api``'s first-use code asks of torch, answered by CuPy."""
+
+    uint8 = "uint8"
+
+    def __init__(self, cp: Any):
+        self._cp = cp
+        self.cuda = _Cuda(cp)
+
+    def empty(self, size: int, dtype: Any = None, device: str = "cuda:0") -> _Buffer:
+        with self._cp.cuda.Device(int(str(device).rpartition(":")[2] or 0)):
+            return _Buffer(self._cp.empty(size, dtype=self._cp.uint8))
+
+
+_be: CupyAsTorch | None = None
+
+
+def _stream(dev: int) -> int:
+    return cupy().cuda.get_current_stream().ptr
+
+
+def _operands(cp: Any, a: Any, b: Any, kind: str) -> tuple | str:
+    """(dtype, layout, m, n, k, lda, ldb) of ``a @ b`` (kind matmul) or ``a @ b.T``
+    (kind linear: a [..., K] collapsed to 2-D, b [N, K]), or a fallback reason."""
+    import os
+
+    from .api import DISABLE_ENV
+
+    if os.environ.get(DISABLE_ENV) == "1":
+        return "disabled"
+    if a.dtype != cp.float16 or b.dtype != cp.float16:
+        return "dtype"
+    if b.ndim != 2 or (a.ndim != 2 if kind == "matmul" else a.ndim < 1):
+        return "rank"
+    item = a.itemsize
+    if kind == "linear":
+        n, k = b.shape
+        if a.shape[-1] != k:
+            return "shape"
+        m = a.size // k if k else 0
+        if not a.flags.c_contiguous:
+            return "stride"
+        lda = k
+        sb0, sb1 = (s // item for s in b.strides)
+        if sb1 != 1 or sb0 < k:
+            return "stride"
+        layout, ldb = "tn", sb0
+    else:
+        m, k = a.shape
+        kb, n = b.shape
+        if k != kb:
+            return "shape"
+        sa0, sa1 = (s // item for s in a.strides)
+        if sa1 != 1 or (sa0 < k and m > 1):
+            return "stride"
+        lda = sa0 if m > 1 else k
+        sb0, sb1 = (s // item for s in b.strides)
+        if sb1 == 1 and sb0 >= n:
+            layout, ldb = "nn", sb0
+        elif sb0 == 1 and sb1 >= k:
+            layout, ldb = "tn", sb1
+        else:
+            return "stride"
+    if m == 0 or n == 0 or k == 0:
+        return "empty"
+    if lda < k or lda % 8 or ldb % 8 or n % 8:
+        return "stride"
+    if a.data.ptr % 16 or b.data.ptr % 16:
+        return "alignment"
+    if a.device.id != b.device.id:
+        return "device"
+    return ("fp16", layout, m, n, k, lda, ldb)
+
+
+def run(api: Any, kind: str, a: Any, b: Any, bias: Any = None) -> Any:
+    """``kind`` matmul (a @ b) or linear (a @ b.T + bias) of non-torch arrays; a CuPy
+    array on CuPy's current stream."""
+    global _be
+    cp = cupy()
+    a, b = as_cupy(a), as_cupy(b)
+    if bias is not None:
+        bias = as_cupy(bias)
+    got = _operands(cp, a, b, kind)
+    ok = type(got) is tuple
+    if ok and bias is not None and (bias.dtype != a.dtype or bias.shape != (got[3],)):
+        got = "bias"
+    if type(got) is tuple:
+        dtype, layout, m, n, k, lda, ldb = got
+        dev = a.device.id
+        if _be is None:
+            _be = CupyAsTorch(cp)
+
+        def alloc() -> _Buffer:
+            with cp.cuda.Device(dev):
+                return _Buffer(cp.empty((m, n), dtype=a.dtype))
+
+        with cp.cuda.Device(dev):
+            shape = (dev, dtype, layout, m, n, k)
+            out = api._dispatch(_be, shape, a.data.ptr, b.data.ptr, lda, ldb, alloc, _stream)
+        if type(out) is not str:
+            c = out.array
+            if bias is not None:
+                c += bias
+            return c if kind == "matmul" or a.ndim == 2 else c.reshape(*a.shape[:-1], n)
+        got = out
+    api.stats.fallbacks[got] += 1
+    if kind == "matmul":
+        return cp.matmul(a, b)
+    c = cp.matmul(a, b.T)
+    return c if bias is None else c + bias

@@ -1,0 +1,194 @@
+"""The package's torch custom ops, and routing a model's ``nn.Linear`` layers to them.
+
+``register(api, namespace)`` defines ``torch.ops.<namespace>.linear(x, w, bias=None)``
+and ``torch.ops.<namespace>.matmul(a, b)`` (namespace ``cudal2_<manifest name>``):
+
+- the CPU and CUDA kernels are ``Api.op_linear`` / ``Api.op_matmul``: dispatch by shape
+  inside the op, torch's own result for whatever the table does not cover or the
+  kernels cannot take (so CPU tensors work, through torch);
+- a fake implementation (output shape, dtype and device only), so the ops trace under
+  ``torch.compile(fullgraph=True)`` and export;
+- a backward (torch's GEMMs), so the ops can sit in a model that trains: the forward
+  runs the kernel even when inputs require grad.
+
+Registration needs torch but no GPU, and touches no CUDA. The op definitions live for
+the process; importing the package again (or a second copy of it) re-binds the
+namespace to the newest ``Api`` instead of defining the ops twice.
+
+``patch_linear(model, api, namespace)`` swaps the class of every ``nn.Linear`` whose
+(N, K, dtype) the table covers for a subclass whose forward calls the op (under
+torch.compile, or where autograd records), else ``Api.linear`` directly (the same
+dispatch, without the dispatcher's cost); the returned ``LinearPatch`` restores them
+(also as a context manager).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+_REGISTRY = "_cudal2_torch_ops"  # a process-wide module: the ops' bindings
+
+
+def _registry() -> Any:
+    reg = sys.modules.get(_REGISTRY)
+    if reg is None:
+        reg = types.ModuleType(_REGISTRY, "cudal2 torch op namespaces -> their Api")
+        reg.apis = {}  # namespace -> Api
+        reg.libs = {}  # namespace -> torch.library.Library (kept alive)
+        sys.modules[_REGISTRY] = reg
+    return reg
+
+
+def register(api: Any, namespace: str) -> bool:
+    """Define (once per process) or re-bind the ops of ``namespace`` to ``api``. False
+    when torch is not installed (the package then serves other arrays only)."""
+    try:
+        import torch  # noqa: F401 - the ops are torch's
+    except ImportError:
+        return False
+    reg = _registry()
+    first = namespace not in reg.apis
+    reg.apis[namespace] = api
+    if first:
+        reg.libs[namespace] = _define(namespace, reg.apis)
+    return True
+
+
+def _define(ns: str, apis: dict[str, Any]) -> Any:
+    import torch
+
+    lib = torch.library.Library(ns, "DEF")
+    lib.define("linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
+    lib.define("matmul(Tensor a, Tensor b) -> Tensor")
+
+    def linear(x: Any, w: Any, bias: Any = None) -> Any:
+        return apis[ns].op_linear(x, w, bias)
+
+    def matmul(a: Any, b: Any) -> Any:
+        return apis[ns].op_matmul(a, b)
+
+    for key in ("CPU", "CUDA"):
+        lib.impl("linear", linear, key)
+        lib.impl("matmul", matmul, key)
+
+    def linear_fake(x: Any, w: Any, bias: Any = None) -> Any:
+        torch._check(x.dim() >= 1 and w.dim() == 2, lambda: "linear: x [..., K], w [N, K]")
+        torch._check(x.shape[-1] == w.shape[1], lambda: "linear: x and w differ in K")
+        torch._check(x.dtype == w.dtype, lambda: "linear: x and w differ in dtype")
+        return x.new_empty((*x.shape[:-1], w.shape[0]))
+
+    def matmul_fake(a: Any, b: Any) -> Any:
+        torch._check(a.dim() == 2 and b.dim() == 2, lambda: "matmul: 2-D operands only")
+        torch._check(a.shape[1] == b.shape[0], lambda: "matmul: a and b differ in K")
+        torch._check(a.dtype == b.dtype, lambda: "matmul: a and b differ in dtype")
+        return a.new_empty((a.shape[0], b.shape[1]))
+
+    torch.library.register_fake(f"{ns}::linear", linear_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::matmul", matmul_fake, lib=lib)
+
+    def linear_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+        x, w, bias = inputs
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = bias is not None
+
+    def linear_backward(ctx: Any, grad: Any) -> tuple:
+        x, w = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gx = grad @ w if ctx.needs_input_grad[0] else None
+        gw = g2.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+    def matmul_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.save_for_backward(*inputs)
+
+    def matmul_backward(ctx: Any, grad: Any) -> tuple:
+        a, b = ctx.saved_tensors
+        ga = grad @ b.t() if ctx.needs_input_grad[0] else None
+        gb = a.t() @ grad if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+    torch.library.register_autograd(
+        f"{ns}::linear", linear_backward, setup_context=linear_setup, lib=lib
+    )
+    torch.library.register_autograd(
+        f"{ns}::matmul", matmul_backward, setup_context=matmul_setup, lib=lib
+    )
+    return lib
+
+
+class LinearPatch:
+    """The layers ``patch_linear`` routed through the op; ``restore()`` undoes it."""
+
+    def __init__(self, patched: list[tuple[str, Any, type]]):
+        self._patched = patched
+
+    @property
+    def names(self) -> list[str]:
+        """Qualified names of the patched layers."""
+        return [name for name, _, _ in self._patched]
+
+    def restore(self) -> None:
+        for _, module, cls in self._patched:
+            if getattr(type(module), "_cudal2_original", None) is cls:
+                module.__class__ = cls
+                module.__dict__.pop("_cudal2_linear", None)
+                module.__dict__.pop("_cudal2_eager", None)
+        self._patched = []
+
+    def __enter__(self) -> LinearPatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def __repr__(self) -> str:
+        return f"LinearPatch({len(self._patched)} layers)"
+
+
+_PATCHED_CLASSES: dict[type, type] = {}
+_torch: Any = None  # set by patch_linear
+
+
+def _patched_class(cls: type) -> type:
+    sub = _PATCHED_CLASSES.get(cls)
+    if sub is None:
+
+        def forward(self: Any, input: Any) -> Any:
+            # Traced (torch.compile) or recording autograd: the op, which the compiler
+            # sees and autograd differentiates. Plain inference: the same dispatch
+            # without the torch dispatcher's ~25 us per call of a Python-kernel op.
+            if _torch.is_grad_enabled() or _torch.compiler.is_compiling():
+                return self._cudal2_linear(input, self.weight, self.bias)
+            return self._cudal2_eager(input, self.weight, self.bias)
+
+        sub = type(f"Cudal2{cls.__name__}", (cls,), {"forward": forward, "_cudal2_original": cls})
+        _PATCHED_CLASSES[cls] = sub
+    return sub
+
+
+def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
+    """Route every ``nn.Linear`` of ``model`` (itself included) whose (out_features,
+    in_features, dtype) the table covers through ``torch.ops.<namespace>.linear``;
+    others are left as they are. Layers already patched are skipped."""
+    global _torch
+    import torch
+
+    _torch = torch
+    names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+    op = getattr(torch.ops, namespace).linear
+    patched = []
+    for name, module in model.named_modules():
+        cls = type(module)
+        if not isinstance(module, torch.nn.Linear) or hasattr(cls, "_cudal2_original"):
+            continue
+        dtype = names.get(module.weight.dtype)
+        if dtype is None or not api.covers(module.out_features, module.in_features, dtype):
+            continue
+        module.__class__ = _patched_class(cls)
+        module._cudal2_linear = op
+        module._cudal2_eager = api.linear
+        patched.append((name, module, cls))
+    return LinearPatch(patched)
