@@ -7,7 +7,6 @@ CPU matmuls stay quick); the tests invent no measurements.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -20,17 +19,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cudal2.runtime.api import Api, bind
-
-
-@pytest.fixture
-def package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
-    """The recorded table as an imported generated package."""
-    name = write_package(tmp_path, recorded_table, recorded_cubins)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
-    yield module
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
 
 
 @pytest.fixture

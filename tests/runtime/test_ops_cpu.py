@@ -14,16 +14,6 @@ import torch.nn.functional as F
 
 
 @pytest.fixture
-def package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
-    name = write_package(tmp_path, recorded_table, recorded_cubins)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
-    yield module
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
-
-
-@pytest.fixture
 def nk(recorded_table) -> tuple[int, int]:
     tn = [e for e in recorded_table["entries"] if e["layout"] == "tn" and e["dtype"] == "fp16"]
     e = min(tn, key=lambda e: e["n"] * e["k"])

@@ -5,15 +5,13 @@ capture, and ``torch.compile(fullgraph=True)``."""
 
 from __future__ import annotations
 
-import importlib
-import sys
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from .test_api_gpu import _check, _device_arch, _inputs, _served
+from .test_api_gpu import _check, _inputs, _served
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,14 +20,8 @@ pytestmark = [
 
 
 @pytest.fixture
-def package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
-    if _device_arch(sorted({e["arch"] for e in recorded_table["entries"]})) is None:
-        pytest.skip("the table is for another arch")
-    name = write_package(tmp_path, recorded_table, recorded_cubins)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield importlib.import_module(name)
-    for key in [k for k in sys.modules if k.split(".")[0] == name]:
-        del sys.modules[key]
+def package(gpu_package):
+    return gpu_package
 
 
 def _tn_kernels(package, recorded_table, count):
