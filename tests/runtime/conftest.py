@@ -3,9 +3,41 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
+
+_NO_TORCH = """\
+import sys
+
+class NoTorch:
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] == "torch":
+            raise ImportError("torch is not installed here")
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def run_python(code: str, path: Path, timeout: int = 120, no_torch: bool = False) -> str:
+    """Run ``code`` (dedented) in a fresh interpreter with ``path`` importable (and,
+    with ``no_torch``, torch impossible to import); its stdout, after asserting it
+    exited 0."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", (_NO_TORCH if no_torch else "") + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 @pytest.fixture

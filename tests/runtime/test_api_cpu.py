@@ -7,18 +7,15 @@ CPU matmuls stay quick); the tests invent no measurements.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from cudal2.runtime.api import Api, bind
+
+from .conftest import run_python
 
 
 @pytest.fixture
@@ -53,26 +50,12 @@ def _misaligned(a: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _run_python(code: str, path: Path) -> None:
-    """Run ``code`` in a fresh interpreter with ``path`` importable."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 def test_importing_registers_the_ops_without_touching_cuda(
     tmp_path, recorded_table, recorded_cubins, write_package
 ):
     name = write_package(tmp_path, recorded_table, recorded_cubins)
     e = recorded_table["entries"][0]
-    _run_python(
+    run_python(
         f"""
         import sys
         import cudal2.runtime.api, cudal2.runtime.table
@@ -98,16 +81,8 @@ def test_the_runtime_works_without_torch_installed(
     tmp_path, recorded_table, recorded_cubins, write_package
 ):
     name = write_package(tmp_path, recorded_table, recorded_cubins)
-    _run_python(
+    run_python(
         f"""
-        import sys
-
-        class NoTorch:
-            def find_spec(self, fullname, path=None, target=None):
-                if fullname.split(".")[0] == "torch":
-                    raise ImportError("torch is not installed here")
-
-        sys.meta_path.insert(0, NoTorch())
         import {name} as pkg
         assert not pkg.has_torch_ops
         assert len(pkg._api.table.entries) == {len(recorded_table["entries"])}
@@ -119,6 +94,7 @@ def test_the_runtime_works_without_torch_installed(
             raise AssertionError("matmul without torch must say so")
         """,
         tmp_path,
+        no_torch=True,
     )
 
 

@@ -4,14 +4,10 @@ and all of it without torch installed."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
+from .conftest import run_python
 from .test_api_gpu import _device_arch, _served
 
 cp = pytest.importorskip("cupy")
@@ -111,12 +107,6 @@ def test_the_wheel_serves_cupy_without_torch(
     code = f"""
         import sys
 
-        class NoTorch:
-            def find_spec(self, fullname, path=None, target=None):
-                if fullname.split(".")[0] == "torch":
-                    raise ImportError("torch is not installed here")
-
-        sys.meta_path.insert(0, NoTorch())
         import cupy as cp
         import {name} as pkg
         assert not pkg.has_torch_ops
@@ -131,14 +121,4 @@ def test_the_wheel_serves_cupy_without_torch(
         assert "torch" not in sys.modules
         print("ok without torch", pkg.stats)
     """
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    run_python(code, tmp_path, timeout=300, no_torch=True)
