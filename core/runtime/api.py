@@ -249,12 +249,27 @@ def _finish(
     if strides_a[-1] != 1:
         return "stride"
     lda = _row_stride(shape_a, strides_a, k)
+    reason = abi_reason(lda, ldb, n, k, a.data_ptr(), b.data_ptr())
+    if reason is not None:
+        return reason
+    return (_DTYPE_NAMES[a.dtype], layout, a, b, m, n, k, lda, ldb)
+
+
+def abi_reason(lda: int, ldb: int, n: int, k: int, a_ptr: int, b_ptr: int) -> str | None:
+    """The ABI's leading-dimension and pointer rules, for torch tensors and other
+    arrays alike: a fallback reason, or None."""
     # Every leading dim a multiple of 8 elements (16 bytes), C's (= N) included.
     if lda < k or lda % 8 or ldb % 8 or n % 8:
         return "stride"
-    if a.data_ptr() % 16 or b.data_ptr() % 16:
+    if a_ptr % 16 or b_ptr % 16:
         return "alignment"
-    return (_DTYPE_NAMES[a.dtype], layout, a, b, m, n, k, lda, ldb)
+    return None
+
+
+def dtype_name(dtype: Any) -> str | None:
+    """The table's name of a torch dtype ("fp16", "bf16"), or None."""
+    _torch or _import_torch()
+    return _DTYPE_NAMES.get(dtype)
 
 
 class Api:

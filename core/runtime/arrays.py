@@ -113,7 +113,7 @@ def _operands(cp: Any, a: Any, b: Any, kind: str) -> tuple | str:
     (kind linear: a [..., K] collapsed to 2-D, b [N, K]), or a fallback reason."""
     import os
 
-    from .api import DISABLE_ENV
+    from .api import DISABLE_ENV, abi_reason
 
     if os.environ.get(DISABLE_ENV) == "1":
         return "disabled"
@@ -152,10 +152,9 @@ def _operands(cp: Any, a: Any, b: Any, kind: str) -> tuple | str:
             return "stride"
     if m == 0 or n == 0 or k == 0:
         return "empty"
-    if lda < k or lda % 8 or ldb % 8 or n % 8:
-        return "stride"
-    if a.data.ptr % 16 or b.data.ptr % 16:
-        return "alignment"
+    reason = abi_reason(lda, ldb, n, k, a.data.ptr, b.data.ptr)
+    if reason is not None:
+        return reason
     if a.device.id != b.device.id:
         return "device"
     return ("fp16", layout, m, n, k, lda, ldb)

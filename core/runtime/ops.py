@@ -28,6 +28,8 @@ import sys
 import types
 from typing import Any
 
+from .api import dtype_name
+
 _REGISTRY = "_cudal2_torch_ops"  # a process-wide module: the ops' bindings
 
 
@@ -177,14 +179,13 @@ def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
     import torch
 
     _torch = torch
-    names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
     op = getattr(torch.ops, namespace).linear
     patched = []
     for name, module in model.named_modules():
         cls = type(module)
         if not isinstance(module, torch.nn.Linear) or hasattr(cls, "_cudal2_original"):
             continue
-        dtype = names.get(module.weight.dtype)
+        dtype = dtype_name(module.weight.dtype)
         if dtype is None or not api.covers(module.out_features, module.in_features, dtype):
             continue
         module.__class__ = _patched_class(cls)

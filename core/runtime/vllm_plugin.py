@@ -25,6 +25,8 @@ import importlib
 import warnings
 from typing import Any
 
+from .api import _arch_digits, dtype_name
+
 MODULES = (
     "vllm.model_executor.layers.utils",
     "vllm.model_executor.layers.linear",
@@ -41,11 +43,7 @@ def _capability_ok(api: Any) -> bool:
     cap = current_platform.get_device_capability()
     if cap is None:
         return False
-    digits = f"{cap[0]}{cap[1]}"
-    return any(
-        a.removeprefix("sm_").rstrip("abcdefghijklmnopqrstuvwxyz") == digits
-        for a in api.table.archs
-    )
+    return any(_arch_digits(a) == f"{cap[0]}{cap[1]}" for a in api.table.archs)
 
 
 def install(api: Any, namespace: str) -> int:
@@ -85,15 +83,11 @@ def install(api: Any, namespace: str) -> int:
 
 
 def _wrap(original: Any, api: Any, op: Any, namespace: str) -> Any:
-    import torch
-
-    names = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
     def dispatch_unquantized_gemm(*args: Any, **kwargs: Any) -> Any:
         inner = original(*args, **kwargs)
 
         def gemm(layer: Any, x: Any, weight: Any, bias: Any = None) -> Any:
-            dtype = names.get(weight.dtype)
+            dtype = dtype_name(weight.dtype)
             if (
                 dtype is not None
                 and x.dtype == weight.dtype

@@ -80,13 +80,18 @@ class _Model(torch.nn.Module):
         return self.other(self.covered(x)), self.fp32(x.float())
 
 
-def test_patch_linear_routes_covered_layers_and_restores(package, nk):
-    n, k = nk
+@pytest.fixture
+def model_run(nk):
+    """(an unpatched _Model, an input, its outputs before any patch)."""
     torch.manual_seed(0)
-    model = _Model(n, k).eval()
-    x = _inputs(n, k)[0]
+    model = _Model(*nk).eval()
+    x = _inputs(*nk)[0]
     with torch.no_grad():
-        want = model(x)
+        return model, x, model(x)
+
+
+def test_patch_linear_routes_covered_layers_and_restores(package, model_run):
+    model, x, want = model_run
     package.stats.reset()
     patch = package.patch_linear(model)
     assert patch.names == ["covered"]
@@ -105,13 +110,10 @@ def test_patch_linear_routes_covered_layers_and_restores(package, nk):
     assert type(model.covered) is torch.nn.Linear
 
 
-def test_patched_model_compiles_fullgraph_and_matches(package, nk):
+def test_patched_model_compiles_fullgraph_and_matches(package, nk, model_run):
     n, k = nk
-    torch.manual_seed(0)
-    model = _Model(n, k).eval()
-    x = _inputs(n, k)[0]
+    model, x, want = model_run
     with torch.no_grad():
-        want = model(x)
         package.patch_linear(model)
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
