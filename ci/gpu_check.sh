@@ -19,7 +19,7 @@ nvcc --version | tail -1
 $PY -m pip list 2>/dev/null | grep -iE "^(torch|cuda-python|cuda-bindings|jinja2|wheel|tqdm|transformers|pytest) " || true
 
 step "installed"
-$PY -c "import cudal2, cudal2.runtime.driver, nvmath; print('cudal2', cudal2.__version__, 'nvmath', nvmath.__version__)"
+$PY -c "import cudal2, cudal2.packaging.runtime.driver, nvmath; print('cudal2', cudal2.__version__, 'nvmath', nvmath.__version__)"
 
 step "gpu tests"
 tests_rc=0

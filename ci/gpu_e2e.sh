@@ -15,8 +15,8 @@ PKG=$(python3 -c "import sys, zipfile; print(next(n.split('/')[0] for n in zipfi
 
 if [ "${TESTS:-1}" = 1 ]; then
   step "gpu tests: the torch op, CuPy arrays, graphs, compile"
-  $PY -m pytest -m gpu tests/runtime/test_ops_gpu.py tests/runtime/test_arrays_gpu.py \
-    tests/runtime/test_api_gpu.py -q -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1 || true
+  $PY -m pytest -m gpu tests/packaging/runtime/test_ops_gpu.py tests/packaging/runtime/test_arrays_gpu.py \
+    tests/packaging/runtime/test_api_gpu.py -q -p no:cacheprovider > "$OUT/gpu-tests.txt" 2>&1 || true
   tail -5 "$OUT/gpu-tests.txt"
 fi
 

@@ -20,22 +20,22 @@ if [ -n "${TESTS:-}" ]; then
   tail -3 "$OUT/gpu-tests.txt"
 fi
 
-build() {  # MANIFEST DB
+build() {  # MANIFEST_PATH DB
   [ -f "$OUT/$2" ] || cp "manifests/$2" "$OUT/$2" 2>/dev/null || true  # recorded so far
   step "cudal2-build $1"
-  cudal2-build "manifests/$1" --measurements "$OUT/$2" --out "$OUT/dist" 2>&1 | quiet | tail -4
+  cudal2-build "$1" --measurements "$OUT/$2" --out "$OUT/dist" 2>&1 | quiet | tail -4
 }
 for sweep in ${SWEEPS:-sweep-direct-h100.toml}; do
-  build "$sweep" llm-public-h100.measurements.jsonl
+  build "bench/manifests/$sweep" llm-public-h100.measurements.jsonl
   rm -f "$OUT"/dist/cudal2_kernels_sweep_*.whl
 done
 for sweep in ${GRID_SWEEPS:-}; do
-  build "$sweep" grid-sample-h100.measurements.jsonl
+  build "bench/manifests/$sweep" grid-sample-h100.measurements.jsonl
   rm -f "$OUT"/dist/cudal2_kernels_sweep_*.whl
 done
 [ "${PRODUCTS:-1}" = 0 ] && exit 0
-build llm-public-h100.toml llm-public-h100.measurements.jsonl
-build grid-sample-h100.toml grid-sample-h100.measurements.jsonl
+build manifests/llm-public-h100.toml llm-public-h100.measurements.jsonl
+build manifests/grid-sample-h100.toml grid-sample-h100.measurements.jsonl
 [ "${BENCH:-1}" = 0 ] && exit 0
 
 for pair in llm-public:llm_public_h100 cuda-l2-grid-sample:grid_sample_h100; do

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import load_manifest
 from cudal2.policy import make_proposer
-from tqdm import tqdm
 
 
 def main(paths: list[str]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 import jinja2
+
 from cudal2 import __version__
 from cudal2.generator.families import family_of
 from cudal2.generator.space import legality

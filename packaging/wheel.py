@@ -75,8 +75,8 @@ def wheel_filename(name: str, version: str) -> str:
 
 
 def runtime_sources() -> dict[str, bytes]:
-    """Every ``*.py`` file of the installed ``cudal2.runtime`` package, by file name."""
-    root = importlib.resources.files("cudal2.runtime")
+    """Every ``*.py`` file of the installed ``cudal2.packaging.runtime`` package, by file name."""
+    root = importlib.resources.files("cudal2.packaging.runtime")
     files = [p for p in root.iterdir() if p.is_file() and p.name.endswith(".py")]
     return {p.name: p.read_bytes() for p in sorted(files, key=lambda p: p.name)}
 

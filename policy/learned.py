@@ -112,6 +112,7 @@ class PolicyProposer:
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         import torch
+
         from cudal2.policy import model as pm
 
         model, mcfg, ctx, learner = self._load()

@@ -111,7 +111,7 @@ class GpuFeatures:
 
 
 def gpu_features(name: str, sm_count: int = 132) -> GpuFeatures:
-    from cudal2.verify.floor import datasheet
+    from cudal2.hardware import datasheet
 
     flops, bw = datasheet(name)
     return GpuFeatures("sm_90a", sm_count, bw, flops)

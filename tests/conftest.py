@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from cudal2.database import MeasurementDB
-from cudal2.dispatch import build_table
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.packaging.wheel import write_wheel
+from cudal2.pipeline.dispatch import build_table
+from cudal2.pipeline.select import Selection
 from cudal2.records import Measurement
-from cudal2.select import Selection
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +91,7 @@ def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
 def _selected_table(recorded_measurements, artifact_cache) -> tuple[dict[str, Any], dict]:
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc to rebuild the recorded cubins")
-    from cudal2.build import table_from_measurements
+    from cudal2.pipeline.build import table_from_measurements
 
     return table_from_measurements(recorded_measurements, "offline", artifact_cache, "selected")
 

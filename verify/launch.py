@@ -3,8 +3,8 @@ that derives the leading dimensions from the layout."""
 
 from __future__ import annotations
 
+from cudal2.packaging.runtime import driver
 from cudal2.records import Target
-from cudal2.runtime import driver
 
 
 def dense_strides(t: Target) -> tuple[int, int, int]:

@@ -178,7 +178,8 @@ def profile(jobs: list[dict[str, Any]], timeout_s: float = 900) -> ProfileResult
 def _child(job_path: str) -> None:
     """Runs under ncu: each job's kernel launched once, in job order."""
     import torch
-    from cudal2.runtime import driver
+
+    from cudal2.packaging.runtime import driver
     from cudal2.verify.correctness import operands
     from cudal2.verify.launch import launch_dense
 

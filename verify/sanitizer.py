@@ -88,7 +88,8 @@ def _child(job_path: str) -> None:
     """Runs under compute-sanitizer: one launch of the kernel on fresh operands."""
     import torch
     from cuda.bindings import driver as cu
-    from cudal2.runtime import driver
+
+    from cudal2.packaging.runtime import driver
     from cudal2.verify.correctness import operands
     from cudal2.verify.launch import launch_dense
 

@@ -1,7 +1,7 @@
 """The vendor spread: how far each vendor baseline lands from the fp32 reference on the
 same inputs. A candidate's deviation is bounded by it (``correctness.bound``).
 
-The baselines are the ones the bench times (``verify/bench.py``): torch.matmul,
+The baselines are the ones the bench times (``cudal2/bench/bench.py``): torch.matmul,
 cuBLAS ``gemm_ex`` with W stored [N,K] (TN) and [K,N] (NN), and every cuBLASLt
 heuristic candidate (up to ``AUTOTUNE_LIMIT``): the first is the heuristic baseline,
 and the autotuned one is whichever of them times fastest, so all of them count.

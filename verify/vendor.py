@@ -7,7 +7,7 @@ computes C^T = op(W) · A^T: the weight is cuBLAS's A operand, the activation it
 - W stored [K, N] (layout nn): column-major N x K, ld N, op = N  -> cuBLAS "NN"
 Descriptors are made once per problem and pointers passed per call, so callers can
 rotate operand sets and capture calls in CUDA graphs. cuBLASLt's descriptors are the
-shipped runtime's (``cudal2.runtime.cublaslt``), so what the build autotunes is set up
+shipped runtime's (``cudal2.packaging.runtime.cublaslt``), so what the build autotunes is set up
 exactly as what a wheel later runs.
 """
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from cudal2.runtime.cublaslt import (
+
+from cudal2.packaging.runtime.cublaslt import (
     ALGO_BYTES,
     CUDA_DTYPE,
     HEURISTIC_RESULT_BYTES,

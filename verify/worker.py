@@ -3,7 +3,7 @@
 It answers jobs one at a time over a pipe. A CUDA error poisons the context, so the
 worker reports it and exits; the parent starts a fresh one for the rest of the batch.
 This module is the only place that launches candidates, through the same driver
-code the shipped runtime uses (``cudal2.runtime.driver``).
+code the shipped runtime uses (``cudal2.packaging.runtime.driver``).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cudal2.hardware import floor_us
+from cudal2.packaging.runtime import driver
+from cudal2.packaging.runtime.cublaslt import version
 from cudal2.records import Target
-from cudal2.runtime import driver
-from cudal2.runtime.cublaslt import version
 from cudal2.verify import correctness
-from cudal2.verify.floor import floor_us
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.launch import launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import torch
+
 from cudal2.verify.timing import TimingConfig, time_interleaved
 
 n = 4096

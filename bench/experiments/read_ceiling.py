@@ -68,7 +68,8 @@ def vendor_times(bench: Path, m_max: int) -> dict:
 
 def measure(m: int, n: int, k: int, cubin: bytes, sms: int) -> dict:
     import torch
-    from cudal2.runtime import driver
+
+    from cudal2.packaging.runtime import driver
     from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved
 
     read_bytes = (n * k + m * k) * 2
@@ -124,7 +125,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import torch
-    from cudal2.runtime import driver
+
+    from cudal2.packaging.runtime import driver
     from cudal2.shapes import load_shapes
     from cudal2.verify.gpu import current_gpu
 

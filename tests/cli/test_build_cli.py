@@ -9,6 +9,7 @@ import sys
 import zipfile
 
 import pytest
+
 from cudal2.cli import build as build_cli
 from cudal2.cli import diff as diff_cli
 from cudal2.manifest import default_manifest_path
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc
 
 @pytest.fixture
 def no_gpu(monkeypatch):
-    monkeypatch.setattr("cudal2.build.gpu_names", lambda: [])
+    monkeypatch.setattr("cudal2.pipeline.build.gpu_names", lambda: [])
 
 
 def _sha(p):
@@ -122,7 +123,7 @@ def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact
     target covered."""
     from cudal2.database import MeasurementDB, latest
     from cudal2.manifest import load_manifest
-    from cudal2.select import select
+    from cudal2.pipeline.select import select
 
     manifest = default_manifest_path().with_name("llm-public-h100.toml")
     db = manifest.with_name("llm-public-h100.measurements.jsonl")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from cudal2.cli.diff import main
 from cudal2.packaging.table import write_table_bytes
 from cudal2.packaging.wheel import write_wheel

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+
 from cudal2.generator import compile as comp
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build, build_all
 from cudal2.records import KernelDesign

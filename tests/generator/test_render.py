@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cudal2.generator.render import IllegalDesignError, render
 from cudal2.records import KernelDesign
 

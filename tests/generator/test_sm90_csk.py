@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cudal2.generator import legality
 from cudal2.generator.families import sm80_mma, sm90_csk
 from cudal2.generator.render import render

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 from cudal2.generator import legality
 from cudal2.generator.compile import ArtifactCache, build
 from cudal2.generator.families import sm90_stream

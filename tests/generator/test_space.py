@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from cudal2.generator import design_space, legality
 from cudal2.generator.families import sm80_mma
 from cudal2.records import KernelDesign

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+
 from cudal2.packaging.diff import (
     FASTER,
     KERNEL_SWAPPED,

@@ -16,8 +16,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import cudal2.runtime
 import pytest
+from wheel.wheelfile import WheelFile
+
+import cudal2.packaging.runtime
 from cudal2.packaging.table import TableError, read_table, write_table_bytes
 from cudal2.packaging.wheel import (
     CUBLASLT_REQUIRES,
@@ -28,7 +30,6 @@ from cudal2.packaging.wheel import (
     wheel_filename,
     write_wheel,
 )
-from wheel.wheelfile import WheelFile
 
 
 def _kernel_entries(table: dict[str, Any]) -> list[dict[str, Any]]:
@@ -156,7 +157,7 @@ def test_generated_init(recorded_table, built):
 
 
 def test_runtime_is_copied(recorded_table, built):
-    runtime_dir = Path(cudal2.runtime.__file__).parent
+    runtime_dir = Path(cudal2.packaging.runtime.__file__).parent
     on_disk = {p.name: p.read_bytes() for p in runtime_dir.glob("*.py")}
     assert "__init__.py" in on_disk
     prefix = f"{recorded_table['package']}/_runtime/"
@@ -225,9 +226,9 @@ def test_out_dir_is_created(recorded_table, recorded_cubins, tmp_path):
 
 
 def test_wheel_installs_and_imports_without_cuda(recorded_table, built, tmp_path):
-    api = Path(cudal2.runtime.__file__).parent / "api.py"
+    api = Path(cudal2.packaging.runtime.__file__).parent / "api.py"
     if not api.is_file():
-        pytest.skip("cudal2/runtime/api.py is not written yet")
+        pytest.skip("packaging/runtime/api.py is not written yet")
     target = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index"]
     pip += ["--disable-pip-version-check", "--target", str(target), str(built)]

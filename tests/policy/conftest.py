@@ -4,6 +4,7 @@ collected from the default manifest's recorded database with two of its targets 
 from __future__ import annotations
 
 import pytest
+
 from cudal2.manifest import default_manifest_path
 from cudal2.policy.corpus import collect, load
 from cudal2.policy.learned import DEFAULT_CORPUS

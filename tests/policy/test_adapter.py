@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+
 from cudal2.generator import design_space
 from cudal2.policy import model as pm
 from cudal2.policy.adapter import load_with_adapter, merge_lora, save_adapter, train_adapter

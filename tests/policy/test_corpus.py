@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+
 from cudal2.policy.corpus import CorpusError, collect, load, write
 from cudal2.policy.reward import FAILURE, neighbours, reward
 

@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+
 from cudal2.generator import design_space
 from cudal2.policy import model as pm
 from cudal2.policy.tokens import (

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+
 from cudal2.policy import make_proposer
 from cudal2.policy import model as pm
 from cudal2.policy.evaluate import KS, evaluate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cudal2.generator import legality
 from cudal2.generator.families import FAMILIES
 from cudal2.policy import GridProposer, RandomProposer, make_proposer

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from cudal2.policy import model as pm
 from cudal2.policy.evaluate import KS, evaluate, grid_curve, random_curve
 from cudal2.policy.train import Context, TrainConfig, train

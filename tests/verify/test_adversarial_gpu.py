@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from cudal2.records import Target
 
 torch = pytest.importorskip("torch")
@@ -116,8 +117,8 @@ def test_out_of_bounds_write_fails_memcheck(cubin):
 
 
 def test_work_on_another_stream_is_below_the_floor():
-    from cudal2.verify.bench import below_floor
-    from cudal2.verify.floor import floor_us
+    from cudal2.bench.bench import below_floor
+    from cudal2.hardware import floor_us
     from cudal2.verify.gpu import current_gpu
     from cudal2.verify.timing import TimingConfig, time_interleaved
 

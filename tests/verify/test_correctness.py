@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cudal2.verify.correctness import OUT_EPS, bound
 
 

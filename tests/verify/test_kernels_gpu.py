@@ -8,6 +8,7 @@ exact {0,1} trial) through the same driver launcher the runtime ships.
 from __future__ import annotations
 
 import pytest
+
 from cudal2.generator.compile import ArtifactCache, build
 from cudal2.generator.families import sm90_tma
 from cudal2.generator.space import launch_recipe
@@ -120,7 +121,7 @@ TMA_CLUSTER_DESIGNS = [
 
 
 def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
-    from cudal2.runtime import driver
+    from cudal2.packaging.runtime import driver
     from cudal2.verify import correctness
     from cudal2.verify.launch import launch_dense
 

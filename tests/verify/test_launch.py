@@ -4,8 +4,9 @@ needed: a recording stand-in takes the launch)."""
 from __future__ import annotations
 
 import pytest
+
+from cudal2.packaging.runtime import driver
 from cudal2.records import Target
-from cudal2.runtime import driver
 from cudal2.verify.launch import dense_strides, launch_dense
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from cudal2.verify import profile as prof
 
 DATA = Path(__file__).parent / "data"
@@ -54,10 +55,10 @@ def test_build_records_profiled_copies_and_feeds_them_on(
 ):
     """The build profiles each target's fastest candidates and appends enriched copies
     of their records; the proposer receives the enriched ones."""
-    from cudal2 import build as build_mod
     from cudal2.database import MeasurementDB, latest
     from cudal2.generator.compile import ArtifactCache
     from cudal2.manifest import default_manifest_path, load_manifest
+    from cudal2.pipeline import build as build_mod
 
     unprofiled = [  # kernel records (cuBLASLt ones have nothing to profile)
         m

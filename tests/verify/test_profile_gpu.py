@@ -4,6 +4,7 @@ one set per launch in job order, within their ranges."""
 from __future__ import annotations
 
 import pytest
+
 from cudal2.verify.profile import METRICS, find_ncu, job, profile
 
 torch = pytest.importorskip("torch")

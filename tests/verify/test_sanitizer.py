@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 from cudal2.database import MeasurementDB
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.pipeline.select import Selection
 from cudal2.records import Target
-from cudal2.select import Selection
 from cudal2.verify import sanitizer
 
 
@@ -31,7 +32,7 @@ def test_missing_tool_is_a_clear_error(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_a_failed_memcheck_is_recorded_once_per_build(tmp_path, monkeypatch, recorded_measurements):
-    from cudal2 import build as build_mod
+    from cudal2.pipeline import build as build_mod
 
     kernels = (m for m in recorded_measurements if m.status == "ok" and not m.is_vendor)
     best = min(kernels, key=lambda m: m.median_us)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from cudal2.records import Target
 
 torch = pytest.importorskip("torch")
@@ -55,7 +56,7 @@ def test_bound_passes_a_correct_kernel_and_rejects_a_deviating_one(
 ):
     from cudal2.generator.compile import ArtifactCache, build
     from cudal2.generator.space import launch_recipe
-    from cudal2.runtime import driver
+    from cudal2.packaging.runtime import driver
     from cudal2.verify import correctness
     from cudal2.verify.launch import launch_dense
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved, time_with_sync
 
 torch = pytest.importorskip("torch")

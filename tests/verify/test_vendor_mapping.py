@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from cudal2.verify.timing import operand_sets
 from cudal2.verify.vendor import OP_N, OP_T, Problem
 

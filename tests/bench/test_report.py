@@ -8,10 +8,11 @@ import statistics
 from pathlib import Path
 
 import pytest
+
+from cudal2.bench.report import Filter, baseline_us, read_results, summarize, table, wins
 from cudal2.cli import bench as bench_cli
+from cudal2.hardware import floor_us
 from cudal2.records import Target
-from cudal2.verify.floor import floor_us
-from cudal2.verify.report import Filter, baseline_us, read_results, summarize, table, wins
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 LLM = RESULTS / "h100-llm-public.jsonl"

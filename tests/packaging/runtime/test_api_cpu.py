@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from cudal2.runtime.api import Api, bind
+
+from cudal2.packaging.runtime.api import Api, bind
 
 from .conftest import run_python
 
@@ -58,7 +59,7 @@ def test_importing_registers_the_ops_without_touching_cuda(
     run_python(
         f"""
         import sys
-        import cudal2.runtime.api, cudal2.runtime.table
+        import cudal2.packaging.runtime.api, cudal2.packaging.runtime.table
         import torch  # (torch itself may import cuda-python's modules)
         before = {{m for m in sys.modules if m.split(".")[0] == "cuda"}}
         import {name} as pkg
@@ -253,8 +254,8 @@ def test_warmup_without_a_usable_gpu_loads_nothing(api):
 def test_an_entry_of_an_unknown_launch_abi_falls_back():
     """A table entry whose recipe names an ABI this runtime cannot launch is never
     launched (reason ``abi``); both known ABIs are launchable."""
-    from cudal2.runtime import driver
-    from cudal2.runtime.api import _Plan
+    from cudal2.packaging.runtime import driver
+    from cudal2.packaging.runtime.api import _Plan
 
     entry = {"kind": "kernel", "dtype": "fp16", "layout": "tn", "n": 8, "k": 8, "m_min": 1}
     entry.update(m_max=8, m_measured=8, gpu="H100", arch="sm_90a", design_key="x" * 64)

@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = dataclasses.replace(manifest, search=search)
 
     # Imported after validation so a bad manifest fails fast and writes nothing.
-    from cudal2.build import Build, BuildError
     from cudal2.generator.compile import ArtifactCache, NvccNotFoundError
+    from cudal2.pipeline.build import Build, BuildError
     from cudal2.verify.pool import WorkerError
 
     db = (

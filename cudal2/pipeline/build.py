@@ -17,14 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 from cudal2 import __version__
 from cudal2.database import MeasurementDB, latest
-from cudal2.dispatch import build_table
 from cudal2.generator import launch_recipe
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
 from cudal2.generator.render import IllegalDesignError
 from cudal2.manifest import Manifest
 from cudal2.packaging.wheel import write_wheel
+from cudal2.pipeline.dispatch import build_table
+from cudal2.pipeline.select import Selection, select
 from cudal2.policy import make_proposer
 from cudal2.records import (
     BuildResult,
@@ -35,13 +38,11 @@ from cudal2.records import (
     canonical_json,
     sha256_hex,
 )
-from cudal2.select import Selection, select
 from cudal2.verify.gpu import gpu_names
 from cudal2.verify.profile import find_ncu, is_profiled, job, profile
 from cudal2.verify.sanitizer import PREFIX as SANITIZER_PREFIX
 from cudal2.verify.sanitizer import memcheck
 from cudal2.verify.timing import TIMING_METHOD, Timing, TimingConfig
-from tqdm import tqdm
 
 
 class BuildError(RuntimeError):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from cudal2.build import table_from_measurements
+
+from cudal2.bench.kernels import WheelKernels
 from cudal2.manifest import default_manifest_path
 from cudal2.packaging.wheel import write_wheel
-from cudal2.select import select
-from cudal2.verify.wheel_kernels import WheelKernels
+from cudal2.pipeline.build import table_from_measurements
+from cudal2.pipeline.select import select
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 DB = default_manifest_path().with_name("default.measurements.jsonl")

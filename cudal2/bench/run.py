@@ -7,16 +7,18 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from cudal2.database import append_lines
 from cudal2.records import Target
-from tqdm import tqdm
 
 
 def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str | None) -> int:
     import torch
-    from cudal2.verify.bench import Bench, measure_ceilings
+
+    from cudal2.bench.bench import Bench, measure_ceilings
+    from cudal2.bench.report import read_results
     from cudal2.verify.gpu import current_gpu
-    from cudal2.verify.report import read_results
 
     if not torch.cuda.is_available():
         print(
@@ -27,7 +29,7 @@ def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str 
     gpu = current_gpu()
     kernels = {}
     if kernels_path:
-        from cudal2.verify.wheel_kernels import WheelKernels
+        from cudal2.bench.kernels import WheelKernels
 
         # A database's table depends on the mode its measurements were taken in.
         kernels = {mode: WheelKernels.open(kernels_path, gpu, mode) for mode in modes}

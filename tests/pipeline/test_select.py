@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from cudal2.manifest import default_manifest_path, load_manifest
-from cudal2.select import noise, select
+from cudal2.pipeline.select import noise, select
 from cudal2.verify.timing import paired_spread
 
 

@@ -30,7 +30,7 @@ def _filter_args(p: argparse.ArgumentParser) -> None:
 
 
 def _filter(a):
-    from cudal2.verify.report import Filter
+    from cudal2.bench.report import Filter
 
     return Filter(a.mode, a.dtype, a.layout, a.m_min, a.m_max)
 
@@ -40,7 +40,7 @@ def summarize_main(argv: list[str]) -> int:
     _filter_args(p)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    from cudal2.verify.report import read_results, summarize, table
+    from cudal2.bench.report import read_results, summarize, table
 
     try:
         rows = read_results(a.results)
@@ -62,7 +62,7 @@ def plot_main(argv: list[str]) -> int:
     _filter_args(p)
     p.add_argument("-o", "--output", default="speedup.png")
     a = p.parse_args(argv)
-    from cudal2.verify.report import plot, read_results
+    from cudal2.bench.report import plot, read_results
 
     try:
         out = plot(read_results(a.results), _filter(a), a.output)
@@ -94,7 +94,7 @@ def run_main(argv: list[str]) -> int:
     except ShapeFileError as e:
         print(f"cudal2-bench: error: {e}", file=sys.stderr)
         return 2
-    from cudal2.verify.runbench import run
+    from cudal2.bench.run import run
 
     modes = ("offline", "server") if a.mode == "both" else (a.mode,)
     return run(shapes, Path(a.out), modes, a.dtype, a.layout, a.reps, a.kernels)

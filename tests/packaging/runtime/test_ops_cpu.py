@@ -132,7 +132,7 @@ def test_patched_model_compiles_fullgraph_and_matches(package, nk, model_run):
 def test_reimporting_rebinds_the_namespace(
     tmp_path, recorded_table, recorded_cubins, write_package, monkeypatch, nk
 ):
-    from cudal2.runtime import ops
+    from cudal2.packaging.runtime import ops
 
     name = write_package(tmp_path, recorded_table, recorded_cubins)
     monkeypatch.syspath_prepend(str(tmp_path))

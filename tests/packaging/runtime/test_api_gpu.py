@@ -320,7 +320,7 @@ def lt_records():
     """Real vendor records: the build's vendor job (autotune, correctness suite, timing
     beside torch) run here on each of LT_TARGETS."""
     pytest.importorskip("nvmath.bindings.cublasLt")
-    from cudal2.build import vendor_measurement
+    from cudal2.pipeline.build import vendor_measurement
     from cudal2.records import Target
     from cudal2.verify.gpu import current_gpu
     from cudal2.verify.spread import VendorSpread
@@ -345,8 +345,8 @@ def lt_records():
 def lt_table(lt_records, recorded_table):
     """The recorded table with LT_TARGETS' entries of kind cublaslt added (whether or
     not they beat torch: this is about running them)."""
-    from cudal2.dispatch import build_table
-    from cudal2.select import Selection
+    from cudal2.pipeline.dispatch import build_table
+    from cudal2.pipeline.select import Selection
 
     sels = [
         Selection(
@@ -386,7 +386,7 @@ def _lt_entries(table: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_vendor_job_records_a_checked_algorithm(lt_records):
-    from cudal2.runtime import cublaslt
+    from cudal2.packaging.runtime import cublaslt
 
     for r in lt_records:
         assert r.status == "ok", (r.target.label, r.error)

@@ -8,8 +8,8 @@ from typing import Any
 
 from cudal2 import __version__
 from cudal2.generator import launch_recipe
+from cudal2.pipeline.select import Selection
 from cudal2.records import sha256_hex
-from cudal2.select import Selection
 
 TABLE_FORMAT = 1
 

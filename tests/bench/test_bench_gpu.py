@@ -4,6 +4,7 @@ vendor baseline (the recorded table: each target's best recorded kernel)."""
 from __future__ import annotations
 
 import pytest
+
 from cudal2.packaging.wheel import write_wheel
 from cudal2.records import Target
 
@@ -18,9 +19,9 @@ pytestmark = [
 def test_bench_record_times_every_baseline_and_the_wheel_kernel(
     tmp_path, recorded_table, recorded_cubins
 ):
-    from cudal2.verify.bench import VENDORS, Bench
+    from cudal2.bench.bench import VENDORS, Bench
+    from cudal2.bench.kernels import WheelKernels
     from cudal2.verify.gpu import current_gpu
-    from cudal2.verify.wheel_kernels import WheelKernels
 
     gpu = current_gpu()
     wheel = write_wheel(recorded_table, recorded_cubins, tmp_path)

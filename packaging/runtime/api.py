@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import os
 import threading
 import warnings
 from collections import Counter
 from typing import Any
 
 from . import arrays, cublaslt, driver
+from .abi import abi_reason, disabled
 from .table import DispatchTable, entry_key
 
-DISABLE_ENV = "CUDAL2_DISABLE"
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
 
 _torch: Any = None  # the torch module, once imported
@@ -162,7 +161,7 @@ def _common_checks(torch: Any, a: Any, b: Any, in_op: bool = False) -> str | Non
     any tensor is plain data here (e.g. vLLM's ``Parameter`` subclasses, whose
     ``__torch_function__`` only passes through); and the op's registered backward takes
     care of autograd, so inputs that require grad may run a kernel."""
-    if os.environ.get(DISABLE_ENV) == "1":
+    if disabled():
         return "disabled"
     if not in_op and (type(a) not in _PLAIN_TYPES or type(b) not in _PLAIN_TYPES):
         # Non-tensors make torch raise; subclasses (FakeTensor, DTensor, ...) dispatch
@@ -253,17 +252,6 @@ def _finish(
     if reason is not None:
         return reason
     return (_DTYPE_NAMES[a.dtype], layout, a, b, m, n, k, lda, ldb)
-
-
-def abi_reason(lda: int, ldb: int, n: int, k: int, a_ptr: int, b_ptr: int) -> str | None:
-    """The ABI's leading-dimension and pointer rules, for torch tensors and other
-    arrays alike: a fallback reason, or None."""
-    # Every leading dim a multiple of 8 elements (16 bytes), C's (= N) included.
-    if lda < k or lda % 8 or ldb % 8 or n % 8:
-        return "stride"
-    if a_ptr % 16 or b_ptr % 16:
-        return "alignment"
-    return None
 
 
 def dtype_name(dtype: Any) -> str | None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import io
 import time
 
-from cudal2.build import Build, vendor_measurement, vendor_toolchain
 from cudal2.database import MeasurementDB
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.pipeline.build import Build, vendor_measurement, vendor_toolchain
 from cudal2.verify.timing import TimingConfig
 
 

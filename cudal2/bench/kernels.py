@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cudal2.packaging.runtime import cublaslt, driver
+from cudal2.packaging.runtime.table import DispatchTable, entry_key
 from cudal2.records import GpuInfo, Target
-from cudal2.runtime import cublaslt, driver
-from cudal2.runtime.table import DispatchTable, entry_key
 from cudal2.verify.launch import launch_dense
 
 
@@ -43,9 +43,9 @@ class WheelKernels:
                     if "/cubins/" in n and n.endswith(".cubin"):
                         cubins[Path(n).stem] = z.read(n)
         elif path.suffix == ".jsonl":
-            from cudal2.build import table_from_measurements
             from cudal2.database import MeasurementDB
             from cudal2.generator.compile import ArtifactCache
+            from cudal2.pipeline.build import table_from_measurements
 
             history = MeasurementDB(path).read()
             if not history:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cudal2 import __version__
+from cudal2.hardware import datasheet, floor_us
 from cudal2.records import GpuInfo, Target
-from cudal2.verify.floor import datasheet, floor_us
 from cudal2.verify.spread import nvmath_available
 from cudal2.verify.timing import (
     Timing,
@@ -81,6 +81,7 @@ class Operands:
 
 def make_operands(t: Target, nsets: int, seed: int) -> Operands:
     import torch
+
     from cudal2.verify.correctness import torch_dtype
 
     gen = torch.Generator(device="cuda")

@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .abi import abi_reason, disabled
+
 _cp: Any = None
 
 
@@ -111,11 +113,7 @@ def _stream(dev: int) -> int:
 def _operands(cp: Any, a: Any, b: Any, kind: str) -> tuple | str:
     """(dtype, layout, m, n, k, lda, ldb) of ``a @ b`` (kind matmul) or ``a @ b.T``
     (kind linear: a [..., K] collapsed to 2-D, b [N, K]), or a fallback reason."""
-    import os
-
-    from .api import DISABLE_ENV, abi_reason
-
-    if os.environ.get(DISABLE_ENV) == "1":
+    if disabled():
         return "disabled"
     if a.dtype != cp.float16 or b.dtype != cp.float16:
         return "dtype"

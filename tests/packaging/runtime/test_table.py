@@ -11,7 +11,8 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from cudal2.runtime.table import DispatchTable, entry_key
+
+from cudal2.packaging.runtime.table import DispatchTable, entry_key
 
 
 def _axes(entries: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from cudal2.shapes import ShapeFileError, load_shapes
 
 SHAPES = Path(__file__).resolve().parents[2] / "bench" / "shapes"

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from cudal2.models import (
     SUPPORTED_MODEL_TYPES,
     ModelConfigError,
