@@ -19,9 +19,9 @@ from typing import Any
 
 from cudal2 import models
 from cudal2.generator.families import FAMILIES
+from cudal2.policy import PROPOSERS
 from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
 
-PROPOSERS: tuple[str, ...] = ("grid", "random", "sample", "policy")
 TIMING_MODES: tuple[str, ...] = ("offline", "server")
 
 # The gemm_v1 ABI passes M, N, K as C ``int``.

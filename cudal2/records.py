@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
+# 2: designs carry their family's own knobs (``KernelDesign.knobs``); 1: flat knobs.
+SCHEMA_VERSION = 2
 
 Dtype = Literal["fp16", "bf16"]
 Layout = Literal["tn", "nn"]
@@ -79,71 +80,107 @@ class Target:
 
 
 @dataclass(frozen=True, order=True)
-class KernelDesign:
-    """One point of a kernel family's design space.
+class Knobs:
+    """A kernel family's knob values, by name: immutable, hashable, and equal when the
+    values are (kept sorted by name). Read one as an attribute, ``d.knobs.stages``.
 
-    A design is shape-generic: its cubin takes M, N, K and the leading dimensions
-    at run time and is correct for every size >= 1 that meets the family's
-    alignment rule. It is specific to (arch, dtype, layout).
-    Tile knobs: block tile ``bm x bn x bk``, warps per block ``warps_m x warps_n``
-    (each owning a ``bm/warps_m x bn/warps_n`` output tile) times ``warps_k`` (warps
-    that split each K tile and are reduced through shared memory: sliced-K),
-    ``stages`` of the shared-memory pipeline, ``split_k`` slices of K over blocks,
-    ``cluster_m x cluster_n`` thread-block cluster (sm90tma: 2 x 1, CTAs of adjacent
-    M tiles multicasting the shared B tile), ``swizzle`` raster group width,
-    ``persistent`` (1: one CTA per SM slot walks the output tiles; 2: the same with
-    consumer warpgroups taking turns on whole tiles, "ping-pong"; added after the first
-    records, so it is left out of ``as_json`` and the key when 0 and every earlier
-    design keeps its key and name).
+    Which names a family has, their domains and what they mean is the family's
+    declaration (``cudal2.generator.families``); this record only carries values.
+    """
+
+    items: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        for name, value in self.items:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"knob name {name!r} is not an identifier")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"knob {name} = {value!r}: a knob value is an integer")
+        names = [name for name, _ in self.items]
+        if names != sorted(set(names)):
+            object.__setattr__(self, "items", tuple(sorted(dict(self.items).items())))
+            if len(self.items) != len(names):
+                raise ValueError(f"knob names repeat: {names}")
+
+    @classmethod
+    def of(cls, **values: int) -> Knobs:
+        return cls(tuple(sorted(values.items())))
+
+    def __getattr__(self, name: str) -> int:
+        # Called only when normal lookup fails: a knob's value, by name.
+        for key, value in object.__getattribute__(self, "items"):
+            if key == name:
+                return value
+        raise AttributeError(f"no knob {name!r} (knobs: {[k for k, _ in self.items]})")
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.items)
+
+    def replace(self, **changes: int) -> Knobs:
+        unknown = set(changes) - set(self.names())
+        if unknown:
+            raise ValueError(f"no knobs {sorted(unknown)} (knobs: {list(self.names())})")
+        return Knobs.of(**{**dict(self.items), **changes})
+
+    def as_json(self) -> dict[str, int]:
+        return dict(self.items)
+
+
+class DesignFormatError(ValueError):
+    """A design record this version cannot read (e.g. one of schema 1, written before
+    families owned their knobs: migrate it with ``python -m cudal2.migrate``)."""
+
+
+@dataclass(frozen=True, order=True)
+class KernelDesign:
+    """One point of a kernel family's design space: the family, what it is built for
+    (arch, dtype, layout) and the family's own knob values.
+
+    A design is shape-generic: its cubin takes M, N, K and the leading dimensions at
+    run time and is correct for every size >= 1 that meets the family's alignment
+    rule. Everything the knobs mean — their names and domains, legality, the launch
+    recipe, the template context, the design's name, the cost model's features and the
+    policy's tokens — comes from the family's declaration
+    (``cudal2.generator.families``); this record carries the values. ``key`` is the
+    sha256 of its canonical JSON.
     """
 
     family: str
     arch: str
     dtype: str
     layout: str
-    bm: int
-    bn: int
-    bk: int
-    warps_m: int
-    warps_n: int
-    stages: int
-    warps_k: int = 1
-    split_k: int = 1
-    cluster_m: int = 1
-    cluster_n: int = 1
-    swizzle: int = 1
-    persistent: int = 0
+    knobs: Knobs
 
     def as_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if not self.persistent:
-            del d["persistent"]
-        return d
+        return {
+            "family": self.family,
+            "arch": self.arch,
+            "dtype": self.dtype,
+            "layout": self.layout,
+            "knobs": self.knobs.as_json(),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> KernelDesign:
-        return cls(**d)
+        if not isinstance(d, dict) or not isinstance(d.get("knobs"), dict):
+            raise DesignFormatError(
+                f"not a design of this schema (no 'knobs' object): {str(d)[:120]}; a record "
+                "written before families owned their knobs is migrated with "
+                "`python -m cudal2.migrate FILE`"
+            )
+        extra = set(d) - {"family", "arch", "dtype", "layout", "knobs"}
+        if extra:
+            raise DesignFormatError(f"unknown design fields {sorted(extra)}")
+        return cls(d["family"], d["arch"], d["dtype"], d["layout"], Knobs.of(**d["knobs"]))
 
     @property
     def key(self) -> str:
-        """sha256 of the canonical JSON of every field."""
+        """sha256 of the canonical JSON of the design."""
         return sha256_hex(canonical_json(self.as_json()))
 
-    @property
-    def name(self) -> str:
-        """Procedural, readable, unique within (family, arch, dtype, layout) knobs."""
-        arch = self.arch.replace("sm_", "sm").rstrip("a")
-        return (
-            f"hgemm_{self.family}_{arch}_{self.dtype}_{self.layout}_"
-            f"{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}x{self.warps_k}"
-            f"_s{self.stages}"
-            f"_c{self.cluster_m}x{self.cluster_n}_sk{self.split_k}_sw{self.swizzle}"
-            + ("_" + "p" * self.persistent if self.persistent else "")
-        )
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n * self.warps_k
+    def replace(self, **knobs: int) -> KernelDesign:
+        """The same design with some knob values changed."""
+        return dataclasses.replace(self, knobs=self.knobs.replace(**knobs))
 
 
 @dataclass(frozen=True)

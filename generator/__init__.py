@@ -2,6 +2,17 @@
 here touches a GPU)."""
 
 from cudal2.generator.families import FAMILIES, family_of
-from cudal2.generator.space import design_space, launch_recipe, legality
+from cudal2.generator.families.base import Features, Knob
+from cudal2.generator.space import design_name, design_space, features, launch_recipe, legality
 
-__all__ = ["FAMILIES", "design_space", "family_of", "launch_recipe", "legality"]
+__all__ = [
+    "FAMILIES",
+    "Features",
+    "Knob",
+    "design_name",
+    "design_space",
+    "family_of",
+    "features",
+    "launch_recipe",
+    "legality",
+]

@@ -8,7 +8,7 @@ import jinja2
 
 from cudal2 import __version__
 from cudal2.generator.families import family_of
-from cudal2.generator.space import legality
+from cudal2.generator.space import design_name, legality
 from cudal2.records import KernelDesign
 
 
@@ -34,18 +34,26 @@ def _env() -> jinja2.Environment:
 
 def symbol(design: KernelDesign) -> str:
     """The kernel's extern "C" symbol: its procedural name."""
-    return design.name
+    return design_name(design)
+
+
+def _label(design: KernelDesign) -> str:
+    """A name for messages, also for designs whose knobs are not their family's."""
+    try:
+        return design_name(design)
+    except (ValueError, AttributeError):
+        return f"{design.family} {design.knobs.as_json()}"
 
 
 def render(design: KernelDesign) -> str:
     """CUDA source for one design (raises IllegalDesignError listing every reason)."""
     reasons = legality(design)
     if reasons:
-        raise IllegalDesignError(f"{design.name}: " + "; ".join(reasons))
+        raise IllegalDesignError(f"{_label(design)}: " + "; ".join(reasons))
     fam = family_of(design.family)
     ctx = fam.template_context(design)
     ctx.update(
-        name=design.name,
+        name=symbol(design),
         symbol=symbol(design),
         design_key=design.key,
         arch=design.arch,

@@ -1,11 +1,12 @@
-"""The design space over every family, and per-design legality and launch recipes."""
+"""The design space over every family, and per design what its family declares:
+legality (with every reason), name, launch recipe and cost-model features."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from cudal2.generator.families import FAMILIES, family_of
+from cudal2.generator.families import FAMILIES, base, family_of
 from cudal2.records import KernelDesign
 
 
@@ -26,8 +27,21 @@ def legality(design: KernelDesign) -> list[str]:
         fam = family_of(design.family)
     except ValueError as e:
         return [str(e)]
-    return fam.legality(design)
+    reasons = base.declared_reasons(design, fam.FAMILY, fam.ARCHS, fam.LAYOUTS, fam.KNOBS)
+    if base.has_its_knobs(design, fam.KNOBS):
+        reasons += fam.rules(design)
+    return reasons
+
+
+def design_name(design: KernelDesign) -> str:
+    """The design's procedural, readable name (also its kernel's symbol)."""
+    return base.name(design, family_of(design.family).KNOBS)
 
 
 def launch_recipe(design: KernelDesign) -> dict[str, Any]:
     return family_of(design.family).launch_recipe(design)
+
+
+def features(design: KernelDesign) -> base.Features:
+    """What the cost model and the proposers see of the design."""
+    return family_of(design.family).features(design)

@@ -153,6 +153,7 @@ def collect(
 ) -> Corpus:
     """Rows of every kernel record of ``databases`` measured on ``gpu_prefix`` in
     ``mode``; a (target, design) measured more than once keeps its latest record."""
+    from cudal2.generator import design_name
     from cudal2.generator.render import IllegalDesignError, render
 
     holdout = set(holdout)
@@ -204,7 +205,7 @@ def collect(
             stamp = rec.get("measured_at", "")
             if key not in latest or stamp >= latest[key][0]:
                 latest[key] = (stamp, row)
-    rows = sorted((r for _, r in latest.values()), key=lambda r: (r.target, r.design.name))
+    rows = sorted((r for _, r in latest.values()), key=lambda r: (r.target, design_name(r.design)))
     return Corpus(rows, vendor, ", ".join(sorted(gpus)), illegal)
 
 

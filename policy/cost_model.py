@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 
-from cudal2.generator.families import family_of, sm90_direct, sm90_tma
-from cudal2.generator.space import launch_recipe
+from cudal2.generator import Features, features
+from cudal2.hardware import ARCH_LIMITS, DATASHEETS, REFERENCE_GPU
 from cudal2.records import KernelDesign, Target
 
-SM_COUNT = 132  # H100 SXM / H200
-PEAK_FLOPS = 989e12  # dense fp16/bf16, datasheet
-HBM_BW = 3.35e12
+_SHEET = DATASHEETS[REFERENCE_GPU]
+_LIMITS = ARCH_LIMITS["sm_90a"]
+SM_COUNT = _SHEET.sm_count
+PEAK_FLOPS = _SHEET.flops  # dense fp16/bf16, datasheet
+HBM_BW = _SHEET.bandwidth
 L2_BW = 3 * HBM_BW  # rough: L2 feeds several times HBM's rate
 # Effective constants, fitted (least squares on log time, grid over a few values) to
 # the recorded H100 sm80mma measurements (manifests/default.measurements.jsonl): rms
@@ -34,82 +36,60 @@ WGMMA_SATURATING_WGS = 2
 WGMMA_L2_BW = 2 * HBM_BW
 # A non-persistent wgmma CTA's prologue (barriers, pipeline fill) and epilogue run
 # with its tensor pipe idle, once per round of CTAs on an SM. A cooperative persistent
-# CTA (persistent = 1) overlaps the next tile's loads with the epilogue but not its
-# math (measured: no faster than one tile per CTA), so it pays per tile as well; a
-# ping-pong CTA (persistent = 2) runs one warpgroup's epilogue under the other's
-# wgmmas and pays once. A prior (the epilogue of a 128x256 tile moves 64-128 KB
-# through shared memory, about a microsecond), not fitted, though it raises the
-# Spearman correlation above from 0.65 to 0.71 on the same recorded (non-persistent)
-# measurements.
+# CTA overlaps the next tile's loads with the epilogue but not its math (measured: no
+# faster than one tile per CTA), so it pays per tile as well; a ping-pong CTA runs one
+# warpgroup's epilogue under the other's wgmmas and pays once. A prior (the epilogue
+# of a 128x256 tile moves 64-128 KB through shared memory, about a microsecond), not
+# fitted, though it raises the Spearman correlation above from 0.65 to 0.71 on the
+# same recorded (non-persistent) measurements.
 WGMMA_TILE_OVERHEAD_S = 1e-6
-WGMMA_FAMILIES = ("sm90tma", "sm90wgmma")
 
 
-def _threads(d: KernelDesign) -> int:
-    """Threads per block, as the family launches it (sm90stream adds its producer)."""
-    return launch_recipe(d)["block"][0]
-
-
-def _regs(d: KernelDesign) -> int:
-    if d.family == "sm90direct":  # the family's own budget, both register buffers
-        return min(255, sm90_direct.data_regs(d) + sm90_direct.OTHER_REGS)
-    if d.family == "sm90tma":  # the consumers' accumulators; the producer gives back
-        return min(255, sm90_tma.acc_regs(d) + 40)
-    if d.family == "sm90stream":  # weight rows on the mma M side
-        mi, nj = d.bn // d.warps_n // 16, d.bm // d.warps_m // 8
-        return min(255, mi * nj * 4 + mi * 4 + nj * 2 + 40)
-    mi, ni = d.bm // d.warps_m // 16, d.bn // d.warps_n // 8
-    return min(255, mi * ni * 4 + mi * 4 + ni * 2 + 48)
-
-
-def _blocks_per_sm(d: KernelDesign) -> int:
-    smem = family_of(d.family).smem_bytes(d)
-    by_smem = (228 * 1024) // max(smem + 1024, 1)
-    by_threads = 2048 // _threads(d)
-    by_regs = 65536 // (_threads(d) * _regs(d))
+def _blocks_per_sm(f: Features) -> int:
+    by_smem = _LIMITS.smem_per_sm // max(f.smem_bytes + 1024, 1)
+    by_threads = _LIMITS.max_threads_per_sm // f.threads
+    by_regs = _LIMITS.registers_per_sm // (f.threads * f.regs)
     return max(1, min(by_smem, by_threads, by_regs, 32))
 
 
-def _bytes_in_flight(d: KernelDesign, k_block: int) -> int:
+def _bytes_in_flight(f: Features, k_block: int) -> int:
     """Operand bytes one resident block keeps requested ahead of its math."""
-    if d.family == "sm90direct":
-        # Every warp: bk/32 16-byte loads per lane for each of its two weight rows
-        # and its bm/8 activation rows, all issued before the step's mmas.
-        return d.threads * (d.bk // 32) * (2 + d.bm // 8) * 16
-    ahead = d.stages if d.family in ("sm90stream", "sm90tma") else d.stages - 1  # producer
-    return min(ahead, math.ceil(k_block / d.bk)) * (d.bm + d.bn) * d.bk * 2
+    if f.stream_bytes:
+        return f.stream_bytes
+    return min(f.prefetch_tiles, math.ceil(k_block / f.bk)) * (f.bm + f.bn) * f.bk * 2
 
 
 def predicted_time_s(d: KernelDesign, t: Target) -> float:
-    tiles = math.ceil(t.m / d.bm) * math.ceil(t.n / d.bn)
+    f = features(d)
+    tiles = math.ceil(t.m / f.bm) * math.ceil(t.n / f.bn)
     # Split-K: ``split_k`` blocks per output tile, each with its share of K's tiles.
-    blocks = tiles * d.split_k
-    k_block = math.ceil(math.ceil(t.k / d.bk) / d.split_k) * d.bk
-    occ = _blocks_per_sm(d)
+    blocks = tiles * f.split_k
+    k_block = math.ceil(math.ceil(t.k / f.bk) / f.split_k) * f.bk
+    occ = _blocks_per_sm(f)
     # Work of the busiest SM: its share of blocks, at a rate that needs >= 8 warps to saturate.
     blocks_on_busiest = math.ceil(blocks / SM_COUNT)
-    warps_resident = min(occ, blocks_on_busiest) * d.warps_m * d.warps_n * d.warps_k
-    if d.family in WGMMA_FAMILIES:
+    warps_resident = min(occ, blocks_on_busiest) * f.warps
+    if f.wgmma:
         wgs = warps_resident / 4
         sm_rate = PEAK_FLOPS * WGMMA_EFFICIENCY / SM_COUNT * min(1.0, wgs / WGMMA_SATURATING_WGS)
     else:
         sm_rate = PEAK_FLOPS * MMA_SYNC_EFFICIENCY / SM_COUNT * min(1.0, warps_resident / 8)
-    compute = blocks_on_busiest * 2 * d.bm * d.bn * k_block / sm_rate
+    compute = blocks_on_busiest * 2 * f.bm * f.bn * k_block / sm_rate
     # Bandwidth: DRAM once, L2 once per block; only the SMs in use pull data, and an
     # SM streams at full rate only with bandwidth x latency bytes in flight (Little's
-    # law), which the (stages - 1) tiles it prefetches per resident block provide.
+    # law), which the tiles it prefetches per resident block provide.
     active = min(blocks, SM_COUNT) / SM_COUNT
     need = HBM_BW / SM_COUNT * MEM_LATENCY_S
-    in_flight = min(occ, blocks_on_busiest) * _bytes_in_flight(d, k_block)
+    in_flight = min(occ, blocks_on_busiest) * _bytes_in_flight(f, k_block)
     feed = min(1.0, in_flight / need)
     dram = t.min_bytes / (HBM_BW * max(active, 0.25) * feed)
-    l2_bw = WGMMA_L2_BW if d.family in WGMMA_FAMILIES else L2_BW
+    l2_bw = WGMMA_L2_BW if f.wgmma else L2_BW
     # a multicast cluster along M reads each B tile once per cluster_m CTAs
-    l2 = blocks * (d.bm + d.bn / d.cluster_m) * k_block * 2 / (l2_bw * active * feed)
+    l2 = blocks * (f.bm + f.bn / f.cluster_m) * k_block * 2 / (l2_bw * active * feed)
     # Pipeline fill: each block waits for its first tiles before the first mma.
-    fill = MEM_LATENCY_S * (1 + 0.1 * (d.stages if d.family != "sm90direct" else 4))
-    reduce = CLUSTER_REDUCE_S if d.split_k > 1 else 0.0
+    fill = MEM_LATENCY_S * (1 + 0.1 * f.fill_stages)
+    reduce = CLUSTER_REDUCE_S if f.split_k > 1 else 0.0
     rounds = 0.0
-    if d.family in WGMMA_FAMILIES:
-        rounds = 1 if d.persistent == 2 else math.ceil(blocks_on_busiest / occ)
+    if f.wgmma:
+        rounds = 1 if f.pingpong else math.ceil(blocks_on_busiest / occ)
     return max(compute, dram, l2) + fill + reduce + rounds * WGMMA_TILE_OVERHEAD_S

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cudal2.generator import design_space
+from cudal2.generator import design_name, design_space, features
 from cudal2.policy.base import measured_designs
 from cudal2.policy.cost_model import predicted_time_s
 from cudal2.records import KernelDesign, Measurement, Target
@@ -13,14 +13,15 @@ from cudal2.records import KernelDesign, Measurement, Target
 def grid_round(target: Target, designs: Sequence[KernelDesign], n: int) -> list[KernelDesign]:
     """One round of grid search over ``designs``: the model's best design of each
     distinct block tile first, then the rest in rank order."""
-    ranked = sorted(designs, key=lambda d: (predicted_time_s(d, target), d.name))
+    ranked = sorted(designs, key=lambda d: (predicted_time_s(d, target), design_name(d)))
     picked: list[KernelDesign] = []
     tiles: set[tuple[int, int]] = set()
     for d in ranked:  # first pass: one design per tile shape
         if len(picked) == n:
             break
-        if (d.bm, d.bn) not in tiles:
-            tiles.add((d.bm, d.bn))
+        f = features(d)
+        if (f.bm, f.bn) not in tiles:
+            tiles.add((f.bm, f.bn))
             picked.append(d)
     chosen = set(picked)
     for d in ranked:  # second pass: fill up in rank order

@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.policy.tokens import FIELDS, VOCAB, Grammar
-
-N_FIELDS = len(FIELDS)
+from cudal2.policy.tokens import N_FIELDS, VOCAB, Grammar
 
 
 @dataclass(frozen=True)

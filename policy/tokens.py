@@ -1,12 +1,15 @@
 """The policy's language: prompt tokens (GPU, target, contrastive history) and design
-tokens decoded one field at a time under a grammar mask.
+tokens decoded one at a time under a grammar mask.
 
 A prompt is ``<bos> gpu... target... (<h> design... speed status metrics...)* <design>``,
-and the design follows as one token per field of ``FIELDS``. Each token is a
-``name=value`` string of a fixed vocabulary. The grammar (``Grammar``) is a trie over
-a set of legal designs: at every field it allows only values that continue to at
-least one design of the set, so every sample is legal (the set is the arch's design
-space) or measured (the set is a target's measured designs, for replay).
+and the design follows as ``N_FIELDS`` tokens: ``family=...``, then that family's own
+knobs in its declared order (``name=value``), then ``<eod>`` up to ``N_FIELDS``. The
+vocabulary is derived from the family registry (``cudal2.generator.families``): every
+family, and every value of every knob's domain (a knob name shared by families shares
+its tokens). The grammar (``Grammar``) is a trie over a set of legal designs: at every
+position it allows only tokens that continue to at least one design of the set, so
+every sample is legal (the set is the arch's design space) or measured (the set is a
+target's measured designs, for replay).
 """
 
 from __future__ import annotations
@@ -15,41 +18,20 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from cudal2.generator import FAMILIES, family_of
+from cudal2.hardware import DATASHEETS, REFERENCE_GPU, datasheet
 from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Target
 
-FIELDS = (
-    "family",
-    "bm",
-    "bn",
-    "bk",
-    "warps_m",
-    "warps_n",
-    "warps_k",
-    "stages",
-    "split_k",
-    "cluster_m",
-    "cluster_n",
-    "swizzle",
-    "persistent",
-)
-FAMILIES = ("sm80mma", "sm90csk", "sm90direct", "sm90stream", "sm90tma", "sm90wgmma")
-POW2 = tuple(2**i for i in range(0, 10))  # 1 .. 512
-FIELD_VALUES: dict[str, tuple] = {
-    "family": FAMILIES,
-    "bm": tuple(sorted({*POW2, 8, 24, 48, 80, 96, 112, 160, 192, 224, 240})),
-    "bn": tuple(sorted({*POW2, 24, 48, 80, 96, 112, 160, 192, 224, 240})),
-    "bk": POW2,
-    "warps_m": POW2[:6],
-    "warps_n": POW2[:6],
-    "warps_k": POW2[:6],
-    "stages": tuple(range(1, 17)),
-    "split_k": POW2[:6],
-    "cluster_m": (1, 2, 4),
-    "cluster_n": (1, 2, 4),
-    "swizzle": (1, 2, 4, 8, 16),
-    "persistent": (0, 1, 2),
-}
-SPECIAL = ("<pad>", "<bos>", "<h>", "<design>")
+FAMILY_NAMES = tuple(sorted(FAMILIES))
+# knob name -> every value any family's domain of that knob has
+KNOB_VALUES: dict[str, tuple[int, ...]] = {}
+for _fam in FAMILY_NAMES:
+    for _knob in FAMILIES[_fam].KNOBS:
+        KNOB_VALUES[_knob.name] = tuple(sorted({*KNOB_VALUES.get(_knob.name, ()), *_knob.domain}))
+# Design positions: the family, then at most this many knobs (shorter families pad
+# with <eod>, which the grammar forces, so padding costs no probability).
+N_FIELDS = 1 + max(len(FAMILIES[f].KNOBS) for f in FAMILY_NAMES)
+SPECIAL = ("<pad>", "<bos>", "<h>", "<design>", "<eod>")
 SPEED_STEP = 0.05  # log-speedup buckets
 SPEED_MIN, SPEED_MAX = -2.0, 0.4
 STATUSES = ("ok", "compile", "runtime", "incorrect", "timeout", "illegal", "pending")
@@ -73,8 +55,9 @@ def _vocab() -> tuple[str, ...]:
     for dim in ("m", "n", "k"):
         toks += [f"{dim}={b}" for b in range(0, 18)]
     toks += [f"waves128={b}" for b in range(0, 12)] + [f"mtiles64={b}" for b in range(0, 12)]
-    for f in FIELDS:
-        toks += [f"{f}={v}" for v in FIELD_VALUES[f]]
+    toks += [f"family={f}" for f in FAMILY_NAMES]
+    for name, values in sorted(KNOB_VALUES.items()):
+        toks += [f"{name}={v}" for v in values]
     toks += [f"speed={b}" for b in range(speed_bucket(SPEED_MAX) + 1)]
     toks += [f"status={s}" for s in STATUSES]
     for metric in ("dram", "tensor"):
@@ -84,7 +67,7 @@ def _vocab() -> tuple[str, ...]:
 
 VOCAB = _vocab()
 INDEX = {tok: i for i, tok in enumerate(VOCAB)}
-PAD, BOS, HIST, DESIGN = (INDEX[s] for s in SPECIAL)
+PAD, BOS, HIST, DESIGN, EOD = (INDEX[s] for s in SPECIAL)
 
 
 def tok(s: str) -> int:
@@ -97,9 +80,9 @@ def tok(s: str) -> int:
 @dataclass(frozen=True)
 class GpuFeatures:
     arch: str = "sm_90a"
-    sm_count: int = 132
-    bandwidth: float = 3.35e12  # bytes/s, datasheet
-    flops: float = 989e12  # dense fp16, datasheet
+    sm_count: int = DATASHEETS[REFERENCE_GPU].sm_count
+    bandwidth: float = DATASHEETS[REFERENCE_GPU].bandwidth  # bytes/s, datasheet
+    flops: float = DATASHEETS[REFERENCE_GPU].flops  # dense fp16, datasheet
 
     def tokens(self) -> list[int]:
         return [
@@ -110,11 +93,9 @@ class GpuFeatures:
         ]
 
 
-def gpu_features(name: str, sm_count: int = 132) -> GpuFeatures:
-    from cudal2.hardware import datasheet
-
-    flops, bw = datasheet(name)
-    return GpuFeatures("sm_90a", sm_count, bw, flops)
+def gpu_features(name: str, sm_count: int | None = None) -> GpuFeatures:
+    sheet = datasheet(name)
+    return GpuFeatures("sm_90a", sm_count or sheet.sm_count, sheet.bandwidth, sheet.flops)
 
 
 def target_tokens(t: Target, sm_count: int = 132) -> list[int]:
@@ -130,8 +111,13 @@ def target_tokens(t: Target, sm_count: int = 132) -> list[int]:
     ]
 
 
-def design_tokens(d: KernelDesign) -> list[int]:
-    return [tok(f"{f}={getattr(d, f)}") for f in FIELDS]
+def design_tokens(d: KernelDesign, pad: bool = True) -> list[int]:
+    """The design as the family's token and its knobs' tokens, in the family's declared
+    order; padded with <eod> to ``N_FIELDS`` (where it is decoded) unless ``pad`` is
+    false (in a prompt's history)."""
+    knobs = [tok(f"{k.name}={getattr(d.knobs, k.name)}") for k in family_of(d.family).KNOBS]
+    out = [tok(f"family={d.family}"), *knobs]
+    return out + [EOD] * (N_FIELDS - len(out)) if pad else out
 
 
 @dataclass(frozen=True)
@@ -146,7 +132,7 @@ class HistoryEntry:
     tensor_frac: float | None = None
 
     def tokens(self) -> list[int]:
-        out = [HIST, *design_tokens(self.design), tok(f"status={self.status}")]
+        out = [HIST, *design_tokens(self.design, pad=False), tok(f"status={self.status}")]
         if self.log_speedup is not None:
             out.append(tok(f"speed={speed_bucket(self.log_speedup)}"))
         for name, frac in (("dram", self.dram_frac), ("tensor", self.tensor_frac)):
@@ -198,7 +184,7 @@ class Grammar:
         v.seqs = [design_tokens(d) for d in v.designs]
         v._children = self._children
         missing = [
-            d.name
+            d.key[:12]
             for d, s in zip(v.designs, v.seqs, strict=True)
             if s[-1] not in self.allowed(s[:-1])
         ]

@@ -32,7 +32,12 @@ BREACHES = [
     ("generator imports the policy", "generator/space.py", "import cudal2.policy", "Layers"),
     ("policy imports packaging", "policy/grid.py", "import cudal2.packaging.wheel", "Layers"),
     ("runtime imports records", "packaging/runtime/driver.py", "import cudal2.records", "runtime"),
-    ("runtime imports the wheel", "packaging/runtime/table.py", "import cudal2.packaging.wheel", "Layers"),
+    (
+        "runtime imports the wheel",
+        "packaging/runtime/table.py",
+        "import cudal2.packaging.wheel",
+        "Layers",
+    ),
     ("a cycle in the runtime", "packaging/runtime/abi.py", "from . import api", "cycles"),
     ("a module no layer names", "stray.py", "import cudal2.records", "Layers"),
 ]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal2.generator.space import launch_recipe
+from cudal2.generator.space import design_name, launch_recipe
 from cudal2.records import KernelDesign, Target
 
 # Our name -> ncu metric names, preferred first. Percentages are of the peak.
@@ -65,7 +65,7 @@ def job(cubin: Path, design: KernelDesign, target: Target) -> dict[str, Any]:
     """One kernel launch to profile: its cubin, symbol, launch recipe and target."""
     return {
         "cubin": str(cubin),
-        "symbol": design.name,
+        "symbol": design_name(design),
         "recipe": launch_recipe(design),
         "target": target.as_json(),
     }

@@ -222,7 +222,10 @@ class Bench:
             "mode": self.mode,
             "target": t.as_json(),
             "floor_us": round(floor, 4),
-            "datasheet": dict(zip(("flops", "bytes_per_s"), datasheet(self.gpu.name), strict=True)),
+            "datasheet": {
+                "flops": datasheet(self.gpu.name).flops,
+                "bytes_per_s": datasheet(self.gpu.name).bandwidth,
+            },
             "timing": {"sets": nsets, "reps": self.reps},
             "baselines": {n: timings[n].as_json() for n in VENDORS if n in timings},
             "cublaslt_autotune": {

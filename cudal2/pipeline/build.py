@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from cudal2 import __version__
 from cudal2.database import MeasurementDB, latest
-from cudal2.generator import launch_recipe
+from cudal2.generator import design_name, launch_recipe
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
 from cudal2.generator.render import IllegalDesignError
 from cudal2.manifest import Manifest
@@ -449,7 +449,7 @@ class Build:
             self._sanitized.add(w.artifact_key)
             build_all([w.design], self.cache)  # a winner recorded by an earlier build
             cubin = self.cache.entry(w.artifact_key) / "kernel.cubin"
-            res = memcheck(cubin, w.design.name, launch_recipe(w.design), s.target)
+            res = memcheck(cubin, design_name(w.design), launch_recipe(w.design), s.target)
             if not res.ok:
                 failed.add(w.artifact_key)
                 self.db.append(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cudal2 import __version__
-from cudal2.generator import launch_recipe
+from cudal2.generator import design_name, launch_recipe
 from cudal2.pipeline.select import Selection
 from cudal2.records import sha256_hex
 
@@ -74,8 +74,8 @@ def build_table(
                 sha = sha256_hex(blob)
                 cubins[sha] = blob
                 e.update(
-                    kernel=w.design.name,
-                    symbol=w.design.name,
+                    kernel=design_name(w.design),
+                    symbol=design_name(w.design),
                     cubin_sha256=sha,
                     launch=launch_recipe(w.design),
                     design_key=w.design_key,

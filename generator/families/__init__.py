@@ -1,5 +1,6 @@
-"""Kernel families: each module gives FAMILY, TEMPLATE, legality, space, launch_recipe,
-template_context for its designs."""
+"""The kernel families: each module declares its knobs and gives its rules, space,
+launch recipe, template context and cost-model features (``base`` says what a family
+module holds). Adding a family means adding its module here and its template."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ sm90stream's profile is the reason: the bulk-copy producer kept the CTA count an
 occupancy low; here bytes in flight come from many warps, each with ``bk / 32``
 16-byte loads per weight row per step.
 
-Knobs as in KernelDesign: ``bm`` activation rows per CTA, ``bn`` = 16 x ``warps_n``
-weight rows per CTA, ``warps_k`` K-slice warps, ``bk`` k per warp step (32 per
-unrolled load), ``split_k`` (1 = no cluster), ``stages`` 2 (activations from L1) or 3 (activations
-staged through shared memory). ``warps_m`` is 1.
+Knobs: ``bm`` activation rows per CTA, ``warps_n`` warps of 16 weight rows each (the
+CTA's ``bn`` = 16 x ``warps_n``), ``warps_k`` K-slice warps, ``bk`` k per warp step (32
+per unrolled load), ``stages`` 2 (activations from L1) or 3 (activations staged through
+shared memory), ``split_k`` (1 = no cluster).
 Layout ``tn`` only: the loads need each weight row's k contiguous.
 """
 
@@ -21,14 +21,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from cudal2.generator.families import sm80_mma
-from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.generator.families import mma_sync
+from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90direct"
 TEMPLATE = "sm90_direct.cu.j2"
 ARCHS = ("sm_90a",)  # clusters and distributed shared memory: Hopper
-LAYOUTS = ("tn",)
+LAYOUTS = ("tn",)  # the loads need each weight row's k contiguous
 
 BM = (8, 16, 24, 32, 64)
 WARPS_N = (1, 2, 4, 8, 16)
@@ -47,88 +47,114 @@ OTHER_REGS = 72
 # and activations staged once per CTA through two shared-memory chunk buffers.
 STAGES = (2, 3)
 
+KNOBS = (
+    Knob("bm", tuple(range(8, 129, 8)), "m{}"),
+    Knob("warps_n", (1, 2, 4, 8, 16, 32), "w{}"),
+    Knob("warps_k", (1, 2, 4, 8, 16, 32), "x{}"),
+    Knob("bk", tuple(range(32, 513, 32)), "k{}"),
+    Knob("stages", STAGES, "s{}"),
+    Knob("split_k", SPLIT_K, "sk{}"),  # 1 = no cluster
+)
+
+
+def design(
+    arch: str, dtype: str, layout: str, bm: int, warps_n: int, warps_k: int, bk: int,
+    stages: int, split_k: int = 1,
+) -> KernelDesign:  # fmt: skip
+    return make(
+        FAMILY, arch, dtype, layout, bm=bm, warps_n=warps_n, warps_k=warps_k, bk=bk,
+        stages=stages, split_k=split_k,
+    )  # fmt: skip
+
+
+def tile(d: KernelDesign) -> mma_sync.Tile:
+    """The CTA: ``bm`` activation rows, 16 weight rows per warp, one warp along M."""
+    k = d.knobs
+    return mma_sync.Tile(k.bm, 16 * k.warps_n, k.bk, 1, k.warps_n, k.warps_k, k.stages)
+
 
 def x_smem(d: KernelDesign) -> bool:
-    return d.stages == 3
+    return d.knobs.stages == 3
 
 
 def smem_bytes(d: KernelDesign) -> int:
     """The fp32 partial tiles of the CTA's K slices; with ``x_smem``, the two
     activation chunk buffers [bm][warps_k * bk + 32] first (the tiles reuse them)."""
-    partial = d.warps_k * d.bm * (d.bn + 4) * 4
+    t = tile(d)
+    partial = t.warps_k * t.bm * (t.bn + 4) * 4
     if x_smem(d):
-        return max(partial, 2 * d.bm * (d.warps_k * d.bk + 32) * 2)
+        return max(partial, 2 * t.bm * (t.warps_k * t.bk + 32) * 2)
     return partial
 
 
 def data_regs(d: KernelDesign) -> int:
     """Load and accumulator registers per thread: two steps of weight (and, without
     ``x_smem``, activation) loads, the accumulators, one activation load in use."""
-    nj = d.bm // 8
-    unroll = d.bk // 32
+    nj = d.knobs.bm // 8
+    unroll = d.knobs.bk // 32
     if x_smem(d):
         return 2 * 2 * unroll * 4 + nj * 4 + 4
     return 2 * (2 + nj) * unroll * 4 + nj * 4
 
 
-def legality(d: KernelDesign) -> list[str]:
-    """Every reason this design cannot be built or run; empty when legal."""
-    reasons = identity_reasons(
-        d, FAMILY, ARCHS, LAYOUTS, "clusters need",
-        "this family streams k-contiguous weight rows (tn only)",
-    )  # fmt: skip
-    if (d.warps_m, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
-        reasons.append("warps_m, cluster_m, cluster_n and swizzle must be 1 (not knobs)")
-    if d.stages not in STAGES:
-        reasons.append(
-            f"stages={d.stages} must be 2 (activations from L1) or 3 (through shared memory)"
-        )
-    if d.split_k not in (1, 2, 4, 8):
-        reasons.append(f"split_k={d.split_k} must be 1, 2, 4 or 8 (a portable cluster size)")
-    if d.warps_n < 1 or d.warps_k < 1:
+def rules(d: KernelDesign) -> list[str]:
+    """Every reason beyond the declared checks that this design cannot be built or run."""
+    t = tile(d)
+    reasons = []
+    if t.warps_n < 1 or t.warps_k < 1:
         reasons.append("warps_n and warps_k must be >= 1")
         return reasons
-    if d.bn != 16 * d.warps_n:
-        reasons.append(f"bn={d.bn} must be 16*warps_n={16 * d.warps_n} (16 weight rows per warp)")
-    if d.bm < 8 or d.bm % 8:
-        reasons.append(f"bm={d.bm} must be a positive multiple of 8")
-    if d.bk < 32 or d.bk % 32:
+    if t.bm < 8 or t.bm % 8:
+        reasons.append(f"bm={t.bm} must be a positive multiple of 8")
+    if t.bk < 32 or t.bk % 32:
         reasons.append(
-            f"bk={d.bk} must be a positive multiple of 32 (one 16-byte load per 4 lanes)"
+            f"bk={t.bk} must be a positive multiple of 32 (one 16-byte load per 4 lanes)"
         )
-    if d.threads > sm80_mma.MAX_THREADS:
-        reasons.append(f"{d.threads} threads > {sm80_mma.MAX_THREADS}")
-    if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:
-        reasons.append(f"shared memory {smem_bytes(d)} B > {sm80_mma.MAX_SMEM_BYTES} B")
-    if d.bm % 8 == 0 and d.bk % 32 == 0 and d.threads > 0:
-        cap = min(255, 65536 // d.threads)  # the register file split over the block
+    if t.threads > mma_sync.LIMITS.max_threads:
+        reasons.append(f"{t.threads} threads > {mma_sync.LIMITS.max_threads}")
+    reasons += mma_sync.smem_reason(smem_bytes(d))
+    if t.bm % 8 == 0 and t.bk % 32 == 0 and t.threads > 0:
+        cap = min(255, 65536 // t.threads)  # the register file split over the block
         if data_regs(d) + OTHER_REGS > cap:
             reasons.append(
                 f"{data_regs(d)} load/accumulator registers + {OTHER_REGS} > {cap} per thread"
-                f" at {d.threads} threads (would spill)"
+                f" at {t.threads} threads (would spill)"
             )
     return reasons
 
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
+    from cudal2.generator.space import legality
+
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
     for bm, wn, wk, bk, st, sk in itertools.product(BM, WARPS_N, WARPS_K, BK, STAGES, SPLIT_K):
-        d = KernelDesign(
-            FAMILY, arch, dtype, layout, bm, 16 * wn, bk, 1, wn, st, warps_k=wk, split_k=sk
-        )
-        if d.threads <= MAX_SPACE_THREADS and not legality(d):
+        d = design(arch, dtype, layout, bm, wn, wk, bk, st, sk)
+        if tile(d).threads <= MAX_SPACE_THREADS and not legality(d):
             out.append(d)
     return out
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return gemm_v1_recipe(d, d.threads, smem_bytes(d), {"k": 8}, d.split_k)
+    t = tile(d)
+    return gemm_v1_recipe(t.bm, t.bn, t.threads, smem_bytes(d), {"k": 8}, d.knobs.split_k)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
-    ctx = sm80_mma.template_context(d)
-    ctx.update(split_k=d.split_k, x_smem="true" if x_smem(d) else "false")
+    ctx = mma_sync.context(tile(d), d.dtype, d.layout)
+    ctx.update(split_k=d.knobs.split_k, x_smem="true" if x_smem(d) else "false")
     return ctx
+
+
+def features(d: KernelDesign) -> Features:
+    t = tile(d)
+    # Every warp: bk/32 16-byte loads per lane for each of its two weight rows and its
+    # bm/8 activation rows, all issued before the step's mmas.
+    stream = t.threads * (t.bk // 32) * (2 + t.bm // 8) * 16
+    return Features(
+        bm=t.bm, bn=t.bn, bk=t.bk, threads=t.threads, warps=t.warps,
+        regs=min(255, data_regs(d) + OTHER_REGS), smem_bytes=smem_bytes(d),
+        split_k=d.knobs.split_k, stream_bytes=stream, fill_stages=4,
+    )  # fmt: skip

@@ -18,13 +18,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from cudal2.generator.families import sm80_mma
-from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.generator.families import mma_sync
+from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
 from cudal2.records import LAYOUTS, KernelDesign
 
 FAMILY = "sm90stream"
 TEMPLATE = "sm90_stream.cu.j2"
 ARCHS = ("sm_90a",)  # bulk copies, mbarrier transaction counts, clusters: Hopper
+LAYOUTS = LAYOUTS
 
 PAD = 8  # elements per shared-memory row (must match the template)
 BAR_BYTES = 256  # mbarriers ahead of the ring (must match the template)
@@ -37,15 +38,42 @@ WARPS = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 2), (2, 4))
 STAGES = (3, 4, 6, 8, 12)
 SPLIT_K = (1, 2, 4, 8)
 
+KNOBS = (
+    Knob("bm", tuple(range(8, 257, 8)), "{}"),
+    Knob("bn", mma_sync.TILE_16, "x{}"),
+    Knob("bk", tuple(range(16, 513, 16)), "x{}"),
+    Knob("warps_m", mma_sync.WARPS, "w{}"),
+    Knob("warps_n", (*mma_sync.WARPS, 16), "x{}"),
+    Knob("stages", tuple(range(2, MAX_STAGES + 1)), "s{}"),
+    Knob("split_k", SPLIT_K, "sk{}"),  # 1 = no cluster
+)
+
+
+def design(
+    arch: str, dtype: str, layout: str, bm: int, bn: int, bk: int,
+    warps_m: int, warps_n: int, stages: int, split_k: int = 1,
+) -> KernelDesign:  # fmt: skip
+    return make(
+        FAMILY, arch, dtype, layout, bm=bm, bn=bn, bk=bk,
+        warps_m=warps_m, warps_n=warps_n, stages=stages, split_k=split_k,
+    )  # fmt: skip
+
+
+def tile(d: KernelDesign) -> mma_sync.Tile:
+    """The consumer warps' tile (the producer warp comes on top)."""
+    k = d.knobs
+    return mma_sync.Tile(k.bm, k.bn, k.bk, k.warps_m, k.warps_n, 1, k.stages)
+
 
 def ring_bytes(d: KernelDesign) -> int:
-    w = d.bk * (d.bn + PAD) if d.layout == "nn" else d.bn * (d.bk + PAD)
-    x = d.bm * (d.bk + PAD)
-    return d.stages * (w + x) * 2
+    k = d.knobs
+    w = k.bk * (k.bn + PAD) if d.layout == "nn" else k.bn * (k.bk + PAD)
+    x = k.bm * (k.bk + PAD)
+    return k.stages * (w + x) * 2
 
 
 def partial_tile_bytes(d: KernelDesign) -> int:
-    return d.bm * (d.bn + 4) * 4
+    return d.knobs.bm * (d.knobs.bn + 4) * 4
 
 
 def smem_bytes(d: KernelDesign) -> int:
@@ -54,39 +82,37 @@ def smem_bytes(d: KernelDesign) -> int:
 
 
 def block_threads(d: KernelDesign) -> int:
-    return d.threads + 32  # the consumer warps and the producer warp
+    return tile(d).threads + 32  # the consumer warps and the producer warp
 
 
-def legality(d: KernelDesign) -> list[str]:
-    """Every reason this design cannot be built or run; empty when legal."""
-    reasons = identity_reasons(d, FAMILY, ARCHS, LAYOUTS, "bulk copies and clusters need")
-    if (d.warps_k, d.cluster_m, d.cluster_n, d.swizzle) != (1, 1, 1, 1):
-        reasons.append("warps_k, cluster_m, cluster_n and swizzle are not knobs of this family")
-    if d.split_k not in (1, 2, 4, 8):
-        reasons.append(f"split_k={d.split_k} must be 1, 2, 4 or 8 (a portable cluster size)")
-    if d.bk < 16 or d.bk % 16:
-        reasons.append(f"bk={d.bk} must be a positive multiple of 16 (mma k16)")
-    if d.bn % 4:
-        reasons.append(f"bn={d.bn} must be a multiple of 4 (the store writes four columns)")
-    if d.warps_m < 1 or d.warps_n < 1:
+def fragment_regs(d: KernelDesign) -> int:
+    """Fragment registers per consumer thread: weight rows on the mma M side."""
+    k = d.knobs
+    mi, nj = k.bn // max(k.warps_n, 1) // 16, k.bm // max(k.warps_m, 1) // 8
+    return mi * nj * 4 + mi * 4 + nj * 2
+
+
+def rules(d: KernelDesign) -> list[str]:
+    """Every reason beyond the declared checks that this design cannot be built or run."""
+    k = d.knobs
+    reasons = []
+    if k.bk < 16 or k.bk % 16:
+        reasons.append(f"bk={k.bk} must be a positive multiple of 16 (mma k16)")
+    if k.bn % 4:
+        reasons.append(f"bn={k.bn} must be a multiple of 4 (the store writes four columns)")
+    if k.warps_m < 1 or k.warps_n < 1:
         reasons.append("warps_m and warps_n must be >= 1")
         return reasons
-    if d.bm < 8 or d.bm % (8 * d.warps_m):
-        reasons.append(f"bm={d.bm} must be a multiple of 8*warps_m={8 * d.warps_m}")
-    if d.bn < 16 or d.bn % (16 * d.warps_n):
-        reasons.append(f"bn={d.bn} must be a multiple of 16*warps_n={16 * d.warps_n}")
-    if block_threads(d) > sm80_mma.MAX_THREADS:
-        reasons.append(f"{block_threads(d)} threads > {sm80_mma.MAX_THREADS}")
-    if not 2 <= d.stages <= MAX_STAGES:
-        reasons.append(f"stages={d.stages} must be in 2..{MAX_STAGES}")
-    if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:
-        reasons.append(f"shared memory {smem_bytes(d)} B > {sm80_mma.MAX_SMEM_BYTES} B")
-    mi = d.bn // d.warps_n // 16
-    nj = d.bm // d.warps_m // 8
-    frag_regs = mi * nj * 4 + mi * 4 + nj * 2
-    if frag_regs > sm80_mma.MAX_FRAGMENT_REGS:
+    if k.bm < 8 or k.bm % (8 * k.warps_m):
+        reasons.append(f"bm={k.bm} must be a multiple of 8*warps_m={8 * k.warps_m}")
+    if k.bn < 16 or k.bn % (16 * k.warps_n):
+        reasons.append(f"bn={k.bn} must be a multiple of 16*warps_n={16 * k.warps_n}")
+    if block_threads(d) > mma_sync.LIMITS.max_threads:
+        reasons.append(f"{block_threads(d)} threads > {mma_sync.LIMITS.max_threads}")
+    reasons += mma_sync.smem_reason(smem_bytes(d))
+    if fragment_regs(d) > mma_sync.MAX_FRAGMENT_REGS:
         reasons.append(
-            f"{frag_regs} fragment registers per thread > {sm80_mma.MAX_FRAGMENT_REGS}"
+            f"{fragment_regs(d)} fragment registers per thread > {mma_sync.MAX_FRAGMENT_REGS}"
             " (would spill)"
         )
     return reasons
@@ -94,21 +120,35 @@ def legality(d: KernelDesign) -> list[str]:
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
+    from cudal2.generator.space import legality
+
     if arch not in ARCHS:
         return []
     out = []
     for bm, bn, bk, (wm, wn), st, sk in itertools.product(BM, BN, BK, WARPS, STAGES, SPLIT_K):
-        d = KernelDesign(FAMILY, arch, dtype, layout, bm, bn, bk, wm, wn, st, split_k=sk)
+        d = design(arch, dtype, layout, bm, bn, bk, wm, wn, st, sk)
         if not legality(d):
             out.append(d)
     return out
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return gemm_v1_recipe(d, block_threads(d), smem_bytes(d), sm80_mma.align(d), d.split_k)
+    k = d.knobs
+    return gemm_v1_recipe(
+        k.bm, k.bn, block_threads(d), smem_bytes(d), mma_sync.align(d.layout), k.split_k
+    )
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
-    ctx = sm80_mma.template_context(d)
-    ctx.update(split_k=d.split_k)
+    ctx = mma_sync.context(tile(d), d.dtype, d.layout)
+    ctx.update(split_k=d.knobs.split_k)
     return ctx
+
+
+def features(d: KernelDesign) -> Features:
+    t = tile(d)
+    return Features(
+        bm=t.bm, bn=t.bn, bk=t.bk, threads=block_threads(d), warps=t.warps,
+        regs=min(255, fragment_regs(d) + 40), smem_bytes=smem_bytes(d),
+        split_k=d.knobs.split_k, prefetch_tiles=t.stages, fill_stages=t.stages,
+    )  # fmt: skip

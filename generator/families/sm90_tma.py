@@ -9,14 +9,15 @@ release the slot on its "empty" barrier. K is split over a ``split_k``-CTA clust
 and the fp32 tiles are summed through distributed shared memory in rank order
 (deterministic). The epilogue goes through shared memory (coalesced stores).
 
-Two orientations, chosen by which of ``warps_m`` / ``warps_n`` carries the consumer
-warpgroups:
+Knobs: ``swap`` (the orientation), ``warpgroups`` consumer warpgroups (1, 2),
+``m_blocks`` 64-row wgmma M blocks per warpgroup (1, 2), ``wgmma_n`` (the wgmma N,
+8..256), ``stages``, ``split_k``, ``persistent`` and ``cluster_m``. Two orientations:
 
-- ``warps_m`` = 4 x warpgroups (compute side): the wgmma M side is the activations,
-  ``bm`` = 64 or 128 per warpgroup, ``bn`` = the wgmma N (64, 128, 256);
-- ``warps_n`` = 4 x warpgroups (small M, "swap AB"): the wgmma M side is the weight
-  rows, ``bn`` = 64 or 128 per warpgroup, ``bm`` = the wgmma N (8 .. 256), so a
-  decode batch of 8 or 16 rows wastes nothing.
+- ``swap`` = 0 (compute side): the wgmma M side is the activations, the CTA's ``bm`` =
+  64 x ``m_blocks`` per warpgroup, ``bn`` = ``wgmma_n`` (64, 128, 256);
+- ``swap`` = 1 (small M, "swap AB"): the wgmma M side is the weight rows, ``bn`` = 64
+  x ``m_blocks`` per warpgroup, ``bm`` = ``wgmma_n`` (8 .. 256), so a decode batch of
+  8 or 16 rows wastes nothing.
 
 128 rows per warpgroup (two 64-row accumulator sets) halve how often the other
 operand is read from L2 for the same warps.
@@ -42,21 +43,22 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from cudal2.generator.families import sm80_mma
-from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.generator.families import mma_sync
+from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90tma"
 TEMPLATE = "sm90_tma.cu.j2"
 ARCHS = ("sm_90a",)  # wgmma, setmaxnreg, TMA: sm_90a only
-LAYOUTS = ("tn",)
+LAYOUTS = ("tn",)  # TMA tiles are K-major for both operands
 
 WARPGROUPS = (1, 2)
 M_BLOCKS = (1, 2)  # 64-row wgmma M blocks per consumer warpgroup
-WGMMA_N = (64, 128, 256)  # bn of the compute orientation
-SWAP_N = (8, 16, 32, 64, 128, 256)  # bm of the swapped orientation
-# bn of compute-orientation ping-pong tiles: finer steps, so that a grid of whole tiles
-# fills the last wave (4096x1280: 128x160 tiles make 2.0 waves where 128x128 make 2.4)
+WGMMA_N = (64, 128, 256)  # the wgmma N of the compute orientation
+SWAP_N = (8, 16, 32, 64, 128, 256)  # the wgmma N (the CTA's bm) of the swapped one
+# The wgmma N of compute-orientation ping-pong tiles: finer steps, so that a grid of
+# whole tiles fills the last wave (4096x1280: 128x160 tiles make 2.0 waves where
+# 128x128 make 2.4)
 PINGPONG_N = (64, 96, 112, 128, 160, 192, 256)
 STAGES = (4, 6, 8, 12)
 PERSISTENT = (0, 1, 2)  # one tile per CTA; persistent cooperative; persistent ping-pong
@@ -73,112 +75,16 @@ PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 PRODUCER_REGS = 56
 CONSUMER_REGS = 224
 
-
-def swapped(d: KernelDesign) -> bool:
-    """Whether the weight rows are on the wgmma M side (consumers along N)."""
-    return d.warps_m == 1 and d.warps_n >= 4
-
-
-def warpgroups(d: KernelDesign) -> int:
-    return (d.warps_n if swapped(d) else d.warps_m) // 4
-
-
-def pingpong(d: KernelDesign) -> bool:
-    """Whether each consumer warpgroup computes whole tiles, taking turns."""
-    return d.persistent == 2
-
-
-def m_blocks(d: KernelDesign) -> int:
-    """64-row wgmma M blocks per consumer warpgroup (accumulator sets)."""
-    return mma_rows(d)[0] // max(1, 64 * (1 if pingpong(d) else warpgroups(d)))
-
-
-def acc_regs(d: KernelDesign) -> int:
-    """fp32 accumulator registers per consumer thread."""
-    return m_blocks(d) * mma_rows(d)[1] // 2
-
-
-def mma_rows(d: KernelDesign) -> tuple[int, int]:
-    """(rows on the wgmma M side, rows on the wgmma N side) of the CTA tile."""
-    return (d.bn, d.bm) if swapped(d) else (d.bm, d.bn)
-
-
-def threads(d: KernelDesign) -> int:
-    return 128 * (warpgroups(d) + 1)  # + the producer warpgroup
-
-
-def ring_bytes(d: KernelDesign) -> int:
-    p, q = mma_rows(d)
-    return d.stages * (p + q) * BK * 2
-
-
-def smem_bytes(d: KernelDesign) -> int:
-    """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
-    and the alignment slack."""
-    return max(ring_bytes(d), d.bm * (d.bn + 4) * 4) + BARRIER_BYTES + ALIGN_SLACK
-
-
-def min_blocks(d: KernelDesign) -> int:
-    """CTAs per SM the register budget is compiled for (``__launch_bounds__``)."""
-    return 2 if warpgroups(d) == 1 and acc_regs(d) <= 64 else 1
-
-
-def legality(d: KernelDesign) -> list[str]:
-    """Every reason this design cannot be built or run; empty when legal."""
-    reasons = identity_reasons(
-        d, FAMILY, ARCHS, LAYOUTS, "wgmma, setmaxnreg and TMA need",
-        "TMA tiles are K-major for both operands (tn only)", PERSISTENT,
-    )  # fmt: skip
-    if d.persistent and d.split_k != 1:
-        reasons.append(f"persistent designs do not split K (split_k={d.split_k})")
-    if d.persistent and swapped(d) and m_blocks(d) == 2 and d.bm > 64:
-        # Measured: ptxas spilled the swapped persistent epilogue of two 64-row blocks
-        # of more than 32 accumulators (128x256 cooperative, 128x128 ping-pong) in
-        # fp16 and bf16.
-        reasons.append("swapped persistent designs with two 64-row blocks and bm > 64 spill")
-    wg_axis = d.warps_n if swapped(d) else d.warps_m
-    other = d.warps_m if swapped(d) else d.warps_n
-    if other != 1 or wg_axis not in tuple(4 * w for w in WARPGROUPS):
-        reasons.append(
-            f"warps {d.warps_m}x{d.warps_n}: one of warps_m / warps_n must be 4 x warpgroups"
-            f" {WARPGROUPS} and the other 1"
-        )
-        return reasons
-    p, q = mma_rows(d)
-    side = "bn" if swapped(d) else "bm"
-    if pingpong(d):
-        if wg_axis != 8:
-            reasons.append("ping-pong designs have two consumer warpgroups (8 warps)")
-        if p not in tuple(64 * b for b in M_BLOCKS):
-            reasons.append(f"{side}={p}: a ping-pong warpgroup computes 64 or 128 rows")
-        if d.stages > PINGPONG_MAX_STAGES:
-            reasons.append(f"stages={d.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
-    elif p not in tuple(16 * wg_axis * b for b in M_BLOCKS):
-        reasons.append(
-            f"{side}={p} must be 64 or 128 per consumer warpgroup"
-            f" ({16 * wg_axis} or {32 * wg_axis})"
-        )
-    if q < 8 or q > 256 or q % 8:
-        side = "bm" if swapped(d) else "bn"
-        reasons.append(f"{side}={q} must be a wgmma N: a multiple of 8 in 8..256")
-    if d.bk != BK:
-        reasons.append(f"bk={d.bk} must be {BK} (one 128-byte swizzle atom)")
-    if (d.warps_k, d.cluster_n, d.swizzle) != (1, 1, 1):
-        reasons.append("warps_k, cluster_n and swizzle must be 1 (not knobs yet)")
-    if d.cluster_m not in CLUSTER_M:
-        reasons.append(f"cluster_m={d.cluster_m} must be one of {CLUSTER_M}")
-    elif d.cluster_m > 1 and (d.split_k != 1 or d.persistent):
-        reasons.append("a multicast cluster along M has one tile per CTA and split 1")
-    if d.split_k not in SPLIT_K:
-        reasons.append(f"split_k={d.split_k} must be one of {SPLIT_K} (a portable cluster)")
-    if d.stages < 2 or d.stages > 16:
-        reasons.append(f"stages={d.stages} must be in 2..16")
-    if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:
-        reasons.append(f"shared memory {smem_bytes(d)} B > {sm80_mma.MAX_SMEM_BYTES} B")
-    cap = CONSUMER_REGS if wg_axis > 4 else 255
-    if p % 64 == 0 and q % 8 == 0 and acc_regs(d) + 40 > cap:
-        reasons.append(f"{acc_regs(d)} accumulator registers + 40 > {cap} per thread")
-    return reasons
+KNOBS = (
+    Knob("swap", (0, 1), "swap{}"),
+    Knob("warpgroups", WARPGROUPS, "wg{}"),
+    Knob("m_blocks", M_BLOCKS, "mb{}"),
+    Knob("wgmma_n", tuple(range(8, 257, 8)), "n{}"),
+    Knob("stages", tuple(range(2, 17)), "s{}"),
+    Knob("split_k", SPLIT_K, "sk{}"),  # a portable cluster
+    Knob("persistent", PERSISTENT, "p{}"),
+    Knob("cluster_m", CLUSTER_M, "c{}"),
+)
 
 
 def design(
@@ -194,11 +100,101 @@ def design(
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs."""
-    p = 64 * mp * (1 if pers == 2 else wgs)
-    kw = {"split_k": split, "persistent": pers, "cluster_m": cluster}
-    if swap:
-        return KernelDesign(FAMILY, "sm_90a", dtype, "tn", n, p, BK, 1, 4 * wgs, stages, **kw)
-    return KernelDesign(FAMILY, "sm_90a", dtype, "tn", p, n, BK, 4 * wgs, 1, stages, **kw)
+    return make(
+        FAMILY, "sm_90a", dtype, "tn", swap=int(swap), warpgroups=wgs, m_blocks=mp,
+        wgmma_n=n, stages=stages, split_k=split, persistent=pers, cluster_m=cluster,
+    )  # fmt: skip
+
+
+def swapped(d: KernelDesign) -> bool:
+    """Whether the weight rows are on the wgmma M side."""
+    return d.knobs.swap == 1
+
+
+def warpgroups(d: KernelDesign) -> int:
+    return d.knobs.warpgroups
+
+
+def pingpong(d: KernelDesign) -> bool:
+    """Whether each consumer warpgroup computes whole tiles, taking turns."""
+    return d.knobs.persistent == 2
+
+
+def m_blocks(d: KernelDesign) -> int:
+    """64-row wgmma M blocks per consumer warpgroup (accumulator sets)."""
+    return d.knobs.m_blocks
+
+
+def mma_rows(d: KernelDesign) -> tuple[int, int]:
+    """(rows on the wgmma M side, rows on the wgmma N side) of the CTA tile."""
+    per_wg = 64 * d.knobs.m_blocks
+    return (per_wg if pingpong(d) else per_wg * d.knobs.warpgroups), d.knobs.wgmma_n
+
+
+def tile_mn(d: KernelDesign) -> tuple[int, int]:
+    """The CTA's output tile (bm, bn)."""
+    p, q = mma_rows(d)
+    return (q, p) if swapped(d) else (p, q)
+
+
+def tile(d: KernelDesign) -> mma_sync.Tile:
+    """The CTA tile and its consumer warps (4 per warpgroup, along the weight rows'
+    side when swapped)."""
+    bm, bn = tile_mn(d)
+    w = 4 * d.knobs.warpgroups
+    wm, wn = (1, w) if swapped(d) else (w, 1)
+    return mma_sync.Tile(bm, bn, BK, wm, wn, 1, d.knobs.stages)
+
+
+def acc_regs(d: KernelDesign) -> int:
+    """fp32 accumulator registers per consumer thread."""
+    return d.knobs.m_blocks * d.knobs.wgmma_n // 2
+
+
+def threads(d: KernelDesign) -> int:
+    return 128 * (d.knobs.warpgroups + 1)  # + the producer warpgroup
+
+
+def ring_bytes(d: KernelDesign) -> int:
+    p, q = mma_rows(d)
+    return d.knobs.stages * (p + q) * BK * 2
+
+
+def smem_bytes(d: KernelDesign) -> int:
+    """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
+    and the alignment slack."""
+    bm, bn = tile_mn(d)
+    return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + ALIGN_SLACK
+
+
+def min_blocks(d: KernelDesign) -> int:
+    """CTAs per SM the register budget is compiled for (``__launch_bounds__``)."""
+    return 2 if d.knobs.warpgroups == 1 and acc_regs(d) <= 64 else 1
+
+
+def rules(d: KernelDesign) -> list[str]:
+    """Every reason beyond the declared checks that this design cannot be built or run."""
+    k = d.knobs
+    reasons = []
+    if k.persistent and k.split_k != 1:
+        reasons.append(f"persistent designs do not split K (split_k={k.split_k})")
+    if k.persistent and swapped(d) and k.m_blocks == 2 and tile_mn(d)[0] > 64:
+        # Measured: ptxas spilled the swapped persistent epilogue of two 64-row blocks
+        # of more than 32 accumulators (128x256 cooperative, 128x128 ping-pong) in
+        # fp16 and bf16.
+        reasons.append("swapped persistent designs with two 64-row blocks and bm > 64 spill")
+    if pingpong(d):
+        if k.warpgroups != 2:
+            reasons.append("ping-pong designs have two consumer warpgroups")
+        if k.stages > PINGPONG_MAX_STAGES:
+            reasons.append(f"stages={k.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
+    if k.cluster_m > 1 and (k.split_k != 1 or k.persistent):
+        reasons.append("a multicast cluster along M has one tile per CTA and split 1")
+    reasons += mma_sync.smem_reason(smem_bytes(d))
+    cap = CONSUMER_REGS if k.warpgroups > 1 else 255
+    if acc_regs(d) + 40 > cap:
+        reasons.append(f"{acc_regs(d)} accumulator registers + 40 > {cap} per thread")
+    return reasons
 
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
@@ -206,6 +202,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     the compute orientation, then the swapped one; then the persistent designs (two
     consumer warpgroups, tiles of at least 128 x 128, the large-M side); then the
     ping-pong ones (tiles of at least 64 x 128); then the multicast clusters."""
+    from cudal2.generator.space import legality
+
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -217,12 +215,13 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
         for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
             d = design(dtype, 2, mp, swap, n, st, 1, pers=1)
-            if min(d.bm, d.bn) >= 128 and not legality(d):
+            if min(tile_mn(d)) >= 128 and not legality(d):
                 out.append(d)
     for swap, ns in ((False, PINGPONG_N), (True, SWAP_N)):
         for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
             d = design(dtype, 2, mp, swap, n, st, 1, pers=2)
-            if d.bm * d.bn >= 64 * 128 and not legality(d):
+            bm, bn = tile_mn(d)
+            if bm * bn >= 64 * 128 and not legality(d):
                 out.append(d)
     for swap, ns in ((False, PINGPONG_N), (True, SWAP_N)):
         for wgs, mp, n, st in itertools.product(WARPGROUPS, M_BLOCKS, ns, STAGES):
@@ -235,37 +234,41 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 def ctas_per_sm(d: KernelDesign) -> int:
     """CTAs that fit one SM (registers as compiled, shared memory): a persistent
     grid's slots per SM."""
-    return max(1, min(min_blocks(d), (sm80_mma.MAX_SMEM_BYTES + 1024) // (smem_bytes(d) + 1024)))
+    limit = mma_sync.LIMITS.max_smem_bytes
+    return max(1, min(min_blocks(d), (limit + 1024) // (smem_bytes(d) + 1024)))
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     """ABI gemm_v2: gemm_v1's parameters then two tensor maps (A, then B), each a
     [rows, K] K-major matrix read in boxes of ``tma[x]`` = [64 k, rows]."""
     p, q = mma_rows(d)
+    bm, bn = tile_mn(d)
+    k = d.knobs
     a_rows, b_rows = (q, p) if swapped(d) else (p, q)
-    recipe = gemm_v1_recipe(d, threads(d), smem_bytes(d), {"k": 8}, d.split_k, d.cluster_m)
+    recipe = gemm_v1_recipe(bm, bn, threads(d), smem_bytes(d), {"k": 8}, k.split_k, k.cluster_m)
     recipe["abi"] = "gemm_v2"
-    recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // d.cluster_m]}
-    if d.persistent:
-        recipe.update(persistent=d.persistent, ctas_per_sm=ctas_per_sm(d))
+    recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
+    if k.persistent:
+        recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
     return recipe
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
-    ctx = sm80_mma.template_context(d)
+    ctx = mma_sync.context(tile(d), d.dtype, d.layout)
     p, q = mma_rows(d)
+    k = d.knobs
     nacc = q // 2
     ctx.update(
-        wgs=warpgroups(d),
-        mp=m_blocks(d),
+        wgs=k.warpgroups,
+        mp=k.m_blocks,
         swap="true" if swapped(d) else "false",
         p_rows=p,
         q_rows=q,
-        split_k=d.split_k,
-        setmaxnreg=warpgroups(d) > 1,
-        persistent=bool(d.persistent),
+        split_k=k.split_k,
+        setmaxnreg=k.warpgroups > 1,
+        persistent=bool(k.persistent),
         pingpong=pingpong(d),
-        cluster_m=d.cluster_m,
+        cluster_m=k.cluster_m,
         min_blocks=min_blocks(d),
         producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS,
@@ -274,3 +277,14 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
     )
     return ctx
+
+
+def features(d: KernelDesign) -> Features:
+    t = tile(d)
+    k = d.knobs
+    return Features(
+        bm=t.bm, bn=t.bn, bk=t.bk, threads=threads(d), warps=t.warps,
+        regs=min(255, acc_regs(d) + 40), smem_bytes=smem_bytes(d), split_k=k.split_k,
+        cluster_m=k.cluster_m, prefetch_tiles=k.stages, fill_stages=k.stages,
+        wgmma=True, pingpong=pingpong(d),
+    )  # fmt: skip

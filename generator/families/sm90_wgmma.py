@@ -7,9 +7,9 @@ all-thread ``cp.async`` multistage pipeline, one k tile's wgmma group kept in fl
 the wgmma data path (descriptors, swizzled layout, accumulator layout) on which those
 come next.
 
-Knobs as in KernelDesign: ``warps_m`` = 4 x consumer warpgroups (BM = 16 x warps_m),
-``bn`` (the wgmma N, 64..256), ``stages``; ``bk`` is 64 (one swizzle atom), the rest 1.
-Layout ``tn`` only (both operands K-major).
+Knobs: ``warpgroups`` consumer warpgroups of 64 rows each (the CTA's ``bm`` = 64 x
+``warpgroups``), ``bn`` (the wgmma N, 64..256), ``stages``; ``bk`` is 64 (one swizzle
+atom). Layout ``tn`` only (both operands K-major).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from cudal2.generator.families import sm80_mma
-from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
+from cudal2.generator.families import mma_sync
+from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90wgmma"
 TEMPLATE = "sm90_wgmma.cu.j2"
 ARCHS = ("sm_90a",)  # wgmma: sm_90a only
-LAYOUTS = ("tn",)
+LAYOUTS = ("tn",)  # reads both operands K-major
 
 WARPGROUPS = (1, 2)
 BN = (64, 128, 256)
@@ -32,55 +32,67 @@ STAGES = (3, 4, 5, 6)
 BK = 64
 ALIGN_SLACK = 1024  # the kernel aligns its dynamic shared memory to the swizzle atom
 
+KNOBS = (
+    Knob("warpgroups", WARPGROUPS, "wg{}"),
+    Knob("bn", BN, "n{}"),
+    Knob("stages", tuple(range(2, 9)), "s{}"),
+)
+
+
+def design(arch: str, dtype: str, layout: str, warpgroups: int, bn: int, stages: int):
+    return make(FAMILY, arch, dtype, layout, warpgroups=warpgroups, bn=bn, stages=stages)
+
+
+def tile(d: KernelDesign) -> mma_sync.Tile:
+    """64 rows and 4 warps per consumer warpgroup, the wgmma N, one swizzle atom of k."""
+    k = d.knobs
+    return mma_sync.Tile(64 * k.warpgroups, k.bn, BK, 4 * k.warpgroups, 1, 1, k.stages)
+
 
 def smem_bytes(d: KernelDesign) -> int:
-    return d.stages * (d.bm + d.bn) * BK * 2 + ALIGN_SLACK
+    t = tile(d)
+    return t.stages * (t.bm + t.bn) * BK * 2 + ALIGN_SLACK
 
 
-def legality(d: KernelDesign) -> list[str]:
-    """Every reason this design cannot be built or run; empty when legal."""
-    reasons = identity_reasons(
-        d, FAMILY, ARCHS, LAYOUTS, "wgmma needs", "reads both operands K-major (tn only)"
-    )
-    if d.warps_m not in tuple(4 * w for w in WARPGROUPS):
-        reasons.append(f"warps_m={d.warps_m} must be 4 x warpgroups, one of {WARPGROUPS}")
-    elif d.bm != 16 * d.warps_m:
-        reasons.append(f"bm={d.bm} must be 64 per warpgroup ({16 * d.warps_m})")
-    if d.bn not in BN:
-        reasons.append(f"bn={d.bn} must be one of {BN} (the wgmma N)")
-    if d.bk != BK:
-        reasons.append(f"bk={d.bk} must be {BK} (one 128-byte swizzle atom)")
-    if (d.warps_n, d.warps_k, d.split_k, d.cluster_m, d.cluster_n, d.swizzle) != (1,) * 6:
-        reasons.append("warps_n, warps_k, split_k, cluster and swizzle must be 1 (not knobs yet)")
-    if d.stages < 2:
-        reasons.append(f"stages={d.stages} < 2")
-    if smem_bytes(d) > sm80_mma.MAX_SMEM_BYTES:
-        reasons.append(f"shared memory {smem_bytes(d)} B > {sm80_mma.MAX_SMEM_BYTES} B")
-    return reasons
+def rules(d: KernelDesign) -> list[str]:
+    """Every reason beyond the declared checks that this design cannot be built or run."""
+    return mma_sync.smem_reason(smem_bytes(d))
 
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
+    from cudal2.generator.space import legality
+
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
     for wgs, bn, st in itertools.product(WARPGROUPS, BN, STAGES):
-        d = KernelDesign(FAMILY, arch, dtype, layout, 64 * wgs, bn, BK, 4 * wgs, 1, st)
+        d = design(arch, dtype, layout, wgs, bn, st)
         if not legality(d):
             out.append(d)
     return out
 
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
-    return gemm_v1_recipe(d, d.threads, smem_bytes(d), {"k": 8})
+    t = tile(d)
+    return gemm_v1_recipe(t.bm, t.bn, t.threads, smem_bytes(d), {"k": 8})
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
-    ctx = sm80_mma.template_context(d)
-    nacc = d.bn // 2
+    ctx = mma_sync.context(tile(d), d.dtype, d.layout)
+    nacc = d.knobs.bn // 2
     ctx.update(
         nacc=nacc,
         acc_list=", ".join(f"%{i}" for i in range(nacc)),
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
     )
     return ctx
+
+
+def features(d: KernelDesign) -> Features:
+    t = tile(d)
+    return Features(
+        bm=t.bm, bn=t.bn, bk=t.bk, threads=t.threads, warps=t.warps,
+        regs=min(255, mma_sync.fragment_regs(t) + 48), smem_bytes=smem_bytes(d),
+        prefetch_tiles=t.stages - 1, fill_stages=t.stages, wgmma=True,
+    )  # fmt: skip

@@ -8,14 +8,16 @@ import shutil
 import pytest
 
 from cudal2.generator import compile as comp
+from cudal2.generator import design_name
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build, build_all
+from cudal2.generator.families import sm80_mma
 from cudal2.records import KernelDesign
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
 
 def _d(dtype, layout) -> KernelDesign:
-    return KernelDesign("sm80mma", "sm_90a", dtype, layout, 64, 64, 32, 2, 2, 3)
+    return sm80_mma.design("sm_90a", dtype, layout, 64, 64, 32, 2, 2, 3)
 
 
 def test_one_variant_per_dtype_layout_compiles_in_parallel(tmp_path):
@@ -26,12 +28,12 @@ def test_one_variant_per_dtype_layout_compiles_in_parallel(tmp_path):
     for d in designs:
         r = results[d.key]
         assert r.ok, r.error
-        assert r.symbol == d.name and r.spill_bytes == 0 and 0 < r.registers <= 255
+        assert r.symbol == design_name(d) and r.spill_bytes == 0 and 0 < r.registers <= 255
         assert r.artifact_key == artifact_key_of(d)
         entry = cache.entry(r.artifact_key)
         cubin = (entry / "kernel.cubin").read_bytes()
         assert cubin[:4] == b"\x7fELF"  # a real device ELF
-        assert d.name.encode() in cubin  # the extern "C" symbol is in it
+        assert design_name(d).encode() in cubin  # the extern "C" symbol is in it
         assert json.loads((entry / "build.json").read_text())["ok"] is True
         assert "sm_90a" in " ".join(r.flags)
     # no temporary folders left behind

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from cudal2.generator import design_name
 from cudal2.generator.render import IllegalDesignError, render
-from cudal2.records import KernelDesign
+from cudal2.records import KernelDesign, Knobs
 
 
 def _d(dtype="fp16", layout="tn", **kw) -> KernelDesign:
-    base = dict(bm=64, bn=128, bk=32, warps_m=2, warps_n=2, stages=3)
+    base = dict(bm=64, bn=128, bk=32, warps_m=2, warps_n=2, warps_k=1, stages=3)
     base.update(kw)
-    return KernelDesign("sm80mma", "sm_90a", dtype, layout, **base)
+    return KernelDesign("sm80mma", "sm_90a", dtype, layout, Knobs.of(**base))
 
 
 @pytest.mark.parametrize(
@@ -38,7 +39,7 @@ def test_layout_and_knobs_substituted(layout, b_kn):
         ("STAGES", 3),
     ]:
         assert f"constexpr int {knob} = {value};" in src
-    assert f"\n{d.name}(const T* __restrict__ A" in src  # extern "C" symbol = the name
+    assert f"\n{design_name(d)}(const T* __restrict__ A" in src  # extern "C" symbol = the name
     assert d.key in src
 
 

@@ -5,27 +5,17 @@ from __future__ import annotations
 import pytest
 
 from cudal2.generator import legality
-from cudal2.generator.families import sm80_mma, sm90_csk
+from cudal2.generator.families import mma_sync, sm90_csk
 from cudal2.generator.render import render
-from cudal2.records import KernelDesign
+from cudal2.records import KernelDesign, Knobs
 
 
 def _d(**kw) -> KernelDesign:
-    base = dict(
-        family="sm90csk",
-        arch="sm_90a",
-        dtype="fp16",
-        layout="tn",
-        bm=16,
-        bn=64,
-        bk=128,
-        warps_m=1,
-        warps_n=2,
-        stages=4,
-        split_k=8,
-    )
-    base.update(kw)
-    return KernelDesign(**base)
+    ident = dict(family="sm90csk", arch="sm_90a", dtype="fp16", layout="tn")
+    knobs = dict(bm=16, bn=64, bk=128, warps_m=1, warps_n=2, stages=4, split_k=8)
+    for k, v in kw.items():
+        (ident if k in ident else knobs)[k] = v
+    return KernelDesign(**ident, knobs=Knobs.of(**knobs))
 
 
 def test_legal_design_and_its_recipe():
@@ -45,8 +35,8 @@ def test_legal_design_and_its_recipe():
     [
         ({"split_k": 1}, "split_k=1"),
         ({"split_k": 16}, "split_k=16"),
-        ({"warps_k": 2, "bk": 128}, "warps_k must be 1"),
-        ({"cluster_n": 2}, "cluster_m, cluster_n and swizzle"),
+        ({"warps_k": 2, "bk": 128}, "warps_k is not a knob of family 'sm90csk'"),
+        ({"cluster_n": 2}, "cluster_n is not a knob"),
         ({"bm": 24}, "bm=24"),
         ({"bm": 256, "bn": 256, "bk": 256, "warps_m": 4, "warps_n": 2, "stages": 6}, "shared"),
     ],
@@ -57,7 +47,8 @@ def test_illegal_designs_say_why(kw, needle):
 
 def test_partial_tile_counts_in_shared_memory():
     d = _d(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=2, split_k=2)
-    assert sm90_csk.smem_bytes(d) == max(sm80_mma.smem_bytes(d), 128 * 128 * 4)
+    pipeline = mma_sync.smem_bytes(sm90_csk.tile(d), d.layout)
+    assert sm90_csk.smem_bytes(d) == max(pipeline, 128 * 128 * 4)
 
 
 def test_render_fixes_the_cluster_and_sums_in_rank_order():
@@ -72,5 +63,7 @@ def test_render_fixes_the_cluster_and_sums_in_rank_order():
 def test_space_is_all_split_k_and_legal():
     space = sm90_csk.space("sm_90a", "bf16", "nn")
     assert len(space) > 500
-    assert {d.split_k for d in space} == set(sm90_csk.SPLIT_K)
-    assert all(legality(d) == [] and d.threads <= sm90_csk.MAX_SPACE_THREADS for d in space)
+    assert {d.knobs.split_k for d in space} == set(sm90_csk.SPLIT_K)
+    assert all(
+        legality(d) == [] and sm90_csk.tile(d).threads <= sm90_csk.MAX_SPACE_THREADS for d in space
+    )

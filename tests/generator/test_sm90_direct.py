@@ -11,26 +11,15 @@ from cudal2.generator import legality
 from cudal2.generator.compile import ArtifactCache, build
 from cudal2.generator.families import sm90_direct
 from cudal2.generator.render import render
-from cudal2.records import KernelDesign
+from cudal2.records import KernelDesign, Knobs
 
 
 def _d(**kw) -> KernelDesign:
-    base = dict(
-        family="sm90direct",
-        arch="sm_90a",
-        dtype="fp16",
-        layout="tn",
-        bm=8,
-        bn=64,
-        bk=128,
-        warps_m=1,
-        warps_n=4,
-        stages=2,
-        warps_k=2,
-        split_k=2,
-    )
-    base.update(kw)
-    return KernelDesign(**base)
+    ident = dict(family="sm90direct", arch="sm_90a", dtype="fp16", layout="tn")
+    knobs = dict(bm=8, warps_n=4, warps_k=2, bk=128, stages=2, split_k=2)
+    for k, v in kw.items():
+        (ident if k in ident else knobs)[k] = v
+    return KernelDesign(**ident, knobs=Knobs.of(**knobs))
 
 
 def test_legal_design_and_its_recipe():
@@ -46,16 +35,16 @@ def test_legal_design_and_its_recipe():
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"layout": "nn"}, "tn only"),
-        ({"bn": 32}, "bn=32 must be 16*warps_n=64"),
+        ({"layout": "nn"}, "layout 'nn'"),
+        ({"bn": 32}, "bn is not a knob of family 'sm90direct'"),
         ({"bm": 12}, "bm=12"),
         ({"bk": 48}, "bk=48"),
-        ({"stages": 1}, "stages=1 must be 2"),
-        ({"stages": 4}, "stages=4 must be 2"),
-        ({"warps_m": 2}, "warps_m, cluster_m"),
+        ({"stages": 1}, "stages=1 is not one of (2, 3)"),
+        ({"stages": 4}, "stages=4 is not one of (2, 3)"),
+        ({"warps_m": 2}, "warps_m is not a knob"),
         ({"split_k": 3}, "split_k=3"),
         ({"bm": 32, "bk": 128}, "registers"),
-        ({"warps_n": 16, "bn": 256, "warps_k": 8}, "threads"),
+        ({"warps_n": 16, "warps_k": 8}, "threads"),
         ({"arch": "sm_80"}, "arch 'sm_80'"),
     ],
 )
@@ -86,9 +75,10 @@ def test_render_loads_straight_into_fragments(split_k):
 def test_space_is_tn_only_and_legal():
     space = sm90_direct.space("sm_90a", "bf16", "tn")
     assert len(space) > 200 and all(legality(d) == [] for d in space)
-    assert {d.split_k for d in space} == set(sm90_direct.SPLIT_K)
-    assert {d.bm for d in space} == set(sm90_direct.BM)
-    assert all(d.bn == 16 * d.warps_n and d.threads <= 512 for d in space)
+    assert {d.knobs.split_k for d in space} == set(sm90_direct.SPLIT_K)
+    assert {d.knobs.bm for d in space} == set(sm90_direct.BM)
+    assert all(sm90_direct.tile(d).threads <= 512 for d in space)
+    assert all(sm90_direct.tile(d).bn == 16 * d.knobs.warps_n for d in space)
     assert sm90_direct.space("sm_90a", "bf16", "nn") == []
 
 
@@ -104,7 +94,7 @@ def test_compiles_without_spills(tmp_path, kw):
 
 
 def test_stages_3_stages_activations_through_shared_memory():
-    d = _d(stages=3, bm=32, warps_n=8, bn=128, warps_k=2, bk=64)
+    d = _d(stages=3, bm=32, warps_n=8, warps_k=2, bk=64)
     assert legality(d) == []
     # Two chunk buffers of [32][2*64 + 32] halves, larger than the partial tiles.
     assert sm90_direct.smem_bytes(d) == max(2 * 32 * 132 * 4, 2 * 32 * 160 * 2)

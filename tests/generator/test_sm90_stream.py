@@ -10,25 +10,15 @@ from cudal2.generator import legality
 from cudal2.generator.compile import ArtifactCache, build
 from cudal2.generator.families import sm90_stream
 from cudal2.generator.render import render
-from cudal2.records import KernelDesign
+from cudal2.records import KernelDesign, Knobs
 
 
 def _d(**kw) -> KernelDesign:
-    base = dict(
-        family="sm90stream",
-        arch="sm_90a",
-        dtype="fp16",
-        layout="tn",
-        bm=8,
-        bn=64,
-        bk=128,
-        warps_m=1,
-        warps_n=4,
-        stages=8,
-        split_k=2,
-    )
-    base.update(kw)
-    return KernelDesign(**base)
+    ident = dict(family="sm90stream", arch="sm_90a", dtype="fp16", layout="tn")
+    knobs = dict(bm=8, bn=64, bk=128, warps_m=1, warps_n=4, stages=8, split_k=2)
+    for k, v in kw.items():
+        (ident if k in ident else knobs)[k] = v
+    return KernelDesign(**ident, knobs=Knobs.of(**knobs))
 
 
 def test_legal_design_and_its_recipe():
@@ -60,8 +50,8 @@ def test_nn_weight_tile_is_k_rows():
     [
         ({"split_k": 3}, "split_k=3"),
         ({"split_k": 16}, "split_k=16"),
-        ({"warps_k": 2}, "warps_k, cluster_m"),
-        ({"swizzle": 4}, "warps_k, cluster_m"),
+        ({"warps_k": 2}, "warps_k is not a knob of family 'sm90stream'"),
+        ({"swizzle": 4}, "swizzle is not a knob"),
         ({"bm": 12}, "bm=12"),
         ({"bm": 8, "warps_m": 2}, "bm=8 must be a multiple of 8*warps_m=16"),
         ({"bn": 32, "warps_n": 4}, "bn=32"),
@@ -102,10 +92,10 @@ def test_render_bf16_nn_uses_transposed_weight_fragments():
 def test_space_is_legal_and_covers_every_knob():
     space = sm90_stream.space("sm_90a", "fp16", "tn")
     assert len(space) > 1000 and all(legality(d) == [] for d in space)
-    assert {d.split_k for d in space} == set(sm90_stream.SPLIT_K)
-    assert {d.bm for d in space} == set(sm90_stream.BM)
-    assert {d.bk for d in space} == set(sm90_stream.BK)
-    assert {d.stages for d in space} == set(sm90_stream.STAGES)
+    assert {d.knobs.split_k for d in space} == set(sm90_stream.SPLIT_K)
+    assert {d.knobs.bm for d in space} == set(sm90_stream.BM)
+    assert {d.knobs.bk for d in space} == set(sm90_stream.BK)
+    assert {d.knobs.stages for d in space} == set(sm90_stream.STAGES)
     assert sm90_stream.space("sm_80", "fp16", "tn") == []
 
 

@@ -6,24 +6,26 @@ import shutil
 
 import pytest
 
-from cudal2.generator import legality
+from cudal2.generator import design_name, legality
 from cudal2.generator.compile import ArtifactCache, build
 from cudal2.generator.families import sm90_tma
 from cudal2.generator.render import render
-from cudal2.records import KernelDesign
+from cudal2.records import KernelDesign, Knobs
 
 
 def _d(**kw) -> KernelDesign:
-    base = dict(
-        family="sm90tma", arch="sm_90a", dtype="fp16", layout="tn",
-        bm=128, bn=128, bk=64, warps_m=8, warps_n=1, stages=4,
-    )  # fmt: skip
-    base.update(kw)
-    return KernelDesign(**base)
+    """Compute orientation: two consumer warpgroups of one 64-row block (128 x 128)."""
+    knobs = dict(swap=0, warpgroups=2, m_blocks=1, wgmma_n=128, stages=4, split_k=1)
+    knobs.update(persistent=0, cluster_m=1)
+    ident = dict(family="sm90tma", arch="sm_90a", dtype="fp16", layout="tn")
+    for k, v in kw.items():
+        (ident if k in ident else knobs)[k] = v
+    return KernelDesign(**ident, knobs=Knobs.of(**knobs))
 
 
 def _swapped(**kw) -> KernelDesign:
-    return _d(**{"bm": 16, "bn": 64, "warps_m": 1, "warps_n": 4, **kw})
+    """Swapped: one warpgroup of 64 weight rows, a 16-row decode batch (16 x 64)."""
+    return _d(**{"swap": 1, "warpgroups": 1, "wgmma_n": 16, **kw})
 
 
 def test_compute_orientation_recipe():
@@ -50,25 +52,24 @@ def test_swapped_orientation_puts_weights_on_the_wgmma_m_side():
 
 
 def test_output_tile_larger_than_the_ring_sizes_shared_memory():
-    d = _d(bn=256, stages=2)  # ring 2 x (128 + 256) x 128 B < the tile 128 x 260 x 4 B
+    d = _d(wgmma_n=256, stages=2)  # ring 2 x (128 + 256) x 128 B < the tile 128 x 260 x 4 B
     assert sm90_tma.smem_bytes(d) == 128 * 260 * 4 + sm90_tma.BARRIER_BYTES + 1024
 
 
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"layout": "nn"}, "tn only"),
-        ({"warps_m": 2, "bm": 32}, "one of warps_m / warps_n must be 4 x warpgroups"),
-        ({"warps_m": 4, "warps_n": 4}, "one of warps_m / warps_n"),
-        ({"bm": 64}, "bm=64 must be 64 or 128 per consumer warpgroup (128 or 256)"),
-        ({"bm": 256, "bn": 256, "stages": 2}, "256 accumulator registers + 40 > 224"),
-        ({"bn": 100}, "bn=100 must be a wgmma N"),
-        ({"bn": 512}, "bn=512 must be a wgmma N"),
-        ({"bk": 128}, "bk=128"),
+        ({"layout": "nn"}, "layout 'nn'"),
+        ({"warpgroups": 3}, "warpgroups=3 is not one of (1, 2)"),
+        ({"m_blocks": 3}, "m_blocks=3 is not one of (1, 2)"),
+        ({"m_blocks": 2, "wgmma_n": 256, "stages": 2}, "256 accumulator registers + 40 > 224"),
+        ({"wgmma_n": 100}, "wgmma_n=100 is not one of"),
+        ({"wgmma_n": 512}, "wgmma_n=512 is not one of"),
+        ({"bk": 128}, "bk is not a knob of family 'sm90tma'"),
         ({"split_k": 3}, "split_k=3"),
-        ({"swizzle": 2}, "not knobs yet"),
+        ({"swizzle": 2}, "swizzle is not a knob"),
         ({"stages": 1}, "stages=1"),
-        ({"bn": 256, "stages": 6}, "shared memory"),
+        ({"wgmma_n": 256, "stages": 6}, "shared memory"),
         ({"arch": "sm_80"}, "arch 'sm_80'"),
     ],
 )
@@ -78,24 +79,24 @@ def test_illegal_designs_say_why(kw, needle):
 
 
 def test_swapped_illegal_designs_say_why():
-    assert any("bn=192 must be 64 or 128 per" in r for r in legality(_swapped(bn=192)))
-    assert any("bm=12 must be a wgmma N" in r for r in legality(_swapped(bm=12)))
+    assert any("wgmma_n=12 is not one of" in r for r in legality(_swapped(wgmma_n=12)))
+    assert any("swap=2 is not one of (0, 1)" in r for r in legality(_swapped(swap=2)))
 
 
 def test_two_m_blocks_per_warpgroup():
-    d = _swapped(bm=64, bn=256, warps_n=8)  # 2 warpgroups x 128 weight rows
+    d = _swapped(wgmma_n=64, m_blocks=2, warpgroups=2)  # 2 warpgroups x 128 weight rows
     assert legality(d) == [] and sm90_tma.m_blocks(d) == 2 and sm90_tma.acc_regs(d) == 64
     assert sm90_tma.launch_recipe(d)["tma"] == {"a": [64, 64], "b": [64, 256]}
     src = render(d)
     assert "constexpr int MP = 2;" in src
     assert "dp + 512 * j + 2 * kk" in src  # the second block is 8 KiB further
     # One warpgroup with 128 accumulators: compiled for one CTA per SM.
-    assert sm90_tma.min_blocks(_swapped(bm=128, bn=128)) == 1
-    assert sm90_tma.min_blocks(_swapped(bm=32, bn=128)) == 2
+    assert sm90_tma.min_blocks(_swapped(wgmma_n=128, m_blocks=2)) == 1
+    assert sm90_tma.min_blocks(_swapped(wgmma_n=32, m_blocks=2)) == 2
 
 
 def test_render_compute_orientation_with_register_reallocation():
-    src = render(_d(bn=256, stages=3))
+    src = render(_d(wgmma_n=256, stages=3))
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src
     assert src.count('"+f"(d[') == 128  # every accumulator register is an operand
     assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in src
@@ -106,7 +107,7 @@ def test_render_compute_orientation_with_register_reallocation():
 
 
 def test_render_swapped_split_design():
-    src = render(_swapped(bm=8, split_k=4, dtype="bf16"))
+    src = render(_swapped(wgmma_n=8, split_k=4, dtype="bf16"))
     assert "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16" in src
     assert "constexpr bool SWAP = true;" in src
     assert "__cluster_dims__(1, 1, SPLIT_K)" in src and "map_shared_rank" in src
@@ -118,11 +119,11 @@ def test_space_covers_both_orientations():
     space = sm90_tma.space("sm_90a", "fp16", "tn")
     assert len(space) >= 150 and all(legality(d) == [] for d in space)
     swapped = [d for d in space if sm90_tma.swapped(d)]
-    assert {d.bm for d in swapped} == set(sm90_tma.SWAP_N)
-    assert {d.bn for d in space if not sm90_tma.swapped(d)} == set(sm90_tma.WGMMA_N) | set(
-        sm90_tma.PINGPONG_N
-    )
-    assert {d.split_k for d in space} == set(sm90_tma.SPLIT_K)
+    assert {sm90_tma.tile_mn(d)[0] for d in swapped} == set(sm90_tma.SWAP_N)
+    assert {sm90_tma.tile_mn(d)[1] for d in space if not sm90_tma.swapped(d)} == set(
+        sm90_tma.WGMMA_N
+    ) | set(sm90_tma.PINGPONG_N)
+    assert {d.knobs.split_k for d in space} == set(sm90_tma.SPLIT_K)
     assert sm90_tma.space("sm_90a", "fp16", "nn") == []
     assert sm90_tma.space("sm_80", "fp16", "tn") == []
 
@@ -131,12 +132,12 @@ def test_space_covers_both_orientations():
 @pytest.mark.parametrize(
     "d",
     [
-        _d(bn=256),
-        _d(bm=256, bn=128, stages=3),
-        _swapped(bm=256, dtype="bf16"),
-        _swapped(bm=16, bn=256, warps_n=8, split_k=8),
+        _d(wgmma_n=256),
+        _d(m_blocks=2, stages=3),
+        _swapped(wgmma_n=256, dtype="bf16"),
+        _swapped(wgmma_n=16, m_blocks=2, warpgroups=2, split_k=8),
     ],
-    ids=lambda d: d.name,
+    ids=design_name,
 )
 def test_compiles_without_spills(tmp_path, d):
     r = build(d, ArtifactCache(tmp_path))
@@ -147,18 +148,20 @@ def test_compiles_without_spills(tmp_path, d):
 
 
 def test_persistent_designs():
-    d = _d(bn=256, persistent=1)
-    assert legality(d) == [] and d.name.endswith("_sw1_p")
+    d = _d(wgmma_n=256, persistent=1)
+    assert legality(d) == [] and design_name(d).endswith("_p1_c1")
     r = sm90_tma.launch_recipe(d)
     assert r["persistent"] == 1 and r["ctas_per_sm"] == 1 and r["split_k"] == 1
     src = render(d)
     assert "Persistent: gridDim.x CTAs" in src and "tile += gridDim.x" in src
     assert "map_shared_rank" not in src and "__cluster_dims__" not in src
     assert any("do not split K" in x for x in legality(_d(persistent=1, split_k=2)))
-    assert any("must be one of (0, 1, 2)" in x for x in legality(_d(persistent=3)))
+    assert any("persistent=3 is not one of (0, 1, 2)" in x for x in legality(_d(persistent=3)))
     space = sm90_tma.space("sm_90a", "fp16", "tn")
-    persistent = [x for x in space if x.persistent == 1]
-    assert persistent and all(x.split_k == 1 and min(x.bm, x.bn) >= 128 for x in persistent)
+    persistent = [x for x in space if x.knobs.persistent == 1]
+    assert persistent and all(
+        x.knobs.split_k == 1 and min(sm90_tma.tile_mn(x)) >= 128 for x in persistent
+    )
 
 
 def test_non_persistent_sources_do_not_mention_the_persistent_loop():
@@ -173,7 +176,8 @@ def test_pingpong_designs():
     is 64 or 128 rows on the wgmma M side (not per warpgroup), and the warpgroups take
     turns on the ring through two more mbarriers."""
     d = sm90_tma.design("fp16", 2, 2, False, 128, 6, 1, pers=2)
-    assert (d.bm, d.bn, d.warps_m) == (128, 128, 8) and d.name.endswith("_sw1_pp")
+    t = sm90_tma.tile(d)
+    assert (t.bm, t.bn, t.warps_m) == (128, 128, 8) and design_name(d).endswith("_p2_c1")
     assert legality(d) == [] and sm90_tma.m_blocks(d) == 2 and sm90_tma.acc_regs(d) == 128
     r = sm90_tma.launch_recipe(d)
     assert r["persistent"] == 2 and r["block"] == [384, 1, 1] and r["tma"]["a"] == [64, 128]
@@ -182,22 +186,23 @@ def test_pingpong_designs():
     assert "tile += 2 * gridDim.x" in src and "wg * MP * 64 * BK" not in src
     cooperative = render(sm90_tma.design("fp16", 2, 1, False, 128, 6, 1, pers=1))
     assert "turn0" not in cooperative and "Ping-pong" not in cooperative
-    # 256 rows per warpgroup is not a ping-pong tile; one warpgroup cannot take turns
-    assert any("64 or 128 rows" in x for x in legality(_d(bm=256, persistent=2)))
-    assert any("two consumer warpgroups" in x for x in legality(_d(bm=64, warps_m=4, persistent=2)))
-    assert any("at most 15" in x for x in legality(_d(stages=16, bn=64, persistent=2)))
+    # one warpgroup cannot take turns
+    assert any("two consumer warpgroups" in x for x in legality(_d(warpgroups=1, persistent=2)))
+    assert any("at most 15" in x for x in legality(_d(stages=16, wgmma_n=64, persistent=2)))
     # the swapped 128x128 ping-pong epilogue spilled under ptxas (16 bytes)
     spills = sm90_tma.design("fp16", 2, 2, True, 128, 4, 1, pers=2)
     assert any("spill" in x for x in legality(spills))
-    pp = [x for x in sm90_tma.space("sm_90a", "bf16", "tn") if x.persistent == 2]
-    assert len(pp) == 28 and all(x.split_k == 1 and x.bm * x.bn >= 64 * 128 for x in pp)
+    pp = [x for x in sm90_tma.space("sm_90a", "bf16", "tn") if x.knobs.persistent == 2]
+    assert len(pp) == 28 and all(
+        x.knobs.split_k == 1 and sm90_tma.tile(x).bm * sm90_tma.tile(x).bn >= 64 * 128 for x in pp
+    )
 
 
 def test_multicast_cluster_designs():
     """cluster_m = 2: two CTAs on adjacent M tiles, each loading half of the shared B
     box (the weights in either orientation) and multicasting it."""
     d = sm90_tma.design("fp16", 2, 1, False, 256, 4, 1, cluster=2)
-    assert legality(d) == [] and d.name.endswith("_s4_c2x1_sk1_sw1")
+    assert legality(d) == [] and design_name(d).endswith("_s4_sk1_p0_c2")
     r = sm90_tma.launch_recipe(d)
     assert r["cluster"] == [1, 2, 1] and r["tma"] == {"a": [64, 128], "b": [64, 128]}
     src = render(d)
@@ -210,9 +215,11 @@ def test_multicast_cluster_designs():
     assert "multicast" not in plain and "__cluster_dims__" not in plain
     assert any("one tile per CTA and split 1" in x for x in legality(_d(cluster_m=2, split_k=2)))
     assert any("one tile per CTA" in x for x in legality(_d(cluster_m=2, persistent=1)))
-    assert any("cluster_m=4" in x for x in legality(_d(cluster_m=4)))
-    clusters = [x for x in sm90_tma.space("sm_90a", "fp16", "tn") if x.cluster_m == 2]
-    assert len(clusters) == 112 and all(x.split_k == 1 and not x.persistent for x in clusters)
+    assert any("cluster_m=4 is not one of (1, 2)" in x for x in legality(_d(cluster_m=4)))
+    clusters = [x for x in sm90_tma.space("sm_90a", "fp16", "tn") if x.knobs.cluster_m == 2]
+    assert len(clusters) == 112 and all(
+        x.knobs.split_k == 1 and not x.knobs.persistent for x in clusters
+    )
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

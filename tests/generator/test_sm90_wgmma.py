@@ -10,16 +10,15 @@ from cudal2.generator import legality
 from cudal2.generator.compile import ArtifactCache, build
 from cudal2.generator.families import sm90_wgmma
 from cudal2.generator.render import render
-from cudal2.records import KernelDesign
+from cudal2.records import KernelDesign, Knobs
 
 
 def _d(**kw) -> KernelDesign:
-    base = dict(
-        family="sm90wgmma", arch="sm_90a", dtype="fp16", layout="tn",
-        bm=128, bn=128, bk=64, warps_m=8, warps_n=1, stages=4,
-    )  # fmt: skip
-    base.update(kw)
-    return KernelDesign(**base)
+    ident = dict(family="sm90wgmma", arch="sm_90a", dtype="fp16", layout="tn")
+    knobs = dict(warpgroups=2, bn=128, stages=4)
+    for k, v in kw.items():
+        (ident if k in ident else knobs)[k] = v
+    return KernelDesign(**ident, knobs=Knobs.of(**knobs))
 
 
 def test_legal_design_and_its_recipe():
@@ -34,12 +33,12 @@ def test_legal_design_and_its_recipe():
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"layout": "nn"}, "tn only"),
-        ({"warps_m": 2, "bm": 32}, "warps_m=2"),
-        ({"bm": 64}, "bm=64 must be 64 per warpgroup (128)"),
+        ({"layout": "nn"}, "layout 'nn'"),
+        ({"warpgroups": 3}, "warpgroups=3"),
+        ({"bm": 64}, "bm is not a knob of family 'sm90wgmma'"),
         ({"bn": 96}, "bn=96"),
-        ({"bk": 32}, "bk=32"),
-        ({"split_k": 2}, "must be 1 (not knobs yet)"),
+        ({"bk": 32}, "bk is not a knob"),
+        ({"split_k": 2}, "split_k is not a knob"),
         ({"bn": 256, "stages": 6}, "shared memory"),
         ({"arch": "sm_80"}, "arch 'sm_80'"),
     ],
@@ -62,12 +61,12 @@ def test_render_wgmma_with_all_accumulators(bn):
 def test_space():
     space = sm90_wgmma.space("sm_90a", "bf16", "tn")
     assert len(space) >= 20 and all(legality(d) == [] for d in space)
-    assert {d.bn for d in space} == set(sm90_wgmma.BN)
+    assert {d.knobs.bn for d in space} == set(sm90_wgmma.BN)
     assert sm90_wgmma.space("sm_90a", "bf16", "nn") == []
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("kw", [{}, {"dtype": "bf16", "bm": 64, "warps_m": 4, "bn": 256}])
+@pytest.mark.parametrize("kw", [{}, {"dtype": "bf16", "warpgroups": 1, "bn": 256}])
 def test_compiles_without_spills(tmp_path, kw):
     r = build(_d(**kw), ArtifactCache(tmp_path))
     assert r.ok, r.error

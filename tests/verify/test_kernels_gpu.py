@@ -10,8 +10,15 @@ from __future__ import annotations
 import pytest
 
 from cudal2.generator.compile import ArtifactCache, build
-from cudal2.generator.families import sm90_tma
-from cudal2.generator.space import launch_recipe
+from cudal2.generator.families import (
+    sm80_mma,
+    sm90_csk,
+    sm90_direct,
+    sm90_stream,
+    sm90_tma,
+    sm90_wgmma,
+)
+from cudal2.generator.space import design_name, launch_recipe
 from cudal2.records import KernelDesign, Target
 
 torch = pytest.importorskip("torch")
@@ -144,7 +151,7 @@ def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
             )
 
         res = correctness.check(t, run, gen)
-        assert res.ok, f"{d.name} on {t.label}: {res.error}"
+        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -152,7 +159,7 @@ def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
 @pytest.mark.parametrize("knobs", DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
     *tile, wk = knobs
-    _check_design(tmp_path, KernelDesign("sm80mma", "sm_90a", dtype, layout, *tile, warps_k=wk))
+    _check_design(tmp_path, sm80_mma.design("sm_90a", dtype, layout, *tile, warps_k=wk))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -160,7 +167,7 @@ def test_family_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
 @pytest.mark.parametrize("knobs", CSK_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_cluster_split_k_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
     *tile, sk = knobs
-    _check_design(tmp_path, KernelDesign("sm90csk", "sm_90a", dtype, layout, *tile, split_k=sk))
+    _check_design(tmp_path, sm90_csk.design("sm_90a", dtype, layout, *tile, split_k=sk))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -168,16 +175,14 @@ def test_cluster_split_k_correct_on_residue_shapes(tmp_path, dtype, layout, knob
 @pytest.mark.parametrize("knobs", STREAM_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_bulk_copy_streaming_correct_on_residue_shapes(tmp_path, dtype, layout, knobs):
     *tile, sk = knobs
-    _check_design(tmp_path, KernelDesign("sm90stream", "sm_90a", dtype, layout, *tile, split_k=sk))
+    _check_design(tmp_path, sm90_stream.design("sm_90a", dtype, layout, *tile, split_k=sk))
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", DIRECT_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_direct_register_streaming_correct_on_residue_shapes(tmp_path, dtype, knobs):
     bm, wn, wk, bk, sk, st = knobs
-    d = KernelDesign(
-        "sm90direct", "sm_90a", dtype, "tn", bm, 16 * wn, bk, 1, wn, st, warps_k=wk, split_k=sk
-    )
+    d = sm90_direct.design("sm_90a", dtype, "tn", bm, wn, wk, bk, st, sk)
     _check_design(tmp_path, d)
 
 
@@ -185,7 +190,7 @@ def test_direct_register_streaming_correct_on_residue_shapes(tmp_path, dtype, kn
 @pytest.mark.parametrize("knobs", WGMMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_wgmma_correct_on_residue_shapes(tmp_path, dtype, knobs):
     wgs, bn, st = knobs
-    d = KernelDesign("sm90wgmma", "sm_90a", dtype, "tn", 64 * wgs, bn, 64, 4 * wgs, 1, st)
+    d = sm90_wgmma.design("sm_90a", dtype, "tn", wgs, bn, st)
     _check_design(tmp_path, d)
 
 

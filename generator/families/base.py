@@ -1,0 +1,144 @@
+"""What a kernel family declares, and the checks every family shares.
+
+A family is a module of ``cudal2.generator.families`` holding:
+
+- ``FAMILY`` (its name), ``TEMPLATE`` (its jinja2 template), ``ARCHS``, ``LAYOUTS``;
+- ``KNOBS``: its own knobs, in the order its designs' names print them (``Knob``);
+- ``rules(d) -> list[str]``: legality beyond the declared checks (cross-knob rules,
+  shared memory, registers), every reason;
+- ``space(arch, dtype, layout) -> list[KernelDesign]``: its enumerated designs;
+- ``launch_recipe(d) -> dict`` (the ABI's launch recipe), ``template_context(d) ->
+  dict`` (what its template substitutes) and ``features(d) -> Features`` (what the
+  cost model and the proposers see of a design, whatever its family).
+
+Nothing outside the family branches on its name: legality, names, recipes, template
+contexts, cost-model features and the policy's tokens all come from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cudal2.records import DTYPES, KernelDesign, Knobs
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob of a family: its name, every value it may take, and how it prints in a
+    design's name (a format with one ``{}``; a label that starts with ``x`` continues
+    the previous part, as in ``128x64``)."""
+
+    name: str
+    domain: tuple[int, ...]
+    label: str
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the analytic cost model and the proposers see of a design.
+
+    ``bm x bn x bk`` is the CTA's output tile and k step; ``threads`` the CTA as
+    launched, ``warps`` its compute warps; ``regs`` and ``smem_bytes`` what one thread
+    and one CTA hold; ``split_k`` CTAs per output tile; ``cluster_m`` CTAs that share
+    (multicast) one B tile; ``prefetch_tiles`` k tiles a CTA keeps requested ahead of
+    its math, or ``stream_bytes`` when its bytes in flight do not depend on K (loads
+    straight into registers); ``fill_stages`` what its pipeline fill is priced at;
+    ``wgmma`` whether it issues warpgroup MMAs; ``pingpong`` whether its epilogue runs
+    under the other warpgroup's math.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    threads: int
+    warps: int
+    regs: int
+    smem_bytes: int
+    split_k: int = 1
+    cluster_m: int = 1
+    prefetch_tiles: int = 0
+    stream_bytes: int = 0
+    fill_stages: int = 0
+    wgmma: bool = False
+    pingpong: bool = False
+
+
+def make(family: str, arch: str, dtype: str, layout: str, **knobs: int) -> KernelDesign:
+    """A design of ``family`` with these knob values (legality is checked separately)."""
+    return KernelDesign(family, arch, dtype, layout, Knobs.of(**knobs))
+
+
+def declared_reasons(
+    d: KernelDesign,
+    family: str,
+    archs: tuple[str, ...],
+    layouts: tuple[str, ...],
+    knobs: tuple[Knob, ...],
+) -> list[str]:
+    """The checks every family's declaration implies: family, arch, dtype and layout
+    among its own, exactly its knobs, and each value in its knob's domain."""
+    reasons: list[str] = []
+    if d.family != family:
+        reasons.append(f"family {d.family!r} is not {family!r}")
+    if d.arch not in archs:
+        reasons.append(f"arch {d.arch!r}: family {family!r} builds for {archs}")
+    if d.dtype not in DTYPES:
+        reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
+    if d.layout not in layouts:
+        reasons.append(f"layout {d.layout!r}: family {family!r} takes {layouts}")
+    declared = {k.name: k for k in knobs}
+    given = set(d.knobs.names())
+    for name in sorted(given - set(declared)):
+        reasons.append(f"{name} is not a knob of family {family!r} (its knobs: {list(declared)})")
+    for name in [k.name for k in knobs if k.name not in given]:
+        reasons.append(f"knob {name} of family {family!r} is missing")
+    for name in sorted(given & set(declared)):
+        value = getattr(d.knobs, name)
+        if value not in declared[name].domain:
+            reasons.append(f"{name}={value} is not one of {declared[name].domain}")
+    return reasons
+
+
+def has_its_knobs(d: KernelDesign, knobs: tuple[Knob, ...]) -> bool:
+    """Whether the design carries exactly the family's knobs (the family's own rules
+    can read every one of them)."""
+    return set(d.knobs.names()) == {k.name for k in knobs}
+
+
+def name(d: KernelDesign, knobs: tuple[Knob, ...]) -> str:
+    """The design's procedural name (also its kernel symbol): family, arch, dtype,
+    layout, then each of the family's knobs by its label, in the declared order."""
+    arch = d.arch.replace("sm_", "sm").rstrip("a")
+    parts: list[str] = []
+    for k in knobs:
+        label = k.label.format(getattr(d.knobs, k.name))
+        if label.startswith("x") and parts:
+            parts[-1] += label
+        else:
+            parts.append(label)
+    return "_".join([f"hgemm_{d.family}_{arch}_{d.dtype}_{d.layout}", *parts])
+
+
+def gemm_v1_recipe(
+    bm: int,
+    bn: int,
+    threads: int,
+    smem_bytes: int,
+    align: dict[str, int],
+    split_k: int = 1,
+    cluster_m: int = 1,
+) -> dict[str, Any]:
+    """Launch recipe of ABI gemm_v1: grid [ceil(N/bn), ceil(M/bm), split_k], in whole
+    compile-time clusters (1, cluster_m, split_k): a split, or CTAs of adjacent M tiles
+    that share the other operand's tile."""
+    return {
+        "abi": "gemm_v1",
+        "block": [threads, 1, 1],
+        "tile_m": bm,
+        "tile_n": bn,
+        "split_k": split_k,
+        "cluster": [1, cluster_m, split_k],
+        "smem_bytes": smem_bytes,
+        "align": align,
+    }
