@@ -27,10 +27,7 @@ def legality(design: KernelDesign) -> list[str]:
         fam = family_of(design.family)
     except ValueError as e:
         return [str(e)]
-    reasons = base.declared_reasons(design, fam.FAMILY, fam.ARCHS, fam.LAYOUTS, fam.KNOBS)
-    if base.has_its_knobs(design, fam.KNOBS):
-        reasons += fam.rules(design)
-    return reasons
+    return base.check(design, fam)
 
 
 def design_name(design: KernelDesign) -> str:

@@ -18,6 +18,7 @@ contexts, cost-model features and the policy's tokens all come from here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from cudal2.records import DTYPES, KernelDesign, Knobs
@@ -100,10 +101,14 @@ def declared_reasons(
     return reasons
 
 
-def has_its_knobs(d: KernelDesign, knobs: tuple[Knob, ...]) -> bool:
-    """Whether the design carries exactly the family's knobs (the family's own rules
-    can read every one of them)."""
-    return set(d.knobs.names()) == {k.name for k in knobs}
+def check(d: KernelDesign, family: ModuleType) -> list[str]:
+    """Every reason ``d`` is illegal for ``family`` (a family module): the declared
+    checks, then (when the design has exactly the family's knobs, so its rules can read
+    each one) the family's own rules."""
+    reasons = declared_reasons(d, family.FAMILY, family.ARCHS, family.LAYOUTS, family.KNOBS)
+    if set(d.knobs.names()) == {k.name for k in family.KNOBS}:
+        reasons += family.rules(d)
+    return reasons
 
 
 def name(d: KernelDesign, knobs: tuple[Knob, ...]) -> str:

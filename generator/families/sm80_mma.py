@@ -8,10 +8,11 @@ come later. Knobs: the block tile ``bm x bn x bk``, warps ``warps_m x warps_n`` 
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
+from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import ARCHS, LAYOUTS, KernelDesign
 
 FAMILY = "sm80mma"
@@ -64,12 +65,10 @@ def rules(d: KernelDesign) -> list[str]:
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
-    from cudal2.generator.space import legality
-
     out = []
     for bm, bn, bk, (wm, wn), wk, st in itertools.product(BM, BN, BK, WARPS, WARPS_K, STAGES):
         d = design(arch, dtype, layout, bm, bn, bk, wm, wn, st, wk)
-        if tile(d).threads <= MAX_SPACE_THREADS and not legality(d):
+        if tile(d).threads <= MAX_SPACE_THREADS and not check(d, sys.modules[__name__]):
             out.append(d)
     return out
 

@@ -11,10 +11,11 @@ multiply them. Knobs: ``bm x bn x bk``, warps ``warps_m x warps_n``, ``stages``,
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
+from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import LAYOUTS, KernelDesign
 
 FAMILY = "sm90csk"
@@ -69,14 +70,12 @@ def rules(d: KernelDesign) -> list[str]:
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
-    from cudal2.generator.space import legality
-
     if arch not in ARCHS:
         return []
     out = []
     for bm, bn, bk, (wm, wn), st, sk in itertools.product(BM, BN, BK, WARPS, STAGES, SPLIT_K):
         d = design(arch, dtype, layout, bm, bn, bk, wm, wn, st, sk)
-        if tile(d).threads <= MAX_SPACE_THREADS and not legality(d):
+        if tile(d).threads <= MAX_SPACE_THREADS and not check(d, sys.modules[__name__]):
             out.append(d)
     return out
 

@@ -19,10 +19,11 @@ Layout ``tn`` only: the loads need each weight row's k contiguous.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
+from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90direct"
@@ -125,14 +126,12 @@ def rules(d: KernelDesign) -> list[str]:
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
-    from cudal2.generator.space import legality
-
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
     for bm, wn, wk, bk, st, sk in itertools.product(BM, WARPS_N, WARPS_K, BK, STAGES, SPLIT_K):
         d = design(arch, dtype, layout, bm, wn, wk, bk, st, sk)
-        if tile(d).threads <= MAX_SPACE_THREADS and not legality(d):
+        if tile(d).threads <= MAX_SPACE_THREADS and not check(d, sys.modules[__name__]):
             out.append(d)
     return out
 

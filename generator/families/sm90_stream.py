@@ -16,10 +16,11 @@ top: the CTA has ``threads + 32`` threads), ``stages``, ``split_k`` (1 = no clus
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
+from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import LAYOUTS, KernelDesign
 
 FAMILY = "sm90stream"
@@ -120,14 +121,12 @@ def rules(d: KernelDesign) -> list[str]:
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
-    from cudal2.generator.space import legality
-
     if arch not in ARCHS:
         return []
     out = []
     for bm, bn, bk, (wm, wn), st, sk in itertools.product(BM, BN, BK, WARPS, STAGES, SPLIT_K):
         d = design(arch, dtype, layout, bm, bn, bk, wm, wn, st, sk)
-        if not legality(d):
+        if not check(d, sys.modules[__name__]):
             out.append(d)
     return out
 

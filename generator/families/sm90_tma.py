@@ -41,10 +41,11 @@ tensor maps are encoded on the host by the runtime from the recipe's ``tma`` box
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
+from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90tma"
@@ -202,31 +203,29 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     the compute orientation, then the swapped one; then the persistent designs (two
     consumer warpgroups, tiles of at least 128 x 128, the large-M side); then the
     ping-pong ones (tiles of at least 64 x 128); then the multicast clusters."""
-    from cudal2.generator.space import legality
-
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
     for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
         for wgs, mp, n, st, sk in itertools.product(WARPGROUPS, M_BLOCKS, ns, STAGES, SPLIT_K):
             d = design(dtype, wgs, mp, swap, n, st, sk)
-            if not legality(d):
+            if not check(d, sys.modules[__name__]):
                 out.append(d)
     for swap, ns in ((False, WGMMA_N), (True, SWAP_N)):
         for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
             d = design(dtype, 2, mp, swap, n, st, 1, pers=1)
-            if min(tile_mn(d)) >= 128 and not legality(d):
+            if min(tile_mn(d)) >= 128 and not check(d, sys.modules[__name__]):
                 out.append(d)
     for swap, ns in ((False, PINGPONG_N), (True, SWAP_N)):
         for mp, n, st in itertools.product(M_BLOCKS, ns, STAGES):
             d = design(dtype, 2, mp, swap, n, st, 1, pers=2)
             bm, bn = tile_mn(d)
-            if bm * bn >= 64 * 128 and not legality(d):
+            if bm * bn >= 64 * 128 and not check(d, sys.modules[__name__]):
                 out.append(d)
     for swap, ns in ((False, PINGPONG_N), (True, SWAP_N)):
         for wgs, mp, n, st in itertools.product(WARPGROUPS, M_BLOCKS, ns, STAGES):
             d = design(dtype, wgs, mp, swap, n, st, 1, cluster=2)
-            if not legality(d):
+            if not check(d, sys.modules[__name__]):
                 out.append(d)
     return out
 

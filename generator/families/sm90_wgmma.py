@@ -15,10 +15,11 @@ atom). Layout ``tn`` only (both operands K-major).
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, gemm_v1_recipe, make
+from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90wgmma"
@@ -61,14 +62,12 @@ def rules(d: KernelDesign) -> list[str]:
 
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order."""
-    from cudal2.generator.space import legality
-
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
     for wgs, bn, st in itertools.product(WARPGROUPS, BN, STAGES):
         d = design(arch, dtype, layout, wgs, bn, st)
-        if not legality(d):
+        if not check(d, sys.modules[__name__]):
             out.append(d)
     return out
 
