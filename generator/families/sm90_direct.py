@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from cudal2.generator import tags
 from cudal2.generator.families import sm80_mma
 from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
 from cudal2.records import KernelDesign
@@ -131,4 +132,5 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = sm80_mma.template_context(d)
     ctx.update(split_k=d.split_k, x_smem="true" if x_smem(d) else "false")
+    ctx.update(tags.sm90_direct(d, x_smem(d)))
     return ctx

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from cudal2.generator import tags
 from cudal2.generator.families import sm80_mma
 from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
 from cudal2.records import LAYOUTS, KernelDesign
@@ -110,5 +111,5 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = sm80_mma.template_context(d)
-    ctx.update(split_k=d.split_k)
+    ctx.update(split_k=d.split_k, **tags.sm90_stream(d))
     return ctx

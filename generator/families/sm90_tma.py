@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from cudal2.generator import tags
 from cudal2.generator.families import sm80_mma
 from cudal2.generator.families.common import gemm_v1_recipe, identity_reasons
 from cudal2.records import KernelDesign
@@ -262,10 +263,6 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         p_rows=p,
         q_rows=q,
         split_k=d.split_k,
-        setmaxnreg=warpgroups(d) > 1,
-        persistent=bool(d.persistent),
-        pingpong=pingpong(d),
-        cluster_m=d.cluster_m,
         min_blocks=min_blocks(d),
         producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS,
@@ -273,4 +270,5 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         acc_list=", ".join(f"%{i}" for i in range(nacc)),
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
     )
+    ctx.update(tags.sm90_tma(d, pingpong=pingpong(d), setmaxnreg=warpgroups(d) > 1))
     return ctx
