@@ -1,4 +1,8 @@
-"""Render a design to CUDA source with logic-free jinja2 templates."""
+"""Render a design to CUDA source with logic-free jinja2 templates.
+
+A family's template_context(d) feeds its entry template; the choices a design makes
+(which partial, which spelling) are made in Python (tags.py), never in a template.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +26,13 @@ def _env() -> jinja2.Environment:
         loader=jinja2.PackageLoader("cudal2.generator", "templates"),
         undefined=jinja2.StrictUndefined,  # a missing knob is an error, never an empty string
         keep_trailing_newline=True,
+        # A tag's own line break goes with it: an <% include %> on its own line
+        # stands for exactly the partial's lines, as #include would.
+        trim_blocks=True,
         autoescape=False,
         # Inline PTX is full of "{%0, %1}": move jinja's block and comment markers
-        # out of its way (templates use only {{ substitutions }} anyway).
+        # out of its way. Templates hold only {{ substitutions }}, <% include %> of
+        # partials and <# comments #>; every choice is made in Python (tags.py).
         block_start_string="<%",
         block_end_string="%>",
         comment_start_string="<#",

@@ -1,6 +1,6 @@
 """What the families built on the shared mma.sync tile code have in common: the CTA
 tile geometry their templates are written against, its rules, its shared memory, and
-the template context of the common partials (``_mma_common.cu.j2``: types, tile and
+the template context of the common partials (``sm80_mma/common.cu.j2``: types, tile and
 warp constants).
 
 Each family maps its own knobs onto a ``Tile``; nothing here knows a family.

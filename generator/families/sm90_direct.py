@@ -22,6 +22,7 @@ import itertools
 import sys
 from typing import Any
 
+from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
 from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
@@ -144,6 +145,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = mma_sync.context(tile(d), d.dtype, d.layout)
     ctx.update(split_k=d.knobs.split_k, x_smem="true" if x_smem(d) else "false")
+    ctx.update(tags.sm90_direct(d.knobs.split_k, x_smem(d)))
     return ctx
 
 

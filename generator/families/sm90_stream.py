@@ -19,6 +19,7 @@ import itertools
 import sys
 from typing import Any
 
+from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
 from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import LAYOUTS, KernelDesign
@@ -140,7 +141,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = mma_sync.context(tile(d), d.dtype, d.layout)
-    ctx.update(split_k=d.knobs.split_k)
+    ctx.update(split_k=d.knobs.split_k, **tags.sm90_stream(d.knobs.split_k))
     return ctx
 
 

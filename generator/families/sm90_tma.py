@@ -44,6 +44,7 @@ import itertools
 import sys
 from typing import Any
 
+from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
 from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
 from cudal2.records import KernelDesign
@@ -264,16 +265,17 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         p_rows=p,
         q_rows=q,
         split_k=k.split_k,
-        setmaxnreg=k.warpgroups > 1,
-        persistent=bool(k.persistent),
-        pingpong=pingpong(d),
-        cluster_m=k.cluster_m,
         min_blocks=min_blocks(d),
         producer_regs=PRODUCER_REGS,
         consumer_regs=CONSUMER_REGS,
         nacc=nacc,
         acc_list=", ".join(f"%{i}" for i in range(nacc)),
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
+    )
+    ctx.update(
+        tags.sm90_tma(
+            k.split_k, k.cluster_m, k.persistent, pingpong=pingpong(d), setmaxnreg=k.warpgroups > 1
+        )
     )
     return ctx
 

@@ -1,0 +1,199 @@
+"""Every choice a template needs, made in Python: tag tables and partial names.
+
+Templates only substitute (as CUTLASS's ``cutlass_library`` does): a knob value or a
+small enum maps to its C++ spelling through a table here, and a block of lines that
+only some designs have is a partial (a file under ``templates/``) whose name is picked
+here, ``NONE`` where a design has no such block. A family's ``template_context(d)``
+merges in what its template needs. Functions take knob values and what a family
+derives (ping-pong, register reallocation) as arguments: this module imports no
+family, so the two never import each other.
+
+The rendered source is part of the artifact key that recorded measurements name: a
+change here or in a template that alters any design's text (a comment included) makes
+its measurements stale (tests/generator/test_templates.py pins a design per choice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NONE = "none.cu.j2"  # the empty partial: the design has no such block
+
+# The cluster a kernel is compiled for: none; the split_k CTAs of one output tile
+# along grid z (sm90direct, sm90stream, sm90tma); or a pair of CTAs on adjacent M
+# tiles sharing a multicast B tile (sm90tma, cluster_m = 2).
+CLUSTER_DIMS = {
+    "none": "",
+    "split_k": "__cluster_dims__(1, 1, SPLIT_K) ",
+    "pair_m": "__cluster_dims__(1, 2, 1) ",
+}
+COOPERATIVE_GROUPS_INCLUDE = {
+    "none": "",
+    "split_k": "#include <cooperative_groups.h>\n",
+    "pair_m": "#include <cooperative_groups.h>\n",
+}
+# The header comment's grid line says when the split is a compile-time cluster.
+CLUSTER_NOTE = {
+    "none": "",
+    "split_k": ", cluster (1, 1, SPLIT_K) fixed at compile time",
+    "pair_m": "",
+}
+
+# Split-K: how a rank reaches rank {1}'s copy of shared-memory address {0} (through
+# distributed shared memory in a cluster, its own copy without one), and the barriers
+# around the reduction, keyed by split_k > 1.
+RANK_SMEM = {True: "cluster.map_shared_rank({0}, {1})", False: "{0}"}
+SPLITK_WAIT = {True: "splitk/wait_cluster.cu.j2", False: "splitk/wait_cta.cu.j2"}
+SPLITK_RELEASE = {True: "splitk/release_cluster.cu.j2", False: NONE}
+# Each family's part of the epilogue: what a rank parked (for the wait's comment) and
+# how one four-column group is summed over the ranks (sm90tma sums inline).
+SPLITK_FAMILY = {
+    "sm90direct": {"parked": "partial tiles are", "rank_sum": "sm90_direct/rank_sum.cu.j2"},
+    "sm90stream": {"parked": "partial tile is", "rank_sum": "sm90_stream/rank_sum.cu.j2"},
+    "sm90tma": {"parked": "tile is", "rank_sum": NONE},
+}
+
+# sm90direct: activations staged once per CTA through shared memory (stages 3,
+# ``x_smem``), or read by every warp from L1 (stages 2), keyed by x_smem.
+DIRECT_ACTIVATIONS = {
+    True: {
+        "x_smem_constants": "sm90_direct/x_smem/constants.cu.j2",
+        "x_smem_helpers": "sm90_direct/x_smem/helpers.cu.j2",
+        "mainloop": "sm90_direct/x_smem/mainloop.cu.j2",
+    },
+    False: {
+        "x_smem_constants": NONE,
+        "x_smem_helpers": NONE,
+        "mainloop": "sm90_direct/mainloop.cu.j2",
+    },
+}
+
+# sm90tma: the kernel by ``persistent`` (0: one tile per CTA; 1 cooperative and 2
+# ping-pong: a CTA per SM slot walks the tiles).
+TMA_KERNEL = {
+    0: "sm90_tma/kernel.cu.j2",
+    1: "sm90_tma/persistent_kernel.cu.j2",
+    2: "sm90_tma/persistent_kernel.cu.j2",
+}
+# sm90tma, ``setmaxnreg``: with two consumer warpgroups the producer warpgroup gives
+# registers to the consumers.
+TMA_SETMAXNREG = {
+    True: {
+        "producer": "sm90_tma/setmaxnreg/producer.cu.j2",
+        "consumer": "sm90_tma/setmaxnreg/consumer.cu.j2",
+    },
+    False: {"producer": NONE, "consumer": NONE},
+}
+# sm90tma, ``pair``: the blocks of the one-tile kernel that differ for a multicast pair
+# of CTAs (cluster_m = 2), by cluster_m.
+TMA_PAIR = {
+    1: {
+        "helpers": NONE,
+        "raster": "grid/raster.cu.j2",
+        "empty_init": "sm90_tma/unicast/empty_init.cu.j2",
+        "init_sync": "sm90_tma/unicast/init_sync.cu.j2",
+        "producer_loop": "sm90_tma/unicast/producer_loop.cu.j2",
+        "release_slot": "sm90_tma/unicast/release_slot.cu.j2",
+        "exit_sync": NONE,
+    },
+    2: {
+        "helpers": "sm90_tma/multicast/helpers.cu.j2",
+        "raster": "sm90_tma/multicast/raster.cu.j2",
+        "empty_init": "sm90_tma/multicast/empty_init.cu.j2",
+        "init_sync": "sm90_tma/multicast/init_sync.cu.j2",
+        "producer_loop": "sm90_tma/multicast/producer_loop.cu.j2",
+        "release_slot": "sm90_tma/multicast/release_slot.cu.j2",
+        "exit_sync": "sm90_tma/multicast/exit_sync.cu.j2",
+    },
+}
+# sm90tma, ``schedule``: cooperative (the consumer warpgroups split each tile's P side:
+# every non-persistent design, and persistent = 1) or ping-pong (persistent = 2: each
+# warpgroup computes whole tiles, the two taking turns on the ring). wg_p_block and
+# wg_p_offset spell where a warpgroup's 64-row blocks start on the P side.
+TMA_SCHEDULE = {
+    "cooperative": {
+        "rows_assert": "sm90_tma/cooperative/rows_assert.cu.j2",
+        "about": NONE,
+        "turn_barriers": NONE,
+        "empty_init": "sm90_tma/cooperative/empty_init.cu.j2",
+        "turn_init": NONE,
+        "tile_loop": "sm90_tma/cooperative/tile_loop.cu.j2",
+        "pass_turn": NONE,
+        "skip_tile": NONE,
+        "wg_p_block": "(wg * MP + j)",
+        "wg_p_offset": " + wg * MP * 64 * BK",
+    },
+    "pingpong": {
+        "rows_assert": "sm90_tma/pingpong/rows_assert.cu.j2",
+        "about": "sm90_tma/pingpong/about.cu.j2",
+        "turn_barriers": "sm90_tma/pingpong/turn_barriers.cu.j2",
+        "empty_init": "sm90_tma/pingpong/empty_init.cu.j2",
+        "turn_init": "sm90_tma/pingpong/turn_init.cu.j2",
+        "tile_loop": "sm90_tma/pingpong/tile_loop.cu.j2",
+        "pass_turn": "sm90_tma/pingpong/pass_turn.cu.j2",
+        "skip_tile": "sm90_tma/pingpong/skip_tile.cu.j2",
+        "wg_p_block": "j",
+        "wg_p_offset": "",
+    },
+}
+
+
+def cluster(split_k: int, cluster_m: int = 1) -> str:
+    """The design's cluster: ``none``, ``split_k`` or ``pair_m`` (legality never
+    allows a split and a pair together)."""
+    if split_k > 1 and cluster_m > 1:
+        raise ValueError(f"split_k={split_k} and cluster_m={cluster_m}: not both")
+    if split_k > 1:
+        return "split_k"
+    return "pair_m" if cluster_m > 1 else "none"
+
+
+def cluster_tags(split_k: int, cluster_m: int = 1) -> dict[str, str]:
+    """The cluster's spellings: ``__cluster_dims__``, the include, the header note."""
+    c = cluster(split_k, cluster_m)
+    return {
+        "cluster_dims": CLUSTER_DIMS[c],
+        "cg_include": COOPERATIVE_GROUPS_INCLUDE[c],
+        "cluster_note": CLUSTER_NOTE[c],
+    }
+
+
+def splitk_tags(family: str, split_k: int) -> dict[str, str]:
+    """The split-K reduce-and-store epilogue (``templates/splitk/``): the barriers
+    around it, how a rank reaches other ranks' shared memory, and the family's part."""
+    split = split_k > 1
+    return {
+        "splitk_wait": SPLITK_WAIT[split],
+        "splitk_release": SPLITK_RELEASE[split],
+        "rank_smem": RANK_SMEM[split],
+        **SPLITK_FAMILY[family],
+    }
+
+
+def sm90_direct(split_k: int, x_smem: bool) -> dict[str, Any]:
+    """sm90direct: activations through shared memory (``x_smem``) or from L1."""
+    return {
+        **cluster_tags(split_k),
+        **splitk_tags("sm90direct", split_k),
+        **DIRECT_ACTIVATIONS[x_smem],
+    }
+
+
+def sm90_stream(split_k: int) -> dict[str, Any]:
+    """sm90stream: only the cluster and the split-K epilogue vary."""
+    return {**cluster_tags(split_k), **splitk_tags("sm90stream", split_k)}
+
+
+def sm90_tma(
+    split_k: int, cluster_m: int, persistent: int, pingpong: bool, setmaxnreg: bool
+) -> dict[str, Any]:
+    """sm90tma: the kernel (one tile per CTA, or persistent), its ``schedule``, the
+    multicast ``pair`` and the register reallocation (``setmaxnreg``)."""
+    return {
+        **cluster_tags(split_k, cluster_m),
+        **splitk_tags("sm90tma", split_k),
+        "kernel": TMA_KERNEL[persistent],
+        "schedule": TMA_SCHEDULE["pingpong" if pingpong else "cooperative"],
+        "pair": TMA_PAIR[cluster_m],
+        "setmaxnreg": TMA_SETMAXNREG[setmaxnreg],
+    }

@@ -1,0 +1,218 @@
+"""Templates only substitute: no logic in them (choices live in generator/tags.py),
+one definition of each shared helper (in a partial), every partial reachable, and
+every partial choice rendering byte for byte what it rendered before templates became
+partials (the source is part of the artifact key that recorded measurements name)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+from jinja2 import nodes
+
+import cudal2.generator
+from cudal2 import __version__
+from cudal2.generator import FAMILIES, design_name, tags
+from cudal2.generator.render import _env, render
+from cudal2.records import KernelDesign, Knobs
+
+TEMPLATES = Path(cudal2.generator.__file__).parent / "templates"
+ALL = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.rglob("*.j2"))
+
+# What a template may hold besides text: substitutions of names and their attributes,
+# a tag's str.format, PTX operand numbers (nacc + 1), includes, simple for loops.
+_ALLOWED = (
+    nodes.Template,
+    nodes.Output,
+    nodes.TemplateData,
+    nodes.Name,
+    nodes.Const,
+    nodes.Getattr,
+    nodes.Getitem,
+    nodes.Include,
+    nodes.For,
+    nodes.Call,
+    nodes.Add,
+)
+
+
+def _logic(root: Path, name: str) -> list[str]:
+    """Every node of template ``name`` that is more than substitution."""
+    tree = _env().parse((root / name).read_text())
+    found = []
+    for node in tree.find_all(nodes.Node):
+        where = f"{name}:{node.lineno}"
+        if not isinstance(node, _ALLOWED):
+            found.append(f"{where}: {type(node).__name__}")
+        elif isinstance(node, nodes.For) and (node.test or node.else_ or node.recursive):
+            found.append(f"{where}: a for loop with a filter, an else or recursion")
+        elif isinstance(node, nodes.Call) and not (
+            isinstance(node.node, nodes.Getattr) and node.node.attr == "format"
+        ):
+            found.append(f"{where}: a call other than a tag's .format")
+    return found
+
+
+def test_templates_hold_no_logic():
+    assert len(ALL) > 50
+    assert [f for name in ALL for f in _logic(TEMPLATES, name)] == []
+
+
+def test_a_template_that_gains_logic_is_caught(tmp_path):
+    (tmp_path / "bad.cu.j2").write_text("<% if split_k > 1 %>x<% endif %>{{ a if b }}\n")
+    kinds = {f.split(": ")[1] for f in _logic(tmp_path, "bad.cu.j2")}
+    assert {"If", "CondExpr"} <= kinds
+
+
+def _partial_names(value) -> set[str]:
+    if isinstance(value, dict):
+        return set().union(*(_partial_names(v) for v in value.values()))
+    return {value} if isinstance(value, str) and value.endswith(".cu.j2") else set()
+
+
+def test_every_partial_exists_and_is_reachable():
+    chosen = set().union(*(_partial_names(v) for v in vars(tags).values()))
+    included = {
+        m
+        for name in ALL
+        for m in re.findall(r'<% include "([^"]+)" %>', (TEMPLATES / name).read_text())
+    }
+    entries = {fam.TEMPLATE for fam in FAMILIES.values()}
+    assert sorted((chosen | included | entries) - set(ALL)) == []  # named but missing
+    assert sorted(set(ALL) - chosen - included - entries) == []  # present but unreachable
+    assert (TEMPLATES / tags.NONE).read_text() == ""
+
+
+def _definitions(root: Path, names: list[str]) -> dict[tuple[str, str], list[str]]:
+    """(function name, parameter list) -> the templates that define it."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for name in names:
+        text = (root / name).read_text()
+        for m in re.finditer(r"__device__\s+__forceinline__\s+[\w:]+\s+(\w+)\(", text):
+            depth, i = 1, m.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+            params = " ".join(text[m.end() : i - 1].split())
+            out.setdefault((m.group(1), params), []).append(name)
+    return out
+
+
+# Helpers more than one family uses (or would), each defined in exactly one partial.
+SHARED = {
+    "smem_u32": "ptx/smem_u32.cu.j2",
+    "cp_async16": "ptx/cp_async16.cu.j2",
+    "cp_async_commit": "ptx/cp_async_group.cu.j2",
+    "cp_async_wait": "ptx/cp_async_group.cu.j2",
+    "ldsm_x4": "ptx/ldmatrix.cu.j2",
+    "ldsm_x4_t": "ptx/ldmatrix.cu.j2",
+    "ldsm_x2": "ptx/ldmatrix_x2.cu.j2",
+    "mbar_init": "ptx/mbarrier.cu.j2",
+    "mbar_arrive": "ptx/mbarrier.cu.j2",
+    "mbar_arrive_expect_tx": "ptx/mbarrier.cu.j2",
+    "mbar_wait": "ptx/mbarrier.cu.j2",
+    "mbar_arrive_cluster": "ptx/cluster.cu.j2",
+    "cluster_sync": "ptx/cluster.cu.j2",
+    "bulk_g2s": "ptx/bulk_copy.cu.j2",
+    "tma_load": "ptx/tma_load.cu.j2",
+    "tma_load_multicast": "ptx/tma_load_multicast.cu.j2",
+    "make_desc": "ptx/wgmma_desc.cu.j2",
+    "wgmma_fence": "ptx/wgmma_sync.cu.j2",
+}
+# mma16816 has two genuinely different overloads: fragment arrays (ldmatrix-fed
+# families) and six loose registers (sm90direct's 16-byte global loads).
+MMA16816 = {"ptx/mma16816.cu.j2", "ptx/mma16816_regs.cu.j2"}
+# Lines of the split-K reduce-and-store epilogue, each in one partial only.
+EPILOGUE = {
+    "  const int kt_share = (KT + SPLIT_K - 1) / SPLIT_K;\n": "splitk/k_share.cu.j2",
+    "  cg::cluster_group cluster = cg::this_cluster();\n  cluster.sync();": (
+        "splitk/wait_cluster.cu.j2"
+    ),
+    "\n    T* dst = C + (long long)m * ldc + n;\n    if (n + 4 <= N": "splitk/store4.cu.j2",
+    "  cluster.sync();  // no rank leaves": "splitk/release_cluster.cu.j2",
+    "  const int g_end = min(GROUPS, (rank + 1) * PER_RANK);\n": "splitk/reduce_store.cu.j2",
+}
+
+
+def test_each_helper_is_defined_once_and_shared_ones_in_their_partial():
+    defs = _definitions(TEMPLATES, ALL)
+    assert {k: v for k, v in defs.items() if len(v) > 1} == {}
+    by_name: dict[str, set[str]] = {}
+    for (fn, _), where in defs.items():
+        by_name.setdefault(fn, set()).update(where)
+    assert {fn: by_name.get(fn) for fn in SHARED} == {fn: {p} for fn, p in SHARED.items()}
+    assert by_name["mma16816"] == MMA16816
+    for line, partial in EPILOGUE.items():
+        assert [n for n in ALL if line in (TEMPLATES / n).read_text()] == [partial], line
+
+
+def test_a_copied_helper_is_caught(tmp_path):
+    for name in ("a.cu.j2", "b.cu.j2"):
+        (tmp_path / name).write_text((TEMPLATES / "ptx/smem_u32.cu.j2").read_text())
+    assert list(_definitions(tmp_path, ["a.cu.j2", "b.cu.j2"]).values()) == [["a.cu.j2", "b.cu.j2"]]
+
+
+# One design per partial choice of each family (greedy cover of the sm_90a spaces) and
+# the sha256 prefix of its source (the tool version, the kernel's symbol and the design
+# key normalised: they change with the version and the record schema, not with the
+# template). The digests were taken from the sources as rendered before templates
+# became partials, through the schema-1 -> 2 design mapping. A change here changes the
+# design's artifact key: its recorded measurements go stale and must be re-measured.
+GOLDEN = [
+    ("sm80mma", "fp16", "tn", dict(bm=16, bn=32, bk=32, warps_m=1, warps_n=1, warps_k=1, stages=2),
+     "d33b7980c96f9942"),
+    ("sm80mma", "bf16", "nn", dict(bm=16, bn=32, bk=32, warps_m=1, warps_n=1, warps_k=1, stages=2),
+     "140ce058fc46718c"),
+    ("sm90csk", "fp16", "tn", dict(bm=16, bn=32, bk=64, warps_m=1, warps_n=1, stages=2, split_k=2),
+     "8924bf29953e9ba9"),
+    ("sm90csk", "bf16", "nn", dict(bm=16, bn=32, bk=64, warps_m=1, warps_n=1, stages=2, split_k=2),
+     "b8ba9774f238d26f"),
+    ("sm90direct", "fp16", "tn", dict(bm=8, warps_n=1, warps_k=1, bk=64, stages=3, split_k=1),
+     "adb981cd6e221caf"),
+    ("sm90direct", "bf16", "tn", dict(bm=8, warps_n=1, warps_k=1, bk=64, stages=2, split_k=2),
+     "80a58a376a45230e"),
+    ("sm90stream", "fp16", "tn",
+     dict(bm=8, bn=32, bk=64, warps_m=1, warps_n=1, stages=3, split_k=1), "a35bfc102e0c45e1"),
+    ("sm90stream", "bf16", "nn",
+     dict(bm=8, bn=32, bk=64, warps_m=1, warps_n=1, stages=3, split_k=2), "9a9b438245d2408d"),
+    ("sm90tma", "fp16", "tn", dict(swap=0, warpgroups=1, m_blocks=1, wgmma_n=64, stages=4,
+     split_k=2, persistent=0, cluster_m=1), "04159a89f93580a9"),
+    ("sm90tma", "fp16", "tn", dict(swap=0, warpgroups=2, m_blocks=1, wgmma_n=64, stages=4,
+     split_k=1, persistent=0, cluster_m=2), "71c3f41438ffa84a"),
+    ("sm90tma", "fp16", "tn", dict(swap=0, warpgroups=2, m_blocks=1, wgmma_n=128, stages=4,
+     split_k=1, persistent=1, cluster_m=1), "42441693d8576fdb"),
+    ("sm90tma", "bf16", "tn", dict(swap=0, warpgroups=2, m_blocks=1, wgmma_n=128, stages=4,
+     split_k=1, persistent=2, cluster_m=1), "f764f2d0801dd9b8"),
+    ("sm90wgmma", "fp16", "tn", dict(warpgroups=1, bn=64, stages=3), "23ebafd9a2fd1827"),
+    ("sm90wgmma", "bf16", "tn", dict(warpgroups=1, bn=64, stages=3), "53109e972e812fb7"),
+]  # fmt: skip
+
+
+def _golden_design(args) -> KernelDesign:
+    family, dtype, layout, knobs, _ = args
+    return KernelDesign(family, "sm_90a", dtype, layout, Knobs.of(**knobs))
+
+
+@pytest.mark.parametrize("args", GOLDEN, ids=[a[0] for a in GOLDEN])
+def test_rendered_source_is_unchanged(args):
+    d = _golden_design(args)
+    src = render(d).replace(f"cudal2 {__version__} ", "cudal2 VERSION ")
+    src = src.replace(design_name(d), "<symbol>").replace(d.key, "<design key>")
+    assert hashlib.sha256(src.encode()).hexdigest()[:16] == args[-1], design_name(d)
+
+
+def test_golden_designs_use_every_template(monkeypatch):
+    env, used = _env(), set()
+    for method in ("get_template", "get_or_select_template"):
+        original = getattr(env, method)
+
+        def tracking(name, *a, _original=original, **k):
+            used.add(name)
+            return _original(name, *a, **k)
+
+        monkeypatch.setattr(env, method, tracking)
+    for args in GOLDEN:
+        render(_golden_design(args))
+    assert sorted(set(ALL) - used) == []
