@@ -233,12 +233,23 @@ class Api:
             return DispatchTable.from_bytes(path.read_bytes(), source)
         except (OSError, TableError) as exc:
             self._table_reason = "table"
-            self._warn_once("table", f"{self.package}: {exc}; using torch for every call")
-            return DispatchTable(
-                **dict.fromkeys(("package", "name", "version"), self.package),
-                **dict.fromkeys(("tool_version", "manifest_sha256"), ""),
-                **dict.fromkeys(("gpu_models", "archs", "drivers", "cuda_versions"), ()),
-                **dict.fromkeys(("measured_from", "measured_to")),
+            self._warn_once(
+                "table",
+                f"{self.package}: cannot use its dispatch table ({exc}); using torch for "
+                "every call",
+            )
+            return DispatchTable(  # no entries: every call falls back
+                package=self.package,
+                name=self.package,
+                version="0",
+                tool_version="",
+                manifest_sha256="",
+                gpu_models=(),
+                archs=(),
+                drivers=(),
+                cuda_versions=(),
+                measured_from=None,
+                measured_to=None,
                 entries=(),
             )
 

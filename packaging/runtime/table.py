@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from .abi import ABIS
 
@@ -237,15 +237,13 @@ class DispatchTable:
     """A whole table of format 1: where it came from, and its entries, kept in the
     canonical order (``TableEntry.sort_key``) with an index built once, so a lookup is
     a dict hit and a bisect. Checked when made (``TableError``): the top-level values,
-    and no two entries with one ``key``.
+    no two entries with one ``key``, and ``gpu_models`` / ``archs`` the entries' own.
 
     ``gpu_models`` / ``archs``: the models and archs of the entries, sorted;
     ``drivers`` / ``cuda_versions``: those the kernels were measured under (the
     runtime needs a driver for the newest CUDA); ``measured_from`` / ``measured_to``:
     the oldest and newest measurement (null for an empty table).
     """
-
-    format: ClassVar[int] = FORMAT
 
     package: str
     name: str
