@@ -36,9 +36,9 @@ def main() -> int:
     rng = random.Random(0)
     cases = []
     for e in entries:  # every table shape, at its measured M and just inside its range
-        for m in sorted({e["m_measured"], e["m_min"]}):
-            cases.append((e["dtype"], e["layout"], m, e["n"], e["k"], "table"))
-    nk = sorted({(e["n"], e["k"]) for e in entries})
+        for m in sorted({e.m_measured, e.m_min}):
+            cases.append((e.dtype, e.layout, m, e.n, e.k, "table"))
+    nk = sorted({(e.n, e.k) for e in entries})
     for _ in range(args.random_shapes):  # off-table: random M on table N,K, and random N,K
         dt, lay = rng.choice(["fp16", "bf16"]), rng.choice(["tn", "nn"])
         n, kk = rng.choice(nk)

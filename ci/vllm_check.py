@@ -97,7 +97,7 @@ def main() -> int:
         return sum(s.hits.values()) + sum(s.fallbacks.values())
 
     covered = sorted(
-        {(e["n"], e["k"]) for e in pkg._api.table.entries if e["kind"] != "fallback"},
+        {(e.n, e.k) for e in pkg._api.table.entries if e.kind != "fallback"},
         key=lambda nk: nk[0] * nk[1],
     )
     n, k = covered[0]

@@ -19,6 +19,7 @@ from typing import Any
 
 from cudal2 import models
 from cudal2.generator.families import FAMILIES
+from cudal2.packaging.wheel import package_name
 from cudal2.policy import PROPOSERS
 from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
 
@@ -110,7 +111,7 @@ class Manifest:
     @property
     def package(self) -> str:
         """The import name of the generated wheel."""
-        return f"cudal2_kernels_{self.name}"
+        return package_name(self.name)
 
 
 def default_manifest_path() -> Path:

@@ -1,12 +1,12 @@
 """Comparing two dispatch tables (e.g. two releases of one kernel wheel).
 
-Entries are matched by target: (gpu, dtype, layout, n, k, m_measured). A target
-only in the new table is *added*, only in the old one *removed*. A matched target
-is *changed* when its kernel (or cuBLASLt algorithm) was swapped, it moved between
-kernel, cuBLASLt algorithm and fallback, or its ``time_us`` moved by more than the
-noise threshold. A *regression* is a matched
-target whose time got slower by more than a threshold; since the GPU model is part
-of the match, regressions only ever compare measurements of one GPU model.
+Entries are matched by identity, ``TableEntry.key``: (gpu, arch, dtype, layout, n, k,
+m_measured). A target only in the new table is *added*, only in the old one
+*removed*. A matched target is *changed* when its kernel (or cuBLASLt algorithm) was
+swapped, it moved between kernel, cuBLASLt algorithm and fallback, or its ``time_us``
+moved by more than the noise threshold. A *regression* is a matched target whose time
+got slower by more than a threshold; since the GPU model is part of the match,
+regressions only ever compare measurements of one GPU model.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .table import target_key, validate_table
+from .runtime.table import DispatchTable, TableEntry
 
 # Reason codes of a changed row (``reasons``), in the order they are reported.
 KERNEL_SWAPPED = "kernel_swapped"
@@ -73,8 +73,8 @@ class DiffResult:
 
 
 def diff_tables(
-    old: dict[str, Any],
-    new: dict[str, Any],
+    old: DispatchTable,
+    new: DispatchTable,
     noise_pct: float = 2.0,
     regression_pct: float | None = None,
 ) -> DiffResult:
@@ -82,17 +82,14 @@ def diff_tables(
 
     ``noise_pct``: a time move of at most this many percent does not make a
     target "changed". ``regression_pct``: how much slower a target must get to
-    count as a regression; defaults to ``noise_pct``. Raises
-    :class:`cudal2.packaging.table.TableError` if either table is malformed.
+    count as a regression; defaults to ``noise_pct``.
     """
     if noise_pct < 0:
         raise ValueError(f"noise_pct must be >= 0, got {noise_pct}")
     if regression_pct is None:
         regression_pct = noise_pct
-    validate_table(old, "old table")
-    validate_table(new, "new table")
-    before = {target_key(e): e for e in old["entries"]}
-    after = {target_key(e): e for e in new["entries"]}
+    before = {e.key: e for e in old.entries}
+    after = {e.key: e for e in new.entries}
 
     added, removed, changed, matched = [], [], [], []
     for key in sorted(before.keys() | after.keys()):
@@ -118,32 +115,32 @@ def diff_tables(
     )
 
 
-def _summary(entry: dict[str, Any]) -> dict[str, Any]:
+def _summary(entry: TableEntry) -> dict[str, Any]:
     return {
-        "kind": entry["kind"],
-        "kernel": entry["kernel"],
-        "time_us": entry["time_us"],
-        "speedup": entry["speedup"],
+        "kind": entry.kind,
+        "kernel": entry.kernel,
+        "time_us": entry.time_us,
+        "speedup": entry.speedup,
     }
 
 
 def _row(
     change: str,
-    entry: dict[str, Any],
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
+    entry: TableEntry,
+    before: TableEntry | None,
+    after: TableEntry | None,
     time_pct: float | None = None,
     reasons: list[str] | None = None,
 ) -> dict[str, Any]:
     return {
         "change": change,
-        "gpu": entry["gpu"],
-        "arch": entry["arch"],
-        "dtype": entry["dtype"],
-        "layout": entry["layout"],
-        "m": entry["m_measured"],
-        "n": entry["n"],
-        "k": entry["k"],
+        "gpu": entry.gpu,
+        "arch": entry.arch,
+        "dtype": entry.dtype,
+        "layout": entry.layout,
+        "m": entry.m_measured,
+        "n": entry.n,
+        "k": entry.k,
         "before": _summary(before) if before is not None else None,
         "after": _summary(after) if after is not None else None,
         "time_pct": time_pct,
@@ -151,13 +148,13 @@ def _row(
     }
 
 
-def _matched_row(b: dict[str, Any], a: dict[str, Any], noise_pct: float) -> dict[str, Any]:
+def _matched_row(b: TableEntry, a: TableEntry, noise_pct: float) -> dict[str, Any]:
     reasons: list[str] = []
-    if b["kind"] != a["kind"]:
-        reasons.append({"fallback": TO_FALLBACK, "cublaslt": TO_CUBLASLT}.get(a["kind"], TO_KERNEL))
-    elif b["kind"] != "fallback" and b["kernel"] != a["kernel"]:
+    if b.kind != a.kind:
+        reasons.append({"fallback": TO_FALLBACK, "cublaslt": TO_CUBLASLT}.get(a.kind, TO_KERNEL))
+    elif b.kind != "fallback" and b.kernel != a.kernel:
         reasons.append(KERNEL_SWAPPED)
-    time_pct = (a["time_us"] - b["time_us"]) / b["time_us"] * 100.0
+    time_pct = (a.time_us - b.time_us) / b.time_us * 100.0
     if abs(time_pct) > noise_pct:
         reasons.append(SLOWER if time_pct > 0 else FASTER)
     change = "changed" if reasons else "unchanged"

@@ -1,7 +1,8 @@
 """Writing the kernel wheel: precompiled cubins + dispatch.json + the runtime.
 
 Layout (docs/contracts.md): the wheel ``cudal2_kernels_<name>-<version>-py3-none-any.whl``
-holds the import package ``<package>/`` with a generated ``__init__.py``, the runtime
+holds the import package ``<package>/`` with an ``__init__.py`` rendered from
+``templates/package_init.py.j2``, the runtime
 copied to ``_runtime/``, ``dispatch.json`` and ``cubins/<sha256>.cubin``, plus its
 ``.dist-info``. The wheel is reproducible: every member has the same timestamp and
 mode and members are written in a fixed order, so equal inputs give equal bytes.
@@ -20,12 +21,13 @@ import shutil
 import tempfile
 import zipfile
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any
 
+import jinja2
 from wheel.wheelfile import WheelFile
 
-from .table import write_table_bytes
+from .runtime.table import DispatchTable
 
 # What the shipped runtime imports at run time (torch is optional and not required).
 # cuda-python's driver bindings: the only thing the runtime imports (the GPU image has
@@ -64,6 +66,11 @@ class _ReproducibleWheelFile(WheelFile):
         zipfile.ZipFile.close(self)
 
 
+def package_name(name: str) -> str:
+    """The import name of the kernel package built from manifest ``name``."""
+    return f"cudal2_kernels_{name}"
+
+
 def dist_name(name: str) -> str:
     """The PEP 503 normalised distribution name of the wheel for table name ``name``."""
     return re.sub(r"[-_.]+", "-", f"cudal2-kernels-{name}").lower()
@@ -81,18 +88,18 @@ def runtime_sources() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(files, key=lambda p: p.name)}
 
 
-def write_wheel(table: dict[str, Any], cubins: Mapping[str, bytes], out_dir: Path) -> Path:
+def write_wheel(table: DispatchTable, cubins: Mapping[str, bytes], out_dir: Path) -> Path:
     """Write the kernel wheel for ``table`` into ``out_dir`` and return its path.
 
     ``cubins`` maps sha256 hex -> cubin bytes and must hold the cubin of every
     ``kind == "kernel"`` entry (extra cubins are ignored). Raises
     :class:`WheelBuildError` on a missing cubin, a cubin whose hash is not its key,
-    or a table name/version/package that cannot name a wheel; a malformed table
-    raises :class:`cudal2.packaging.table.TableError`.
+    or a table name/version/package that cannot name a wheel (the table itself was
+    checked when it was made).
     """
-    table_bytes = write_table_bytes(table)  # validates the table first
-    name, version, package = table["name"], table["version"], table["package"]
+    name, version, package = table.name, table.version, table.package
     _check_names(name, version, package)
+    table_bytes = table.to_bytes()
 
     members = _package_members(table, table_bytes, cubins)
     out_dir = Path(out_dir)
@@ -132,10 +139,10 @@ def _check_names(name: str, version: str, package: str) -> None:
 
 
 def _package_members(
-    table: dict[str, Any], table_bytes: bytes, cubins: Mapping[str, bytes]
+    table: DispatchTable, table_bytes: bytes, cubins: Mapping[str, bytes]
 ) -> dict[str, bytes]:
     """The import package's files, in the order they go into the zip (sorted by name)."""
-    package = table["package"]
+    package = table.package
     members: dict[str, bytes] = {
         f"{package}/__init__.py": _init_source(table).encode("utf-8"),
         f"{package}/dispatch.json": table_bytes,
@@ -147,9 +154,9 @@ def _package_members(
     return dict(sorted(members.items()))
 
 
-def _kernel_cubins(table: dict[str, Any], cubins: Mapping[str, bytes]) -> dict[str, bytes]:
+def _kernel_cubins(table: DispatchTable, cubins: Mapping[str, bytes]) -> dict[str, bytes]:
     """The cubins that the table's kernel entries need, each checked against its hash."""
-    needed = sorted({e["cubin_sha256"] for e in table["entries"] if e["kind"] == "kernel"})
+    needed = sorted({e.cubin_sha256 for e in table.entries if e.kind == "kernel"})
     missing = [sha for sha in needed if sha not in cubins]
     if missing:
         raise WheelBuildError(
@@ -166,96 +173,73 @@ def _kernel_cubins(table: dict[str, Any], cubins: Mapping[str, bytes]) -> dict[s
     return out
 
 
-def _init_source(table: dict[str, Any]) -> str:
-    """The generated ``__init__.py`` of the kernel package."""
-    gpus = ", ".join(table["gpu_models"]) or "no GPU"
-    archs = ", ".join(table["archs"]) or "no arch"
-    kernels = sum(1 for e in table["entries"] if e["kind"] == "kernel")
-    algos = sum(1 for e in table["entries"] if e["kind"] == "cublaslt")
-    doc = (
-        f"HGEMM kernels precompiled by cudal2 {table['tool_version']} for {gpus} ({archs}).\n"
-        f"\n"
-        f"Built from manifest {table['name']!r} (sha256 {table['manifest_sha256']}),\n"
-        f"measured {table['measured_from']} .. {table['measured_to']}:\n"
-        f"{len(table['entries'])} dispatch entries, {kernels} of them kernels,\n"
-        f"{algos} of them autotuned cuBLASLt algorithms.\n"
-        f"Shapes or GPUs the table does not cover fall back to torch.\n"
-    )
-    # Table strings are data, not code: keep them from closing the docstring.
-    doc = doc.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-    return (
-        f'"""{doc}"""\n'
-        "\n"
-        "from ._runtime import ops as _ops\n"
-        "from ._runtime.api import bind\n"
-        "\n"
-        f"__version__ = {table['version']!r}\n"
-        f"NAMESPACE = {op_namespace(table)!r}  # torch.ops.<NAMESPACE>.linear / .matmul\n"
-        "\n"
-        "_api = bind(__name__)\n"
-        "matmul = _api.matmul\n"
-        "linear = _api.linear\n"
-        "warmup = _api.warmup\n"
-        "stats = _api.stats\n"
-        "has_torch_ops = _ops.register(_api, NAMESPACE)  # needs torch, not a GPU\n"
-        "\n"
-        "\n"
-        "def patch_linear(model):\n"
-        '    """Route model\'s covered nn.Linear layers through the op; .restore() undoes it."""\n'
-        "    return _ops.patch_linear(model, _api, NAMESPACE)\n"
-        "\n"
-        "\n"
-        "def vllm_register():\n"
-        '    """vLLM general plugin entry point (group vllm.general_plugins)."""\n'
-        "    from ._runtime.vllm_plugin import install\n"
-        "\n"
-        "    install(_api, NAMESPACE)\n"
-        "\n"
-        "\n"
-        "__all__ = [\n"
-        '    "NAMESPACE",\n'
-        '    "__version__",\n'
-        '    "linear",\n'
-        '    "matmul",\n'
-        '    "patch_linear",\n'
-        '    "stats",\n'
-        '    "vllm_register",\n'
-        '    "warmup",\n'
-        "]\n"
+@cache
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("cudal2.packaging", "templates"),
+        undefined=jinja2.StrictUndefined,  # a missing value is an error, never ""
+        keep_trailing_newline=True,
+        autoescape=False,
     )
 
 
-def op_namespace(table: dict[str, Any]) -> str:
+def _init_source(table: DispatchTable) -> str:
+    """The generated ``__init__.py`` of the kernel package
+    (``templates/package_init.py.j2``)."""
+    kinds = [e.kind for e in table.entries]
+    template = _templates().get_template("package_init.py.j2")
+    return template.render(
+        tool_version=_docstring_text(table.tool_version),
+        gpus=_docstring_text(", ".join(table.gpu_models) or "no GPU"),
+        archs=_docstring_text(", ".join(table.archs) or "no arch"),
+        name=_docstring_text(repr(table.name)),
+        manifest_sha256=_docstring_text(table.manifest_sha256),
+        measured_from=_docstring_text(str(table.measured_from)),
+        measured_to=_docstring_text(str(table.measured_to)),
+        entries=len(kinds),
+        kernels=kinds.count("kernel"),
+        algos=kinds.count("cublaslt"),
+        version=repr(table.version),
+        namespace=repr(op_namespace(table)),
+    )
+
+
+def _docstring_text(text: str) -> str:
+    """Table strings are data, not code: keep them from closing the docstring."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def op_namespace(table: DispatchTable) -> str:
     """The torch op namespace of a table's package: ``cudal2_<manifest name>``."""
-    return f"cudal2_{table['name']}"
+    return f"cudal2_{table.name}"
 
 
-def _entry_points(table: dict[str, Any]) -> bytes:
+def _entry_points(table: DispatchTable) -> bytes:
     """The vLLM general plugin entry point (loaded only by vLLM)."""
     return (
-        f"[vllm.general_plugins]\n{op_namespace(table)} = {table['package']}:vllm_register\n"
+        f"[vllm.general_plugins]\n{op_namespace(table)} = {table.package}:vllm_register\n"
     ).encode()
 
 
-def _metadata(table: dict[str, Any]) -> bytes:
-    gpus = ", ".join(table["gpu_models"]) or "no GPU"
+def _metadata(table: DispatchTable) -> bytes:
+    gpus = ", ".join(table.gpu_models) or "no GPU"
     lines = [
         "Metadata-Version: 2.1",
-        f"Name: {dist_name(table['name'])}",
-        f"Version: {table['version']}",
-        f"Summary: cudal2 HGEMM kernels for {gpus} (manifest {table['name']})",
+        f"Name: {dist_name(table.name)}",
+        f"Version: {table.version}",
+        f"Summary: cudal2 HGEMM kernels for {gpus} (manifest {table.name})",
         f"Requires-Python: {REQUIRES_PYTHON}",
         *(f"Requires-Dist: {req}" for req in RUNTIME_REQUIRES),
     ]
-    if any(e["kind"] == "cublaslt" for e in table["entries"]):
+    if any(e.kind == "cublaslt" for e in table.entries):
         lines += [f"Requires-Dist: {req}" for req in CUBLASLT_REQUIRES]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def _wheel_file(table: dict[str, Any]) -> bytes:
+def _wheel_file(table: DispatchTable) -> bytes:
     lines = [
         "Wheel-Version: 1.0",
-        f"Generator: cudal2 {table['tool_version']}",
+        f"Generator: cudal2 {table.tool_version}",
         "Root-Is-Purelib: true",
         f"Tag: {WHEEL_TAG}",
     ]

@@ -6,26 +6,27 @@ a dispatch table built from it by the real table builder, with every target's
 fastest *correct* recorded kernel (cuBLASLt records left out) as a kernel entry
 whether or not it beat cuBLAS
 (today none does: the shipped default table is all fallbacks), so the runtime's
-kernel path, the wheel and the diff are exercised with real cubins. Tests copy and
-vary them; they never hard-code entry values.
+kernel path, the wheel and the diff are exercised with real cubins. Tables are typed
+and frozen (``DispatchTable``): tests vary them through ``dataclasses.replace`` or their
+``as_json()``; they never hard-code entry values.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import shutil
 import uuid
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cudal2.database import MeasurementDB
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
-from cudal2.packaging.wheel import write_wheel
+from cudal2.packaging.runtime.table import DispatchTable
+from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.select import Selection
 from cudal2.records import Measurement
@@ -47,7 +48,7 @@ def artifact_cache(tmp_path_factory) -> ArtifactCache:
 @pytest.fixture(scope="session")
 def _best_kernel_table(
     recorded_measurements, artifact_cache
-) -> tuple[dict[str, Any], dict[str, bytes]]:
+) -> tuple[DispatchTable, dict[str, bytes]]:
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc to rebuild the recorded cubins")
     best: dict[tuple, Measurement] = {}
@@ -70,7 +71,7 @@ def _best_kernel_table(
     return build_table(
         name="recorded",
         version="0.0.1",
-        package="cudal2_kernels_recorded",
+        package=package_name("recorded"),
         manifest_sha256=manifest.sha256,
         selections=sels,
         cubin_of=artifact_cache.cubin,
@@ -78,8 +79,8 @@ def _best_kernel_table(
 
 
 @pytest.fixture
-def recorded_table(_best_kernel_table) -> dict[str, Any]:
-    return copy.deepcopy(_best_kernel_table[0])
+def recorded_table(_best_kernel_table) -> DispatchTable:
+    return _best_kernel_table[0]
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="session")
-def _selected_table(recorded_measurements, artifact_cache) -> tuple[dict[str, Any], dict]:
+def _selected_table(recorded_measurements, artifact_cache) -> tuple[DispatchTable, dict]:
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc to rebuild the recorded cubins")
     from cudal2.pipeline.build import table_from_measurements
@@ -97,10 +98,10 @@ def _selected_table(recorded_measurements, artifact_cache) -> tuple[dict[str, An
 
 
 @pytest.fixture
-def selected_table(_selected_table) -> dict[str, Any]:
+def selected_table(_selected_table) -> DispatchTable:
     """The table a build selects from the recorded database: kernel, cublaslt
     (autotuned cuBLASLt algorithms) and fallback entries."""
-    return copy.deepcopy(_selected_table[0])
+    return _selected_table[0]
 
 
 @pytest.fixture
@@ -109,17 +110,17 @@ def selected_cubins(_selected_table) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def write_package() -> Callable[[Path, dict[str, Any], dict[str, bytes]], str]:
+def write_package() -> Callable[[Path, DispatchTable, dict[str, bytes]], str]:
     """Installs a table as a generated package under ``root``, through the real wheel
     writer (a wheel is unzipped there, as pip would lay it out), and returns its
     import name, unique per call so that imports never collide."""
 
-    def write(root: Path, table: dict[str, Any], cubins: dict[str, bytes]) -> str:
+    def write(root: Path, table: DispatchTable, cubins: dict[str, bytes]) -> str:
         tag = uuid.uuid4().hex[:12]
-        table = dict(table, name=f"t{tag}", package=f"cudal2_kernels_t{tag}")
+        table = dataclasses.replace(table, name=f"t{tag}", package=package_name(f"t{tag}"))
         wheel = write_wheel(table, cubins, root / f"dist-{tag}")
         with zipfile.ZipFile(wheel) as z:
             z.extractall(root)
-        return table["package"]
+        return table.package
 
     return write

@@ -62,7 +62,10 @@ def _install(tmp: Path) -> Path:
 
 def _lint(site: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("lint-imports")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
+    # importlinter.cli has no __main__ guard (``python -m`` would do nothing): call its
+    # click command where the interpreter has no lint-imports script beside it.
+    main = "import sys; from importlinter.cli import lint_imports_command as m; sys.exit(m())"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", main]
     return subprocess.run(
         [*cmd, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
         cwd=site.parent,

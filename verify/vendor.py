@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from cudal2.packaging.runtime.abi import GemmArgs
 from cudal2.packaging.runtime.cublaslt import (
     ALGO_BYTES,
     CUDA_DTYPE,
@@ -126,7 +127,8 @@ class LtProblem:
         self._lt, self.handle, self.p = lt, handle, p
         self.workspace_ptr, self.workspace_bytes = workspace_ptr, workspace_bytes
         _, _, ldw = p.w_shape_colmajor
-        self.d = Descriptors(p.dtype, p.w_layout, p.m, p.n, p.k, p.k, ldw, p.n)
+        # The problem's shape (pointers come with each call to ``run``).
+        self.d = Descriptors(p.dtype, p.w_layout, GemmArgs(0, 0, 0, p.m, p.n, p.k, p.k, ldw, p.n))
         self.pref = lt.matmul_preference_create()
         ws = ctypes.c_uint64(workspace_bytes)
         lt.matmul_preference_set_attribute(

@@ -7,8 +7,8 @@ queue holds far more than ``--calls`` launches). Paths, from the bottom up:
 
 - ``raw_cuLaunchKernel``: ``cuda.bindings.driver.cuLaunchKernel`` of the entry's
   CUfunction with arguments prepared once (the floor for a Python launch);
-- ``runtime_launch_gemm``: the runtime's ``driver.launch_gemm`` (grid from the recipe,
-  arguments packed per call);
+- ``runtime_launch_gemm``: the runtime's ``driver.launch_gemm`` (grid from the recipe
+  per call, on a ``GemmArgs`` block made once);
 - ``api_linear``: ``Api.linear`` (checks, dispatch by shape, output allocation, launch);
 - ``op_linear``: ``torch.ops.<ns>.linear`` (the torch dispatcher, then the above): the
   "op entry to launch return" figure;
@@ -46,9 +46,10 @@ def main() -> int:
     pkg = importlib.import_module(args.package)
     api = pkg._api
     runtime_driver = importlib.import_module(f"{args.package}._runtime.driver")
-    entries = [e for e in api.table.entries if e["kind"] == "kernel" and e["m_measured"] == 1]
-    e = min(entries, key=lambda e: e["n"] * e["k"])
-    n, k = e["n"], e["k"]
+    runtime_abi = importlib.import_module(f"{args.package}._runtime.abi")
+    entries = [e for e in api.table.entries if e.kind == "kernel" and e.m_measured == 1]
+    e = min(entries, key=lambda e: e.n * e.k)
+    n, k = e.n, e.k
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) / k**0.5
     lin = torch.nn.Linear(k, n, bias=False, device="cuda", dtype=torch.float16).eval()
@@ -89,10 +90,10 @@ def main() -> int:
 
     assert int(raw()[0]) == 0, raw()  # CUDA_SUCCESS
 
+    gemm = runtime_abi.GemmArgs(x.data_ptr(), w.data_ptr(), c.data_ptr(), 1, n, k, k, k, n)
+
     def launch_gemm() -> None:
-        runtime_driver.launch_gemm(
-            kernel, recipe, x.data_ptr(), w.data_ptr(), c.data_ptr(), 1, n, k, k, k, n, stream
-        )
+        runtime_driver.launch_gemm(kernel, recipe, gemm, stream)
 
     paths = {
         "raw_cuLaunchKernel": raw,
@@ -123,7 +124,7 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "shape": [1, n, k],
-        "entry": e.get("kernel", e.get("symbol")),
+        "entry": e.kernel,
         "abi": recipe.get("abi", "gemm_v1"),
         "calls_per_batch": args.calls,
         "batches": args.reps,

@@ -4,16 +4,16 @@ comes from a wheel, a ``dispatch.json``, or a measurement database."""
 
 from __future__ import annotations
 
-import json
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cudal2.packaging.runtime import cublaslt, driver
-from cudal2.packaging.runtime.table import DispatchTable, entry_key
+from cudal2.packaging.runtime.table import DispatchTable, TableEntry
+from cudal2.packaging.table import read_table
 from cudal2.records import GpuInfo, Target
-from cudal2.verify.launch import launch_dense
+from cudal2.verify.launch import dense_gemm
 
 
 class WheelKernels:
@@ -21,9 +21,9 @@ class WheelKernels:
     beside its ``cubins/`` folder, or a measurement database (``.jsonl``), whose
     table is the one a build would select from it."""
 
-    def __init__(self, table: dict[str, Any], cubins: dict[str, bytes], gpu: GpuInfo):
+    def __init__(self, table: DispatchTable, cubins: dict[str, bytes], gpu: GpuInfo):
         self.cubins = cubins
-        self.table = DispatchTable.from_json(table)
+        self.table = table
         self.gpu = gpu
         self.model, self.stand_in = self.table.resolve_gpu(gpu.name, gpu.arch)
         self._kernels: dict[str, driver.Kernel] = {}
@@ -35,11 +35,9 @@ class WheelKernels:
         path = Path(path)
         cubins: dict[str, bytes] = {}
         if path.suffix == ".whl":
+            table = read_table(path)
             with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-                (table_name,) = [n for n in names if n.endswith("/dispatch.json")]
-                table = json.loads(z.read(table_name))
-                for n in names:
+                for n in z.namelist():
                     if "/cubins/" in n and n.endswith(".cubin"):
                         cubins[Path(n).stem] = z.read(n)
         elif path.suffix == ".jsonl":
@@ -52,12 +50,12 @@ class WheelKernels:
                 raise ValueError(f"{path}: no measurements")
             table, cubins = table_from_measurements(history, mode, ArtifactCache(), "bench")
         else:  # a dispatch.json beside its cubins/ folder
-            table = json.loads(path.read_text())
+            table = read_table(path)
             for f in (path.parent / "cubins").glob("*.cubin"):
                 cubins[f.stem] = f.read_bytes()
         return cls(table, cubins, gpu)
 
-    def entry(self, t: Target) -> dict[str, Any] | None:
+    def entry(self, t: Target) -> TableEntry | None:
         if self.model is None:
             return None
         return self.table.lookup(self.model, t.arch, t.dtype, t.layout, t.m, t.n, t.k)
@@ -67,10 +65,10 @@ class WheelKernels:
         if e is None:
             return {"kind": "fallback", "reason": "no entry"}
         return {
-            "kind": e["kind"],
-            "kernel": e["kernel"],
-            "m_measured": e["m_measured"],
-            "table_gpu": e["gpu"],
+            "kind": e.kind,
+            "kernel": e.kernel,
+            "m_measured": e.m_measured,
+            "table_gpu": e.gpu,
             "stand_in": self.stand_in,
         }
 
@@ -78,59 +76,42 @@ class WheelKernels:
         """Operand set j -> what the entry dispatches: its kernel through the driver
         launcher, or its cuBLASLt algorithm through the runtime's cuBLASLt calls."""
         e = self.entry(t)
-        assert e is not None and e["kind"] in ("kernel", "cublaslt")
-        if e["kind"] == "cublaslt":
-            return self._cublaslt(e, t, a, w, c)
-        sha = e["cubin_sha256"]
+        assert e is not None and e.kind in ("kernel", "cublaslt")
+        # One argument block per operand set, made before timing starts.
+        gemms = [
+            dense_gemm(t, a[j].data_ptr(), w[j].data_ptr(), c[j].data_ptr()) for j in range(len(a))
+        ]
+        if e.kind == "cublaslt":
+            return self._cublaslt(e, t, gemms)
+        sha = e.cubin_sha256
         if sha not in self._kernels:
             self._kernels[sha] = driver.Kernel(
-                self.cubins[sha], e["symbol"], e["launch"]["smem_bytes"], expected_sha256=sha
+                self.cubins[sha], e.symbol, e.launch["smem_bytes"], expected_sha256=sha
             )
-        kernel, recipe = self._kernels[sha], e["launch"]
+        kernel, recipe = self._kernels[sha], e.launch
 
         def run(j: int) -> None:
-            launch_dense(
-                kernel, recipe, t, a[j].data_ptr(), w[j].data_ptr(), c[j].data_ptr(), _stream()
-            )
+            driver.launch_gemm(kernel, recipe, gemms[j], _stream())
 
         return run
 
-    def _cublaslt(self, e: dict[str, Any], t: Target, a: list, w: list, c: list):
+    def _cublaslt(self, e: TableEntry, t: Target, gemms: list) -> Callable[[int], None]:
         import torch
 
-        lt = e["cublaslt"]
-        if cublaslt.version() != lt["version"]:
+        lt = e.cublaslt
+        if cublaslt.version() != lt.version:
             raise RuntimeError(
-                f"{entry_key(e)}: measured with cuBLASLt {lt['version']}, this process has "
+                f"{e.key}: measured with cuBLASLt {lt.version}, this process has "
                 f"{cublaslt.version()}: the bench would not time what the wheel runs"
             )
         if self._lt_handle is None:
             self._lt_handle = cublaslt.create_handle()
-        ldb = t.k if t.layout == "tn" else t.n
-        gemm = cublaslt.LtGemm(
-            self._lt_handle,
-            bytes.fromhex(lt["algo"]),
-            t.dtype,
-            t.layout,
-            t.m,
-            t.n,
-            t.k,
-            t.k,
-            ldb,
-            t.n,
-        )
+        gemm = cublaslt.LtGemm(self._lt_handle, bytes.fromhex(lt.algo), t.dtype, t.layout, gemms[0])
         ws = torch.empty(max(gemm.workspace_bytes, 1), dtype=torch.uint8, device="cuda")
         self._keep.append(ws)
 
         def run(j: int) -> None:
-            gemm.run(
-                a[j].data_ptr(),
-                w[j].data_ptr(),
-                c[j].data_ptr(),
-                ws.data_ptr(),
-                ws.numel(),
-                _stream(),
-            )
+            gemm.run(gemms[j], ws.data_ptr(), ws.numel(), _stream())
 
         return run
 

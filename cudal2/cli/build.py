@@ -11,9 +11,14 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cudal2.manifest import ManifestError, default_manifest_path, load_manifest
+from cudal2.packaging.runtime.table import TableEntry
 from cudal2.policy import PROPOSERS
+
+if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
+    from cudal2.pipeline.build import BuildReport
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,20 +57,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _summary(report) -> str:
+def _summary(report: BuildReport) -> str:
     rows = [("gpu", "dtype/layout", "M", "N", "K", "dispatch", "time us", "torch us", "speedup")]
-    for e in report.table["entries"]:
+    for e in report.table.entries:
         rows.append(
             (
-                e["gpu"].replace("NVIDIA ", ""),
-                f"{e['dtype']}/{e['layout']}",
-                f"{e['m_min']}-{e['m_max']}",
-                str(e["n"]),
-                str(e["k"]),
+                e.gpu.replace("NVIDIA ", ""),
+                f"{e.dtype}/{e.layout}",
+                f"{e.m_min}-{e.m_max}",
+                str(e.n),
+                str(e.k),
                 _dispatched(e),
-                "-" if e["time_us"] is None else f"{e['time_us']:.2f}",
-                "-" if e["baseline_us"] is None else f"{e['baseline_us']:.2f}",
-                "-" if e["speedup"] is None else f"{e['speedup']:.3f}",
+                f"{e.time_us:.2f}",
+                "-" if e.baseline_us is None else f"{e.baseline_us:.2f}",
+                "-" if e.speedup is None else f"{e.speedup:.3f}",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -76,7 +81,7 @@ def _summary(report) -> str:
         )
         for r in rows
     ]
-    kinds = [e["kind"] for e in report.table["entries"]]
+    kinds = [e.kind for e in report.table.entries]
     lines.append(
         f"{len(kinds)} entries: {kinds.count('kernel')} own kernels, "
         f"{kinds.count('cublaslt')} autotuned cuBLASLt algorithms, "
@@ -85,11 +90,11 @@ def _summary(report) -> str:
     return "\n".join(lines)
 
 
-def _dispatched(e: dict) -> str:
+def _dispatched(e: TableEntry) -> str:
     """What an entry runs, short: the kernel's knobs, the cuBLASLt algorithm, or fallback."""
-    if e["kind"] == "kernel":
-        return e["kernel"].split(f"_{e['layout']}_", 1)[1]
-    return e["kernel"] if e["kind"] == "cublaslt" else "fallback"
+    if e.kind == "kernel":
+        return e.kernel.split(f"_{e.layout}_", 1)[1]
+    return e.kernel if e.kind == "cublaslt" else "fallback"
 
 
 def main(argv: list[str] | None = None) -> int:

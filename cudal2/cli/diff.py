@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from cudal2.packaging.diff import diff_tables, render_text
-from cudal2.packaging.table import TableError, read_table
+from cudal2.packaging.runtime.table import TableError
+from cudal2.packaging.table import read_table
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1

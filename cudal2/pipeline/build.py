@@ -25,7 +25,8 @@ from cudal2.generator import design_name, launch_recipe
 from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
 from cudal2.generator.render import IllegalDesignError
 from cudal2.manifest import Manifest
-from cudal2.packaging.wheel import write_wheel
+from cudal2.packaging.runtime.table import DispatchTable
+from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.select import Selection, select
 from cudal2.policy import make_proposer
@@ -52,7 +53,7 @@ class BuildError(RuntimeError):
 @dataclass
 class BuildReport:
     wheel: Path
-    table: dict[str, Any]
+    table: DispatchTable
     selections: list[Selection]
     missing: list[Target]
     measured: int = 0
@@ -198,7 +199,7 @@ def shippable(unsafe: set[str]) -> Callable[[Measurement], bool]:
 
 def table_from_measurements(
     history: Sequence[Measurement], mode: str, cache: ArtifactCache, name: str
-) -> tuple[dict[str, Any], dict[str, bytes]]:
+) -> tuple[DispatchTable, dict[str, bytes]]:
     """The dispatch table a build would make from these measurements, for every target
     they hold (winners compiled into ``cache``): what ``cudal2-bench --kernels DB`` runs."""
     history = latest(history)
@@ -209,7 +210,7 @@ def table_from_measurements(
     return build_table(
         name=name,
         version="0",
-        package=f"cudal2_kernels_{name}",
+        package=package_name(name),
         manifest_sha256="",
         selections=selections,
         cubin_of=cache.cubin,

@@ -8,10 +8,14 @@ from typing import Any
 
 from cudal2 import __version__
 from cudal2.generator import design_name, launch_recipe
+from cudal2.packaging.runtime.table import (
+    KERNEL_ONLY_KEYS,
+    CublasLtAlgo,
+    DispatchTable,
+    TableEntry,
+)
 from cudal2.pipeline.select import Selection
 from cudal2.records import sha256_hex
-
-TABLE_FORMAT = 1
 
 
 def _cuda_version(runtime: str) -> str:
@@ -26,7 +30,7 @@ def build_table(
     manifest_sha256: str,
     selections: Sequence[Selection],
     cubin_of: Callable[[str], bytes],
-) -> tuple[dict[str, Any], dict[str, bytes]]:
+) -> tuple[DispatchTable, dict[str, bytes]]:
     """The table and {sha256: cubin bytes}. ``cubin_of(artifact_key)`` reads the cache.
 
     M ranges: per (gpu, dtype, layout, n, k) the entries measured at M1 < M2 < ...
@@ -36,44 +40,20 @@ def build_table(
     for s in selections:
         t = s.target
         groups[(s.gpu, t.arch, t.dtype, t.layout, t.n, t.k)].append(s)
-    entries: list[dict[str, Any]] = []
+    entries: list[TableEntry] = []
     cubins: dict[str, bytes] = {}
     gpus: dict[str, set[str]] = defaultdict(set)  # field -> values, from the winners' GPUs
     for (gpu, arch, dtype, layout, n, k), sels in sorted(groups.items()):
         prev = 0
         for s in sorted(sels, key=lambda s: s.target.m):
-            e: dict[str, Any] = {
-                "gpu": gpu,
-                "arch": arch,
-                "dtype": dtype,
-                "layout": layout,
-                "n": n,
-                "k": k,
-                "m_min": prev + 1,
-                "m_max": s.target.m,
-                "m_measured": s.target.m,
-                "kind": s.kind,
-                "kernel": None,
-                "symbol": None,
-                "cubin_sha256": None,
-                "launch": None,
-                "design_key": None,
-                "time_us": _r(s.time_us),
-                "baseline": "torch",
-                "baseline_us": _r(s.baseline_us),
-                "speedup": _r(s.speedup, 4),
-                "spread": _r(s.spread, 4),
-                "measured_at": s.measured_at,
-                "candidates": s.candidates,
-            }
-            prev = s.target.m
+            own: dict[str, Any] = dict.fromkeys(KERNEL_ONLY_KEYS)  # what the winner fills
             if s.kind == "kernel":
                 w = s.winner
                 assert w is not None and w.design is not None
                 blob = cubin_of(w.artifact_key)
                 sha = sha256_hex(blob)
                 cubins[sha] = blob
-                e.update(
+                own.update(
                     kernel=design_name(w.design),
                     symbol=design_name(w.design),
                     cubin_sha256=sha,
@@ -85,33 +65,54 @@ def build_table(
             elif s.kind == "cublaslt":
                 w = s.winner
                 assert w is not None and w.vendor
-                e.update(
+                own.update(
                     kernel=w.vendor["name"],
                     design_key=w.design_key,
-                    cublaslt={
-                        "version": int(w.vendor["version"]),
-                        "algo": w.vendor["algo"],
-                        "workspace_bytes": int(w.vendor["workspace_bytes"]),
-                        "config": dict(w.vendor.get("config") or {}),
-                    },
+                    cublaslt=CublasLtAlgo(
+                        version=int(w.vendor["version"]),
+                        algo=w.vendor["algo"],
+                        workspace_bytes=int(w.vendor["workspace_bytes"]),
+                        config=dict(w.vendor.get("config") or {}),
+                    ),
                 )
-            entries.append(e)
+            entries.append(
+                TableEntry(
+                    gpu=gpu,
+                    arch=arch,
+                    dtype=dtype,
+                    layout=layout,
+                    n=n,
+                    k=k,
+                    m_min=prev + 1,
+                    m_max=s.target.m,
+                    m_measured=s.target.m,
+                    kind=s.kind,
+                    time_us=_r(s.time_us),
+                    baseline="torch",
+                    baseline_us=_r(s.baseline_us),
+                    speedup=_r(s.speedup, 4),
+                    spread=_r(s.spread, 4),
+                    measured_at=s.measured_at,
+                    candidates=s.candidates,
+                    **own,
+                )
+            )
+            prev = s.target.m
     stamps = sorted(s.measured_at for s in selections)
-    table = {
-        "format": TABLE_FORMAT,
-        "package": package,
-        "name": name,
-        "version": version,
-        "tool_version": __version__,
-        "manifest_sha256": manifest_sha256,
-        "gpu_models": sorted({s.gpu for s in selections}),
-        "archs": sorted({s.target.arch for s in selections}),
-        "drivers": sorted(gpus["drivers"]),
-        "cuda_versions": sorted(gpus["cuda_versions"]),
-        "measured_from": stamps[0] if stamps else None,
-        "measured_to": stamps[-1] if stamps else None,
-        "entries": entries,
-    }
+    table = DispatchTable(
+        package=package,
+        name=name,
+        version=version,
+        tool_version=__version__,
+        manifest_sha256=manifest_sha256,
+        gpu_models=tuple(sorted({s.gpu for s in selections})),
+        archs=tuple(sorted({s.target.arch for s in selections})),
+        drivers=tuple(sorted(gpus["drivers"])),
+        cuda_versions=tuple(sorted(gpus["cuda_versions"])),
+        measured_from=stamps[0] if stamps else None,
+        measured_to=stamps[-1] if stamps else None,
+        entries=tuple(entries),
+    )
     return table, cubins
 
 

@@ -1,16 +1,50 @@
-"""The rules every launch path shares: which GEMMs a kernel of ABI ``gemm_v1`` /
-``gemm_v2`` may take (docs/contracts.md), and the switch that sends every call to the
-fallback. The torch path (``api``) and the CuPy/DLPack path (``arrays``) both ask here.
+"""The kernel ABI's side of every launch path (docs/contracts.md, ``gemm_v1`` /
+``gemm_v2``): the parameter block as one record (``GemmArgs``), which GEMMs a kernel
+may take (rank, shape, strides, leading dims, pointer alignment), and the switch that
+sends every call to the fallback. The torch path (``api``), the CuPy/DLPack path
+(``arrays``), the launcher (``driver``), cuBLASLt (``cublaslt``) and the build's
+measuring code (``cudal2.verify.launch``) all take their rules and record from here.
 
 Ships inside wheels as ``_runtime``: standard library only.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Sequence
+from typing import NamedTuple
 
 # CUDAL2_DISABLE=1: every call goes to the fallback (torch, or CuPy for arrays).
 DISABLE_ENV = "CUDAL2_DISABLE"
+
+# The launch ABIs this runtime can launch; a table entry of another ABI falls back.
+ABIS: tuple[str, ...] = ("gemm_v1", "gemm_v2")
+
+
+class GemmArgs(NamedTuple):
+    """The parameter block every kernel ABI starts with, in its order:
+    ``(A, B, C, M, N, K, lda, ldb, ldc)``: device pointers, sizes, and row strides in
+    elements. C = A · B^T (layout tn, B [N, K]) or A · B (layout nn, B [K, N]).
+
+    A tuple, so it is the kernel's argument tuple as it stands (no copy per launch);
+    cuBLASLt reads the same record (its sizes when it checks an algorithm, its
+    pointers when it runs one)."""
+
+    a: int
+    b: int
+    c: int
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+
+
+# (layout, m, n, k, lda, ldb): a GEMM whose shape and strides a kernel can take;
+# its pointers are checked apart (``misaligned``), its C is allocated later.
+Operands = tuple[str, int, int, int, int, int]
 
 
 def disabled() -> bool:
@@ -18,12 +52,94 @@ def disabled() -> bool:
     return os.environ.get(DISABLE_ENV) == "1"
 
 
-def abi_reason(lda: int, ldb: int, n: int, k: int, a_ptr: int, b_ptr: int) -> str | None:
-    """The ABI's leading-dimension and pointer rules, for torch tensors and other
-    arrays alike: a fallback reason, or None."""
+def row_stride(shape: Sequence[int], strides: Sequence[int], k: int) -> int:
+    """Row stride of the [M, K] matrix that a [..., K] array's leading dims collapse
+    into without a copy, or -1 when they don't. Size-1 dims are skipped: their stride
+    carries no meaning (torch may report anything), and an all-1 prefix means M == 1,
+    whose row stride is then K, as in a contiguous [1, K] array."""
+    ld = -1
+    rows = 1
+    for size, stride in zip(reversed(shape[:-1]), reversed(strides[:-1]), strict=True):
+        if size == 1:
+            continue
+        if ld < 0:
+            ld = stride
+        elif stride != ld * rows:
+            return -1
+        rows *= size
+    return k if ld < 0 else ld
+
+
+def matmul_operands(
+    shape_a: Sequence[int],
+    strides_a: Sequence[int],
+    shape_b: Sequence[int],
+    strides_b: Sequence[int],
+) -> Operands | str:
+    """``a @ b`` for 2-D a [M, K] and b either row-major [K, N] (layout nn) or the
+    transpose view of a row-major [N, K] (layout tn); strides in elements. The
+    operands, or a fallback reason (``rank``, ``shape``, ``empty``, ``stride``)."""
+    if len(shape_a) != 2 or len(shape_b) != 2:
+        return "rank"
+    m, k = shape_a
+    kb, n = shape_b
+    if k != kb:
+        return "shape"
+    if m == 0 or n == 0 or k == 0:
+        return "empty"
+    sb0, sb1 = strides_b
+    if sb1 == 1 and sb0 >= n:
+        layout, ldb = "nn", sb0  # row-major [K, N]
+    elif sb0 == 1 and sb1 >= k:
+        layout, ldb = "tn", sb1  # the transpose view of a row-major [N, K]
+    else:
+        return "stride"
+    return _with_a(layout, shape_a, strides_a, m, n, k, ldb)
+
+
+def linear_operands(
+    shape_x: Sequence[int],
+    strides_x: Sequence[int],
+    shape_w: Sequence[int],
+    strides_w: Sequence[int],
+) -> Operands | str:
+    """``x @ w.T`` for x [..., K] (its leading dims are M) and a row-major w [N, K]:
+    layout tn. The operands, or a fallback reason as ``matmul_operands``."""
+    if not shape_x or len(shape_w) != 2:
+        return "rank"
+    k = shape_x[-1]
+    n, kw = shape_w
+    if k != kw:
+        return "shape"
+    m = shape_x[0] if len(shape_x) == 2 else math.prod(shape_x[:-1])  # 2-D: no slice
+    if m == 0 or n == 0 or k == 0:
+        return "empty"
+    sw0, sw1 = strides_w
+    if sw1 != 1 or sw0 < k:
+        return "stride"
+    return _with_a("tn", shape_x, strides_x, m, n, k, sw0)
+
+
+def _with_a(
+    layout: str,
+    shape_a: Sequence[int],
+    strides_a: Sequence[int],
+    m: int,
+    n: int,
+    k: int,
+    ldb: int,
+) -> Operands | str:
+    """A's rules, and the leading-dim rules both layouts share."""
+    if strides_a[-1] != 1:
+        return "stride"
+    lda = row_stride(shape_a, strides_a, k)
     # Every leading dim a multiple of 8 elements (16 bytes), C's (= N) included.
     if lda < k or lda % 8 or ldb % 8 or n % 8:
         return "stride"
-    if a_ptr % 16 or b_ptr % 16:
-        return "alignment"
-    return None
+    return (layout, m, n, k, lda, ldb)
+
+
+def misaligned(a_ptr: int, b_ptr: int) -> bool:
+    """Whether an operand pointer breaks the ABI's 16-byte alignment (C is allocated
+    by the runtime, aligned)."""
+    return bool(a_ptr % 16 or b_ptr % 16)

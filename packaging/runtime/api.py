@@ -14,17 +14,17 @@ call, so importing this module or calling ``bind`` touches no CUDA and needs no 
 from __future__ import annotations
 
 import importlib.resources
-import json
 import threading
 import warnings
 from collections import Counter
 from typing import Any
 
 from . import arrays, cublaslt, driver
-from .abi import abi_reason, disabled
-from .table import DispatchTable, entry_key
+from .abi import ABIS, GemmArgs, Operands, disabled, linear_operands, matmul_operands, misaligned
+from .table import CublasLtAlgo, DispatchTable, EntryKey, TableEntry, TableError
 
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
+_new_tuple = tuple.__new__
 
 _torch: Any = None  # the torch module, once imported
 _DTYPE_NAMES: dict[Any, str] = {}  # torch dtype -> table dtype
@@ -51,7 +51,7 @@ def _import_torch() -> Any:
 class Stats:
     """Counters of one ``Api``.
 
-    ``hits[entry key]`` counts kernel launches per table entry (``table.entry_key``);
+    ``hits[entry]`` counts kernel launches per table entry (named ``str(entry.key)``);
     ``fallbacks[reason]`` counts calls served by torch, by the first reason found:
     ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor), ``compiling``
     (torch.compile tracing), ``rank``, ``not_strided``, ``dtype`` (not fp16/bf16 or
@@ -65,7 +65,8 @@ class Stats:
     during graph capture), ``load_error``, ``launch_error``; for cuBLASLt entries
     ``cublaslt_missing`` (nvmath-python not importable), ``cublaslt_version`` (another
     cuBLASLt than the one the algorithm was measured with), ``cublaslt_algo``
-    (cublasLtMatmulAlgoCheck refuses this shape or wants more workspace).
+    (cublasLtMatmulAlgoCheck refuses this shape or wants more workspace); ``table``
+    (the package's ``dispatch.json`` cannot be read or breaks format 1).
 
     Updates are not locked: concurrent calls from several threads may miss a count.
     """
@@ -107,20 +108,21 @@ class _Plan:
         "dtype",
         "gemms",
         "kernel",
-        "key",
         "layout",
         "loaded",
         "lt",
+        "name",
         "reason",
         "recipe",
     )
 
-    def __init__(self, entry: dict[str, Any]):
-        self.key = entry_key(entry)
-        self.dtype: str = entry["dtype"]
-        self.layout: str = entry["layout"]
-        kind = entry.get("kind")
-        self.recipe: dict[str, Any] = entry.get("launch") or {}
+    def __init__(self, entry: TableEntry):
+        self.name = str(entry.key)  # for stats and warnings
+        self.dtype = entry.dtype
+        self.layout = entry.layout
+        kind = entry.kind
+        # A plain dict: the launcher reads it on every call (a read-only view costs more).
+        self.recipe: dict[str, Any] = dict(entry.launch or {})
         # (index into (m, n, k), required multiple), checked on every call
         dims = {"m": 0, "n": 1, "k": 2}
         self.align = tuple(
@@ -128,30 +130,12 @@ class _Plan:
         )
         self.kernel: driver.Kernel | None = None
         self.loaded: set[int] = set()  # device indices where the kernel (or cuBLASLt) is ready
-        self.lt: dict[str, Any] | None = entry.get("cublaslt") if kind == "cublaslt" else None
+        self.lt: CublasLtAlgo | None = entry.cublaslt
         # (device, m, n, k, lda, ldb) -> the cuBLASLt call checked for that shape
         self.gemms: dict[tuple, cublaslt.LtGemm] = {}
         self.reason: str | None = None if kind in ("kernel", "cublaslt") else "fallback_entry"
-        if kind == "kernel" and self.recipe.get("abi", "gemm_v1") not in driver.ABIS:
+        if kind == "kernel" and self.recipe.get("abi", "gemm_v1") not in ABIS:
             self.reason = "abi"  # a kernel of a newer runtime's ABI
-
-
-def _row_stride(shape: Any, strides: Any, k: int) -> int:
-    """Row stride of the [M, K] matrix that a [..., K] tensor's leading dims collapse
-    into without a copy, or -1 when they don't. Size-1 dims are skipped: their stride
-    carries no meaning (torch may report anything), and an all-1 prefix means M == 1,
-    whose row stride is then K, as in a contiguous [1, K] tensor."""
-    ld = -1
-    rows = 1
-    for size, stride in zip(reversed(shape[:-1]), reversed(strides[:-1]), strict=True):
-        if size == 1:
-            continue
-        if ld < 0:
-            ld = stride
-        elif stride != ld * rows:
-            return -1
-        rows *= size
-    return k if ld < 0 else ld
 
 
 def _common_checks(torch: Any, a: Any, b: Any, in_op: bool = False) -> str | None:
@@ -179,42 +163,9 @@ def _common_checks(torch: Any, a: Any, b: Any, in_op: bool = False) -> str | Non
     return None
 
 
-# A GEMM ready for the table: (dtype, layout, a, b, m, n, k, lda, ldb).
-_Gemm = tuple[str, str, Any, Any, int, int, int, int, int]
-
-
-def _matmul_operands(torch: Any, a: Any, b: Any, in_op: bool = False) -> _Gemm | str:
-    """Classify ``torch.matmul(a, b)`` as a gemm_v1 GEMM, or give a fallback reason."""
-    reason = _common_checks(torch, a, b, in_op)
-    if reason is not None:
-        return reason
-    shape_a, shape_b = a.shape, b.shape
-    if len(shape_a) != 2 or len(shape_b) != 2:
-        return "rank"
-    m, k = shape_a
-    kb, n = shape_b
-    if k != kb:
-        return "shape"
-    if m == 0 or n == 0 or k == 0:
-        return "empty"
-    sb0, sb1 = b.stride()
-    if sb1 == 1 and sb0 >= n:
-        layout, ldb = "nn", sb0  # row-major [K, N]
-    elif sb0 == 1 and sb1 >= k:
-        layout, ldb = "tn", sb1  # the transpose view of a row-major [N, K]
-    else:
-        return "stride"
-    return _finish(layout, a, b, shape_a, m, n, k, ldb)
-
-
-def _linear_operands(
-    torch: Any, x: Any, w: Any, bias: Any = None, in_op: bool = False
-) -> _Gemm | str:
-    """Classify ``F.linear(x, w, bias)`` (x [..., K], w [N, K], bias [N] or None) as a
-    tn GEMM (the bias added to its output after), or give a fallback reason."""
-    reason = _common_checks(torch, x, w, in_op)
-    if reason is not None:
-        return reason
+def _bias_reason(torch: Any, x: Any, w: Any, bias: Any, in_op: bool) -> str | None:
+    """``bias`` of ``F.linear(x, w, bias)``: None, or an [N] tensor of x's dtype and
+    device (the kernel's output gets it added after); else the reason ``bias``."""
     if bias is not None and (
         (not in_op and type(bias) not in _PLAIN_TYPES)
         or bias.dtype is not x.dtype
@@ -224,34 +175,7 @@ def _linear_operands(
         or (not in_op and bias.requires_grad and torch.is_grad_enabled())
     ):
         return "bias"
-    shape_x, shape_w = x.shape, w.shape
-    if not shape_x or len(shape_w) != 2:
-        return "rank"
-    k = shape_x[-1]
-    n, kw = shape_w
-    if k != kw:
-        return "shape"
-    m = x.numel() // k if k else 0
-    if m == 0 or n == 0:
-        return "empty"
-    sw0, sw1 = w.stride()
-    if sw1 != 1 or sw0 < k:
-        return "stride"
-    return _finish("tn", x, w, shape_x, m, n, k, sw0)
-
-
-def _finish(
-    layout: str, a: Any, b: Any, shape_a: Any, m: int, n: int, k: int, ldb: int
-) -> _Gemm | str:
-    """Checks on A, the leading dims and the pointers common to both layouts."""
-    strides_a = a.stride()
-    if strides_a[-1] != 1:
-        return "stride"
-    lda = _row_stride(shape_a, strides_a, k)
-    reason = abi_reason(lda, ldb, n, k, a.data_ptr(), b.data_ptr())
-    if reason is not None:
-        return reason
-    return (_DTYPE_NAMES[a.dtype], layout, a, b, m, n, k, lda, ldb)
+    return None
 
 
 def dtype_name(dtype: Any) -> str | None:
@@ -274,7 +198,7 @@ class Api:
         self._table: DispatchTable | None = None
         self._lock = threading.RLock()
         self._devices: dict[int, _Device] = {}
-        self._plans: dict[int, _Plan] = {}  # id(entry) -> plan; the table keeps entries alive
+        self._plans: dict[EntryKey, _Plan] = {}  # entry identity -> plan
         self._kernels: dict[tuple[str, str], driver.Kernel] = {}
         # (device, dtype, layout, m, n, k) -> a plan that passed every check there
         self._ready: dict[tuple, _Plan] = {}
@@ -284,21 +208,50 @@ class Api:
         self._driver_reason: str | None = None
         self._driver_checked = False
         self._covered: set[tuple[str, str, int, int]] | None = None
+        self._table_reason: str | None = None  # "table": dispatch.json cannot be trusted
 
     def __repr__(self) -> str:
         return f"Api({self.package!r})"
 
     @property
     def table(self) -> DispatchTable:
-        """The package's dispatch table (``dispatch.json``, read on first access)."""
+        """The package's dispatch table (``dispatch.json``, read and checked on first
+        access). A table that cannot be read or breaks format 1 is not trusted: one
+        warning, then an empty table, so every call falls back (reason ``table``)."""
         table = self._table
         if table is None:
             with self._lock:
                 if self._table is None:
-                    text = importlib.resources.files(self.package).joinpath("dispatch.json")
-                    self._table = DispatchTable.from_json(json.loads(text.read_text("utf-8")))
+                    self._table = self._read_table()
                 table = self._table
         return table
+
+    def _read_table(self) -> DispatchTable:
+        source = f"{self.package}/dispatch.json"
+        try:
+            path = importlib.resources.files(self.package).joinpath("dispatch.json")
+            return DispatchTable.from_bytes(path.read_bytes(), source)
+        except (OSError, TableError) as exc:
+            self._table_reason = "table"
+            self._warn_once(
+                "table",
+                f"{self.package}: cannot use its dispatch table ({exc}); using torch for "
+                "every call",
+            )
+            return DispatchTable(  # no entries: every call falls back
+                package=self.package,
+                name=self.package,
+                version="0",
+                tool_version="",
+                manifest_sha256="",
+                gpu_models=(),
+                archs=(),
+                drivers=(),
+                cuda_versions=(),
+                measured_from=None,
+                measured_to=None,
+                entries=(),
+            )
 
     def matmul(self, a: Any, b: Any) -> Any:
         """``torch.matmul(a, b)``; 2-D a [M, K] with b row-major [K, N] (layout nn) or
@@ -328,26 +281,31 @@ class Api:
 
     def _matmul(self, a: Any, b: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        gemm = _matmul_operands(torch, a, b, in_op)
-        if type(gemm) is tuple:
-            out = self._run(torch, gemm)
-            if type(out) is not str:
-                return out
-            gemm = out
-        self.stats.fallbacks[gemm] += 1
+        got = _common_checks(torch, a, b, in_op) or matmul_operands(
+            a.shape, a.stride(), b.shape, b.stride()
+        )
+        if type(got) is tuple:
+            got = self._run(torch, a, b, got)
+            if type(got) is not str:
+                return got
+        self.stats.fallbacks[got] += 1
         return torch.matmul(a, b)
 
     def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        gemm = _linear_operands(torch, x, w, bias, in_op)
-        if type(gemm) is tuple:
-            out = self._run(torch, gemm)
-            if type(out) is not str:
+        got = (
+            _common_checks(torch, x, w, in_op)
+            or _bias_reason(torch, x, w, bias, in_op)
+            or linear_operands(x.shape, x.stride(), w.shape, w.stride())
+        )
+        if type(got) is tuple:
+            n = got[2]
+            got = self._run(torch, x, w, got)
+            if type(got) is not str:
                 if bias is not None:
-                    out.add_(bias)
-                return out if x.dim() == 2 else out.view(*x.shape[:-1], gemm[5])
-            gemm = out
-        self.stats.fallbacks[gemm] += 1
+                    got.add_(bias)
+                return got if x.dim() == 2 else got.view(*x.shape[:-1], n)
+        self.stats.fallbacks[got] += 1
         return torch.nn.functional.linear(x, w, bias)
 
     def covers(self, n: int, k: int, dtype: str, layout: str = "tn") -> bool:
@@ -356,9 +314,9 @@ class Api:
         covered = self._covered
         if covered is None:
             covered = {
-                (e["dtype"], e["layout"], e["n"], e["k"])
+                (e.dtype, e.layout, e.n, e.k)
                 for e in self.table.entries
-                if e.get("kind") in ("kernel", "cublaslt")
+                if e.kind in ("kernel", "cublaslt")
             }
             self._covered = covered
         return (dtype, layout, n, k) in covered
@@ -378,7 +336,7 @@ class Api:
             return 0
         loaded = 0
         for entry in self.table.entries_for(info.gpu, info.arch):
-            plan = self._plans.get(id(entry)) or self._plan(entry)
+            plan = self._plans.get(entry.key) or self._plan(entry)
             load = self._load if plan.lt is None else self._load_cublaslt
             if plan.reason is None and (dev in plan.loaded or load(torch, plan, dev) is None):
                 loaded += 1
@@ -388,19 +346,23 @@ class Api:
 
     # -- the dispatch path -------------------------------------------------------
 
-    def _run(self, torch: Any, gemm: _Gemm) -> Any:
-        """Launch the table's kernel for ``gemm``; the [M, N] output, or a reason."""
-        dtype, layout, a, b, m, n, k, lda, ldb = gemm
+    def _run(self, torch: Any, a: Any, b: Any, operands: Operands) -> Any:
+        """Launch the table's kernel for ``a`` and ``b`` (their ``operands``); the
+        [M, N] output, or a reason."""
+        a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+        if misaligned(a_ptr, b_ptr):
+            return "alignment"
         if not (a.is_cuda and b.is_cuda):
             return "device"
         dev = a.get_device()
         if b.get_device() != dev:
             return "device"
+        layout, m, n, k, lda, ldb = operands
         return self._dispatch(
             torch,
-            (dev, dtype, layout, m, n, k),
-            a.data_ptr(),
-            b.data_ptr(),
+            (dev, _DTYPE_NAMES[a.dtype], layout, m, n, k),
+            a_ptr,
+            b_ptr,
             lda,
             ldb,
             lambda: torch.empty((m, n), dtype=a.dtype, device=a.device),
@@ -429,27 +391,26 @@ class Api:
                 return plan
         dev, _, _, m, n, k = shape
         c = alloc()
+        # GemmArgs(...) runs a Python-level __new__; tuple's own is the same record at
+        # half the cost, and this line runs on every call.
+        gemm = _new_tuple(GemmArgs, (a_ptr, b_ptr, c.data_ptr(), m, n, k, lda, ldb, n))
         try:
             if be.cuda.current_device() == dev:
-                reason = self._launch(
-                    be, plan, a_ptr, b_ptr, c.data_ptr(), shape, lda, ldb, stream_of
-                )
+                reason = self._launch(be, plan, dev, gemm, stream_of)
             else:
                 # The driver launches in the current context: make it the device's.
                 with be.cuda.device(dev):
-                    reason = self._launch(
-                        be, plan, a_ptr, b_ptr, c.data_ptr(), shape, lda, ldb, stream_of
-                    )
+                    reason = self._launch(be, plan, dev, gemm, stream_of)
         except (driver.CudaDriverError, cublaslt.LtError) as exc:
             plan.reason = "launch_error"
             self._warn_once(
-                f"launch:{plan.key}",
-                f"{self.package}: launching {plan.key} failed ({exc}); using the fallback for it",
+                f"launch:{plan.name}",
+                f"{self.package}: launching {plan.name} failed ({exc}); using the fallback for it",
             )
             return "launch_error"
         if reason is not None:
             return reason
-        self.stats.hits[plan.key] += 1
+        self.stats.hits[plan.name] += 1
         return c
 
     def _prepare(self, torch: Any, shape: tuple) -> _Plan | str:
@@ -463,7 +424,7 @@ class Api:
         entry = self.table.lookup_exact(info.gpu, info.arch, dtype, layout, m, n, k)
         if entry is None:
             return "no_entry"
-        plan = self._plans.get(id(entry)) or self._plan(entry)
+        plan = self._plans.get(entry.key) or self._plan(entry)
         if plan.reason is not None:
             return plan.reason
         mnk = (m, n, k)
@@ -482,51 +443,25 @@ class Api:
         self._ready[shape] = plan
         return plan
 
-    def _launch(
-        self,
-        be: Any,
-        plan: _Plan,
-        a_ptr: int,
-        b_ptr: int,
-        c_ptr: int,
-        shape: tuple,
-        lda: int,
-        ldb: int,
-        stream_of: Any,
-    ) -> str | None:
+    def _launch(self, be: Any, plan: _Plan, dev: int, gemm: GemmArgs, stream_of: Any) -> str | None:
         """Queue the plan's kernel (or cuBLASLt algorithm) on the caller's current
         stream, never synchronising: ordering is the stream's. A fallback reason when
         cuBLASLt refuses this shape (checked once per shape and leading dims)."""
-        dev, _, _, m, n, k = shape
         stream = stream_of(dev)
         if plan.lt is None:
-            driver.launch_gemm(
-                plan.kernel,
-                plan.recipe,
-                a_ptr,
-                b_ptr,
-                c_ptr,
-                m,
-                n,
-                k,
-                lda,
-                ldb,
-                n,
-                stream=stream,
-                device=dev,
-            )
+            driver.launch_gemm(plan.kernel, plan.recipe, gemm, stream, dev)
             return None
-        gemm = plan.gemms.get((dev, m, n, k, lda, ldb))
-        if gemm is None:
-            gemm = self._lt_gemm(plan, dev, m, n, k, lda, ldb)
-            if type(gemm) is str:
-                return gemm
+        lt = plan.gemms.get((dev, *gemm[3:8]))
+        if lt is None:
+            lt = self._lt_gemm(plan, dev, gemm)
+            if type(lt) is str:
+                return lt
         ws = self._lt_workspaces.get((dev, stream))
         if ws is None:
             ws = self._lt_workspace(be, dev, stream)
-        if gemm.workspace_bytes > ws.numel():
+        if lt.workspace_bytes > ws.numel():
             return "cublaslt_algo"
-        gemm.run(a_ptr, b_ptr, c_ptr, ws.data_ptr(), ws.numel(), stream)
+        lt.run(gemm, ws.data_ptr(), ws.numel(), stream)
         return None
 
     # -- first-use work (under the lock, off the hot path) -----------------------
@@ -537,7 +472,7 @@ class Api:
         if torch.cuda.is_current_stream_capturing():
             self._warn_once(
                 "capture",
-                f"{self.package}: a CUDA graph is being captured and {plan.key} is not "
+                f"{self.package}: a CUDA graph is being captured and {plan.name} is not "
                 "ready yet; using torch for it. Call warmup() before capturing.",
             )
             return "capture"
@@ -554,7 +489,7 @@ class Api:
                     "(pip install nvmath-python)",
                 )
                 return "cublaslt_missing"
-            want = int(plan.lt["version"])
+            want = plan.lt.version
             if have != want:
                 self._warn_once(
                     f"cublaslt_version:{want}",
@@ -568,31 +503,27 @@ class Api:
             plan.loaded.add(dev)
         return None
 
-    def _lt_gemm(
-        self, plan: _Plan, dev: int, m: int, n: int, k: int, lda: int, ldb: int
-    ) -> cublaslt.LtGemm | str:
-        """The checked cuBLASLt call for one shape (``cublasLtMatmulAlgoCheck``)."""
+    def _lt_gemm(self, plan: _Plan, dev: int, gemm: GemmArgs) -> cublaslt.LtGemm | str:
+        """The checked cuBLASLt call for ``gemm``'s shape (``cublasLtMatmulAlgoCheck``)."""
         with self._lock:
-            key = (dev, m, n, k, lda, ldb)
-            gemm = plan.gemms.get(key)
-            if gemm is not None:
-                return gemm
-            algo = bytes.fromhex(plan.lt["algo"])
+            key = (dev, *gemm[3:8])  # (device, m, n, k, lda, ldb); ldc is n
+            lt = plan.gemms.get(key)
+            if lt is not None:
+                return lt
+            algo = bytes.fromhex(plan.lt.algo)
             try:  # the caller made ``dev`` the current device
-                gemm = cublaslt.LtGemm(
-                    self._lt_handles[dev], algo, plan.dtype, plan.layout, m, n, k, lda, ldb, n
-                )
+                lt = cublaslt.LtGemm(self._lt_handles[dev], algo, plan.dtype, plan.layout, gemm)
             except Exception as exc:  # noqa: BLE001 - nvmath's cuBLASLt error: fall back
                 self._warn_once(
-                    f"cublaslt_algo:{plan.key}",
-                    f"{self.package}: cuBLASLt refuses {plan.key}'s algorithm for "
-                    f"{m}x{n}x{k} ({exc}); using torch for it",
+                    f"cublaslt_algo:{plan.name}",
+                    f"{self.package}: cuBLASLt refuses {plan.name}'s algorithm for "
+                    f"{gemm.m}x{gemm.n}x{gemm.k} ({exc}); using torch for it",
                 )
                 return "cublaslt_algo"
             if len(plan.gemms) >= _READY_MAX:
                 plan.gemms.clear()
-            plan.gemms[key] = gemm
-            return gemm
+            plan.gemms[key] = lt
+            return lt
 
     def _lt_workspace(self, torch: Any, dev: int, stream: int) -> Any:
         """cuBLASLt's workspace for one stream of ``dev`` (one per stream: two streams
@@ -603,11 +534,7 @@ class Api:
             ws = self._lt_workspaces.get((dev, stream))
             if ws is None:
                 size = max(
-                    (
-                        int(e["cublaslt"]["workspace_bytes"])
-                        for e in self.table.entries
-                        if e.get("kind") == "cublaslt"
-                    ),
+                    (e.cublaslt.workspace_bytes for e in self.table.entries if e.cublaslt),
                     default=0,
                 )
                 ws = torch.empty(max(size, 1), dtype=torch.uint8, device=f"cuda:{dev}")
@@ -625,6 +552,8 @@ class Api:
 
     def _check_device(self, torch: Any, dev: int) -> _Device:
         table = self.table
+        if self._table_reason is not None:
+            return _Device(None, None, self._table_reason)
         major, minor = torch.cuda.get_device_capability(dev)
         # sm_90a cubins run on compute capability 9.0 only: match the digits exactly.
         arch = next((x for x in table.archs if _arch_digits(x) == f"{major}{minor}"), None)
@@ -668,11 +597,11 @@ class Api:
         self._driver_reason, self._driver_checked = reason, True
         return reason
 
-    def _plan(self, entry: dict[str, Any]) -> _Plan:
+    def _plan(self, entry: TableEntry) -> _Plan:
         """The plan of one entry, with its kernel object (the cubin read from the
         package now, loaded into a context later by ``_load``)."""
         with self._lock:
-            plan = self._plans.get(id(entry))
+            plan = self._plans.get(entry.key)
             if plan is not None:
                 return plan
             plan = _Plan(entry)
@@ -682,20 +611,20 @@ class Api:
                 except OSError as exc:
                     plan.reason = "load_error"
                     self._warn_once(
-                        f"load:{plan.key}",
-                        f"{self.package}: cannot read the cubin of {plan.key} ({exc}); "
+                        f"load:{plan.name}",
+                        f"{self.package}: cannot read the cubin of {plan.name} ({exc}); "
                         "using torch for it",
                     )
-            self._plans[id(entry)] = plan
+            self._plans[entry.key] = plan
             return plan
 
-    def _kernel(self, entry: dict[str, Any]) -> driver.Kernel:
-        sha, symbol = entry["cubin_sha256"], entry["symbol"]
+    def _kernel(self, entry: TableEntry) -> driver.Kernel:
+        sha, symbol = entry.cubin_sha256, entry.symbol
         kernel = self._kernels.get((sha, symbol))
         if kernel is None:
             path = importlib.resources.files(self.package).joinpath("cubins")
             cubin = path.joinpath(f"{sha}.cubin").read_bytes()
-            smem = int(entry["launch"]["smem_bytes"])
+            smem = entry.launch["smem_bytes"]
             kernel = driver.Kernel(cubin, symbol, smem, expected_sha256=sha)
             self._kernels[(sha, symbol)] = kernel
         return kernel
@@ -706,7 +635,7 @@ class Api:
             # Loading a module during capture would break the capture.
             self._warn_once(
                 "capture",
-                f"{self.package}: a CUDA graph is being captured and {plan.key} is not "
+                f"{self.package}: a CUDA graph is being captured and {plan.name} is not "
                 "loaded yet; using torch for it. Call warmup() before capturing.",
             )
             return "capture"
@@ -719,8 +648,8 @@ class Api:
             except (ImportError, driver.CudaDriverError) as exc:
                 plan.reason = "load_error"
                 self._warn_once(
-                    f"load:{plan.key}",
-                    f"{self.package}: cannot load {plan.key} ({exc}); using torch for it",
+                    f"load:{plan.name}",
+                    f"{self.package}: cannot load {plan.name} ({exc}); using torch for it",
                 )
                 return "load_error"
             plan.loaded.add(dev)

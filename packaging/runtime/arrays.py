@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .abi import abi_reason, disabled
+from .abi import Operands, disabled, linear_operands, matmul_operands, misaligned
 
 _cp: Any = None
 
@@ -110,52 +110,27 @@ def _stream(dev: int) -> int:
     return cupy().cuda.get_current_stream().ptr
 
 
-def _operands(cp: Any, a: Any, b: Any, kind: str) -> tuple | str:
-    """(dtype, layout, m, n, k, lda, ldb) of ``a @ b`` (kind matmul) or ``a @ b.T``
-    (kind linear: a [..., K] collapsed to 2-D, b [N, K]), or a fallback reason."""
+def _operands(cp: Any, a: Any, b: Any, kind: str) -> Operands | str:
+    """The operands of ``a @ b`` (kind matmul) or ``a @ b.T`` (kind linear: a [..., K]
+    collapsed to 2-D, b [N, K]) by the ABI's rules, or a fallback reason."""
     if disabled():
         return "disabled"
     if a.dtype != cp.float16 or b.dtype != cp.float16:
         return "dtype"
-    if b.ndim != 2 or (a.ndim != 2 if kind == "matmul" else a.ndim < 1):
-        return "rank"
     item = a.itemsize
-    if kind == "linear":
-        n, k = b.shape
-        if a.shape[-1] != k:
-            return "shape"
-        m = a.size // k if k else 0
-        if not a.flags.c_contiguous:
-            return "stride"
-        lda = k
-        sb0, sb1 = (s // item for s in b.strides)
-        if sb1 != 1 or sb0 < k:
-            return "stride"
-        layout, ldb = "tn", sb0
-    else:
-        m, k = a.shape
-        kb, n = b.shape
-        if k != kb:
-            return "shape"
-        sa0, sa1 = (s // item for s in a.strides)
-        if sa1 != 1 or (sa0 < k and m > 1):
-            return "stride"
-        lda = sa0 if m > 1 else k
-        sb0, sb1 = (s // item for s in b.strides)
-        if sb1 == 1 and sb0 >= n:
-            layout, ldb = "nn", sb0
-        elif sb0 == 1 and sb1 >= k:
-            layout, ldb = "tn", sb1
-        else:
-            return "stride"
-    if m == 0 or n == 0 or k == 0:
-        return "empty"
-    reason = abi_reason(lda, ldb, n, k, a.data.ptr, b.data.ptr)
-    if reason is not None:
-        return reason
+    if any(s % item for s in (*a.strides, *b.strides)):
+        return "stride"  # a byte stride between elements: no element stride at all
+    strides_a = tuple(s // item for s in a.strides)
+    strides_b = tuple(s // item for s in b.strides)
+    of = linear_operands if kind == "linear" else matmul_operands
+    got = of(a.shape, strides_a, b.shape, strides_b)
+    if type(got) is str:
+        return got
+    if misaligned(a.data.ptr, b.data.ptr):
+        return "alignment"
     if a.device.id != b.device.id:
         return "device"
-    return ("fp16", layout, m, n, k, lda, ldb)
+    return got
 
 
 def run(api: Any, kind: str, a: Any, b: Any, bias: Any = None) -> Any:
@@ -168,10 +143,10 @@ def run(api: Any, kind: str, a: Any, b: Any, bias: Any = None) -> Any:
         bias = as_cupy(bias)
     got = _operands(cp, a, b, kind)
     ok = type(got) is tuple
-    if ok and bias is not None and (bias.dtype != a.dtype or bias.shape != (got[3],)):
+    if ok and bias is not None and (bias.dtype != a.dtype or bias.shape != (got[2],)):
         got = "bias"
     if type(got) is tuple:
-        dtype, layout, m, n, k, lda, ldb = got
+        layout, m, n, k, lda, ldb = got
         dev = a.device.id
         if _be is None:
             _be = CupyAsTorch(cp)
@@ -181,7 +156,7 @@ def run(api: Any, kind: str, a: Any, b: Any, bias: Any = None) -> Any:
                 return _Buffer(cp.empty((m, n), dtype=a.dtype))
 
         with cp.cuda.Device(dev):
-            shape = (dev, dtype, layout, m, n, k)
+            shape = (dev, "fp16", layout, m, n, k)
             out = api._dispatch(_be, shape, a.data.ptr, b.data.ptr, lda, ldb, alloc, _stream)
         if type(out) is not str:
             c = out.array

@@ -23,6 +23,8 @@ import ctypes
 import struct
 from typing import Any
 
+from .abi import GemmArgs
+
 ALGO_BYTES = 64  # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8]
 HEURISTIC_RESULT_BYTES = 96  # sizeof(cublasLtMatmulHeuristicResult_t): algo first
 _WORKSPACE_OFFSET = ALGO_BYTES  # its size_t workspaceSize follows the algo
@@ -59,11 +61,11 @@ def create_handle() -> int:
 
 class Descriptors:
     """The matmul descriptor and matrix layouts of one row-major GEMM (see the module
-    docstring for the mapping), fp32 accumulate, C's type = the inputs'."""
+    docstring for the mapping), fp32 accumulate, C's type = the inputs'. Only the
+    sizes and leading dims of ``gemm`` are read: pointers come with each call."""
 
-    def __init__(
-        self, dtype: str, layout: str, m: int, n: int, k: int, lda: int, ldb: int, ldc: int
-    ):
+    def __init__(self, dtype: str, layout: str, gemm: GemmArgs):
+        _, _, _, m, n, k, lda, ldb, ldc = gemm
         lt = bindings()
         self._lt = lt
         dt = CUDA_DTYPE[dtype]
@@ -124,28 +126,17 @@ class Descriptors:
 class LtGemm:
     """One GEMM shape run with one recorded algorithm.
 
-    Creation asks ``cublasLtMatmulAlgoCheck`` whether the algorithm supports this
-    shape and how much workspace it needs here; it raises (nvmath's cuBLASLt error)
-    when it does not, so the caller can fall back.
+    Creation asks ``cublasLtMatmulAlgoCheck`` whether the algorithm supports the
+    shape of ``gemm`` (its sizes and leading dims; its pointers are not kept) and how
+    much workspace it needs there; it raises (nvmath's cuBLASLt error) when it does
+    not, so the caller can fall back. ``run`` takes the pointers of each call.
     """
 
-    def __init__(
-        self,
-        handle: int,
-        algo: bytes,
-        dtype: str,
-        layout: str,
-        m: int,
-        n: int,
-        k: int,
-        lda: int,
-        ldb: int,
-        ldc: int,
-    ):
+    def __init__(self, handle: int, algo: bytes, dtype: str, layout: str, gemm: GemmArgs):
         if len(algo) != ALGO_BYTES:
             raise ValueError(f"a cuBLASLt algorithm is {ALGO_BYTES} bytes, got {len(algo)}")
         self.handle = handle
-        self.desc = Descriptors(dtype, layout, m, n, k, lda, ldb, ldc)
+        self.desc = Descriptors(dtype, layout, gemm)
         # 8-byte aligned, as cublasLtMatmulAlgo_t (uint64_t data[8]) must be.
         self._algo = (ctypes.c_uint64 * 8).from_buffer_copy(algo)
         self.algo_ptr = ctypes.addressof(self._algo)
@@ -160,22 +151,16 @@ class LtGemm:
             raise
         self.workspace_bytes = struct.unpack_from("<Q", bytes(result), _WORKSPACE_OFFSET)[0]
 
-    def run(
-        self,
-        a_ptr: int,
-        w_ptr: int,
-        c_ptr: int,
-        workspace_ptr: int,
-        workspace_bytes: int,
-        stream: int,
-    ) -> None:
+    def run(self, gemm: GemmArgs, workspace_ptr: int, workspace_bytes: int, stream: int) -> None:
+        """Queue C = A · op(B) for ``gemm``'s pointers (its shape must be the one this
+        was made for) on ``stream``, never synchronising."""
         try:
             self.desc.matmul(
                 self.handle,
                 self.algo_ptr,
-                a_ptr,
-                w_ptr,
-                c_ptr,
+                gemm.a,
+                gemm.b,
+                gemm.c,
                 workspace_ptr,
                 workspace_bytes,
                 stream,

@@ -12,9 +12,12 @@ import ctypes
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
-# Parameter types of ABI gemm_v1: (A, B, C, M, N, K, lda, ldb, ldc).
+from .abi import GemmArgs
+
+# Parameter types of ABI gemm_v1, in GemmArgs' order: (A, B, C, M, N, K, lda, ldb, ldc).
 GEMM_V1_TYPES = (
     ctypes.c_void_p,
     ctypes.c_void_p,
@@ -28,7 +31,6 @@ GEMM_V1_TYPES = (
 )
 # ABI gemm_v2 appends two tensor maps (CUtensorMap, passed by pointer: type None).
 GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
-ABIS = ("gemm_v1", "gemm_v2")
 INT_MAX = 2**31 - 1
 
 
@@ -181,12 +183,12 @@ def sm_count(device: int = 0) -> int:
     return n
 
 
-def _tiles(recipe: dict, m: int, n: int) -> tuple[int, int]:
+def _tiles(recipe: Mapping[str, Any], m: int, n: int) -> tuple[int, int]:
     """Output tiles of a recipe along N and M."""
     return -(-n // recipe["tile_n"]), -(-m // recipe["tile_m"])
 
 
-def _whole_clusters(recipe: dict, gx: int, gy: int) -> tuple[int, int]:
+def _whole_clusters(recipe: Mapping[str, Any], gx: int, gy: int) -> tuple[int, int]:
     """(gx, gy) rounded up to whole clusters of the recipe's compile-time cluster
     shape: a cluster along M (cluster [1, 2, 1]) may hold a CTA past the last tile,
     which the kernel runs for its cluster partner and stores nothing from."""
@@ -194,7 +196,7 @@ def _whole_clusters(recipe: dict, gx: int, gy: int) -> tuple[int, int]:
     return -(-gx // cx) * cx, -(-gy // cy) * cy
 
 
-def gemm_grid(recipe: dict, m: int, n: int, device: int = 0) -> tuple[int, int, int]:
+def gemm_grid(recipe: Mapping[str, Any], m: int, n: int, device: int = 0) -> tuple[int, int, int]:
     """Grid of a gemm launch recipe for an M x N output: one CTA per output tile (and
     K split), in whole clusters; a persistent recipe launches one CTA per SM slot, at
     most one per tile."""
@@ -205,7 +207,7 @@ def gemm_grid(recipe: dict, m: int, n: int, device: int = 0) -> tuple[int, int, 
     return (*_whole_clusters(recipe, gx, gy), recipe.get("split_k", 1))
 
 
-def gemm_fits(recipe: dict, m: int, n: int, k: int) -> bool:
+def gemm_fits(recipe: Mapping[str, Any], m: int, n: int, k: int) -> bool:
     """Whether the grid and the int parameters of the gemm ABIs can hold this size."""
     gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
@@ -259,30 +261,22 @@ def tensor_map(ptr: int, rows: int, k: int, ld: int, box: tuple[int, int]) -> An
 
 def launch_gemm(
     kernel: Kernel,
-    recipe: dict,
-    a_ptr: int,
-    b_ptr: int,
-    c_ptr: int,
-    m: int,
-    n: int,
-    k: int,
-    lda: int,
-    ldb: int,
-    ldc: int,
+    recipe: Mapping[str, Any],
+    gemm: GemmArgs,
     stream: int,
     device: int = 0,
 ) -> None:
     """Launch a gemm_v1 or gemm_v2 kernel by its recipe (grid from the tile shape;
     gemm_v2's tensor maps from the recipe's boxes); never synchronises."""
-    args: tuple = (a_ptr, b_ptr, c_ptr, m, n, k, lda, ldb, ldc)
+    args: tuple = gemm  # gemm_v1's parameter block as it stands
     types = GEMM_V1_TYPES
     if recipe.get("abi") == "gemm_v2":
         boxes = recipe["tma"]
         args = (
-            *args,
-            tensor_map(a_ptr, m, k, lda, tuple(boxes["a"])),
-            tensor_map(b_ptr, n, k, ldb, tuple(boxes["b"])),
+            *gemm,
+            tensor_map(gemm.a, gemm.m, gemm.k, gemm.lda, tuple(boxes["a"])),
+            tensor_map(gemm.b, gemm.n, gemm.k, gemm.ldb, tuple(boxes["b"])),
         )
         types = GEMM_V2_TYPES
-    grid = gemm_grid(recipe, m, n, device)
+    grid = gemm_grid(recipe, gemm.m, gemm.n, device)
     kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device)

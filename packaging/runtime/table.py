@@ -1,114 +1,379 @@
-"""The dispatch table (``dispatch.json``, format 1): which kernel serves which GEMM.
+"""The dispatch table (``dispatch.json``, format 1): its one schema, and its lookup.
+
+``DispatchTable`` and ``TableEntry`` are the table as typed, frozen records. The build
+writes them (``to_bytes``: canonical JSON), and everything that reads a table goes
+through ``DispatchTable.from_json`` / ``from_bytes``: the wheel's runtime at first use,
+the diff, the bench, the CI checks. Every record is checked as it is made, so a table
+that exists is a table that follows format 1; a broken one raises ``TableError`` with
+the key path and the value at fault.
+
+Rules (docs/contracts.md): an entry's identity is ``TableEntry.key`` = (gpu, arch,
+dtype, layout, n, k, m_measured), unique in a table. The entries of one (gpu, arch,
+dtype, layout, n, k), measured at M1 < M2 < ..., cover ``[1, M1]``, ``[M1+1, M2]``,
+...; an M above the largest measured M is not covered. A GPU model absent from the
+table is served by the table's first model (in name order) of the same arch: a
+stand-in.
 
 Pure Python: no CUDA, no torch. This file ships inside every generated wheel, so it
-imports only the standard library.
-
-Rules (docs/contracts.md): the entries of one (gpu, arch, dtype, layout, n, k),
-measured at M1 < M2 < ..., cover ``[1, M1]``, ``[M1+1, M2]``, ...; an M above the
-largest measured M is not covered. A GPU model absent from the table is served by
-the table's first model (in name order) of the same arch: a stand-in.
+imports only the standard library and its own files. Keys it does not know are
+ignored (a newer writer's additions), and not written back.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Any
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from .abi import ABIS
 
 FORMAT = 1
+KINDS: tuple[str, ...] = ("kernel", "cublaslt", "fallback")
 
-# (gpu, arch, dtype, layout, n, k): one M axis of measured points. The arch is part
-# of the key so a model name can never pick up cubins built for another arch.
-_Key = tuple[str, str, str, str, int, int]
+# Keys that a kernel entry must fill and a fallback entry must leave null.
+KERNEL_ONLY_KEYS: tuple[str, ...] = ("kernel", "symbol", "cubin_sha256", "launch", "design_key")
+# A cublaslt entry fills these and leaves the rest of KERNEL_ONLY_KEYS null.
+CUBLASLT_KEYS: tuple[str, ...] = ("kernel", "design_key")
 
-
-def entry_key(entry: dict[str, Any]) -> str:
-    """A short, stable, human-readable name of one entry (used by the runtime's stats)."""
-    return (
-        f"{entry['gpu']}/{entry['arch']}/{entry['dtype']}/{entry['layout']}"
-        f"/n{entry['n']}/k{entry['k']}/m{entry['m_measured']}"
-    )
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_ALGO_RE = re.compile(r"[0-9a-f]{128}")
 
 
-class DispatchTable:
-    """A parsed dispatch table with an index built once, so a lookup is a dict hit
-    and a bisect."""
+class TableError(ValueError):
+    """A dispatch table that cannot be read or does not follow format 1."""
 
-    def __init__(self, meta: dict[str, Any], entries: list[dict[str, Any]]):
-        self.meta = meta
-        self.entries = entries
-        # key -> (sorted m_measured, entries in the same order)
-        self._index: dict[_Key, tuple[list[int], list[dict[str, Any]]]] = {}
-        self._models: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for entry in entries:
-            key = (
-                entry["gpu"],
-                entry["arch"],
-                entry["dtype"],
-                entry["layout"],
-                int(entry["n"]),
-                int(entry["k"]),
+
+class EntryKey(NamedTuple):
+    """What identifies one entry, in a table and across tables: one measured target
+    on one GPU model. ``str()`` is its short readable name (the runtime's stats)."""
+
+    gpu: str
+    arch: str
+    dtype: str
+    layout: str
+    n: int
+    k: int
+    m_measured: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.gpu}/{self.arch}/{self.dtype}/{self.layout}"
+            f"/n{self.n}/k{self.k}/m{self.m_measured}"
+        )
+
+
+@dataclass(frozen=True)
+class CublasLtAlgo:
+    """The ``cublaslt`` object of an entry of kind ``cublaslt``: the autotuned
+    ``cublasLtMatmulAlgo_t`` (its 64 bytes as 128 hex digits), the cuBLASLt version
+    it was measured with, the workspace it needed, and its configuration attributes
+    (for people; the runtime does not read them)."""
+
+    version: int
+    algo: str
+    workspace_bytes: int
+    config: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("version", "workspace_bytes"):
+            value = getattr(self, key)
+            if not _is_int(value) or value < 0:
+                raise TableError(
+                    f"key 'cublaslt.{key}' must be a non-negative integer, got {value!r}"
+                )
+        if not isinstance(self.algo, str) or not _ALGO_RE.fullmatch(self.algo):
+            raise TableError(
+                "key 'cublaslt.algo' must be 128 lowercase hex digits (the 64 bytes of "
+                f"a cublasLtMatmulAlgo_t), got {self.algo!r}"
             )
-            self._index.setdefault(key, ([], []))[1].append(entry)
-            self._models.setdefault((entry["gpu"], entry["arch"]), []).append(entry)
-        for key, (ms, group) in self._index.items():
-            # Trust m_measured, not the file order (the contract sorts by m_min, which
-            # gives the same order for a well-formed table, but costs nothing to redo).
-            group.sort(key=lambda e: int(e["m_measured"]))
-            ms.extend(int(e["m_measured"]) for e in group)
-            for lo, hi in zip(ms, ms[1:], strict=False):
-                if lo == hi:
-                    raise ValueError(f"dispatch table: two entries for {key} measured at M={lo}")
-        # arch -> the model that stands in for unknown models of that arch
-        self._stand_in: dict[str, str] = {}
-        for gpu, arch in sorted(self._models):
-            self._stand_in.setdefault(arch, gpu)
-        self._resolved: dict[tuple[str, str], tuple[str | None, bool]] = {}
+        if self.config is not None:
+            if not isinstance(self.config, Mapping):
+                raise TableError(f"key 'cublaslt.config' must be an object, got {self.config!r}")
+            object.__setattr__(self, "config", _frozen(self.config))
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> DispatchTable:
-        """Parse a loaded ``dispatch.json``; raises ValueError for another format."""
-        if d.get("format") != FORMAT:
-            raise ValueError(
-                f"dispatch table format {d.get('format')!r} is not supported "
-                f"(this runtime reads format {FORMAT})"
+    def from_json(cls, obj: Mapping[str, Any]) -> CublasLtAlgo:
+        """From the entry's ``cublaslt`` object (a missing number reads as null)."""
+        return cls(
+            obj.get("version"), obj.get("algo"), obj.get("workspace_bytes"), obj.get("config")
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        out = {"version": self.version, "algo": self.algo, "workspace_bytes": self.workspace_bytes}
+        if self.config is not None:
+            out["config"] = _plain(self.config)
+        return out
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """One entry of format 1: what runs one (gpu, arch, dtype, layout, n, k) at the
+    M range [m_min, m_max], measured at m_measured.
+
+    ``kind`` ``kernel``: a cudal2 kernel (``kernel`` its design's name, ``symbol`` its
+    extern "C" name, ``cubin_sha256`` its cubin, ``launch`` its recipe, read-only);
+    ``cublaslt``: an autotuned cuBLASLt algorithm (``kernel`` its readable name,
+    ``cublaslt`` the algorithm); ``fallback``: the baseline is best (``time_us`` is then
+    the baseline's). ``speedup`` / ``spread``: the winner's median speedup over the
+    baseline and the noise it had to exceed. ``candidates``: how many measurements
+    the build weighed (absent in tables of older builds). Checked when made
+    (``TableError``); ``key`` is its identity.
+    """
+
+    gpu: str
+    arch: str
+    dtype: str
+    layout: str
+    n: int
+    k: int
+    m_min: int
+    m_max: int
+    m_measured: int
+    kind: str
+    kernel: str | None
+    symbol: str | None
+    cubin_sha256: str | None
+    launch: Mapping[str, Any] | None
+    time_us: float
+    baseline: str
+    baseline_us: float | None
+    speedup: float | None
+    spread: float | None
+    design_key: str | None
+    measured_at: str
+    candidates: int | None = None
+    cublaslt: CublasLtAlgo | None = None
+    key: EntryKey = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_entry(self)
+        if self.launch is not None:
+            object.__setattr__(self, "launch", _frozen(self.launch))
+        key = EntryKey(
+            self.gpu, self.arch, self.dtype, self.layout, self.n, self.k, self.m_measured
+        )
+        object.__setattr__(self, "key", key)
+
+    def __hash__(self) -> int:
+        return hash(self.key)  # equal entries have equal keys; ``launch`` is a mapping
+
+    @property
+    def sort_key(self) -> tuple[Any, ...]:
+        """The order of ``entries`` in a canonical table: (gpu, dtype, layout, n, k,
+        m_min), then arch and m_measured to break ties."""
+        return (
+            self.gpu,
+            self.dtype,
+            self.layout,
+            self.n,
+            self.k,
+            self.m_min,
+            self.arch,
+            self.m_measured,
+        )
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TableEntry:
+        """An entry from its JSON object; ``TableError`` names the key at fault."""
+        if not isinstance(obj, dict):
+            raise TableError("an entry must be a JSON object")
+        for key in ENTRY_KEYS:
+            if key not in obj:
+                raise TableError(f"missing key {key!r}")
+        lt = obj.get("cublaslt")
+        if lt is not None and not isinstance(lt, dict):
+            raise TableError(
+                "a cublaslt entry needs an object 'cublaslt'"
+                if obj["kind"] == "cublaslt"
+                else "only a cublaslt entry has key 'cublaslt'"
             )
-        meta = {key: value for key, value in d.items() if key != "entries"}
-        return cls(meta, list(d.get("entries") or []))
+        return cls(
+            **{key: obj[key] for key in ENTRY_KEYS},
+            candidates=obj.get("candidates"),
+            cublaslt=None if lt is None else CublasLtAlgo.from_json(lt),
+        )
 
-    @property
-    def archs(self) -> list[str]:
-        """Archs that have entries, sorted."""
-        return sorted({arch for _, arch in self._models})
+    def as_json(self) -> dict[str, Any]:
+        """The entry's JSON object (``launch`` as plain dicts and lists)."""
+        out = {key: getattr(self, key) for key in ENTRY_KEYS}
+        if self.launch is not None:
+            out["launch"] = _plain(self.launch)
+        if self.candidates is not None:
+            out["candidates"] = self.candidates
+        if self.cublaslt is not None:
+            out["cublaslt"] = self.cublaslt.as_json()
+        return out
 
-    @property
-    def gpu_models(self) -> list[str]:
-        """GPU models that have entries, sorted."""
-        return sorted({gpu for gpu, _ in self._models})
 
-    @property
-    def cuda_versions(self) -> list[str]:
-        """CUDA versions the kernels were measured under (``meta["cuda_versions"]``)."""
-        return list(self.meta.get("cuda_versions") or [])
+class _Index:
+    """A table's lookup structures, built once from its entries."""
+
+    __slots__ = ("axes", "models", "resolved", "stand_in")
+
+    def __init__(self, entries: tuple[TableEntry, ...]):
+        # (gpu, arch, dtype, layout, n, k) -> (sorted m_measured, entries in that order)
+        self.axes: dict[tuple, tuple[list[int], list[TableEntry]]] = {}
+        self.models: dict[tuple[str, str], list[TableEntry]] = {}
+        for e in entries:
+            axis = (e.gpu, e.arch, e.dtype, e.layout, e.n, e.k)
+            self.axes.setdefault(axis, ([], []))[1].append(e)
+            self.models.setdefault((e.gpu, e.arch), []).append(e)
+        for ms, group in self.axes.values():
+            # Lookup trusts m_measured, not m_min (the same order in a well-formed table).
+            group.sort(key=lambda e: e.m_measured)
+            ms.extend(e.m_measured for e in group)
+        self.stand_in: dict[str, str] = {}  # arch -> the model standing in for unknown ones
+        for gpu, arch in sorted(self.models):
+            self.stand_in.setdefault(arch, gpu)
+        self.resolved: dict[tuple[str, str], tuple[str | None, bool]] = {}
+
+
+@dataclass(frozen=True)
+class DispatchTable:
+    """A whole table of format 1: where it came from, and its entries, kept in the
+    canonical order (``TableEntry.sort_key``) with an index built once, so a lookup is
+    a dict hit and a bisect. Checked when made (``TableError``): the top-level values,
+    no two entries with one ``key``, and ``gpu_models`` / ``archs`` the entries' own.
+
+    ``gpu_models`` / ``archs``: the models and archs of the entries, sorted;
+    ``drivers`` / ``cuda_versions``: those the kernels were measured under (the
+    runtime needs a driver for the newest CUDA); ``measured_from`` / ``measured_to``:
+    the oldest and newest measurement (null for an empty table).
+    """
+
+    package: str
+    name: str
+    version: str
+    tool_version: str
+    manifest_sha256: str
+    gpu_models: tuple[str, ...]
+    archs: tuple[str, ...]
+    drivers: tuple[str, ...]
+    cuda_versions: tuple[str, ...]
+    measured_from: str | None
+    measured_to: str | None
+    entries: tuple[TableEntry, ...]
+    _index: _Index = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for key in ("package", "name", "version"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise TableError(f"top-level key {key!r} must be a non-empty string")
+        for key in ("tool_version", "manifest_sha256"):
+            if not isinstance(getattr(self, key), str):
+                raise TableError(f"top-level key {key!r} must be a string")
+        for key in ("gpu_models", "archs", "drivers", "cuda_versions"):
+            value = getattr(self, key)
+            if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+                raise TableError(f"top-level key {key!r} must be a list of strings")
+            object.__setattr__(self, key, tuple(value))
+        for key in ("measured_from", "measured_to"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise TableError(f"top-level key {key!r} must be a string or null, got {value!r}")
+        if not isinstance(self.entries, list | tuple):
+            raise TableError("top-level key 'entries' must be a list")
+        seen: dict[EntryKey, int] = {}
+        for i, entry in enumerate(self.entries):
+            if not isinstance(entry, TableEntry):
+                raise TableError(f"entries[{i}]: an entry must be a TableEntry, got {entry!r}")
+            if entry.key in seen:
+                raise TableError(
+                    f"entries[{i}] repeats the target of entries[{seen[entry.key]}] "
+                    f"(gpu, arch, dtype, layout, n, k, m_measured) = {tuple(entry.key)}"
+                )
+            seen[entry.key] = i
+        # The runtime picks an arch and a stand-in model from these: they must be the
+        # entries' own (as the build writes them), never a claim the entries do not back.
+        for key, what, values in (
+            ("gpu_models", "GPU models", {e.gpu for e in self.entries}),
+            ("archs", "archs", {e.arch for e in self.entries}),
+        ):
+            if getattr(self, key) != tuple(sorted(values)):
+                raise TableError(
+                    f"top-level key {key!r} must list the entries' {what}, sorted: "
+                    f"{sorted(values)}, got {list(getattr(self, key))}"
+                )
+        object.__setattr__(self, "entries", tuple(sorted(self.entries, key=lambda e: e.sort_key)))
+        object.__setattr__(self, "_index", _Index(self.entries))
+
+    # -- JSON ----------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str = "<table>") -> DispatchTable:
+        """The table of a loaded ``dispatch.json``. ``source`` names it in messages
+        (usually its file): ``TableError("<source>: entries[3]: key 'n' must be ...")``."""
+        if not isinstance(obj, dict):
+            raise TableError(f"{source}: a dispatch table must be a JSON object")
+        if "format" not in obj:
+            raise TableError(f"{source}: missing top-level key 'format'")
+        if obj["format"] != FORMAT:
+            raise TableError(
+                f"{source}: unsupported 'format' {obj['format']!r} (this reader knows {FORMAT})"
+            )
+        for key in TOP_LEVEL_KEYS:
+            if key not in obj:
+                raise TableError(f"{source}: missing top-level key {key!r}")
+        if not isinstance(obj["entries"], list):
+            raise TableError(f"{source}: top-level key 'entries' must be a list")
+        entries = []
+        for i, raw in enumerate(obj["entries"]):
+            try:
+                entries.append(TableEntry.from_json(raw))
+            except TableError as exc:
+                raise TableError(f"{source}: entries[{i}]: {exc}") from None
+        top = {key: obj[key] for key in TOP_LEVEL_KEYS[1:-1]}  # not format, entries
+        try:
+            return cls(**top, entries=tuple(entries))
+        except TableError as exc:
+            raise TableError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str, source: str = "<table>") -> DispatchTable:
+        """The table of ``dispatch.json``'s bytes (``TableError`` if not JSON)."""
+        try:
+            obj = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TableError(f"{source}: not valid JSON: {exc}") from exc
+        return cls.from_json(obj, source)
+
+    def as_json(self) -> dict[str, Any]:
+        """The table's JSON object, entries in canonical order."""
+        top = {key: _plain(getattr(self, key)) for key in TOP_LEVEL_KEYS[1:-1]}
+        return {"format": FORMAT, **top, "entries": [e.as_json() for e in self.entries]}
+
+    def to_bytes(self) -> bytes:
+        """The canonical ``dispatch.json``: sorted keys, 2-space indent, ASCII, a
+        trailing newline, entries in canonical order; equal tables give equal bytes."""
+        text = json.dumps(self.as_json(), sort_keys=True, indent=2, ensure_ascii=True)
+        return (text + "\n").encode("utf-8")
+
+    # -- lookup --------------------------------------------------------------------
 
     def resolve_gpu(self, gpu: str, arch: str) -> tuple[str | None, bool]:
         """The table's model that serves ``gpu`` of ``arch``, and whether it is a
         stand-in: ``(gpu, False)`` on an exact match, ``(first model of that arch,
         True)`` otherwise, ``(None, False)`` when the table has nothing for ``arch``."""
+        index = self._index
         key = (gpu, arch)
-        got = self._resolved.get(key)
+        got = index.resolved.get(key)
         if got is None:
-            if key in self._models:
+            if key in index.models:
                 got = (gpu, False)
-            elif arch in self._stand_in:
-                got = (self._stand_in[arch], True)
+            elif arch in index.stand_in:
+                got = (index.stand_in[arch], True)
             else:
                 got = (None, False)
-            self._resolved[key] = got
+            index.resolved[key] = got
         return got
 
     def lookup(
         self, gpu: str, arch: str, dtype: str, layout: str, m: int, n: int, k: int
-    ) -> dict[str, Any] | None:
+    ) -> TableEntry | None:
         """The entry serving this GEMM on ``gpu`` (stand-in models allowed; see
         ``resolve_gpu``), or None when it is not covered. The entry may be of kind
         ``fallback``: then the table says the baseline is the best choice."""
@@ -119,9 +384,9 @@ class DispatchTable:
 
     def lookup_exact(
         self, gpu: str, arch: str, dtype: str, layout: str, m: int, n: int, k: int
-    ) -> dict[str, Any] | None:
+    ) -> TableEntry | None:
         """Like ``lookup`` but for a model already resolved (no stand-in search)."""
-        found = self._index.get((gpu, arch, dtype, layout, n, k))
+        found = self._index.axes.get((gpu, arch, dtype, layout, n, k))
         if found is None or m < 1:
             return None
         ms, group = found
@@ -129,6 +394,156 @@ class DispatchTable:
         i = bisect.bisect_left(ms, m)
         return group[i] if i < len(ms) else None
 
-    def entries_for(self, gpu: str, arch: str) -> list[dict[str, Any]]:
+    def entries_for(self, gpu: str, arch: str) -> list[TableEntry]:
         """Every entry of one model and arch (exact model name, no stand-in)."""
-        return list(self._models.get((gpu, arch), ()))
+        return list(self._index.models.get((gpu, arch), ()))
+
+
+# Every top-level key of format 1 (format first, entries last) and every key an entry
+# must have: the records' fields.
+TOP_LEVEL_KEYS: tuple[str, ...] = ("format", *(f.name for f in fields(DispatchTable) if f.init))
+ENTRY_KEYS: tuple[str, ...] = tuple(
+    f.name for f in fields(TableEntry) if f.init and f.default is MISSING
+)
+
+
+# -- the rules -----------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass; a true/false here is a writer bug, not a size.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_entry(e: TableEntry) -> None:
+    """Every rule of format 1 on one entry; the first broken one raises."""
+    for key in ("gpu", "arch", "dtype", "layout", "baseline"):
+        if not isinstance(getattr(e, key), str) or not getattr(e, key):
+            raise TableError(f"key {key!r} must be a non-empty string")
+    for key in ("n", "k", "m_min", "m_max", "m_measured"):
+        value = getattr(e, key)
+        if not _is_int(value) or value < 1:
+            raise TableError(f"key {key!r} must be a positive integer, got {value!r}")
+    if not e.m_min <= e.m_measured <= e.m_max:
+        raise TableError(
+            f"need m_min <= m_measured <= m_max, got {e.m_min} / {e.m_measured} / {e.m_max}"
+        )
+    if not _is_number(e.time_us) or not e.time_us > 0:
+        raise TableError(f"key 'time_us' must be a positive number, got {e.time_us!r}")
+    for key in ("baseline_us", "speedup", "spread"):
+        value = getattr(e, key)
+        if value is not None and not _is_number(value):
+            raise TableError(f"key {key!r} must be a number or null, got {value!r}")
+    if not isinstance(e.measured_at, str):
+        raise TableError(f"key 'measured_at' must be a string, got {e.measured_at!r}")
+    if e.candidates is not None and (not _is_int(e.candidates) or e.candidates < 0):
+        raise TableError(f"key 'candidates' must be a non-negative integer, got {e.candidates!r}")
+    if e.kind not in KINDS:
+        raise TableError(f"key 'kind' must be one of {KINDS}, got {e.kind!r}")
+    for key in ("kernel", "symbol", "design_key"):
+        value = getattr(e, key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TableError(f"key {key!r} must be a non-empty string or null, got {value!r}")
+    filled = {"kernel": KERNEL_ONLY_KEYS, "cublaslt": CUBLASLT_KEYS}.get(e.kind, ())
+    for key in KERNEL_ONLY_KEYS:
+        if key in filled and getattr(e, key) is None:
+            raise TableError(f"a {e.kind} entry needs a non-null {key!r}")
+        if key not in filled and getattr(e, key) is not None:
+            raise TableError(f"a {e.kind} entry must have {key!r} null")
+    if e.cubin_sha256 is not None and (
+        not isinstance(e.cubin_sha256, str) or not _SHA256_RE.fullmatch(e.cubin_sha256)
+    ):
+        raise TableError(
+            f"key 'cubin_sha256' must be 64 lowercase hex digits, got {e.cubin_sha256!r}"
+        )
+    if e.launch is not None:
+        _check_launch(e.launch)
+    if e.kind == "cublaslt" and not isinstance(e.cublaslt, CublasLtAlgo):
+        raise TableError("a cublaslt entry needs an object 'cublaslt'")
+    if e.kind != "cublaslt" and e.cublaslt is not None:
+        raise TableError("only a cublaslt entry has key 'cublaslt'")
+
+
+def _positive_int(value: Any) -> bool:
+    return _is_int(value) and value >= 1
+
+
+def _non_negative_int(value: Any) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _positive_ints(size: int) -> Any:
+    def check(value: Any) -> bool:
+        return (
+            isinstance(value, list | tuple)
+            and len(value) == size
+            and all(_positive_int(x) for x in value)
+        )
+
+    return check
+
+
+# What the launcher reads from a recipe of a known ABI: (key, required, check, what
+# it must be). gemm_v2's tensor-map boxes are checked apart.
+_RECIPE_RULES: tuple[tuple[str, bool, Any, str], ...] = (
+    ("block", True, _positive_ints(3), "a list of 3 positive integers"),
+    ("tile_m", True, _positive_int, "a positive integer"),
+    ("tile_n", True, _positive_int, "a positive integer"),
+    ("smem_bytes", True, _non_negative_int, "a non-negative integer"),
+    ("split_k", False, _positive_int, "a positive integer"),
+    ("cluster", False, _positive_ints(3), "a list of 3 positive integers"),
+    ("persistent", False, _non_negative_int, "a non-negative integer"),
+    ("ctas_per_sm", False, _positive_int, "a positive integer"),
+)
+
+
+def _check_launch(recipe: Any) -> None:
+    """The launch recipe's values that the runtime reads. A recipe of an ABI this
+    runtime does not know is checked no further: the runtime falls back for it."""
+    if not isinstance(recipe, Mapping):
+        raise TableError(f"key 'launch' must be an object, got {recipe!r}")
+    abi = recipe.get("abi", "gemm_v1")
+    if not isinstance(abi, str) or not abi:
+        raise TableError(f"key 'launch.abi' must be a non-empty string, got {abi!r}")
+    align = recipe.get("align", {})
+    if not isinstance(align, Mapping) or not all(
+        dim in ("m", "n", "k") and _positive_int(v) for dim, v in align.items()
+    ):
+        raise TableError(
+            f"key 'launch.align' must map 'm', 'n' or 'k' to a positive integer, got {align!r}"
+        )
+    if abi not in ABIS:
+        return
+    for key, required, check, what in _RECIPE_RULES:
+        if (required or key in recipe) and not check(recipe.get(key)):
+            raise TableError(f"key 'launch.{key}' must be {what}, got {recipe.get(key)!r}")
+    if abi == "gemm_v2":
+        tma = recipe.get("tma")
+        box = _positive_ints(2)
+        if not isinstance(tma, Mapping) or not (box(tma.get("a")) and box(tma.get("b"))):
+            raise TableError(
+                "key 'launch.tma' must hold boxes 'a' and 'b' of 2 positive integers each, "
+                f"got {tma!r}"
+            )
+
+
+def _frozen(value: Any) -> Any:
+    """A read-only copy of a JSON value: objects as mapping proxies, lists as tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """``_frozen``'s inverse: JSON's dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -25,14 +25,14 @@ def test_bench_record_times_every_baseline_and_the_wheel_kernel(
 
     gpu = current_gpu()
     wheel = write_wheel(recorded_table, recorded_cubins, tmp_path)
-    e = next(e for e in recorded_table["entries"] if e["kind"] == "kernel" and e["layout"] == "tn")
-    t = Target(e["arch"], e["dtype"], e["layout"], e["m_measured"], e["n"], e["k"])
+    e = next(e for e in recorded_table.entries if e.kind == "kernel" and e.layout == "tn")
+    t = Target(e.arch, e.dtype, e.layout, e.m_measured, e.n, e.k)
     rec = Bench(gpu, "offline", reps=5, kernels=WheelKernels.open(wheel, gpu)).shape(t)
     assert rec["errors"] == []
     assert set(rec["baselines"]) == set(VENDORS)
     assert rec["cublaslt_autotune"]["algorithms"] >= 1
     assert rec["cudal2"]["dispatch"]["kind"] == "kernel"
-    assert rec["cudal2"]["dispatch"]["kernel"] == e["kernel"]
+    assert rec["cudal2"]["dispatch"]["kernel"] == e.kernel
     own = rec["cudal2"]["median_us"]
     assert own >= rec["floor_us"] and rec["cudal2"]["floor_fraction"] <= 1
     best = rec["best_vendor"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import sys
 import zipfile
@@ -13,6 +12,7 @@ import pytest
 from cudal2.cli import build as build_cli
 from cudal2.cli import diff as diff_cli
 from cudal2.manifest import default_manifest_path
+from cudal2.packaging.runtime.table import DispatchTable
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 
@@ -40,15 +40,15 @@ def test_default_build_twice_is_byte_identical_and_diffs_clean(
     assert "own kernels" in text and "wheel:" in text
     with zipfile.ZipFile(wheels[0]) as z:
         names = z.namelist()
-        table = json.loads(z.read("cudal2_kernels_default/dispatch.json"))
+        table = DispatchTable.from_bytes(z.read("cudal2_kernels_default/dispatch.json"))
     cubins = {n for n in names if n.startswith("cudal2_kernels_default/cubins/")}
     shipped = {
-        f"cudal2_kernels_default/cubins/{e['cubin_sha256']}.cubin"
-        for e in table["entries"]
-        if e["kind"] == "kernel"
+        f"cudal2_kernels_default/cubins/{e.cubin_sha256}.cubin"
+        for e in table.entries
+        if e.kind == "kernel"
     }
     assert cubins == shipped
-    assert len(table["entries"]) == 32  # every default target was measured
+    assert len(table.entries) == 32  # every default target was measured
     assert diff_cli.main([str(wheels[0]), str(wheels[1]), "--fail-on-regression", "0"]) == 0
     assert "no changes" in capsys.readouterr().out
 
@@ -107,14 +107,14 @@ def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
     assert build_cli.main(args) == 0
     (wheel,) = out.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
-        table = json.loads(z.read("cudal2_kernels_default/dispatch.json"))
+        table = DispatchTable.from_bytes(z.read("cudal2_kernels_default/dispatch.json"))
     (entry,) = [
         e
-        for e in table["entries"]
-        if (e["dtype"], e["layout"], e["n"], e["k"], e["m_measured"])
+        for e in table.entries
+        if (e.dtype, e.layout, e.n, e.k, e.m_measured)
         == (victim.dtype, victim.layout, victim.n, victim.k, victim.m)
     ]
-    assert entry["kind"] == "fallback"
+    assert entry.kind == "fallback"
 
 
 def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact_cache, capsys):
@@ -134,13 +134,13 @@ def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact
     assert "no longer build to the measured artifact" not in err  # nothing stale
     (w,) = out.glob("cudal2_kernels_llm_public_h100-*.whl")
     with zipfile.ZipFile(w) as z:
-        table = json.loads(z.read("cudal2_kernels_llm_public_h100/dispatch.json"))
+        table = DispatchTable.from_bytes(z.read("cudal2_kernels_llm_public_h100/dispatch.json"))
     m = load_manifest(manifest)
     sels, missing = select(m.targets, latest(MeasurementDB(db).read()), "offline")
-    assert missing == [] and len(table["entries"]) == len(m.targets) == 96  # fp16 + bf16
-    own = {e["kernel"] for e in table["entries"] if e["kind"] == "kernel"}
+    assert missing == [] and len(table.entries) == len(m.targets) == 96  # fp16 + bf16
+    own = {e.kernel for e in table.entries if e.kind == "kernel"}
     assert own == {s.winner.design.name for s in sels if s.kind == "kernel"}
     families = {k.split("_")[1] for k in own}
     assert "sm90tma" in families
     assert families <= {"sm90csk", "sm90direct", "sm90stream", "sm90tma"}
-    assert {e["dtype"] for e in table["entries"] if e["kind"] == "kernel"} == {"fp16", "bf16"}
+    assert {e.dtype for e in table.entries if e.kind == "kernel"} == {"fp16", "bf16"}

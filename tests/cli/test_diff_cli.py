@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,17 +10,13 @@ from typing import Any
 import pytest
 
 from cudal2.cli.diff import main
-from cudal2.packaging.table import write_table_bytes
+from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import write_wheel
 
 
-def _kernel_index(table: dict[str, Any]) -> int:
-    return next(i for i, e in enumerate(table["entries"]) if e["kind"] == "kernel")
-
-
-def _write(tmp_path: Path, name: str, table: dict[str, Any]) -> str:
+def _write(tmp_path: Path, name: str, table: DispatchTable) -> str:
     path = tmp_path / name
-    path.write_bytes(write_table_bytes(table))
+    path.write_bytes(table.to_bytes())
     return str(path)
 
 
@@ -30,11 +26,15 @@ def _write_raw(tmp_path: Path, name: str, table: dict[str, Any]) -> str:
     return str(path)
 
 
-def _slowed(table: dict[str, Any], factor: float) -> dict[str, Any]:
-    """A copy of ``table`` whose first kernel entry takes ``factor`` times as long."""
-    new = copy.deepcopy(table)
-    new["entries"][_kernel_index(new)]["time_us"] *= factor
-    return new
+def _slowed(table: DispatchTable, factor: float, drop_last: bool = False) -> DispatchTable:
+    """``table`` whose first kernel entry takes ``factor`` times as long (and without
+    its last entry, with ``drop_last``)."""
+    entries = list(table.entries)
+    i = next(i for i, e in enumerate(entries) if e.kind == "kernel")
+    entries[i] = dataclasses.replace(entries[i], time_us=entries[i].time_us * factor)
+    if drop_last:
+        entries.pop()
+    return dataclasses.replace(table, entries=tuple(entries))
 
 
 @pytest.fixture
@@ -63,15 +63,14 @@ def test_wheel_against_json(recorded_table, recorded_cubins, tmp_path, slower_pa
 
 
 def test_json_output_shape(recorded_table, tmp_path, old_path, capsys):
-    new = _slowed(recorded_table, 1.10)
-    dropped = new["entries"].pop()
-    new_path = _write(tmp_path, "new.json", new)
+    dropped = recorded_table.entries[-1]
+    new_path = _write(tmp_path, "new.json", _slowed(recorded_table, 1.10, drop_last=True))
     assert main([old_path, new_path, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"added", "removed", "changed", "regressions"}
     assert data["added"] == []
     assert [(r["m"], r["n"], r["k"]) for r in data["removed"]] == [
-        (dropped["m_measured"], dropped["n"], dropped["k"])
+        (dropped.m_measured, dropped.n, dropped.k)
     ]
     assert len(data["changed"]) == 1 and data["changed"][0]["reasons"] == ["slower"]
     assert data["regressions"] == data["changed"]
@@ -115,10 +114,13 @@ def test_not_a_wheel_exits_2(old_path, tmp_path, capsys):
 
 
 def test_bad_table_exits_2(recorded_table, tmp_path, old_path, capsys):
-    recorded_table["format"] = 99
-    bad = _write_raw(tmp_path, "bad.json", recorded_table)
+    bad = _write_raw(tmp_path, "bad.json", dict(recorded_table.as_json(), format=99))
     assert main([old_path, bad]) == 2
     assert "unsupported 'format'" in capsys.readouterr().err
+    raw = recorded_table.as_json()
+    del raw["entries"][0]["time_us"]
+    assert main([old_path, _write_raw(tmp_path, "bad2.json", raw)]) == 2
+    assert "bad2.json: entries[0]: missing key 'time_us'" in capsys.readouterr().err
 
 
 def test_negative_percent_is_a_usage_error(old_path, capsys):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -18,21 +18,31 @@ from cudal2.packaging.diff import (
     diff_tables,
     render_text,
 )
-from cudal2.packaging.table import TableError
+from cudal2.packaging.runtime.table import KERNEL_ONLY_KEYS, DispatchTable, TableEntry
 
 
-def _kernel_index(table: dict[str, Any]) -> int:
-    return next(i for i, e in enumerate(table["entries"]) if e["kind"] == "kernel")
+def _index(table: DispatchTable, kind: str = "kernel") -> int:
+    return next(i for i, e in enumerate(table.entries) if e.kind == kind)
 
 
-def _target(entry: dict[str, Any]) -> dict[str, Any]:
+def _with(table: DispatchTable, i: int, entry: TableEntry | None) -> DispatchTable:
+    """``table`` with entry ``i`` replaced (or removed, for None)."""
+    entries = list(table.entries)
+    if entry is None:
+        del entries[i]
+    else:
+        entries[i] = entry
+    return dataclasses.replace(table, entries=tuple(entries))
+
+
+def _target(entry: TableEntry) -> dict[str, Any]:
     return {
-        "gpu": entry["gpu"],
-        "dtype": entry["dtype"],
-        "layout": entry["layout"],
-        "m": entry["m_measured"],
-        "n": entry["n"],
-        "k": entry["k"],
+        "gpu": entry.gpu,
+        "dtype": entry.dtype,
+        "layout": entry.layout,
+        "m": entry.m_measured,
+        "n": entry.n,
+        "k": entry.k,
     }
 
 
@@ -40,69 +50,74 @@ def _row_target(row: dict[str, Any]) -> dict[str, Any]:
     return {key: row[key] for key in ("gpu", "dtype", "layout", "m", "n", "k")}
 
 
-def _as_fallback(entry: dict[str, Any]) -> None:
-    """Turn a kernel entry into the fallback it would be: the baseline's time."""
-    for key in ("kernel", "symbol", "cubin_sha256", "launch", "design_key"):
-        entry[key] = None
-    entry["kind"] = "fallback"
-    entry["time_us"] = entry["baseline_us"]
-    entry["speedup"] = 1.0
+def _as_fallback(entry: TableEntry) -> TableEntry:
+    """The fallback a kernel or cuBLASLt entry would be: the baseline's time."""
+    return dataclasses.replace(
+        entry,
+        **dict.fromkeys(KERNEL_ONLY_KEYS),
+        kind="fallback",
+        cublaslt=None,
+        time_us=entry.baseline_us,
+        speedup=1.0,
+    )
 
 
-def _scaled(table: dict[str, Any], factor: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A copy of ``table`` whose first kernel entry takes ``factor`` times as long."""
-    new = copy.deepcopy(table)
-    entry = new["entries"][_kernel_index(new)]
-    entry["time_us"] *= factor
-    return new, entry
+def _scaled(table: DispatchTable, factor: float) -> tuple[DispatchTable, TableEntry]:
+    """``table`` whose first kernel entry takes ``factor`` times as long."""
+    i = _index(table)
+    entry = dataclasses.replace(table.entries[i], time_us=table.entries[i].time_us * factor)
+    return _with(table, i, entry), entry
 
 
 def test_identical_tables_have_no_changes(recorded_table):
-    result = diff_tables(recorded_table, copy.deepcopy(recorded_table))
+    result = diff_tables(recorded_table, DispatchTable.from_bytes(recorded_table.to_bytes()))
     assert result.empty
     assert result.as_json() == {"added": [], "removed": [], "changed": [], "regressions": []}
     assert render_text(result) == "no changes\n"
-    assert len(result.matched) == len(recorded_table["entries"])
+    assert len(result.matched) == len(recorded_table.entries)
 
 
 def test_entry_order_does_not_matter(recorded_table):
-    shuffled = copy.deepcopy(recorded_table)
-    shuffled["entries"].reverse()
-    assert diff_tables(recorded_table, shuffled).empty
+    raw = recorded_table.as_json()
+    raw["entries"].reverse()
+    assert diff_tables(recorded_table, DispatchTable.from_json(raw)).empty
 
 
 def test_removed_and_added(recorded_table):
-    new = copy.deepcopy(recorded_table)
-    dropped = new["entries"].pop(0)
+    dropped = recorded_table.entries[0]
+    new = _with(recorded_table, 0, None)
     result = diff_tables(recorded_table, new)
     assert [_row_target(r) for r in result.removed] == [_target(dropped)]
     assert result.removed[0]["after"] is None
-    assert result.removed[0]["before"]["time_us"] == dropped["time_us"]
+    assert result.removed[0]["before"]["time_us"] == dropped.time_us
     assert result.added == [] and result.changed == []
 
     reverse = diff_tables(new, recorded_table)
     assert [_row_target(r) for r in reverse.added] == [_target(dropped)]
     assert reverse.added[0]["before"] is None
-    assert reverse.added[0]["after"]["kind"] == dropped["kind"]
+    assert reverse.added[0]["after"]["kind"] == dropped.kind
     assert reverse.removed == []
 
 
 def test_other_gpu_model_is_added_not_matched(recorded_table):
-    new = copy.deepcopy(recorded_table)
-    for entry in new["entries"]:
-        entry["gpu"] += " (other model)"
+    other = tuple(
+        dataclasses.replace(e, gpu=e.gpu + " (other model)") for e in recorded_table.entries
+    )
+    models = tuple(sorted({e.gpu for e in other}))
+    new = dataclasses.replace(recorded_table, gpu_models=models, entries=other)
     result = diff_tables(recorded_table, new)
-    n = len(recorded_table["entries"])
+    n = len(recorded_table.entries)
     assert (len(result.added), len(result.removed), len(result.changed)) == (n, n, 0)
     assert result.regressions == [] and result.regressions_over(0) == []
 
 
 def test_kernel_swapped(recorded_table):
-    new = copy.deepcopy(recorded_table)
-    entry = new["entries"][_kernel_index(new)]
-    old_name = entry["kernel"]
-    entry["kernel"] = entry["symbol"] = old_name + "_other"
-    result = diff_tables(recorded_table, new)
+    i = _index(recorded_table)
+    old_name = recorded_table.entries[i].kernel
+    swapped = dataclasses.replace(
+        recorded_table.entries[i], kernel=old_name + "_other", symbol=old_name + "_other"
+    )
+    result = diff_tables(recorded_table, _with(recorded_table, i, swapped))
     [row] = result.changed
     assert row["reasons"] == [KERNEL_SWAPPED]
     assert row["before"]["kernel"] == old_name
@@ -112,25 +127,24 @@ def test_kernel_swapped(recorded_table):
 
 
 def test_kernel_to_fallback_and_back(recorded_table):
-    new = copy.deepcopy(recorded_table)
-    entry = new["entries"][_kernel_index(new)]
-    original = copy.deepcopy(entry)
-    _as_fallback(entry)
+    i = _index(recorded_table)
+    original = recorded_table.entries[i]
+    new = _with(recorded_table, i, _as_fallback(original))
     result = diff_tables(recorded_table, new)
     [row] = result.changed
     assert row["reasons"][0] == TO_FALLBACK
     assert row["before"] == {
         "kind": "kernel",
-        "kernel": original["kernel"],
-        "time_us": original["time_us"],
-        "speedup": original["speedup"],
+        "kernel": original.kernel,
+        "time_us": original.time_us,
+        "speedup": original.speedup,
     }
     assert row["after"]["kind"] == "fallback" and row["after"]["kernel"] is None
 
     back = diff_tables(new, recorded_table)
     [row] = back.changed
     assert row["reasons"][0] == TO_KERNEL
-    assert row["after"]["kernel"] == original["kernel"]
+    assert row["after"]["kernel"] == original.kernel
 
 
 def test_slower_entry_is_changed_and_a_regression(recorded_table):
@@ -179,7 +193,7 @@ def test_regression_threshold_is_separate_from_noise(recorded_table):
 
 def test_as_json_is_json(recorded_table):
     new, _ = _scaled(recorded_table, 1.10)
-    new["entries"].pop()
+    new = _with(new, len(new.entries) - 1, None)
     data = diff_tables(recorded_table, new).as_json()
     assert set(data) == {"added", "removed", "changed", "regressions"}
     assert json.loads(json.dumps(data)) == data
@@ -187,19 +201,19 @@ def test_as_json_is_json(recorded_table):
 
 def test_render_text_aligned(recorded_table):
     new, entry = _scaled(recorded_table, 1.10)
-    other = next(i for i, e in enumerate(new["entries"]) if e is not entry)
-    removed = new["entries"].pop(other)
-    text = render_text(diff_tables(recorded_table, new))
+    other = next(i for i, e in enumerate(new.entries) if e.key != entry.key)
+    removed = new.entries[other]
+    text = render_text(diff_tables(recorded_table, _with(new, other, None)))
     lines = text.splitlines()
     header, rows, summary = lines[0], lines[1:-1], lines[-1]
     for column in ("change", "gpu", "dtype/layout", "M", "N", "K", "before", "after"):
         assert column in header.split()
     assert len(rows) == 2
-    assert any(r.startswith("removed") and str(removed["n"]) in r for r in rows)
-    assert any(r.startswith("slower +10.0%") and entry["kernel"] in r for r in rows)
+    assert any(r.startswith("removed") and str(removed.n) in r for r in rows)
+    assert any(r.startswith("slower +10.0%") and entry.kernel in r for r in rows)
     # columns line up: each column starts at the same offset in every line
     start = header.index("dtype/layout")
-    assert all(r[start : start + 5] in (f"{e['dtype']}/" for e in (entry, removed)) for r in rows)
+    assert all(r[start : start + 5] in (f"{e.dtype}/" for e in (entry, removed)) for r in rows)
     assert summary.startswith("1 changed, 0 added, 1 removed")
 
 
@@ -208,25 +222,24 @@ def test_negative_noise_rejected(recorded_table):
         diff_tables(recorded_table, recorded_table, noise_pct=-1)
 
 
-def test_malformed_table_rejected(recorded_table):
-    bad = copy.deepcopy(recorded_table)
-    del bad["entries"][0]["time_us"]
-    with pytest.raises(TableError, match="new table: entries\\[0\\]: missing key 'time_us'"):
-        diff_tables(recorded_table, bad)
+def test_targets_are_matched_by_entry_identity(recorded_table):
+    """Matching is ``TableEntry.key``: the arch is part of it, so a model's entries
+    under another arch are other targets, never compared with these."""
+    moved = tuple(dataclasses.replace(e, arch="sm_90") for e in recorded_table.entries)
+    new = dataclasses.replace(recorded_table, archs=("sm_90",), entries=moved)
+    result = diff_tables(recorded_table, new)
+    n = len(recorded_table.entries)
+    assert (len(result.added), len(result.removed), len(result.matched)) == (n, n, 0)
+    assert {r["arch"] for r in result.added} == {"sm_90"}
 
 
 def test_moves_to_and_between_cublaslt_algorithms(selected_table):
-    i = next(i for i, e in enumerate(selected_table["entries"]) if e["kind"] == "cublaslt")
-    lt = selected_table["entries"][i]
-    old = copy.deepcopy(selected_table)
-    for key in ("kernel", "design_key"):
-        old["entries"][i][key] = None
-    del old["entries"][i]["cublaslt"]
-    old["entries"][i].update(kind="fallback", time_us=lt["baseline_us"], speedup=1.0)
+    i = _index(selected_table, "cublaslt")
+    lt = selected_table.entries[i]
+    old = _with(selected_table, i, _as_fallback(lt))
     [row] = diff_tables(old, selected_table).changed
-    assert row["reasons"][0] == TO_CUBLASLT and row["after"]["kernel"] == lt["kernel"]
+    assert row["reasons"][0] == TO_CUBLASLT and row["after"]["kernel"] == lt.kernel
     assert "->cublaslt" in render_text(diff_tables(old, selected_table))
-    other = copy.deepcopy(selected_table)
-    other["entries"][i]["kernel"] = lt["kernel"] + "_other"
+    other = _with(selected_table, i, dataclasses.replace(lt, kernel=lt.kernel + "_other"))
     [row] = diff_tables(selected_table, other).changed
     assert row["reasons"] == [KERNEL_SWAPPED]

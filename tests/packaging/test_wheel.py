@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ast
 import base64
-import copy
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -14,33 +14,35 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from wheel.wheelfile import WheelFile
 
 import cudal2.packaging.runtime
-from cudal2.packaging.table import TableError, read_table, write_table_bytes
+from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.packaging.runtime.table import DispatchTable, TableEntry
+from cudal2.packaging.table import read_table
 from cudal2.packaging.wheel import (
     CUBLASLT_REQUIRES,
     RUNTIME_REQUIRES,
     WheelBuildError,
     dist_name,
+    package_name,
     runtime_sources,
     wheel_filename,
     write_wheel,
 )
 
 
-def _kernel_entries(table: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in table["entries"] if e["kind"] == "kernel"]
+def _kernel_entries(table: DispatchTable) -> list[TableEntry]:
+    return [e for e in table.entries if e.kind == "kernel"]
 
 
-def _dist_info(table: dict[str, Any]) -> str:
-    return f"{dist_name(table['name']).replace('-', '_')}-{table['version']}.dist-info"
+def _dist_info(table: DispatchTable) -> str:
+    return f"{dist_name(table.name).replace('-', '_')}-{table.version}.dist-info"
 
 
-def _metadata_lines(whl: Path, table: dict[str, Any]) -> list[str]:
+def _metadata_lines(whl: Path, table: DispatchTable) -> list[str]:
     with zipfile.ZipFile(whl) as zf:
         return zf.read(f"{_dist_info(table)}/METADATA").decode().splitlines()
 
@@ -52,7 +54,8 @@ def built(recorded_table, recorded_cubins, tmp_path) -> Path:
 
 def test_wheel_is_byte_identical_when_rebuilt(recorded_table, recorded_cubins, tmp_path):
     first = write_wheel(recorded_table, recorded_cubins, tmp_path / "a")
-    second = write_wheel(copy.deepcopy(recorded_table), dict(recorded_cubins), tmp_path / "b")
+    reread = DispatchTable.from_bytes(recorded_table.to_bytes())
+    second = write_wheel(reread, dict(recorded_cubins), tmp_path / "b")
     assert first.name == second.name
     assert first.read_bytes() == second.read_bytes()
     # rewriting in place replaces the file and leaves no temporary files behind
@@ -62,23 +65,28 @@ def test_wheel_is_byte_identical_when_rebuilt(recorded_table, recorded_cubins, t
 
 
 def test_wheel_file_name(recorded_table, built):
-    name = recorded_table["name"].replace("-", "_").replace(".", "_").lower()
-    assert built.name == f"cudal2_kernels_{name}-{recorded_table['version']}-py3-none-any.whl"
-    assert built.name == wheel_filename(recorded_table["name"], recorded_table["version"])
+    name = recorded_table.name.replace("-", "_").replace(".", "_").lower()
+    assert built.name == f"cudal2_kernels_{name}-{recorded_table.version}-py3-none-any.whl"
+    assert built.name == wheel_filename(recorded_table.name, recorded_table.version)
 
 
 def test_names_are_normalised(recorded_table, recorded_cubins, tmp_path):
-    recorded_table["name"] = "Llama.3__8B-instruct"
-    whl = write_wheel(recorded_table, recorded_cubins, tmp_path)
+    table = dataclasses.replace(recorded_table, name="Llama.3__8B-instruct")
+    whl = write_wheel(table, recorded_cubins, tmp_path)
     assert whl.name.startswith("cudal2_kernels_llama_3_8b_instruct-")
-    meta = _metadata_lines(whl, recorded_table)
+    meta = _metadata_lines(whl, table)
     assert "Name: cudal2-kernels-llama-3-8b-instruct" in meta
 
 
+def test_package_name_is_the_manifests():
+    manifest = load_manifest(default_manifest_path())
+    assert manifest.package == package_name(manifest.name) == f"cudal2_kernels_{manifest.name}"
+
+
 def test_wheel_members(recorded_table, built):
-    pkg = recorded_table["package"]
+    pkg = recorded_table.package
     dist_info = _dist_info(recorded_table)
-    shas = {e["cubin_sha256"] for e in _kernel_entries(recorded_table)}
+    shas = {e.cubin_sha256 for e in _kernel_entries(recorded_table)}
     expected = {f"{pkg}/__init__.py", f"{pkg}/dispatch.json"}
     expected |= {f"{pkg}/_runtime/{name}" for name in runtime_sources()}
     expected |= {f"{pkg}/cubins/{sha}.cubin" for sha in shas}
@@ -92,7 +100,7 @@ def test_wheel_members(recorded_table, built):
     assert set(names) == expected
     # the vLLM plugin: loaded by vLLM only, named after the op namespace
     assert entry_points == (
-        f"[vllm.general_plugins]\ncudal2_{recorded_table['name']} = {pkg}:vllm_register\n"
+        f"[vllm.general_plugins]\ncudal2_{recorded_table.name} = {pkg}:vllm_register\n"
     )
     assert len(names) == len(expected)  # no member written twice
     package_members = [n for n in names if not n.startswith(dist_info)]
@@ -121,8 +129,8 @@ def test_record_hashes_are_valid(built):
 
 def test_metadata_and_wheel_files(recorded_table, built):
     meta = _metadata_lines(built, recorded_table)
-    assert f"Name: {dist_name(recorded_table['name'])}" in meta
-    assert f"Version: {recorded_table['version']}" in meta
+    assert f"Name: {dist_name(recorded_table.name)}" in meta
+    assert f"Version: {recorded_table.version}" in meta
     assert "Requires-Python: >=3.11" in meta
     assert [line for line in meta if line.startswith("Requires-Dist: ")] == [
         f"Requires-Dist: {req}" for req in RUNTIME_REQUIRES
@@ -137,13 +145,13 @@ def test_metadata_and_wheel_files(recorded_table, built):
 
 def test_generated_init(recorded_table, built):
     with zipfile.ZipFile(built) as zf:
-        source = zf.read(f"{recorded_table['package']}/__init__.py").decode()
+        source = zf.read(f"{recorded_table.package}/__init__.py").decode()
     tree = ast.parse(source)
     doc = ast.get_docstring(tree)
-    for gpu in recorded_table["gpu_models"]:
+    for gpu in recorded_table.gpu_models:
         assert gpu in doc
-    assert recorded_table["name"] in doc
-    assert recorded_table["manifest_sha256"] in doc
+    assert recorded_table.name in doc
+    assert recorded_table.manifest_sha256 in doc
     assert "from ._runtime.api import bind" in source
     assert "_api = bind(__name__)" in source
     assert "matmul = _api.matmul" in source
@@ -153,14 +161,29 @@ def test_generated_init(recorded_table, built):
         for node in tree.body
         if isinstance(node, ast.Assign) and node.targets[0].id == "__version__"
     ]
-    assert versions == [recorded_table["version"]]
+    assert versions == [recorded_table.version]
+    kernels = len(_kernel_entries(recorded_table))
+    assert f"{len(recorded_table.entries)} dispatch entries, {kernels} of them kernels" in doc
+
+
+def test_generated_init_keeps_table_strings_out_of_its_code(
+    recorded_table, recorded_cubins, tmp_path
+):
+    """Table values are data: quotes and backslashes in them stay inside the docstring."""
+    hostile = 'A """ B \\ C"'
+    table = dataclasses.replace(recorded_table, tool_version=hostile, measured_to=hostile)
+    with zipfile.ZipFile(write_wheel(table, recorded_cubins, tmp_path)) as zf:
+        tree = ast.parse(zf.read(f"{table.package}/__init__.py").decode())
+    doc = ast.get_docstring(tree)
+    assert doc.startswith(f"HGEMM kernels precompiled by cudal2 {hostile} for ")
+    assert doc.count(hostile) == 2
 
 
 def test_runtime_is_copied(recorded_table, built):
     runtime_dir = Path(cudal2.packaging.runtime.__file__).parent
     on_disk = {p.name: p.read_bytes() for p in runtime_dir.glob("*.py")}
     assert "__init__.py" in on_disk
-    prefix = f"{recorded_table['package']}/_runtime/"
+    prefix = f"{recorded_table.package}/_runtime/"
     with zipfile.ZipFile(built) as zf:
         shipped = {n[len(prefix) :]: zf.read(n) for n in zf.namelist() if n.startswith(prefix)}
     assert shipped == on_disk
@@ -168,29 +191,29 @@ def test_runtime_is_copied(recorded_table, built):
 
 def test_dispatch_json_round_trips(recorded_table, built):
     with zipfile.ZipFile(built) as zf:
-        data = zf.read(f"{recorded_table['package']}/dispatch.json")
-    assert data == write_table_bytes(recorded_table)
-    assert read_table(built) == json.loads(write_table_bytes(recorded_table))
+        data = zf.read(f"{recorded_table.package}/dispatch.json")
+    assert data == recorded_table.to_bytes()
+    assert read_table(built) == recorded_table
 
 
 def test_cubins_are_shipped(recorded_table, recorded_cubins, tmp_path):
     extra = b"a cubin no entry refers to"
     cubins = {**recorded_cubins, hashlib.sha256(extra).hexdigest(): extra}
     whl = write_wheel(recorded_table, cubins, tmp_path)
-    prefix = f"{recorded_table['package']}/cubins/"
+    prefix = f"{recorded_table.package}/cubins/"
     with zipfile.ZipFile(whl) as zf:
         shipped = {
             n[len(prefix) : -len(".cubin")]: zf.read(n)
             for n in zf.namelist()
             if n.startswith(prefix)
         }
-    needed = {e["cubin_sha256"] for e in _kernel_entries(recorded_table)}
+    needed = {e.cubin_sha256 for e in _kernel_entries(recorded_table)}
     assert needed  # the recorded table has kernels
     assert shipped == {sha: recorded_cubins[sha] for sha in needed}
 
 
 def test_missing_cubin_raises(recorded_table, recorded_cubins, tmp_path):
-    missing = _kernel_entries(recorded_table)[0]["cubin_sha256"]
+    missing = _kernel_entries(recorded_table)[0].cubin_sha256
     cubins = {k: v for k, v in recorded_cubins.items() if k != missing}
     with pytest.raises(WheelBuildError, match=missing):
         write_wheel(recorded_table, cubins, tmp_path / "dist")
@@ -198,25 +221,19 @@ def test_missing_cubin_raises(recorded_table, recorded_cubins, tmp_path):
 
 
 def test_cubin_with_wrong_hash_raises(recorded_table, recorded_cubins, tmp_path):
-    sha = _kernel_entries(recorded_table)[0]["cubin_sha256"]
+    sha = _kernel_entries(recorded_table)[0].cubin_sha256
     cubins = {**recorded_cubins, sha: recorded_cubins[sha] + b"\0"}
     with pytest.raises(WheelBuildError, match="has sha256"):
         write_wheel(recorded_table, cubins, tmp_path)
-
-
-def test_bad_table_raises(recorded_table, recorded_cubins, tmp_path):
-    del recorded_table["entries"][0]["kind"]
-    with pytest.raises(TableError, match="'kind'"):
-        write_wheel(recorded_table, recorded_cubins, tmp_path)
 
 
 @pytest.mark.parametrize(
     ("key", "value"), [("version", "1.0-beta"), ("name", "-bad"), ("package", "not-a-module")]
 )
 def test_bad_names_raise(recorded_table, recorded_cubins, tmp_path, key, value):
-    recorded_table[key] = value
+    table = dataclasses.replace(recorded_table, **{key: value})
     with pytest.raises(WheelBuildError, match=key):
-        write_wheel(recorded_table, recorded_cubins, tmp_path)
+        write_wheel(table, recorded_cubins, tmp_path)
 
 
 def test_out_dir_is_created(recorded_table, recorded_cubins, tmp_path):
@@ -233,7 +250,7 @@ def test_wheel_installs_and_imports_without_cuda(recorded_table, built, tmp_path
     pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index"]
     pip += ["--disable-pip-version-check", "--target", str(target), str(built)]
     subprocess.run(pip, check=True, capture_output=True, cwd=tmp_path)
-    pkg = recorded_table["package"]
+    pkg = recorded_table.package
     assert (target / pkg / "dispatch.json").is_file()
     # The shipped runtime is self-contained: importing the package must not pull in
     # cudal2 (which the user of a kernel wheel does not have).
@@ -250,7 +267,7 @@ def test_wheel_installs_and_imports_without_cuda(recorded_table, built, tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == [
-        recorded_table["version"],
+        recorded_table.version,
         True,
         True,
         False,
@@ -262,7 +279,7 @@ def test_a_table_with_cublaslt_entries_requires_nvmath(selected_table, selected_
     meta = _metadata_lines(wheel, selected_table)
     requires = [line for line in meta if line.startswith("Requires-Dist: ")]
     assert requires == [f"Requires-Dist: {r}" for r in (*RUNTIME_REQUIRES, *CUBLASLT_REQUIRES)]
-    algos = sum(e["kind"] == "cublaslt" for e in selected_table["entries"])
+    algos = sum(e.kind == "cublaslt" for e in selected_table.entries)
     with zipfile.ZipFile(wheel) as zf:
-        init = zf.read(f"{selected_table['package']}/__init__.py").decode()
+        init = zf.read(f"{selected_table.package}/__init__.py").decode()
     assert f"{algos} of them autotuned cuBLASLt algorithms" in init

@@ -60,6 +60,6 @@ def gpu_package(package, recorded_table):
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    if _device_arch(sorted({e["arch"] for e in recorded_table["entries"]})) is None:
+    if _device_arch(sorted({e.arch for e in recorded_table.entries})) is None:
         pytest.skip("the table is for another arch")
     return package

@@ -7,14 +7,17 @@ CPU matmuls stay quick); the tests invent no measurements.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
-from typing import Any
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from cudal2.packaging.runtime.api import Api, bind
+from cudal2.packaging.runtime.table import DispatchTable, TableEntry
 
 from .conftest import run_python
 
@@ -24,21 +27,21 @@ def api(package) -> Api:
     return package._api
 
 
-def _smallest(recorded_table: dict[str, Any], layout: str) -> dict[str, Any] | None:
-    found = [e for e in recorded_table["entries"] if e["layout"] == layout]
-    return min(found, key=lambda e: (e["n"] * e["k"], e["m_measured"]), default=None)
+def _smallest(recorded_table: DispatchTable, layout: str) -> TableEntry | None:
+    found = [e for e in recorded_table.entries if e.layout == layout]
+    return min(found, key=lambda e: (e.n * e.k, e.m_measured), default=None)
 
 
-def _dtype(entry: dict[str, Any]) -> torch.dtype:
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}[entry["dtype"]]
+def _dtype(entry: TableEntry) -> torch.dtype:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[entry.dtype]
 
 
-def _operands(entry: dict[str, Any], m: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def _operands(entry: TableEntry, m: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """A [m, K] and B as the entry's layout stores it: [N, K] for tn, [K, N] for nn."""
     g = torch.Generator().manual_seed(0)
-    dtype, n, k = _dtype(entry), entry["n"], entry["k"]
+    dtype, n, k = _dtype(entry), entry.n, entry.k
     a = torch.randn(m, k, generator=g).to(dtype)
-    b = torch.randn((n, k) if entry["layout"] == "tn" else (k, n), generator=g).to(dtype)
+    b = torch.randn((n, k) if entry.layout == "tn" else (k, n), generator=g).to(dtype)
     return a, b
 
 
@@ -55,7 +58,7 @@ def test_importing_registers_the_ops_without_touching_cuda(
     tmp_path, recorded_table, recorded_cubins, write_package
 ):
     name = write_package(tmp_path, recorded_table, recorded_cubins)
-    e = recorded_table["entries"][0]
+    e = recorded_table.entries[0]
     run_python(
         f"""
         import sys
@@ -67,9 +70,9 @@ def test_importing_registers_the_ops_without_touching_cuda(
         assert pkg.NAMESPACE == "cudal2_" + pkg.__name__.removeprefix("cudal2_kernels_")
         assert callable(getattr(torch.ops, pkg.NAMESPACE).linear)
         assert callable(getattr(torch.ops, pkg.NAMESPACE).matmul)
-        hit = pkg._api.table.lookup({e["gpu"]!r}, {e["arch"]!r}, {e["dtype"]!r},
-                                    {e["layout"]!r}, {e["m_measured"]}, {e["n"]}, {e["k"]})
-        assert hit is not None and hit["m_measured"] == {e["m_measured"]}
+        hit = pkg._api.table.lookup({e.gpu!r}, {e.arch!r}, {e.dtype!r},
+                                    {e.layout!r}, {e.m_measured}, {e.n}, {e.k})
+        assert hit is not None and hit.m_measured == {e.m_measured}
         assert not torch.cuda.is_initialized()
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "cuda" and m not in before)
         assert not loaded, loaded
@@ -86,7 +89,7 @@ def test_the_runtime_works_without_torch_installed(
         f"""
         import {name} as pkg
         assert not pkg.has_torch_ops
-        assert len(pkg._api.table.entries) == {len(recorded_table["entries"])}
+        assert len(pkg._api.table.entries) == {len(recorded_table.entries)}
         try:
             pkg.matmul(None, None)
         except ImportError:
@@ -106,13 +109,28 @@ def test_bind_reads_nothing_until_used(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     api = bind(empty.name)  # no dispatch.json: binding still works
     assert api.package == empty.name
-    with pytest.raises(FileNotFoundError):
-        _ = api.table
+    with pytest.warns(RuntimeWarning, match="dispatch.json"):  # and using it falls back
+        assert api.table.entries == ()
+
+
+def test_a_table_that_breaks_the_format_is_not_trusted(package, api, recorded_table):
+    """The runtime checks its table with the schema at first use; a table it cannot
+    trust sends every call to torch (reason ``table``), with one warning."""
+    raw = recorded_table.as_json()
+    raw["entries"][0]["n"] = 0
+    (Path(package.__file__).parent / "dispatch.json").write_text(json.dumps(raw))
+    with pytest.warns(RuntimeWarning, match=r"entries\[0\]: key 'n' must be a positive integer"):
+        assert api.table.entries == ()
+    e = recorded_table.entries[0]
+    assert not api.covers(e.n, e.k, e.dtype, e.layout)
+    assert api._check_device(torch, 0).reason == "table"
+    assert api.warmup() == 0
 
 
 def test_package_table_is_the_recorded_table(package, api, recorded_table):
     assert package.matmul == api.matmul and package.linear == api.linear
-    assert api.table.entries == recorded_table["entries"]
+    # The package's runtime is its own copy of the schema: compare what the tables say.
+    assert [e.as_json() for e in api.table.entries] == [e.as_json() for e in recorded_table.entries]
     assert api.table is api.table  # read once
 
 
@@ -137,7 +155,7 @@ def test_cpu_tensors_fall_back_to_torch(api, recorded_table, layout):
 def test_linear_with_leading_dims_falls_back_to_torch(api, recorded_table):
     entry = _smallest(recorded_table, "tn") or _smallest(recorded_table, "nn")
     a, w = _operands(entry, m=6)
-    if entry["layout"] == "nn":
+    if entry.layout == "nn":
         w = w.t().contiguous()
     x = a.reshape(2, 3, -1)
     out = api.linear(x, w)
@@ -152,9 +170,9 @@ def test_linear_with_leading_dims_falls_back_to_torch(api, recorded_table):
 
 
 def test_fp32_mixed_dtypes_and_3d_fall_back(api, recorded_table):
-    entry = recorded_table["entries"][0]
+    entry = recorded_table.entries[0]
     a, b = _operands(entry)
-    b = b.t() if entry["layout"] == "tn" else b
+    b = b.t() if entry.layout == "tn" else b
     a32, b32 = a.float(), b.float()
     assert torch.equal(api.matmul(a32, b32), torch.matmul(a32, b32))
     other = torch.bfloat16 if a.dtype == torch.float16 else torch.float16
@@ -171,7 +189,7 @@ def test_fp32_mixed_dtypes_and_3d_fall_back(api, recorded_table):
 def test_disable_env_falls_back(api, recorded_table, monkeypatch):
     entry = _smallest(recorded_table, "nn") or _smallest(recorded_table, "tn")
     a, b = _operands(entry)
-    b = b.t() if entry["layout"] == "tn" else b
+    b = b.t() if entry.layout == "tn" else b
     monkeypatch.setenv("CUDAL2_DISABLE", "1")
     assert torch.equal(api.matmul(a, b), torch.matmul(a, b))
     monkeypatch.setenv("CUDAL2_DISABLE", "0")
@@ -182,7 +200,7 @@ def test_disable_env_falls_back(api, recorded_table, monkeypatch):
 def test_autograd_falls_back_and_keeps_gradients(api, recorded_table):
     entry = _smallest(recorded_table, "tn") or _smallest(recorded_table, "nn")
     a, w = _operands(entry)
-    w = torch.nn.Parameter(w if entry["layout"] == "tn" else w.t().contiguous())
+    w = torch.nn.Parameter(w if entry.layout == "tn" else w.t().contiguous())
     x = a.clone().requires_grad_(True)
     api.linear(x, w).float().sum().backward()
     ours = (x.grad.clone(), w.grad.clone())
@@ -198,7 +216,7 @@ def test_autograd_falls_back_and_keeps_gradients(api, recorded_table):
 def test_stride_alignment_and_shape_rules(api, recorded_table):
     entry = _smallest(recorded_table, "nn") or _smallest(recorded_table, "tn")
     a, b = _operands(entry, m=8)
-    b = b.t() if entry["layout"] == "tn" else b
+    b = b.t() if entry.layout == "tn" else b
     k = a.shape[1]
     cases = {
         "stride": [
@@ -220,9 +238,9 @@ def test_stride_alignment_and_shape_rules(api, recorded_table):
 
 
 def test_tensor_subclasses_and_non_tensors_fall_back(api, recorded_table):
-    entry = recorded_table["entries"][0]
+    entry = recorded_table.entries[0]
     a, b = _operands(entry)
-    b = b.t() if entry["layout"] == "tn" else b
+    b = b.t() if entry.layout == "tn" else b
 
     class Tagged(torch.Tensor):
         pass
@@ -235,9 +253,9 @@ def test_tensor_subclasses_and_non_tensors_fall_back(api, recorded_table):
 
 
 def test_stats_reset_and_export(api, recorded_table):
-    entry = recorded_table["entries"][0]
+    entry = recorded_table.entries[0]
     a, b = _operands(entry)
-    b = b.t() if entry["layout"] == "tn" else b
+    b = b.t() if entry.layout == "tn" else b
     api.matmul(a.float(), b.float())
     assert api.stats.as_dict() == {"hits": {}, "fallbacks": {"dtype": 1}}
     api.stats.reset()
@@ -251,14 +269,15 @@ def test_warmup_without_a_usable_gpu_loads_nothing(api):
     assert not api.stats.hits and not api.stats.fallbacks
 
 
-def test_an_entry_of_an_unknown_launch_abi_falls_back():
+def test_an_entry_of_an_unknown_launch_abi_falls_back(recorded_table):
     """A table entry whose recipe names an ABI this runtime cannot launch is never
     launched (reason ``abi``); both known ABIs are launchable."""
-    from cudal2.packaging.runtime import driver
+    from cudal2.packaging.runtime.abi import ABIS
     from cudal2.packaging.runtime.api import _Plan
 
-    entry = {"kind": "kernel", "dtype": "fp16", "layout": "tn", "n": 8, "k": 8, "m_min": 1}
-    entry.update(m_max=8, m_measured=8, gpu="H100", arch="sm_90a", design_key="x" * 64)
-    for abi in driver.ABIS:
-        assert _Plan({**entry, "launch": {"abi": abi, "align": {"k": 8}}}).reason is None
-    assert _Plan({**entry, "launch": {"abi": "gemm_v9"}}).reason == "abi"
+    kernel = next(e for e in recorded_table.entries if e.kind == "kernel")
+    boxes = {"a": [64, kernel.launch["tile_m"]], "b": [64, kernel.launch["tile_n"]]}
+    for abi in ABIS:
+        entry = dataclasses.replace(kernel, launch={**kernel.launch, "abi": abi, "tma": boxes})
+        assert _Plan(entry).reason is None
+    assert _Plan(dataclasses.replace(kernel, launch={"abi": "gemm_v9"})).reason == "abi"

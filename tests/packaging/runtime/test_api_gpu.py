@@ -8,7 +8,7 @@ graph capture and a side stream.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import importlib
 import sys
 import warnings
@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from cudal2.packaging.runtime.table import CublasLtAlgo, DispatchTable, TableEntry
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,13 +41,13 @@ def make_api(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_packa
     """Build and import a fresh generated package per call; returns its Api."""
     if not any(blob.startswith(b"\x7fELF") for blob in recorded_cubins.values()):
         pytest.skip("recorded_cubins holds no ELF cubins (the placeholder table)")
-    archs = sorted({e["arch"] for e in recorded_table["entries"]})
+    archs = sorted({e.arch for e in recorded_table.entries})
     if _device_arch(archs) is None:
         pytest.skip(f"the table is for {archs}, not {torch.cuda.get_device_name()}")
     monkeypatch.syspath_prepend(str(tmp_path))
     names = []
 
-    def make(table: dict[str, Any] | None = None):
+    def make(table: DispatchTable | None = None):
         name = write_package(tmp_path, table or recorded_table, recorded_cubins)
         names.append(name)
         return importlib.import_module(name)._api
@@ -62,34 +64,34 @@ def _device_arch(archs: list[str]) -> str | None:
     return next((a for a in archs if a.removeprefix("sm_").rstrip("abf") == digits), None)
 
 
-def _served(recorded_table: dict[str, Any], api: Any) -> list[dict[str, Any]]:
+def _served(recorded_table: DispatchTable, api: Any) -> list[TableEntry]:
     """The entries that serve this GPU (its own model's, or a stand-in's)."""
     arch = _device_arch(api.table.archs)
     gpu, _ = api.table.resolve_gpu(torch.cuda.get_device_name(), arch)
-    return [e for e in recorded_table["entries"] if (e["gpu"], e["arch"]) == (gpu, arch)]
+    return [e for e in recorded_table.entries if (e.gpu, e.arch) == (gpu, arch)]
 
 
-def _probes(entries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+def _probes(entries: list[TableEntry]) -> list[tuple[TableEntry, int]]:
     """Each entry at its measured M, and at the low end and middle of its range."""
-    axes: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    axes: dict[tuple, list[TableEntry]] = defaultdict(list)
     for e in entries:
-        axes[(e["dtype"], e["layout"], e["n"], e["k"])].append(e)
+        axes[(e.dtype, e.layout, e.n, e.k)].append(e)
     probes = []
     for group in axes.values():
-        group.sort(key=lambda e: e["m_measured"])
+        group.sort(key=lambda e: e.m_measured)
         previous = 0
         for e in group:
-            m = e["m_measured"]
+            m = e.m_measured
             probes += [(e, x) for x in sorted({previous + 1, (previous + 1 + m) // 2, m})]
             previous = m
     return probes
 
 
-def _inputs(entry: dict[str, Any], m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(entry: TableEntry, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A [M, K] and B stored as the layout says: [N, K] for tn, [K, N] for nn."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    dtype, n, k = DTYPES[entry["dtype"]], entry["n"], entry["k"]
-    shape_b = (n, k) if entry["layout"] == "tn" else (k, n)
+    dtype, n, k = DTYPES[entry.dtype], entry.n, entry.k
+    shape_b = (n, k) if entry.layout == "tn" else (k, n)
     a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
     b = torch.randn(shape_b, device="cuda", generator=g).to(dtype)
     return a, b
@@ -109,18 +111,18 @@ def test_every_table_shape_matches_the_reference(make_api, recorded_table):
     with torch.inference_mode():
         for i, (e, m) in enumerate(_probes(_served(recorded_table, api))):
             a, b = _inputs(e, m, seed=i)
-            what = f"{e['dtype']}/{e['layout']} m={m} n={e['n']} k={e['k']}"
+            what = f"{e.dtype}/{e.layout} m={m} n={e.n} k={e.k}"
             hits, fallbacks = sum(api.stats.hits.values()), api.stats.fallbacks["fallback_entry"]
-            if e["layout"] == "tn":
+            if e.layout == "tn":
                 ref = a.double() @ b.double().t()
-                _check(api.linear(a, b), ref, e["dtype"], "linear " + what)
-                _check(api.matmul(a, b.t()), ref, e["dtype"], "matmul " + what)
+                _check(api.linear(a, b), ref, e.dtype, "linear " + what)
+                _check(api.matmul(a, b.t()), ref, e.dtype, "matmul " + what)
                 calls = 2
             else:
                 ref = a.double() @ b.double()
-                _check(api.matmul(a, b), ref, e["dtype"], "matmul " + what)
+                _check(api.matmul(a, b), ref, e.dtype, "matmul " + what)
                 calls = 1
-            if e["kind"] == "kernel":
+            if e.kind == "kernel":
                 assert sum(api.stats.hits.values()) == hits + calls, (what, api.stats)
             else:
                 assert api.stats.fallbacks["fallback_entry"] == fallbacks + calls, what
@@ -129,34 +131,34 @@ def test_every_table_shape_matches_the_reference(make_api, recorded_table):
 
 def test_linear_keeps_leading_dims(make_api, recorded_table):
     api = make_api()
-    kernels = [e for e in _served(recorded_table, api) if e["layout"] == "tn"]
-    kernels = [e for e in kernels if e["kind"] == "kernel" and e["m_measured"] % 2 == 0]
+    kernels = [e for e in _served(recorded_table, api) if e.layout == "tn"]
+    kernels = [e for e in kernels if e.kind == "kernel" and e.m_measured % 2 == 0]
     if not kernels:
         pytest.skip("no tn kernel entry with an even measured M")
     e = kernels[0]
-    a, w = _inputs(e, e["m_measured"], seed=1)
-    x = a.view(2, -1, e["k"])
+    a, w = _inputs(e, e.m_measured, seed=1)
+    x = a.view(2, -1, e.k)
     with torch.no_grad():
         out = api.linear(x, w)
-    assert out.shape == (2, e["m_measured"] // 2, e["n"])
-    _check(out.view(-1, e["n"]), a.double() @ w.double().t(), e["dtype"], "3-D linear")
+    assert out.shape == (2, e.m_measured // 2, e.n)
+    _check(out.view(-1, e.n), a.double() @ w.double().t(), e.dtype, "3-D linear")
     assert sum(api.stats.hits.values()) == 1, api.stats
 
 
-def _kernel_entries(api: Any, recorded_table: dict[str, Any], count: int) -> list[dict]:
-    entries = [e for e in _served(recorded_table, api) if e["kind"] == "kernel"]
+def _kernel_entries(api: Any, recorded_table: DispatchTable, count: int) -> list[TableEntry]:
+    entries = [e for e in _served(recorded_table, api) if e.kind == "kernel"]
     if not entries:
         pytest.skip("the table has no kernel entry for this GPU")
     # Small problems first: the graph test is about capture, not throughput.
-    return sorted(entries, key=lambda e: e["m_measured"] * e["n"] * e["k"])[:count]
+    return sorted(entries, key=lambda e: e.m_measured * e.n * e.k)[:count]
 
 
-def _call(api: Any, e: dict[str, Any], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return api.linear(a, b) if e["layout"] == "tn" else api.matmul(a, b)
+def _call(api: Any, e: TableEntry, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return api.linear(a, b) if e.layout == "tn" else api.matmul(a, b)
 
 
-def _reference(e: dict[str, Any], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return a.double() @ (b.double().t() if e["layout"] == "tn" else b.double())
+def _reference(e: TableEntry, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.double() @ (b.double().t() if e.layout == "tn" else b.double())
 
 
 def _eager_then_replayed(api: Any, entries: list[dict], inputs: list) -> tuple[list, list]:
@@ -180,17 +182,17 @@ def _eager_then_replayed(api: Any, entries: list[dict], inputs: list) -> tuple[l
 def test_graph_capture_after_warmup_matches_eager(make_api, recorded_table):
     api = make_api()
     entries = _kernel_entries(api, recorded_table, 4)
-    served = {(e["cubin_sha256"], e["symbol"]) for e in _served(recorded_table, api)}
+    served = {(e.cubin_sha256, e.symbol) for e in _served(recorded_table, api)}
     kernels = {k for k in served if k[0] is not None}
-    assert api.warmup() == len([e for e in _served(recorded_table, api) if e["kind"] == "kernel"])
+    assert api.warmup() == len([e for e in _served(recorded_table, api) if e.kind == "kernel"])
     assert len(api._kernels) == len(kernels)
-    inputs = [_inputs(e, e["m_measured"], seed=10 + i) for i, e in enumerate(entries)]
+    inputs = [_inputs(e, e.m_measured, seed=10 + i) for i, e in enumerate(entries)]
     eager, captured = _eager_then_replayed(api, entries, inputs)
     for e, (a, b), before, out in zip(entries, inputs, eager, captured, strict=True):
-        if e["launch"].get("split_k", 1) == 1:
+        if e.launch.get("split_k", 1) == 1:
             # One fp32 summation order per output: bitwise equal (the sign flips exactly).
-            assert torch.equal(out, -before), e["kernel"]
-        _check(out, _reference(e, a, b), e["dtype"], "graph " + e["kernel"])
+            assert torch.equal(out, -before), e.kernel
+        _check(out, _reference(e, a, b), e.dtype, "graph " + e.kernel)
     assert sum(api.stats.hits.values()) == 2 * len(entries), api.stats
     assert not api.stats.fallbacks, api.stats
 
@@ -198,17 +200,17 @@ def test_graph_capture_after_warmup_matches_eager(make_api, recorded_table):
 def test_capture_before_warmup_falls_back_with_a_warning(make_api, recorded_table):
     api = make_api()
     e = _kernel_entries(api, recorded_table, 1)[0]
-    a, b = _inputs(e, e["m_measured"], seed=20)
+    a, b = _inputs(e, e.m_measured, seed=20)
     graph = torch.cuda.CUDAGraph()
     with torch.inference_mode():
         with pytest.warns(RuntimeWarning, match="warmup"), torch.cuda.graph(graph):
             out = _call(api, e, a, b)
         graph.replay()
         torch.cuda.synchronize()
-    _check(out, _reference(e, a, b), e["dtype"], "captured fallback")
+    _check(out, _reference(e, a, b), e.dtype, "captured fallback")
     assert api.stats.fallbacks == {"capture": 1}, api.stats
     with torch.inference_mode():
-        _check(_call(api, e, a, b), _reference(e, a, b), e["dtype"], "after capture")
+        _check(_call(api, e, a, b), _reference(e, a, b), e.dtype, "after capture")
     assert sum(api.stats.hits.values()) == 1, api.stats
 
 
@@ -217,7 +219,7 @@ def test_launches_go_to_the_callers_stream(make_api, recorded_table):
 
     api = make_api()
     e = _kernel_entries(api, recorded_table, 1)[0]
-    src_a, b = _inputs(e, e["m_measured"], seed=30)
+    src_a, b = _inputs(e, e.m_measured, seed=30)
     a = torch.zeros_like(src_a)
     # A non-blocking stream: the legacy default stream does not wait for it, so a
     # launch that went anywhere else would not be ordered after the copy below.
@@ -239,18 +241,18 @@ def test_launches_go_to_the_callers_stream(make_api, recorded_table):
         torch.cuda.synchronize()
     finally:
         cu.cuStreamDestroy(handle)
-    _check(out, _reference(e, src_a, b), e["dtype"], "side stream")
+    _check(out, _reference(e, src_a, b), e.dtype, "side stream")
     assert sum(api.stats.hits.values()) == 1, api.stats
 
 
 def test_cuda_fallbacks_match_torch(make_api, recorded_table):
     api = make_api()
     e = _kernel_entries(api, recorded_table, 1)[0]
-    a, b = _inputs(e, e["m_measured"], seed=40)
+    a, b = _inputs(e, e.m_measured, seed=40)
     buf = torch.empty(a.numel() + 8, dtype=a.dtype, device="cuda")
     shifted = buf[1 : 1 + a.numel()].view(a.shape)
     shifted.copy_(a)
-    torch_fn = torch.nn.functional.linear if e["layout"] == "tn" else torch.matmul
+    torch_fn = torch.nn.functional.linear if e.layout == "tn" else torch.matmul
     with torch.inference_mode():
         assert torch.equal(_call(api, e, shifted, b), torch_fn(shifted, b))
         assert torch.equal(_call(api, e, a.float(), b.float()), torch_fn(a.float(), b.float()))
@@ -263,43 +265,57 @@ def test_unknown_model_of_the_same_arch_uses_stand_ins_with_a_warning(make_api, 
     probe = make_api()
     served = _served(recorded_table, probe)
     e = _kernel_entries(probe, recorded_table, 1)[0]
-    renamed = copy.deepcopy(recorded_table)
-    other = served[0]["gpu"] + " (renamed)"  # a model this GPU is not
-    renamed["entries"] = [dict(x, gpu=other) if x in served else x for x in renamed["entries"]]
-    renamed["gpu_models"] = sorted({x["gpu"] for x in renamed["entries"]})
+    other = served[0].gpu + " (renamed)"  # a model this GPU is not
+    entries = tuple(
+        dataclasses.replace(x, gpu=other) if x in served else x for x in recorded_table.entries
+    )
+    renamed = dataclasses.replace(
+        recorded_table, entries=entries, gpu_models=tuple(sorted({x.gpu for x in entries}))
+    )
     api = make_api(renamed)
-    a, b = _inputs(e, e["m_measured"], seed=50)
+    a, b = _inputs(e, e.m_measured, seed=50)
     with torch.inference_mode(), pytest.warns(RuntimeWarning) as caught:
         out = _call(api, e, a, b)
     message = str(caught[0].message)
     assert torch.cuda.get_device_name() in message and other in message
-    _check(out, _reference(e, a, b), e["dtype"], "stand-in")
+    _check(out, _reference(e, a, b), e.dtype, "stand-in")
     assert sum(api.stats.hits.values()) == 1, api.stats
 
 
 @pytest.mark.parametrize("change", ["newer_cuda", "other_arch", "recipe_align"])
 def test_a_table_this_machine_cannot_run_falls_back(make_api, recorded_table, change):
     e = _kernel_entries(make_api(), recorded_table, 1)[0]
-    table = copy.deepcopy(recorded_table)
+    table = recorded_table
     if change == "newer_cuda":
-        newest = max(int(v.split(".")[0]) for v in table["cuda_versions"])
-        table["cuda_versions"].append(f"{newest + 100}.0")  # no driver supports it
+        newest = max(int(v.split(".")[0]) for v in table.cuda_versions)
+        # no driver supports it
+        table = dataclasses.replace(
+            table, cuda_versions=(*table.cuda_versions, f"{newest + 100}.0")
+        )
         reason = "driver"
     elif change == "other_arch":
-        for x in table["entries"]:
-            x["arch"] = "sm_80"  # the same cubins, claimed for another arch
+        # the same cubins, claimed for another arch
+        entries = tuple(dataclasses.replace(x, arch="sm_80") for x in table.entries)
+        table = dataclasses.replace(table, archs=("sm_80",), entries=entries)
         reason = "arch"
     else:
-        for x in table["entries"]:
-            if x["kind"] == "kernel":  # an M alignment that the measured M breaks
-                x["launch"]["align"]["m"] = x["m_measured"] + 1
+        # an M alignment that the measured M breaks
+        entries = tuple(
+            dataclasses.replace(
+                x, launch={**x.launch, "align": {**x.launch["align"], "m": x.m_measured + 1}}
+            )
+            if x.kind == "kernel"
+            else x
+            for x in table.entries
+        )
+        table = dataclasses.replace(table, entries=entries)
         reason = "align"
     api = make_api(table)
-    a, b = _inputs(e, e["m_measured"], seed=60)
+    a, b = _inputs(e, e.m_measured, seed=60)
     with torch.inference_mode(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = _call(api, e, a, b)
-        torch_fn = torch.nn.functional.linear if e["layout"] == "tn" else torch.matmul
+        torch_fn = torch.nn.functional.linear if e.layout == "tn" else torch.matmul
         assert torch.equal(out, torch_fn(a, b))
     assert api.stats.fallbacks == {reason: 1}, api.stats
     assert (api.warmup() > 0) == (change == "recipe_align")
@@ -370,19 +386,23 @@ def lt_table(lt_records, recorded_table):
         selections=sels,
         cubin_of=lambda key: b"",
     )
-    table = copy.deepcopy(recorded_table)
-    ours = {(e["gpu"], e["dtype"], e["layout"], e["n"], e["k"]) for e in lt["entries"]}
-    table["entries"] = [
-        e
-        for e in table["entries"]
-        if (e["gpu"], e["dtype"], e["layout"], e["n"], e["k"]) not in ours
-    ] + lt["entries"]
-    table["gpu_models"] = sorted({e["gpu"] for e in table["entries"]})
-    return table
+    ours = {(e.gpu, e.dtype, e.layout, e.n, e.k) for e in lt.entries}
+    kept = [e for e in recorded_table.entries if (e.gpu, e.dtype, e.layout, e.n, e.k) not in ours]
+    entries = (*kept, *lt.entries)
+    return dataclasses.replace(
+        recorded_table,
+        entries=entries,
+        gpu_models=tuple(sorted({e.gpu for e in entries})),
+        archs=tuple(sorted({e.arch for e in entries})),
+    )
 
 
-def _lt_entries(table: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in table["entries"] if e["kind"] == "cublaslt"]
+def _other_version(lt: CublasLtAlgo) -> CublasLtAlgo:
+    return dataclasses.replace(lt, version=lt.version + 1)
+
+
+def _lt_entries(table: DispatchTable) -> list[TableEntry]:
+    return [e for e in table.entries if e.kind == "cublaslt"]
 
 
 def test_vendor_job_records_a_checked_algorithm(lt_records):
@@ -404,34 +424,37 @@ def test_cublaslt_entries_match_the_reference(make_api, lt_table):
     with torch.inference_mode():
         for i, (e, m) in enumerate(probes):
             a, b = _inputs(e, m, seed=100 + i)
-            what = f"cublaslt {e['dtype']}/{e['layout']} m={m} n={e['n']} k={e['k']}"
-            _check(_call(api, e, a, b), _reference(e, a, b), e["dtype"], what)
-            if e["layout"] == "tn":  # and as matmul of the transpose view
-                _check(api.matmul(a, b.t()), _reference(e, a, b), e["dtype"], what)
-    calls = sum(2 if e["layout"] == "tn" else 1 for e, _ in probes)
+            what = f"cublaslt {e.dtype}/{e.layout} m={m} n={e.n} k={e.k}"
+            _check(_call(api, e, a, b), _reference(e, a, b), e.dtype, what)
+            if e.layout == "tn":  # and as matmul of the transpose view
+                _check(api.matmul(a, b.t()), _reference(e, a, b), e.dtype, what)
+    calls = sum(2 if e.layout == "tn" else 1 for e, _ in probes)
     assert sum(api.stats.hits.values()) == calls and not api.stats.fallbacks, api.stats
 
 
 def test_cublaslt_graph_capture_after_warmup_matches_eager(make_api, lt_table):
     api = make_api(lt_table)
     entries = _lt_entries(lt_table)
-    assert api.warmup() == len([e for e in _served(lt_table, api) if e["kind"] != "fallback"])
-    inputs = [_inputs(e, e["m_measured"], seed=110 + i) for i, e in enumerate(entries)]
+    assert api.warmup() == len([e for e in _served(lt_table, api) if e.kind != "fallback"])
+    inputs = [_inputs(e, e.m_measured, seed=110 + i) for i, e in enumerate(entries)]
     # torch.cuda.graph captures on its own stream: that stream gets its own workspace.
     eager, captured = _eager_then_replayed(api, entries, inputs)
     for e, (a, b), before, out in zip(entries, inputs, eager, captured, strict=True):
         # One algorithm, one summation order: the sign flips exactly.
-        assert torch.equal(out, -before), e["kernel"]
-        _check(out, _reference(e, a, b), e["dtype"], "graph " + e["kernel"])
+        assert torch.equal(out, -before), e.kernel
+        _check(out, _reference(e, a, b), e.dtype, "graph " + e.kernel)
     assert sum(api.stats.hits.values()) == 2 * len(entries) and not api.stats.fallbacks
 
 
 @pytest.mark.parametrize("change", ["version", "missing"])
 def test_cublaslt_entries_fall_back_without_their_library(make_api, lt_table, change):
-    table = copy.deepcopy(lt_table)
-    if change == "version":
-        for e in _lt_entries(table):
-            e["cublaslt"]["version"] += 1  # measured with another cuBLASLt than this one
+    table = lt_table
+    if change == "version":  # measured with another cuBLASLt than this one
+        entries = tuple(
+            dataclasses.replace(e, cublaslt=_other_version(e.cublaslt)) if e.cublaslt else e
+            for e in table.entries
+        )
+        table = dataclasses.replace(table, entries=entries)
     api = make_api(table)
     if change == "missing":  # nvmath-python not installed: its import fails
         runtime = sys.modules[f"{api.package}._runtime.cublaslt"]
@@ -441,8 +464,8 @@ def test_cublaslt_entries_fall_back_without_their_library(make_api, lt_table, ch
 
         runtime.bindings = missing
     e = _lt_entries(table)[0]
-    a, b = _inputs(e, e["m_measured"], seed=120)
-    torch_fn = torch.nn.functional.linear if e["layout"] == "tn" else torch.matmul
+    a, b = _inputs(e, e.m_measured, seed=120)
+    torch_fn = torch.nn.functional.linear if e.layout == "tn" else torch.matmul
     with torch.inference_mode(), pytest.warns(RuntimeWarning, match="cuBLASLt"):
         assert torch.equal(_call(api, e, a, b), torch_fn(a, b))
     assert api.stats.fallbacks == {f"cublaslt_{change}": 1}, api.stats

@@ -26,17 +26,17 @@ def _fp16_tn(package, recorded_table):
     es = [
         e
         for e in _served(recorded_table, package._api)
-        if e["kind"] == "kernel" and e["layout"] == "tn" and e["dtype"] == "fp16"
+        if e.kind == "kernel" and e.layout == "tn" and e.dtype == "fp16"
     ]
     if not es:
         pytest.skip("no fp16 tn kernel entry for this GPU")
-    return min(es, key=lambda e: e["m_measured"] * e["n"] * e["k"])
+    return min(es, key=lambda e: e.m_measured * e.n * e.k)
 
 
 def _arrays(e, seed=0):
     rs = cp.random.RandomState(seed)
-    x = rs.standard_normal((e["m_measured"], e["k"]), dtype=cp.float32).astype(cp.float16)
-    w = rs.standard_normal((e["n"], e["k"]), dtype=cp.float32).astype(cp.float16)
+    x = rs.standard_normal((e.m_measured, e.k), dtype=cp.float32).astype(cp.float16)
+    w = rs.standard_normal((e.n, e.k), dtype=cp.float32).astype(cp.float16)
     return x, w
 
 
@@ -64,7 +64,7 @@ class _OnlyDlpack:
 def test_cupy_and_dlpack_arrays_run_the_kernel_on_cupys_stream(package, recorded_table):
     e = _fp16_tn(package, recorded_table)
     x, w = _arrays(e)
-    bias = cp.arange(e["n"], dtype=cp.float16) / 64
+    bias = cp.arange(e.n, dtype=cp.float16) / 64
     ref = x.astype(cp.float64) @ w.astype(cp.float64).T
     package.stats.reset()
     stream = cp.cuda.Stream(non_blocking=True)
@@ -89,7 +89,7 @@ def test_uncovered_arrays_fall_back_to_cupy(package, recorded_table):
     e = _fp16_tn(package, recorded_table)
     x, w = _arrays(e, seed=1)
     package.stats.reset()
-    odd = w[: e["n"] - 8]  # an N the table has no entry for
+    odd = w[: e.n - 8]  # an N the table has no entry for
     _close(package.linear(x, odd), x.astype(cp.float64) @ odd.astype(cp.float64).T)
     xf, wf = x.astype(cp.float32), w.astype(cp.float32)
     assert cp.allclose(package.linear(xf, wf), xf @ wf.T, rtol=1e-4, atol=1e-3)
@@ -99,11 +99,11 @@ def test_uncovered_arrays_fall_back_to_cupy(package, recorded_table):
 def test_the_wheel_serves_cupy_without_torch(
     tmp_path, recorded_table, recorded_cubins, write_package
 ):
-    if _device_arch(sorted({e["arch"] for e in recorded_table["entries"]})) is None:
+    if _device_arch(sorted({e.arch for e in recorded_table.entries})) is None:
         pytest.skip("the table is for another arch")
     name = write_package(tmp_path, recorded_table, recorded_cubins)
-    e = [x for x in recorded_table["entries"] if x["kind"] == "kernel" and x["layout"] == "tn"]
-    e = min((x for x in e if x["dtype"] == "fp16"), key=lambda x: x["m_measured"] * x["n"] * x["k"])
+    e = [x for x in recorded_table.entries if x.kind == "kernel" and x.layout == "tn"]
+    e = min((x for x in e if x.dtype == "fp16"), key=lambda x: x.m_measured * x.n * x.k)
     code = f"""
         import sys
 
@@ -111,8 +111,8 @@ def test_the_wheel_serves_cupy_without_torch(
         import {name} as pkg
         assert not pkg.has_torch_ops
         rnd = cp.random.standard_normal
-        x = rnd(({e["m_measured"]}, {e["k"]}), dtype=cp.float32).astype(cp.float16)
-        w = rnd(({e["n"]}, {e["k"]}), dtype=cp.float32).astype(cp.float16)
+        x = rnd(({e.m_measured}, {e.k}), dtype=cp.float32).astype(cp.float16)
+        w = rnd(({e.n}, {e.k}), dtype=cp.float32).astype(cp.float16)
         out = pkg.linear(x, w)
         ref = x.astype(cp.float64) @ w.astype(cp.float64).T
         err = float(cp.abs(out.astype(cp.float64) - ref).max())

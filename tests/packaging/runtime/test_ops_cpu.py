@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 @pytest.fixture
 def nk(recorded_table) -> tuple[int, int]:
-    tn = [e for e in recorded_table["entries"] if e["layout"] == "tn" and e["dtype"] == "fp16"]
-    e = min(tn, key=lambda e: e["n"] * e["k"])
-    return e["n"], e["k"]
+    tn = [e for e in recorded_table.entries if e.layout == "tn" and e.dtype == "fp16"]
+    e = min(tn, key=lambda e: e.n * e.k)
+    return e.n, e.k
 
 
 def _ops(package):

@@ -1,174 +1,319 @@
-"""Lookup rules of the runtime's dispatch table (docs/contracts.md, format 1).
+"""The dispatch table's schema (format 1): typed records, their JSON round trip and
+canonical bytes, every rule of the format, and an entry's identity.
 
-Every case is derived from the recorded table's own entries (their models, shapes and
-measured M values); the tests invent no measurements.
+Tables come from the recorded H100 database (``selected_table`` holds kernel, cublaslt
+and fallback entries); the hostile inputs are those tables with one value broken.
 """
 
 from __future__ import annotations
 
 import copy
-from collections import defaultdict
+import dataclasses
+import json
 from typing import Any
 
 import pytest
 
-from cudal2.packaging.runtime.table import DispatchTable, entry_key
+from cudal2.packaging.runtime.table import (
+    ENTRY_KEYS,
+    FORMAT,
+    KERNEL_ONLY_KEYS,
+    TOP_LEVEL_KEYS,
+    CublasLtAlgo,
+    DispatchTable,
+    EntryKey,
+    TableEntry,
+    TableError,
+)
+
+DROP = object()  # a hostile value: the key is removed
 
 
-def _axes(entries: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Entries grouped by (gpu, arch, dtype, layout, n, k), each group sorted by M."""
-    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for e in entries:
-        groups[(e["gpu"], e["arch"], e["dtype"], e["layout"], e["n"], e["k"])].append(e)
-    return {key: sorted(g, key=lambda e: e["m_measured"]) for key, g in groups.items()}
+def _index(raw: dict[str, Any], kind: str) -> int:
+    return next(i for i, e in enumerate(raw["entries"]) if e["kind"] == kind)
 
 
-def _query(table: DispatchTable, entry: dict[str, Any], m: int, **change: Any) -> Any:
-    q = {key: entry[key] for key in ("gpu", "arch", "dtype", "layout", "n", "k")}
-    q.update(change)
-    return table.lookup(q["gpu"], q["arch"], q["dtype"], q["layout"], m, q["n"], q["k"])
+def _lt(raw: dict[str, Any], _: Any) -> dict[str, Any]:
+    """The cuBLASLt object of the table's first cublaslt entry."""
+    return copy.deepcopy(raw["entries"][_index(raw, "cublaslt")]["cublaslt"])
 
 
-def test_rejects_other_formats(recorded_table):
-    recorded_table["format"] = 2
-    with pytest.raises(ValueError, match="format"):
-        DispatchTable.from_json(recorded_table)
+# (where: "top" or the kind of the entry broken, key path, value, what the message says).
+# A callable value is called with the table's JSON and the object at ``where``.
+HOSTILE: list[tuple[str, str, Any, str]] = [
+    ("top", "format", 2, "unsupported 'format' 2"),
+    ("top", "format", "1", "unsupported 'format' '1'"),
+    *[("top", key, DROP, f"missing top-level key {key!r}") for key in TOP_LEVEL_KEYS],
+    ("top", "package", "", "top-level key 'package' must be a non-empty string"),
+    ("top", "name", 7, "top-level key 'name' must be a non-empty string"),
+    ("top", "version", None, "top-level key 'version' must be a non-empty string"),
+    ("top", "tool_version", 0.1, "top-level key 'tool_version' must be a string"),
+    ("top", "manifest_sha256", None, "top-level key 'manifest_sha256' must be a string"),
+    ("top", "gpu_models", "NVIDIA H100", "top-level key 'gpu_models' must be a list of strings"),
+    ("top", "archs", [90], "top-level key 'archs' must be a list of strings"),
+    ("top", "gpu_models", ["NVIDIA A100"], "top-level key 'gpu_models' must list the entries'"),
+    ("top", "gpu_models", [], "top-level key 'gpu_models' must list the entries' GPU models"),
+    ("top", "archs", ["sm_100a", "sm_90a"], "top-level key 'archs' must list the entries' archs"),
+    ("top", "drivers", None, "top-level key 'drivers' must be a list of strings"),
+    ("top", "cuda_versions", [13.0], "top-level key 'cuda_versions' must be a list of strings"),
+    ("top", "measured_from", 0, "top-level key 'measured_from' must be a string or null"),
+    ("top", "measured_to", [], "top-level key 'measured_to' must be a string or null"),
+    ("top", "entries", {}, "top-level key 'entries' must be a list"),
+    ("top", "entries", [1], "entries[0]: an entry must be a JSON object"),
+    ("top", "entries", lambda t, _: [*t["entries"], t["entries"][0]], "repeats the target of"),
+    *[("kernel", key, DROP, f"missing key {key!r}") for key in ENTRY_KEYS],
+    ("kernel", "gpu", "", "key 'gpu' must be a non-empty string"),
+    ("kernel", "arch", None, "key 'arch' must be a non-empty string"),
+    ("kernel", "dtype", 16, "key 'dtype' must be a non-empty string"),
+    ("kernel", "layout", "", "key 'layout' must be a non-empty string"),
+    ("kernel", "baseline", None, "key 'baseline' must be a non-empty string"),
+    ("kernel", "n", -1, "key 'n' must be a positive integer, got -1"),
+    ("kernel", "k", True, "key 'k' must be a positive integer, got True"),
+    ("kernel", "m_min", 0, "key 'm_min' must be a positive integer, got 0"),
+    ("kernel", "m_max", 1.5, "key 'm_max' must be a positive integer, got 1.5"),
+    ("kernel", "m_measured", "64", "key 'm_measured' must be a positive integer, got '64'"),
+    ("kernel", "m_min", lambda _, e: e["m_measured"] + 1, "need m_min <= m_measured <= m_max"),
+    ("kernel", "time_us", 0, "key 'time_us' must be a positive number, got 0"),
+    ("kernel", "time_us", "fast", "key 'time_us' must be a positive number, got 'fast'"),
+    ("kernel", "time_us", None, "key 'time_us' must be a positive number, got None"),
+    ("kernel", "baseline_us", "24.0", "key 'baseline_us' must be a number or null"),
+    ("kernel", "speedup", "1.2x", "key 'speedup' must be a number or null, got '1.2x'"),
+    ("kernel", "spread", False, "key 'spread' must be a number or null, got False"),
+    ("kernel", "measured_at", 0, "key 'measured_at' must be a string, got 0"),
+    ("kernel", "candidates", -1, "key 'candidates' must be a non-negative integer"),
+    ("kernel", "kind", "cublas", "key 'kind' must be one of ('kernel', 'cublaslt', 'fallback')"),
+    ("kernel", "kernel", "", "key 'kernel' must be a non-empty string or null, got ''"),
+    ("kernel", "symbol", 7, "key 'symbol' must be a non-empty string or null, got 7"),
+    ("kernel", "design_key", ["x"], "key 'design_key' must be a non-empty string or null"),
+    *[
+        ("kernel", key, None, f"a kernel entry needs a non-null {key!r}")
+        for key in KERNEL_ONLY_KEYS
+    ],
+    ("kernel", "cubin_sha256", "not-a-hash", "key 'cubin_sha256' must be 64 lowercase hex"),
+    ("kernel", "cubin_sha256", "AB" * 32, "key 'cubin_sha256' must be 64 lowercase hex"),
+    ("kernel", "launch", [1], "key 'launch' must be an object, got [1]"),
+    ("kernel", "launch.abi", 1, "key 'launch.abi' must be a non-empty string, got 1"),
+    ("kernel", "launch.align", {"k": 0}, "key 'launch.align' must map 'm', 'n' or 'k'"),
+    ("kernel", "launch.align", {"x": 8}, "key 'launch.align' must map 'm', 'n' or 'k'"),
+    ("kernel", "launch.block", [128, 1], "key 'launch.block' must be a list of 3 positive"),
+    ("kernel", "launch.block", DROP, "key 'launch.block' must be a list of 3 positive"),
+    ("kernel", "launch.tile_m", 0, "key 'launch.tile_m' must be a positive integer, got 0"),
+    ("kernel", "launch.tile_m", DROP, "key 'launch.tile_m' must be a positive integer"),
+    ("kernel", "launch.tile_n", DROP, "key 'launch.tile_n' must be a positive integer"),
+    ("kernel", "launch.smem_bytes", -1, "key 'launch.smem_bytes' must be a non-negative"),
+    ("kernel", "launch.smem_bytes", DROP, "key 'launch.smem_bytes' must be a non-negative"),
+    ("kernel", "launch.split_k", 0, "key 'launch.split_k' must be a positive integer"),
+    ("kernel", "launch.cluster", [1, 2], "key 'launch.cluster' must be a list of 3 positive"),
+    ("kernel", "launch.persistent", -1, "key 'launch.persistent' must be a non-negative"),
+    ("kernel", "launch.ctas_per_sm", 0, "key 'launch.ctas_per_sm' must be a positive integer"),
+    ("kernel", "launch", lambda _, e: dict(e["launch"], abi="gemm_v2"), "key 'launch.tma' must"),
+    ("kernel", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),
+    ("kernel", "cublaslt", "algo", "only a cublaslt entry has key 'cublaslt'"),
+    ("cublaslt", "cublaslt", DROP, "a cublaslt entry needs an object 'cublaslt'"),
+    ("cublaslt", "cublaslt", "algo", "a cublaslt entry needs an object 'cublaslt'"),
+    ("cublaslt", "kernel", None, "a cublaslt entry needs a non-null 'kernel'"),
+    ("cublaslt", "design_key", None, "a cublaslt entry needs a non-null 'design_key'"),
+    ("cublaslt", "symbol", "hgemm", "a cublaslt entry must have 'symbol' null"),
+    ("cublaslt", "cubin_sha256", "0" * 64, "a cublaslt entry must have 'cubin_sha256' null"),
+    ("cublaslt", "launch", {}, "a cublaslt entry must have 'launch' null"),
+    ("cublaslt", "cublaslt.algo", "00ff", "key 'cublaslt.algo' must be 128 lowercase hex"),
+    ("cublaslt", "cublaslt.algo", DROP, "key 'cublaslt.algo' must be 128 lowercase hex"),
+    ("cublaslt", "cublaslt.version", "13.1", "key 'cublaslt.version' must be a non-negative"),
+    ("cublaslt", "cublaslt.workspace_bytes", -1, "key 'cublaslt.workspace_bytes' must be"),
+    ("cublaslt", "cublaslt.config", [], "key 'cublaslt.config' must be an object, got []"),
+    ("fallback", "kernel", "hgemm", "a fallback entry must have 'kernel' null"),
+    ("fallback", "design_key", "abc", "a fallback entry must have 'design_key' null"),
+    ("fallback", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),
+]
 
 
-def test_entries_and_metadata_are_kept(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    assert table.entries == recorded_table["entries"]
-    assert table.cuda_versions == recorded_table["cuda_versions"]
-    assert table.gpu_models == sorted({e["gpu"] for e in recorded_table["entries"]})
-    assert table.archs == sorted({e["arch"] for e in recorded_table["entries"]})
+def _case_id(value: Any) -> str:
+    if value is DROP:
+        return "DROP"
+    return "derived" if callable(value) else repr(value)[:20]
 
 
-def test_each_entry_serves_its_whole_range(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    for group in _axes(recorded_table["entries"]).values():
-        previous = 0
-        for e in group:
-            m = e["m_measured"]
-            # Both ends of [previous + 1, m], and the entry's own m_min/m_max say the same.
-            for probe in {
-                previous + 1,
-                m - 1 if m - 1 > previous else m,
-                m,
-                e["m_min"],
-                e["m_max"],
-            }:
-                assert _query(table, e, probe) is e, (entry_key(e), probe)
-            previous = m
+def _break(raw: dict[str, Any], where: str, path: str, value: Any) -> str:
+    """Apply one hostile value to ``raw`` in place; the location the message names."""
+    if where == "top":
+        obj, location = raw, ""
+    else:
+        i = _index(raw, where)
+        obj, location = raw["entries"][i], f"entries[{i}]: "
+    *parents, last = path.split(".")
+    if callable(value):
+        value = value(raw, obj)
+    for key in parents:
+        obj = obj[key]
+    if value is DROP:
+        del obj[last]
+    else:
+        obj[last] = value
+    return location
 
 
-def test_between_points_takes_the_nearest_point_at_or_above(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    checked = 0
-    for group in _axes(recorded_table["entries"]).values():
-        for below, above in zip(group, group[1:], strict=False):
-            lo, hi = below["m_measured"], above["m_measured"]
-            if hi - lo >= 2:
-                assert _query(table, above, (lo + hi) // 2 + 1) is above
-                checked += 1
-            assert _query(table, above, lo) is below
-            assert _query(table, above, lo + 1) is above
-    first = next(iter(_axes(recorded_table["entries"]).values()))[0]
-    assert _query(table, first, 1) is first
-    assert checked or all(len(g) == 1 for g in _axes(recorded_table["entries"]).values())
+@pytest.mark.parametrize(
+    ("where", "path", "value", "message"),
+    HOSTILE,
+    ids=[f"{w}.{p}={_case_id(v)}" for w, p, v, _ in HOSTILE],
+)
+def test_a_broken_table_is_refused_by_the_rule_it_breaks(
+    selected_table, where, path, value, message
+):
+    raw = selected_table.as_json()
+    location = _break(raw, where, path, value)
+    with pytest.raises(TableError) as err:
+        DispatchTable.from_json(raw, "T")
+    assert str(err.value).startswith(f"T: {location}"), str(err.value)
+    assert message in str(err.value)
 
 
-def test_outside_the_measured_range_is_not_covered(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    for group in _axes(recorded_table["entries"]).values():
-        top = group[-1]
-        assert _query(table, top, top["m_measured"]) is top
-        assert _query(table, top, top["m_measured"] + 1) is None
-        assert _query(table, top, 0) is None
+# -- round trip and canonical bytes ---------------------------------------------------
 
 
-def test_file_order_does_not_matter(recorded_table):
-    forward = DispatchTable.from_json(recorded_table)
-    shuffled = copy.deepcopy(recorded_table)
-    shuffled["entries"].reverse()
-    backward = DispatchTable.from_json(shuffled)
-    for e in recorded_table["entries"]:
-        for m in (1, e["m_min"], e["m_measured"], e["m_measured"] + 1):
-            a, b = _query(forward, e, m), _query(backward, e, m)
-            assert (a is None and b is None) or entry_key(a) == entry_key(b)
+@pytest.mark.parametrize("fixture", ["recorded_table", "selected_table"])
+def test_round_trip(request, fixture):
+    table: DispatchTable = request.getfixturevalue(fixture)
+    data = table.to_bytes()
+    assert DispatchTable.from_json(table.as_json()) == table
+    assert DispatchTable.from_bytes(data) == table
+    assert DispatchTable.from_bytes(data).to_bytes() == data
+    assert DispatchTable.from_bytes(data.decode()).as_json() == json.loads(data)
 
 
-def test_shape_dtype_layout_mismatch_is_not_covered(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    entries = recorded_table["entries"]
-    present = set(_axes(entries))
-    absent_n = max(e["n"] for e in entries) + 8  # larger than any N in the table
-    absent_k = max(e["k"] for e in entries) + 8
-    for e in entries:
-        m = e["m_measured"]
-        assert _query(table, e, m, n=absent_n) is None
-        assert _query(table, e, m, k=absent_k) is None
-        swapped_nk = (e["gpu"], e["arch"], e["dtype"], e["layout"], e["k"], e["n"])
-        if swapped_nk not in present:
-            assert _query(table, e, m, n=e["k"], k=e["n"]) is None
-        for dtype in ("fp16", "bf16", "fp32"):
-            if (e["gpu"], e["arch"], dtype, e["layout"], e["n"], e["k"]) not in present:
-                assert _query(table, e, m, dtype=dtype) is None
-        for layout in ("tn", "nn", "nt"):
-            if (e["gpu"], e["arch"], e["dtype"], layout, e["n"], e["k"]) not in present:
-                assert _query(table, e, m, layout=layout) is None
+def test_bytes_are_canonical(selected_table):
+    data = selected_table.to_bytes()
+    assert data.endswith(b"}\n") and data.isascii()
+    parsed = json.loads(data)
+    # sorted keys, 2-space indent: re-serialising the parsed table gives the same bytes
+    assert data == (json.dumps(parsed, sort_keys=True, indent=2) + "\n").encode()
+    order = [TableEntry.from_json(e).sort_key for e in parsed["entries"]]
+    assert order == sorted(order)
+    assert parsed["format"] == FORMAT
+    assert sorted(parsed) == sorted(TOP_LEVEL_KEYS)
 
 
-def test_exact_gpu_model_is_not_a_stand_in(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    for e in recorded_table["entries"]:
-        assert table.resolve_gpu(e["gpu"], e["arch"]) == (e["gpu"], False)
+def test_input_order_does_not_matter(selected_table):
+    raw = selected_table.as_json()
+    raw["entries"].reverse()
+    raw = dict(reversed(list(raw.items())))
+    table = DispatchTable.from_json(raw)
+    assert table == selected_table
+    assert table.to_bytes() == selected_table.to_bytes()
+    reordered = dataclasses.replace(selected_table, entries=selected_table.entries[::-1])
+    assert reordered.entries == selected_table.entries
 
 
-def test_unknown_model_of_a_known_arch_uses_the_first_model_of_that_arch(recorded_table):
-    entries = recorded_table["entries"]
+def test_the_build_writes_every_key_and_the_candidates(selected_table):
+    for raw in selected_table.as_json()["entries"]:
+        assert set(ENTRY_KEYS) <= set(raw)
+        assert raw["candidates"] >= 1
+        assert ("cublaslt" in raw) == (raw["kind"] == "cublaslt")
+
+
+def test_keys_of_older_and_newer_writers(selected_table):
+    """An older table has no ``candidates``; a newer one may add keys this reader does
+    not know: both read, and the unknown keys are not written back."""
+    raw = selected_table.as_json()
+    for e in raw["entries"]:
+        del e["candidates"]
+        e["from_the_future"] = 1
+    raw["from_the_future"] = {"x": 1}
+    table = DispatchTable.from_json(raw)
+    assert all(e.candidates is None for e in table.entries)
+    out = json.loads(table.to_bytes())
+    assert "from_the_future" not in out
+    assert all(set(e) == set(ENTRY_KEYS) | ({"cublaslt"} & set(e)) for e in out["entries"])
+
+
+def test_a_recipe_of_an_unknown_abi_is_kept_for_the_runtime_to_refuse(selected_table):
+    raw = selected_table.as_json()
+    i = _index(raw, "kernel")
+    raw["entries"][i]["launch"] = {"abi": "gemm_v9", "grid_fn": "whatever"}
+    table = DispatchTable.from_json(raw)
+    assert table.as_json()["entries"][i]["launch"] == {"abi": "gemm_v9", "grid_fn": "whatever"}
+
+
+# -- typed, frozen ------------------------------------------------------------------
+
+
+def test_records_are_typed_and_read_only(selected_table):
+    table = selected_table
+    kernel = next(e for e in table.entries if e.kind == "kernel")
+    lt = next(e for e in table.entries if e.kind == "cublaslt")
+    assert isinstance(table.entries, tuple) and isinstance(table.gpu_models, tuple)
+    assert isinstance(lt.cublaslt, CublasLtAlgo) and len(bytes.fromhex(lt.cublaslt.algo)) == 64
+    assert lt.kernel.startswith("cublaslt_") and lt.symbol is None and lt.launch is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        table.name = "other"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kernel.time_us = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        kernel.launch["tile_m"] = 1  # type: ignore[index]
+    assert isinstance(kernel.launch["block"], tuple)  # nested lists are frozen too
+
+
+def test_a_record_is_checked_when_made_not_only_when_read(selected_table):
+    kernel = next(e for e in selected_table.entries if e.kind == "kernel")
+    with pytest.raises(TableError, match="key 'n' must be a positive integer"):
+        dataclasses.replace(kernel, n=0)
+    with pytest.raises(TableError, match="a fallback entry must have 'kernel' null"):
+        dataclasses.replace(kernel, kind="fallback")
+    with pytest.raises(TableError, match="top-level key 'package' must be a non-empty string"):
+        dataclasses.replace(selected_table, package="")
+    with pytest.raises(TableError, match=r"entries\[0\]: an entry must be a TableEntry"):
+        dataclasses.replace(selected_table, entries=(kernel.as_json(),))
+    with pytest.raises(TableError, match="top-level key 'entries' must be a list"):
+        dataclasses.replace(selected_table, entries=None)
+    with pytest.raises(TableError, match="top-level key 'gpu_models' must list the entries'"):
+        dataclasses.replace(selected_table, entries=())
+
+
+# -- identity ------------------------------------------------------------------------
+
+
+def test_an_entry_is_identified_by_its_target_on_its_gpu(selected_table):
+    e = selected_table.entries[0]
+    assert e.key == EntryKey(e.gpu, e.arch, e.dtype, e.layout, e.n, e.k, e.m_measured)
+    assert str(e.key) == f"{e.gpu}/{e.arch}/{e.dtype}/{e.layout}/n{e.n}/k{e.k}/m{e.m_measured}"
+    # What was measured and what runs are not identity; the target and GPU are.
+    slower = dataclasses.replace(e, time_us=e.time_us * 2, candidates=1)
+    assert slower.key == e.key and hash(slower) == hash(e) and slower != e
+    for change in ({"gpu": e.gpu + " x"}, {"arch": "sm_100a"}, {"n": e.n + 8}, {"k": e.k + 8}):
+        assert dataclasses.replace(e, **change).key != e.key
+    moved = dataclasses.replace(e, m_measured=e.m_max + 1, m_max=e.m_max + 1)
+    assert moved.key != e.key
+
+
+def test_keys_are_unique_in_a_table(selected_table):
+    keys = [e.key for e in selected_table.entries]
+    assert len(set(keys)) == len(keys) == len({str(k) for k in keys})
+
+
+def test_duplicates_are_refused(selected_table):
+    entries = selected_table.entries
+    twin = dataclasses.replace(entries[-1], time_us=entries[-1].time_us + 1)
+    n = len(entries)
+    with pytest.raises(
+        TableError, match=rf"entries\[{n}\] repeats the target of entries\[{n - 1}\]"
+    ):
+        dataclasses.replace(selected_table, entries=(*entries, twin))
+    raw = selected_table.as_json()
+    raw["entries"].insert(0, raw["entries"][2])
+    with pytest.raises(TableError, match=r"T: entries\[3\] repeats the target of entries\[0\]"):
+        DispatchTable.from_json(raw, "T")
+
+
+def test_one_model_under_two_archs_is_two_targets(selected_table):
+    """Identity holds the arch, so a model's entries for another arch are not
+    duplicates (the lookup keeps them apart, too)."""
+    entries = selected_table.entries
+    other = tuple(dataclasses.replace(e, arch="sm_90") for e in entries)
+    table = dataclasses.replace(
+        selected_table, archs=("sm_90", *selected_table.archs), entries=(*entries, *other)
+    )
     e = entries[0]
-    first = min(x["gpu"] for x in entries if x["arch"] == e["arch"])
-    # Derived names that sort before and after every model of the table.
-    before, after = " " + first, max(x["gpu"] for x in entries) + " (other)"
-    table = DispatchTable.from_json(recorded_table)
-    assert table.resolve_gpu(after, e["arch"]) == (first, True)
-    stand_in = _query(table, e, e["m_measured"], gpu=after)
-    assert stand_in is _query(table, e, e["m_measured"], gpu=first)
-
-    # A second model that sorts first becomes the stand-in; the exact model still wins.
-    twin = copy.deepcopy(recorded_table)
-    clones = [dict(x, gpu=before) for x in entries if x["gpu"] == first]
-    twin["entries"] = clones + twin["entries"]
-    table = DispatchTable.from_json(twin)
-    assert table.resolve_gpu(after, e["arch"]) == (before, True)
-    assert _query(table, e, e["m_measured"], gpu=after)["gpu"] == before
-    if e["gpu"] == first:
-        assert _query(table, e, e["m_measured"])["gpu"] == first
-
-
-def test_unknown_arch_is_not_covered(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    archs = {x["arch"] for x in recorded_table["entries"]}
-    other = next(a for a in ("sm_80", "sm_89", "sm_100a", "sm_120a") if a not in archs)
-    for e in recorded_table["entries"]:
-        assert table.resolve_gpu(e["gpu"], other) == (None, False)
-        assert _query(table, e, e["m_measured"], arch=other) is None
-
-
-def test_two_entries_at_one_measured_m_are_rejected(recorded_table):
-    recorded_table["entries"].append(copy.deepcopy(recorded_table["entries"][0]))
-    with pytest.raises(ValueError, match="measured at M="):
-        DispatchTable.from_json(recorded_table)
-
-
-def test_entries_for_lists_one_model(recorded_table):
-    table = DispatchTable.from_json(recorded_table)
-    for gpu in table.gpu_models:
-        for arch in table.archs:
-            want = [e for e in recorded_table["entries"] if (e["gpu"], e["arch"]) == (gpu, arch)]
-            assert table.entries_for(gpu, arch) == want
-
-
-def test_entry_keys_are_unique(recorded_table):
-    keys = [entry_key(e) for e in recorded_table["entries"]]
-    assert len(set(keys)) == len(keys)
+    assert table.lookup_exact(e.gpu, "sm_90", e.dtype, e.layout, e.m_measured, e.n, e.k).arch == (
+        "sm_90"
+    )
+    assert table.lookup_exact(e.gpu, e.arch, e.dtype, e.layout, e.m_measured, e.n, e.k) == e
