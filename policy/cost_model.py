@@ -8,6 +8,7 @@ never as a measurement.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from cudal2.generator.families import family_of, sm90_direct, sm90_tma
@@ -62,6 +63,7 @@ def _regs(d: KernelDesign) -> int:
     return min(255, mi * ni * 4 + mi * 4 + ni * 2 + 48)
 
 
+@functools.cache  # a design's alone, and asked for once per design per target ranked
 def _blocks_per_sm(d: KernelDesign) -> int:
     smem = family_of(d.family).smem_bytes(d)
     by_smem = (228 * 1024) // max(smem + 1024, 1)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Target
+from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Status, Target
 
 FIELDS = (
     "family",
@@ -52,7 +52,21 @@ FIELD_VALUES: dict[str, tuple] = {
 SPECIAL = ("<pad>", "<bos>", "<h>", "<design>")
 SPEED_STEP = 0.05  # log-speedup buckets
 SPEED_MIN, SPEED_MAX = -2.0, 0.4
-STATUSES = ("ok", "compile", "runtime", "incorrect", "timeout", "illegal", "pending")
+
+
+def status_token(status: str) -> str:
+    """The token spelling of a record's status. ``sanitizer`` (a memcheck failure) is
+    spelled ``runtime`` for now: a token of its own would change the vocabulary, and so
+    its hash, and every committed checkpoint would refuse to load until retrained. A
+    kernel that fails memcheck is a runtime fault caught by a tool, so the policy loses
+    little."""
+    return Status.RUNTIME.value if status == Status.SANITIZER else Status(status).value
+
+
+# The records' statuses (one list: cudal2.records.Status) as the policy spells them, and
+# ``pending`` (a token the checkpoints were trained with; nothing emits it now). The
+# order is the vocabulary's.
+STATUSES = (*dict.fromkeys(status_token(s) for s in Status), "pending")
 FRAC_BUCKETS = 10  # metrics as a fraction of the datasheet peak, tenths
 
 
@@ -146,7 +160,7 @@ class HistoryEntry:
     tensor_frac: float | None = None
 
     def tokens(self) -> list[int]:
-        out = [HIST, *design_tokens(self.design), tok(f"status={self.status}")]
+        out = [HIST, *design_tokens(self.design), tok(f"status={status_token(self.status)}")]
         if self.log_speedup is not None:
             out.append(tok(f"speed={speed_bucket(self.log_speedup)}"))
         for name, frac in (("dram", self.dram_frac), ("tensor", self.tensor_frac)):

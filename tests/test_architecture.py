@@ -32,7 +32,12 @@ BREACHES = [
     ("generator imports the policy", "generator/space.py", "import cudal2.policy", "Layers"),
     ("policy imports packaging", "policy/grid.py", "import cudal2.packaging.wheel", "Layers"),
     ("runtime imports records", "packaging/runtime/driver.py", "import cudal2.records", "runtime"),
-    ("runtime imports the wheel", "packaging/runtime/table.py", "import cudal2.packaging.wheel", "Layers"),
+    (
+        "runtime imports the wheel",
+        "packaging/runtime/table.py",
+        "import cudal2.packaging.wheel",
+        "Layers",
+    ),
     ("a cycle in the runtime", "packaging/runtime/abi.py", "from . import api", "cycles"),
     ("a module no layer names", "stray.py", "import cudal2.records", "Layers"),
 ]
@@ -57,7 +62,10 @@ def _install(tmp: Path) -> Path:
 
 def _lint(site: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("lint-imports")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
+    # ``python -m importlinter.cli`` runs nothing (the module has no __main__ block): a
+    # venv without the script calls the entry point itself.
+    entry = "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", entry]
     return subprocess.run(
         [*cmd, "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
         cwd=site.parent,
