@@ -3,6 +3,7 @@
 Merging databases from several GPU hosts is concatenating their files. Each append
 writes whole lines in one ``write`` under an exclusive lock, then fsyncs, so a
 killed build leaves at most one torn last line, which readers skip with a warning.
+Records written by earlier versions are read in today's spelling (``migrate.upgrade``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+from cudal2.migrate import upgrade
 from cudal2.records import Measurement
 
 
@@ -30,8 +32,9 @@ class MeasurementDB:
                 if not line.strip():
                     continue
                 try:
-                    out.append(Measurement.from_json(json.loads(line)))
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    # Records of earlier versions are read in today's spelling.
+                    out.append(Measurement.from_json(upgrade(json.loads(line))))
+                except (KeyError, TypeError, ValueError) as e:  # torn JSON, unknown status
                     warnings.warn(
                         f"{self.path}:{lineno}: skipping unreadable record ({e})", stacklevel=2
                     )

@@ -1,5 +1,14 @@
-"""Migrating records of schema 1 (flat designs: every family's knobs in one record)
-to schema 2 (a design is its family plus the family's own knobs).
+"""Records written by earlier versions, in today's spelling.
+
+Two changes, each named by what changed:
+
+- ``Status.SANITIZER``: before it, a compute-sanitizer memcheck failure was stored as
+  status ``runtime`` with an error text starting ``compute-sanitizer memcheck`` (and
+  the gate recognised it by that text). Now the status says it. ``upgrade`` turns such
+  a record into today's spelling; the database applies it to every record it reads.
+- Schema 2: records of schema 1 held flat designs (every family's knobs in one record);
+  a design is now its family plus the family's own knobs. Keys, names and sources
+  change with it, so this one cannot happen on read: files are rewritten once.
 
 ``design_of(old)`` maps a schema-1 design to its schema-2 design, or says why it
 cannot. A design's key, name and rendered source change with the schema, so its
@@ -23,6 +32,19 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.records import SCHEMA_VERSION, KernelDesign, Knobs, canonical_json, sha256_hex
+
+LEGACY_SANITIZER_PREFIX = "compute-sanitizer memcheck"
+
+
+def upgrade(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (a ``Measurement.as_json`` dict) in today's spelling: a new dict where
+    something changed, the same one otherwise (a record already in today's spelling
+    passes unchanged)."""
+    error = record.get("error") or ""
+    if record.get("status") == "runtime" and error.startswith(LEGACY_SANITIZER_PREFIX):
+        return {**record, "status": "sanitizer"}
+    return record
+
 
 # The schema-1 fields and their defaults (knobs a family did not have held these).
 FLAT_DEFAULTS = {
@@ -139,6 +161,7 @@ def migrate_record(rec: dict[str, Any], mapping: Mapping | None, why: Counter) -
     mapping says the new cubin is the old one's machine code; otherwise it keeps the
     old key, so the record still loads but no build ships it (its design no longer
     compiles to that artifact) until it is measured again."""
+    rec = upgrade(rec)
     old = rec.get("design")
     if not old or "knobs" in old:
         if "schema_version" in rec:

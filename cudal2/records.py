@@ -7,23 +7,38 @@ records and artifacts only. This module imports nothing from the rest of cudal2.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 # 2: designs carry their family's own knobs (``KernelDesign.knobs``); 1: flat knobs.
 SCHEMA_VERSION = 2
 
 Dtype = Literal["fp16", "bf16"]
 Layout = Literal["tn", "nn"]
-Status = Literal["ok", "compile", "runtime", "incorrect", "timeout", "illegal"]
+
+
+class Status(enum.StrEnum):
+    """What became of a measured candidate: ``ok`` (checked and timed) or why it has no
+    time. Spelled in JSON as its value; the one list of statuses (the policy derives its
+    tokens from it)."""
+
+    OK = "ok"
+    COMPILE = "compile"  # nvcc failed
+    RUNTIME = "runtime"  # raised, or took its worker down (a CUDA error)
+    INCORRECT = "incorrect"  # failed the correctness suite
+    TIMEOUT = "timeout"  # no answer within the job timeout (a hang)
+    ILLEGAL = "illegal"  # reserved: proposers only propose legal designs
+    SANITIZER = "sanitizer"  # compute-sanitizer memcheck found an error: never ships
+
 
 DTYPES: tuple[str, ...] = ("fp16", "bf16")
 LAYOUTS: tuple[str, ...] = ("tn", "nn")
 ARCHS: tuple[str, ...] = ("sm_90a",)
 ACCUMULATORS: tuple[str, ...] = ("fp32",)
-STATUSES: tuple[str, ...] = ("ok", "compile", "runtime", "incorrect", "timeout", "illegal")
+STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
 
 
 def canonical_json(obj: Any) -> str:
@@ -35,6 +50,27 @@ def sha256_hex(data: bytes | str) -> str:
     if isinstance(data, str):
         data = data.encode()
     return hashlib.sha256(data).hexdigest()
+
+
+class ReuseKey(NamedTuple):
+    """What a measurement stands for: another run with the same GPU model, target (its
+    key), artifact (source, nvcc, flags), toolchain (nvcc or library version, and the
+    timing method) and timing mode. One definition for records (``Measurement.reuse_key``)
+    and for jobs (``Job.reuse_key``)."""
+
+    gpu: str
+    target: str
+    artifact: str
+    toolchain: str
+    mode: str
+
+    def autotuned(self) -> ReuseKey:
+        """The key of an autotuning: the algorithm (the artifact) is what tuning finds,
+        so it is not part of what a job asks for."""
+        return self._replace(artifact=AUTOTUNED)
+
+
+AUTOTUNED = "cublaslt:autotuned"  # the artifact of an autotuning job's key
 
 
 @dataclass(frozen=True, order=True)
@@ -55,7 +91,9 @@ class Target:
     accumulator: str = "fp32"
 
     def as_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Every field is a str or an int: no need for asdict's recursive deep copy,
+        # which dominated the proposers' cost (keys are hashed over whole spaces).
+        return {f: getattr(self, f) for f in _TARGET_FIELDS}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Target:
@@ -183,6 +221,9 @@ class KernelDesign:
         return dataclasses.replace(self, knobs=self.knobs.replace(**knobs))
 
 
+_TARGET_FIELDS = tuple(f.name for f in dataclasses.fields(Target))
+
+
 @dataclass(frozen=True)
 class BuildResult:
     """The outcome of compiling one design: an artifact key, or the compiler's error."""
@@ -250,7 +291,7 @@ class Measurement:
     design: KernelDesign | None
     design_key: str
     artifact_key: str
-    status: str
+    status: Status
     gpu: GpuInfo
     proposer: str
     tool_version: str
@@ -269,6 +310,11 @@ class Measurement:
     schema_version: int = SCHEMA_VERSION
     vendor: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A status given as its string (from JSON, or by hand) becomes the enum; an
+        # unknown one is refused here rather than stored.
+        object.__setattr__(self, "status", Status(self.status))
+
     def as_json(self) -> dict[str, Any]:
         d = {
             "schema_version": self.schema_version,
@@ -276,7 +322,7 @@ class Measurement:
             "design": self.design.as_json() if self.design else None,
             "design_key": self.design_key,
             "artifact_key": self.artifact_key,
-            "status": self.status,
+            "status": self.status.value,
             "error": self.error,
             "gpu": self.gpu.as_json(),
             "proposer": self.proposer,
@@ -329,7 +375,176 @@ class Measurement:
         return bool(self.vendor)
 
     @property
-    def reuse_key(self) -> tuple[str, str, str, str, str]:
-        """A measurement stands for another run with the same GPU model, target, artifact
-        (source, nvcc, flags), toolchain (nvcc and timing method) and timing mode."""
-        return (self.gpu.name, self.target.key, self.artifact_key, self.toolchain, self.mode)
+    def reuse_key(self) -> ReuseKey:
+        gpu, target = self.gpu.name, self.target.key
+        return ReuseKey(gpu, target, self.artifact_key, self.toolchain, self.mode)
+
+    @property
+    def tuning_key(self) -> ReuseKey:
+        """A vendor record stands for an autotuning job of its GPU model, target,
+        library version and mode, whichever algorithm the tuning found."""
+        return self.reuse_key.autotuned()
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How a job times its callables (``verify.timing.time_interleaved``); ``mode`` is
+    the timing mode a record is reused for."""
+
+    reps: int = 30
+    warmup: int = 3
+    mode: str = "offline"
+    min_replay_us: float = 300.0  # offline: a replay lasts at least this long...
+    max_calls: int = 4096  # ...with at most this many calls
+    server_gap_s: tuple[float, float] = (50e-6, 500e-6)
+    seed: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["server_gap_s"] = list(self.server_gap_s)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TimingConfig:
+        d = dict(d)
+        if "server_gap_s" in d:
+            d["server_gap_s"] = tuple(d["server_gap_s"])
+        return cls(**d)
+
+
+class JobKind(enum.StrEnum):
+    """What a runner is asked to do with a target."""
+
+    MEASURE = "measure"  # a compiled kernel through the correctness suite, timed beside torch
+    AUTOTUNE = "cublaslt"  # cuBLASLt autotuned; its fastest correct algorithm timed so
+    PROFILE = "profile"  # Nsight Compute counters of one launch of a kernel
+    SANITIZE = "sanitizer"  # compute-sanitizer memcheck of one launch at a small size
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work for a runner (``cudal2.verify.runner``), typed and serialisable:
+    it crosses the pipe to a measuring worker as JSON, and may cross hosts.
+
+    Kernel jobs (every kind but ``cublaslt``) name the artifact (``artifact_key``), its
+    ``symbol`` and launch ``recipe``, and where its ``cubin`` lies on the measuring host
+    ("" for a runner that needs no cubins, as a replay). ``design`` is the design the
+    artifact was rendered from (None for a hand-written fixture kernel). ``toolchain``
+    and ``timing.mode`` complete the reuse key: a runner's answer to this job is what a
+    record of ``reuse_key(gpu)`` stands for.
+    """
+
+    kind: JobKind
+    target: Target
+    timing: TimingConfig
+    toolchain: str
+    design: KernelDesign | None = None
+    artifact_key: str = ""
+    symbol: str = ""
+    recipe: dict[str, Any] = field(default_factory=dict)
+    cubin: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", JobKind(self.kind))
+        if self.kind != JobKind.AUTOTUNE and not (self.artifact_key and self.symbol):
+            raise ValueError(f"a {self.kind} job needs an artifact key and a symbol")
+
+    def reuse_key(self, gpu: str) -> ReuseKey:
+        """The key of the record this job's answer makes on GPU model ``gpu``."""
+        key = ReuseKey(gpu, self.target.key, self.artifact_key, self.toolchain, self.timing.mode)
+        return key.autotuned() if self.kind == JobKind.AUTOTUNE else key
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "target": self.target.as_json(),
+            "timing": self.timing.as_json(),
+            "toolchain": self.toolchain,
+            "design": self.design.as_json() if self.design else None,
+            "artifact_key": self.artifact_key,
+            "symbol": self.symbol,
+            "recipe": dict(self.recipe),
+            "cubin": self.cubin,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Job:
+        return cls(
+            kind=JobKind(d["kind"]),
+            target=Target.from_json(d["target"]),
+            timing=TimingConfig.from_json(d["timing"]),
+            toolchain=d["toolchain"],
+            design=KernelDesign.from_json(d["design"]) if d.get("design") else None,
+            artifact_key=d.get("artifact_key", ""),
+            symbol=d.get("symbol", ""),
+            recipe=dict(d.get("recipe") or {}),
+            cubin=d.get("cubin", ""),
+        )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A runner's answer to one job, carrying the job (answers may come back in any
+    order).
+
+    ``status`` None is the typed "not recorded" answer: the runner has no result for
+    the job (a replay runner whose database holds no record of its reuse key). The
+    pipeline treats it as unmeasured: never a failure, never a time, nothing written.
+
+    A ``measure`` or ``cublaslt`` answer carries the correctness errors, every timing
+    sample of the candidate and of each baseline timed beside it, and ``metrics``
+    measured with them (the vendor spread the error bound came from; a replayed answer
+    carries the record's metrics); a ``cublaslt`` answer also the algorithm found
+    (``vendor``, empty when the job failed before trying one). A ``profile`` answer
+    carries the Nsight Compute counters in ``metrics``; a ``sanitizer`` answer is
+    ``ok`` or ``sanitizer`` with the memcheck report in ``error``.
+    """
+
+    job: Job
+    status: Status | None
+    error: str = ""
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    samples_us: tuple[float, ...] = ()
+    baseline_samples_us: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    vendor: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status is not None:
+            object.__setattr__(self, "status", Status(self.status))
+
+    @classmethod
+    def not_recorded(cls, job: Job, why: str) -> JobResult:
+        return cls(job, None, why)
+
+    @property
+    def recorded(self) -> bool:
+        return self.status is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job.as_json(),
+            "status": None if self.status is None else self.status.value,
+            "error": self.error,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+            "samples_us": list(self.samples_us),
+            "baseline_samples_us": {k: list(v) for k, v in self.baseline_samples_us.items()},
+            "metrics": dict(self.metrics),
+            "vendor": dict(self.vendor),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobResult:
+        return cls(
+            job=Job.from_json(d["job"]),
+            status=None if d.get("status") is None else Status(d["status"]),
+            error=d.get("error", ""),
+            max_abs_err=d.get("max_abs_err"),
+            max_rel_err=d.get("max_rel_err"),
+            samples_us=tuple(d.get("samples_us", ())),
+            baseline_samples_us={k: tuple(v) for k, v in d.get("baseline_samples_us", {}).items()},
+            metrics=dict(d.get("metrics") or {}),
+            vendor=dict(d.get("vendor") or {}),
+        )

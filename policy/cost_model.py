@@ -8,6 +8,7 @@ never as a measurement.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from cudal2.generator import Features, features
@@ -59,8 +60,13 @@ def _bytes_in_flight(f: Features, k_block: int) -> int:
     return min(f.prefetch_tiles, math.ceil(k_block / f.bk)) * (f.bm + f.bn) * f.bk * 2
 
 
+@functools.cache  # a design's alone, and asked for once per design per target ranked
+def _features(d: KernelDesign) -> Features:
+    return features(d)
+
+
 def predicted_time_s(d: KernelDesign, t: Target) -> float:
-    f = features(d)
+    f = _features(d)
     tiles = math.ceil(t.m / f.bm) * math.ceil(t.n / f.bn)
     # Split-K: ``split_k`` blocks per output tile, each with its share of K's tiles.
     blocks = tiles * f.split_k

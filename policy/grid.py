@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cudal2.generator import design_name, design_space, features
 from cudal2.policy.base import measured_designs
@@ -38,17 +38,32 @@ class GridProposer:
 
     The first round takes the model's best design of each distinct block tile, so a
     few candidates already span tile shapes; later rounds continue down the ranking.
+    ``space`` narrows the search to given designs per target (a replay's recorded ones).
     """
 
     name = "grid"
 
-    def __init__(self, families: Sequence[str] | None = None):
+    def __init__(
+        self,
+        families: Sequence[str] | None = None,
+        space: Callable[[Target], Sequence[KernelDesign]] | None = None,
+    ):
         self.families = families  # None: every family
+        self.space = space  # the designs searched per target (None: the legal space)
+        # (arch, dtype, layout) -> the space: enumerating it costs more than ranking it,
+        # and a build proposes for many targets of few (arch, dtype, layout).
+        self._spaces: dict[tuple[str, str, str], list[KernelDesign]] = {}
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
-        space = design_space(target.arch, target.dtype, target.layout, self.families)
-        return grid_round(target, [d for d in space if d.key not in seen], n)
+        if self.space is not None:
+            space = list(self.space(target))
+        else:
+            at = (target.arch, target.dtype, target.layout)
+            if at not in self._spaces:
+                self._spaces[at] = design_space(*at, self.families)
+            space = self._spaces[at]
+        return grid_round(target, [d for d in space if d.key not in seen] if seen else space, n)
 
     def observe(self, measurements: Sequence[Measurement]) -> None:
         return None

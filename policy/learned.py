@@ -10,12 +10,14 @@ On the GPU a build measures on, the proposer adds that GPU model's LoRA adapter 
 base weights where one is committed (``ADAPTERS``; merged without peft), and gives the
 prompt that GPU's features. After each round, ``observe`` updates the weights from the
 round's measured rewards (``online.OnlineLearner``; ``updates=False`` keeps them fixed).
+``space`` narrows the search to given designs per target (a replay's recorded ones): the
+grammar is then that set's, as the replay evaluation's ``grammar`` restriction.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +80,10 @@ class PolicyProposer:
         gpu: str | None = None,
         updates: bool = True,
         online: OnlineConfig = DEFAULT_ONLINE,
+        space: Callable[[Target], Sequence[KernelDesign]] | None = None,
     ):
         self.seed = seed
+        self.space = space  # the designs searched per target (None: the legal space)
         self.families = families
         self.checkpoint = Path(checkpoint)
         self.corpus_path = Path(corpus)
@@ -117,7 +121,10 @@ class PolicyProposer:
 
         model, mcfg, ctx, learner = self._load()
         seen = measured_designs(target, history)
-        space = design_space(target.arch, target.dtype, target.layout, self.families)
+        if self.space is not None:
+            space = list(self.space(target))
+        else:
+            space = design_space(target.arch, target.dtype, target.layout, self.families)
         left = [d for d in space if d.key not in seen]
         if not left or n <= 0:
             return []

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from cudal2.generator import FAMILIES, family_of
 from cudal2.hardware import DATASHEETS, REFERENCE_GPU, datasheet
-from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Target
+from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Status, Target
 
 FAMILY_NAMES = tuple(sorted(FAMILIES))
 # knob name -> every value any family's domain of that knob has
@@ -34,7 +34,19 @@ N_FIELDS = 1 + max(len(FAMILIES[f].KNOBS) for f in FAMILY_NAMES)
 SPECIAL = ("<pad>", "<bos>", "<h>", "<design>", "<eod>")
 SPEED_STEP = 0.05  # log-speedup buckets
 SPEED_MIN, SPEED_MAX = -2.0, 0.4
-STATUSES = ("ok", "compile", "runtime", "incorrect", "timeout", "illegal", "pending")
+
+
+def status_token(status: str) -> str:
+    """The token spelling of a record's status. ``sanitizer`` (a memcheck failure) is
+    spelled ``runtime``: a kernel that fails memcheck is a runtime fault a tool caught,
+    and the corpus has no such record to learn a token of its own from."""
+    return Status.RUNTIME.value if status == Status.SANITIZER else Status(status).value
+
+
+# The records' statuses (one list: cudal2.records.Status) as the policy spells them, and
+# ``pending`` (a token the checkpoints were trained with; nothing emits it now). The
+# order is the vocabulary's.
+STATUSES = (*dict.fromkeys(status_token(s) for s in Status), "pending")
 FRAC_BUCKETS = 10  # metrics as a fraction of the datasheet peak, tenths
 
 
@@ -132,7 +144,8 @@ class HistoryEntry:
     tensor_frac: float | None = None
 
     def tokens(self) -> list[int]:
-        out = [HIST, *design_tokens(self.design, pad=False), tok(f"status={self.status}")]
+        out = [HIST, *design_tokens(self.design, pad=False)]
+        out.append(tok(f"status={status_token(self.status)}"))
         if self.log_speedup is not None:
             out.append(tok(f"speed={speed_bucket(self.log_speedup)}"))
         for name, frac in (("dram", self.dram_frac), ("tensor", self.tensor_frac)):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cudal2.database import MeasurementDB
+from cudal2.generator import design_name
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.packaging.runtime.table import DispatchTable
@@ -60,7 +61,7 @@ def _best_kernel_table(
     designs = [m.design for m in best.values()]
     built = build_all(designs, artifact_cache)
     for m in best.values():  # the cubin we ship must be the one that was measured
-        assert built[m.design_key].artifact_key == m.artifact_key, m.design.name
+        assert built[m.design_key].artifact_key == m.artifact_key, design_name(m.design)
     sels = [
         Selection(
             gpu, t, "kernel", m, m.median_us, m.baselines_us["torch"], m.spread, m.measured_at, 1

@@ -1,8 +1,9 @@
 """Parent side of measuring: a worker process per GPU, killed and replaced on a hang or crash.
 
-A faulting candidate (illegal address, hang) kills only its worker and is recorded
-against that candidate (``runtime`` or ``timeout``); the rest of the batch goes on
-in a fresh worker. The build itself never sees a CUDA context.
+A faulting candidate (illegal address, hang) kills only its worker and is answered
+for that candidate (``runtime`` or ``timeout``); the rest of the batch goes on in a
+fresh worker. The build itself never sees a CUDA context. ``LocalRunner``
+(``verify/local.py``) is the pipeline's face of this pool.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any
 
-from cudal2.records import GpuInfo
+from cudal2.records import GpuInfo, Job, JobResult, Status
 from cudal2.verify.worker import worker_main
 
 START_TIMEOUT_S = 300
@@ -64,26 +65,24 @@ class WorkerPool:
         self._proc = self._conn = None
         self.restarts += 1
 
-    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+    def run(self, job: Job) -> JobResult:
         """Run one job; never raises for what the candidate did."""
         self.start()
         try:
-            self._conn.send(job)
+            self._conn.send(job.as_json())
             if not self._conn.poll(self.job_timeout_s):
                 self._discard()
-                return {
-                    "status": "timeout",
-                    "error": f"no answer within {self.job_timeout_s:.0f} s (hang?)",
-                }
-            result = self._conn.recv()
+                why = f"no answer within {self.job_timeout_s:.0f} s (hang?)"
+                return JobResult(job, Status.TIMEOUT, why)
+            answer = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             code = self._proc.exitcode if self._proc is not None else None
             self._discard()
-            return {"status": "runtime", "error": f"measuring worker died (exit code {code})"}
-        if result.pop("fatal", False):
+            return JobResult(job, Status.RUNTIME, f"measuring worker died (exit code {code})")
+        if answer.get("fatal", False):
             self._proc.join(30)  # a CUDA error: the worker exits right after answering
             self._discard()
-        return result
+        return JobResult.from_json(answer["result"])
 
     def close(self) -> None:
         if self._proc is not None:

@@ -20,11 +20,11 @@ from typing import Any
 
 from cudal2.records import Target
 
-PREFIX = "compute-sanitizer memcheck"
-
 
 @dataclass(frozen=True)
 class SanitizerResult:
+    """``ok``, or the report that says why not (recorded with status ``sanitizer``)."""
+
     ok: bool
     report: str
 
@@ -75,13 +75,13 @@ def memcheck(
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return SanitizerResult(False, f"{PREFIX}: timed out after {timeout_s:.0f} s")
+        return SanitizerResult(False, f"memcheck timed out after {timeout_s:.0f} s")
     finally:
         os.unlink(f.name)
     text = (proc.stdout + proc.stderr)[-4000:]
     if proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in text:
         return SanitizerResult(True, "")
-    return SanitizerResult(False, f"{PREFIX}: exit {proc.returncode}\n{text}")
+    return SanitizerResult(False, f"memcheck exited {proc.returncode}:\n{text}")
 
 
 def _child(job_path: str) -> None:

@@ -25,23 +25,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+# A job's timing settings travel with it to the worker: the record lives with the jobs.
+from cudal2.records import TimingConfig
+
 MODES = ("offline", "server")
 # Recorded with every measurement: results taken by another method are not reused.
 TIMING_METHOD = (
     "timing v2: graph replay over operand sets > 3x L2 (offline); flush+gap+spin (server)"
 )
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # > 5x the H100's 50 MB L2 (and the H200's 60 MB)
-
-
-@dataclass(frozen=True)
-class TimingConfig:
-    reps: int = 30
-    warmup: int = 3
-    mode: str = "offline"
-    min_replay_us: float = 300.0  # offline: a replay lasts at least this long...
-    max_calls: int = 4096  # ...with at most this many calls
-    server_gap_s: tuple[float, float] = (50e-6, 500e-6)
-    seed: int = 0
 
 
 @dataclass(frozen=True)

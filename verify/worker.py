@@ -1,6 +1,7 @@
 """The measuring worker: a separate process that owns the CUDA context.
 
-It answers jobs one at a time over a pipe. A CUDA error poisons the context, so the
+It answers jobs one at a time over a pipe: a ``Job`` as JSON in, a ``JobResult`` as
+JSON out (with a ``fatal`` flag beside it). A CUDA error poisons the context, so the
 worker reports it and exits; the parent starts a fresh one for the rest of the batch.
 This module is the only place that launches candidates, through the same driver
 code the shipped runtime uses (``cudal2.packaging.runtime.driver``).
@@ -8,6 +9,7 @@ code the shipped runtime uses (``cudal2.packaging.runtime.driver``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import traceback
 from collections.abc import Callable
@@ -17,33 +19,34 @@ from typing import Any
 from cudal2.hardware import floor_us
 from cudal2.packaging.runtime import driver
 from cudal2.packaging.runtime.cublaslt import version
-from cudal2.records import Target
+from cudal2.records import Job, JobKind, JobResult, Status
 from cudal2.verify import correctness
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.launch import launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available
-from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved
+from cudal2.verify.timing import operand_sets, time_interleaved
 from cudal2.verify.vendor import algo_name, autotune
 
 CHECKED_ALGOS = 3  # vendor job: the fastest candidates tried through the checks, in order
 
 
 def run_job(
-    job: dict[str, Any], device: int, gpu_name: str, vendor_errors: correctness.VendorErrors
-) -> dict[str, Any]:
-    if job.get("kind") == "cublaslt":
+    job: Job, device: int, gpu_name: str, vendor_errors: correctness.VendorErrors
+) -> JobResult:
+    """A ``measure`` or ``cublaslt`` job (profiling and memcheck run in child processes
+    of their own tools, not in this worker)."""
+    if job.kind == JobKind.AUTOTUNE:
         return run_vendor_job(job, gpu_name, vendor_errors)
-    t = Target.from_json(job["target"])
-    kernel = driver.Kernel(
-        Path(job["cubin_path"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
-    )
-    recipe = job["recipe"]
+    if job.kind != JobKind.MEASURE:
+        raise ValueError(f"the measuring worker does not run {job.kind} jobs")
+    t, recipe = job.target, job.recipe
+    kernel = driver.Kernel(Path(job.cubin).read_bytes(), job.symbol, recipe["smem_bytes"])
 
     def run(a, b, c) -> None:
         stream = _stream()
         launch_dense(kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device)
 
-    return _check_and_time(t, TimingConfig(**job["timing"]), run, gpu_name, vendor_errors)
+    return _check_and_time(job, run, gpu_name, vendor_errors)
 
 
 def _stream() -> int:
@@ -53,26 +56,32 @@ def _stream() -> int:
 
 
 def _check_and_time(
-    t: Target,
-    cfg: TimingConfig,
+    job: Job,
     run: Callable[[Any, Any, Any], None],
     gpu_name: str,
     vendor_errors: correctness.VendorErrors,
-) -> dict[str, Any]:
+) -> JobResult:
     """The correctness suite on ``run(a, b, c)``, then its timing beside torch."""
     import torch
 
+    t, cfg = job.target, job.timing
     gen = torch.Generator(device="cuda")
     gen.manual_seed(cfg.seed)
     result = correctness.check(t, run, gen, vendor_errors=vendor_errors)
-    out: dict[str, Any] = {
-        "max_abs_err": result.max_abs_err,
-        "max_rel_err": result.max_rel_err,
-        "vendor_max_abs_err": result.vendor_max_abs_err,
-        "vendors": len(result.vendors),
-    }
+    checked = JobResult(
+        job,
+        Status.INCORRECT,
+        max_abs_err=result.max_abs_err,
+        max_rel_err=result.max_rel_err,
+        # the vendor spread the correctness bound came from
+        metrics=(
+            {"vendor_max_abs_err": result.vendor_max_abs_err, "bound_vendors": len(result.vendors)}
+            if result.vendors
+            else {}
+        ),
+    )
     if not result.ok:
-        return {**out, "status": "incorrect", "error": result.error}
+        return dataclasses.replace(checked, error=result.error)
     # Time on operand sets rotated past L2 (the same function the benchmarks use).
     nsets = operand_sets(t.min_bytes)
     sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]
@@ -86,18 +95,15 @@ def _check_and_time(
         cfg,
         est_us=max(floor_us(t, gpu_name), 2.0),
     )
-    return {
-        **out,
-        "status": "ok",
-        "error": "",
-        "samples_us": list(timings["candidate"].samples_us),
-        "baseline_samples_us": {"torch": list(timings["torch"].samples_us)},
-    }
+    return dataclasses.replace(
+        checked,
+        status=Status.OK,
+        samples_us=tuple(timings["candidate"].samples_us),
+        baseline_samples_us={"torch": tuple(timings["torch"].samples_us)},
+    )
 
 
-def run_vendor_job(
-    job: dict[str, Any], gpu_name: str, vendor_errors: correctness.VendorErrors
-) -> dict[str, Any]:
+def run_vendor_job(job: Job, gpu_name: str, vendor_errors: correctness.VendorErrors) -> JobResult:
     """cuBLASLt autotuning of one target: every heuristic candidate timed, the fastest
     that passes the same correctness suite as a kernel timed again beside torch. The
     answer carries the algorithm (``vendor``) so the table can dispatch it."""
@@ -105,8 +111,7 @@ def run_vendor_job(
 
     if not isinstance(vendor_errors, VendorSpread):
         raise RuntimeError("cuBLASLt autotuning needs nvmath-python in the measuring worker")
-    t = Target.from_json(job["target"])
-    cfg = TimingConfig(**job["timing"])
+    t, cfg = job.target, job.timing
     lt = vendor_errors.problem(t)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(cfg.seed)
@@ -123,15 +128,16 @@ def run_vendor_job(
     order, tuned = autotune(lt, run_of, nsets, max(5, cfg.reps // 3), cfg.seed, est)
     sets.clear()  # free them: the checks and the final timing draw their own
     outs.clear()
-    res: dict[str, Any] = {}
+    # No algorithm tried: a failure without a ``vendor`` (the build counts it, records nothing).
+    res = JobResult(job, Status.RUNTIME, "cuBLASLt's heuristic offered no algorithm")
     for i in order[:CHECKED_ALGOS]:
 
         def run(a, b, c, i=i) -> None:
             lt.run(i, a.data_ptr(), b.data_ptr(), c.data_ptr(), _stream())
 
-        res = _check_and_time(t, cfg, run, gpu_name, vendor_errors)
+        res = _check_and_time(job, run, gpu_name, vendor_errors)
         config = lt.algo_config(i)
-        res["vendor"] = {
+        vendor = {
             "library": "cublaslt",
             "version": version(),
             "algo": lt.algo_bytes(i).hex(),
@@ -142,7 +148,8 @@ def run_vendor_job(
             "candidates": lt.count,
             "candidates_us": [round(tuned[f"lt{x}"].median_us, 4) for x in range(lt.count)],
         }
-        if res["status"] == "ok":
+        res = dataclasses.replace(res, vendor=vendor)
+        if res.status == Status.OK:
             break
     return res
 
@@ -175,20 +182,16 @@ def worker_main(conn, device: int) -> None:
     lt_version = version() if isinstance(vendor_errors, VendorSpread) else None
     conn.send({"hello": gpu.as_json(), "cublaslt_version": lt_version})
     while True:
-        job = conn.recv()
-        if job is None:
+        msg = conn.recv()
+        if msg is None:
             return
+        job = Job.from_json(msg)
         try:
-            conn.send(run_job(job, device, gpu.name, vendor_errors))
+            conn.send({"result": run_job(job, device, gpu.name, vendor_errors).as_json()})
         except Exception as exc:  # noqa: BLE001 - every failure is a result, recorded
             fatal = _is_cuda_error(exc)
-            conn.send(
-                {
-                    "status": "runtime",
-                    "fatal": fatal,
-                    "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}",
-                }
-            )
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"
+            conn.send({"result": JobResult(job, Status.RUNTIME, error).as_json(), "fatal": fatal})
             if fatal:  # the context is poisoned: leave, the parent starts a fresh worker
                 conn.close()
                 os._exit(3)

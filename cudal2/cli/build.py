@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             "failed candidates: "
             + ", ".join(f"{k} {v}" for k, v in sorted(report.failures.items()))
         )
+    unmeasured = f", {report.unmeasured} jobs without a record" if report.unmeasured else ""
     print(
-        f"measured {report.measured}, reused {report.reused} measurements; "
+        f"measured {report.measured}, reused {report.reused} measurements{unmeasured}; "
         f"{time.monotonic() - started:.1f} s; database {db}"
     )
     print(f"wheel: {report.wheel}")

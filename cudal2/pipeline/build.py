@@ -1,49 +1,72 @@
 """The build pipeline: manifest -> proposals -> cubins -> measurements -> selection -> wheel.
 
+Measuring goes through a runner (``cudal2.verify.runner.Runner``): worker processes
+on the local GPU, or, on a machine without one, a replay of the build's own database.
+It is one loop either way: propose, compile (or, for a runner that needs no cubins,
+render for the artifact keys), measure what has no record, profile, observe; then
+autotune cuBLASLt, select, memcheck the winners, and package.
+
 Each stage resumes from what is on disk: compiled kernels come from the artifact
 cache, measurements from the append-only database (reused per GPU model, target,
-artifact and timing mode), so a killed build re-run repeats no finished work.
+artifact, toolchain and timing mode), so a killed build re-run repeats no finished work.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
-from cudal2 import __version__
 from cudal2.database import MeasurementDB, latest
-from cudal2.generator import design_name, launch_recipe
-from cudal2.generator.compile import ArtifactCache, artifact_key_of, build_all
-from cudal2.generator.render import IllegalDesignError
+from cudal2.generator.compile import (
+    BASE_FLAGS,
+    ArtifactCache,
+    arch_flags,
+    artifact_key_of,
+    build_all,
+    nvcc_version,
+)
+from cudal2.generator.render import IllegalDesignError, symbol
 from cudal2.manifest import Manifest
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
+from cudal2.pipeline.results import (
+    compile_failure,
+    job_for,
+    kernel_job,
+    measurement_from,
+    now,
+    unsafe_artifacts,
+    vendor_measurement,
+    vendor_toolchain,
+)
 from cudal2.pipeline.select import Selection, select
-from cudal2.policy import make_proposer
+from cudal2.policy import Proposer, make_proposer
 from cudal2.records import (
     BuildResult,
     GpuInfo,
+    Job,
+    JobKind,
+    JobResult,
     KernelDesign,
     Measurement,
+    Status,
     Target,
-    canonical_json,
-    sha256_hex,
+    TimingConfig,
 )
 from cudal2.verify.gpu import gpu_names
-from cudal2.verify.profile import find_ncu, is_profiled, job, profile
-from cudal2.verify.sanitizer import PREFIX as SANITIZER_PREFIX
-from cudal2.verify.sanitizer import memcheck
-from cudal2.verify.timing import TIMING_METHOD, Timing, TimingConfig
+from cudal2.verify.profile import is_profiled
+
+if TYPE_CHECKING:
+    from cudal2.verify.runner import Runner
 
 
 class BuildError(RuntimeError):
@@ -59,124 +82,8 @@ class BuildReport:
     measured: int = 0
     reused: int = 0
     compiled: int = 0
+    unmeasured: int = 0  # jobs the runner had no answer for (a replay without a record)
     failures: dict[str, int] = field(default_factory=dict)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def toolchain_of(build: BuildResult) -> str:
-    """What, besides the artifact, a measurement depends on: nvcc and the timing method."""
-    return f"{build.nvcc_version}; {TIMING_METHOD}"
-
-
-def _timed(target: Target, result: dict[str, Any]) -> dict[str, Any]:
-    """The timing fields of a worker's answer and the metrics derived from them."""
-    samples = tuple(result.get("samples_us", ()))
-    base_samples = {k: tuple(v) for k, v in result.get("baseline_samples_us", {}).items()}
-    median = _median(samples)
-    metrics: dict[str, float] = {}
-    if result.get("vendors"):  # the vendor spread the correctness bound came from
-        metrics["vendor_max_abs_err"] = result["vendor_max_abs_err"]
-        metrics["bound_vendors"] = result["vendors"]
-    if median:
-        metrics["tflops"] = round(target.flops / (median * 1e-6) / 1e12, 3)
-        metrics["gbps"] = round(target.min_bytes / (median * 1e-6) / 1e9, 2)
-    spread = None
-    if samples and "torch" in base_samples:
-        spread = max(Timing(samples).spread, Timing(base_samples["torch"]).spread)
-    return {
-        "status": result["status"],
-        "error": result.get("error", ""),
-        "max_abs_err": result.get("max_abs_err"),
-        "max_rel_err": result.get("max_rel_err"),
-        "samples_us": samples,
-        "median_us": median,
-        "baselines_us": {k: statistics.median(v) for k, v in base_samples.items()},
-        "baseline_samples_us": base_samples,
-        "spread": spread,
-        "metrics": metrics,
-    }
-
-
-def measurement_from(
-    target: Target,
-    design: KernelDesign,
-    build: BuildResult,
-    result: dict[str, Any],
-    gpu: GpuInfo,
-    proposer: str,
-    mode: str,
-) -> Measurement:
-    """A worker's answer (or a compile failure) as a typed record with derived metrics."""
-    timed = _timed(target, result)
-    metrics: dict[str, float] = {}
-    if build.registers is not None:
-        metrics["registers"] = build.registers
-        metrics["spill_bytes"] = build.spill_bytes or 0
-    if build.ok:
-        recipe = launch_recipe(design)
-        tiles = -(-target.m // recipe["tile_m"]) * -(-target.n // recipe["tile_n"])
-        metrics["waves"] = round(tiles / gpu.sm_count, 4)
-        metrics["smem_bytes"] = recipe["smem_bytes"]
-    timed["metrics"] = {**metrics, **timed["metrics"]}
-    return Measurement(
-        target=target,
-        design=design,
-        design_key=design.key,
-        artifact_key=build.artifact_key,
-        gpu=gpu,
-        proposer=proposer,
-        tool_version=__version__,
-        toolchain=toolchain_of(build),
-        measured_at=_now(),
-        mode=mode,
-        **timed,
-    )
-
-
-VENDOR_PROPOSER = "cublaslt-autotune"
-
-
-def vendor_toolchain(version: int) -> str:
-    """What a cuBLASLt record depends on besides its algorithm: the library's version
-    and the timing method."""
-    return f"cublasLt {version}; {TIMING_METHOD}"
-
-
-def vendor_measurement(
-    target: Target, result: dict[str, Any], gpu: GpuInfo, mode: str
-) -> Measurement:
-    """A vendor job's answer (cuBLASLt autotuning) as a record that the selection can
-    weigh against the kernels and a table can dispatch."""
-    vendor = result["vendor"]
-    key = sha256_hex(canonical_json({k: vendor[k] for k in ("library", "version", "algo")}))
-    timed = _timed(target, result)
-    timed["metrics"]["workspace_bytes"] = vendor["workspace_bytes"]
-    return Measurement(
-        target=target,
-        design=None,
-        design_key=f"cublaslt:{key}",
-        artifact_key=f"cublaslt:{key}",
-        gpu=gpu,
-        proposer=VENDOR_PROPOSER,
-        tool_version=__version__,
-        toolchain=vendor_toolchain(vendor["version"]),
-        measured_at=_now(),
-        mode=mode,
-        vendor=vendor,
-        **timed,
-    )
-
-
-def unsafe_artifacts(history: Sequence[Measurement]) -> set[str]:
-    """Artifacts that failed compute-sanitizer on any target: they never ship."""
-    return {x.artifact_key for x in history if x.error.startswith(SANITIZER_PREFIX)}
 
 
 def shippable(unsafe: set[str]) -> Callable[[Measurement], bool]:
@@ -217,7 +124,26 @@ def table_from_measurements(
     )
 
 
+def rendered(design: KernelDesign) -> BuildResult:
+    """What compiling ``design`` here would be known by, without compiling it: its
+    artifact key (rendered source, nvcc version, flags) and symbol. For a runner that
+    needs no cubins (a replay), which answers by artifact key."""
+    return BuildResult(
+        design_key=design.key,
+        artifact_key=artifact_key_of(design),
+        ok=True,
+        symbol=symbol(design),
+        nvcc_version=nvcc_version(),
+        flags=BASE_FLAGS + arch_flags(design.arch),
+    )
+
+
 class Build:
+    """One build of a manifest. ``runner``: where jobs are measured (default: worker
+    processes on CUDA device ``device`` where there is a GPU and ``measure``, else a
+    replay of the build's own database). ``proposer``: the search strategy (default:
+    the manifest's, made for the measuring GPU)."""
+
     def __init__(
         self,
         manifest: Manifest,
@@ -229,6 +155,8 @@ class Build:
         measure: bool = True,
         jobs: int | None = None,
         device: int = 0,
+        runner: Runner | None = None,
+        proposer: Proposer | None = None,
         log: TextIO = sys.stderr,
     ):
         self.manifest = manifest
@@ -239,114 +167,149 @@ class Build:
         self.measure = measure
         self.jobs = jobs
         self.device = device
+        self.runner = runner
+        self.proposer = proposer
         self.log = log
-        self.report_counts = {"measured": 0, "reused": 0, "compiled": 0}
+        self.counts = Counter(measured=0, reused=0, compiled=0, unmeasured=0, appended=0)
         self.failures: dict[str, int] = {}
         self._sanitized: set[str] = set()
 
     def say(self, msg: str) -> None:
         print(msg, file=self.log, flush=True)
 
-    # -- measuring (GPU machines) ---------------------------------------------------
-    def _measure(self, history: list[Measurement]) -> None:
-        from cudal2.verify.pool import WorkerPool
+    def _append(self, records: Iterable[Measurement]) -> None:
+        records = list(records)
+        self.db.append(records)  # at once: a killed build keeps what it measured
+        self.counts["appended"] += len(records)
 
+    def _failed(self, status: str) -> None:
+        self.failures[status] = self.failures.get(status, 0) + 1
+
+    def _cubin(self, runner: Runner, artifact_key: str) -> str:
+        if not runner.needs_cubins:
+            return ""
+        return str(self.cache.entry(artifact_key) / "kernel.cubin")
+
+    def _answers(
+        self,
+        runner: Runner,
+        jobs: Sequence[Job],
+        desc: str,
+        unit: str,
+        started: float,
+        unrecorded: list[Job] | None = None,
+    ) -> Iterable[JobResult]:
+        """The runner's answers to ``jobs`` until the GPU-time budget is spent (checked
+        before each job starts: the runner runs the next job only when asked for it).
+        Jobs it has no answer for go to ``unrecorded``."""
+        budget = self.manifest.search.gpu_budget_s
+        bar = tqdm(total=len(jobs), desc=desc, unit=unit, file=self.log)
+        answers = iter(runner.run(jobs))
+        try:
+            while bar.n < len(jobs):
+                if time.monotonic() - started > budget:
+                    self.say(
+                        f"GPU-time budget of {budget:.0f} s spent: {len(jobs) - bar.n} "
+                        f"{unit}s left unmeasured (re-run to continue)"
+                    )
+                    return
+                res = next(answers, None)
+                if res is None:
+                    return
+                bar.update(1)
+                if not res.recorded:  # unmeasured: no failure, no time, no record
+                    self.counts["unmeasured"] += 1
+                    if unrecorded is not None:
+                        unrecorded.append(res.job)
+                    continue
+                yield res
+        finally:
+            bar.close()
+
+    # -- measuring (through the runner) ------------------------------------------------
+    def _measure(self, runner: Runner, gpu: GpuInfo, history: list[Measurement]) -> None:
         m = self.manifest
         timing = TimingConfig(mode=m.timing_mode, seed=m.search.seed)
-        with WorkerPool(self.device) as pool:
-            gpu = pool.start()
-            self.say(
-                f"measuring on {gpu.name} ({gpu.arch}, driver {gpu.driver}, {gpu.sm_count} SMs)"
-            )
-            proposer = make_proposer(
-                m.search.proposer,
-                m.search.seed,
-                m.search.families,
-                gpu=gpu.name,
-                updates=m.search.policy_updates,
-            )
-            describe = getattr(proposer, "describe", None)
-            self.say(f"proposer: {describe() if describe else proposer.name}")
-            targets = [t for t in m.targets if t.arch == gpu.arch]
-            skipped = len(m.targets) - len(targets)
-            if skipped:
-                self.say(
-                    f"{skipped} targets are for other archs than {gpu.arch}: not measured here"
-                )
-            # (GPU model, target, artifact, mode) -> the latest record: reused, not re-run.
-            prior = {} if self.remeasure else {x.reuse_key: x for x in history}
-            this_build: list[Measurement] = []
-            started = time.monotonic()
-            for rnd in range(m.search.rounds):
-                proposals = {
-                    t: proposer.propose(t, this_build, m.search.candidates) for t in targets
-                }
-                designs = [d for ds in proposals.values() for d in ds]
-                builds = self._compile(designs, f"round {rnd + 1}/{m.search.rounds}: compile")
-                jobs: list[tuple[Target, KernelDesign, BuildResult]] = []
-                round_ms: list[Measurement] = []
-                for t, ds in proposals.items():
-                    for d in ds:
-                        b = builds[d.key]
-                        key = (gpu.name, t.key, b.artifact_key, toolchain_of(b), m.timing_mode)
-                        old = prior.get(key)
-                        if old is not None:
-                            round_ms.append(old)
-                            self.report_counts["reused"] += 1
-                        elif not b.ok:
-                            rec = measurement_from(
-                                t,
-                                d,
-                                b,
-                                {"status": "compile", "error": b.error},
-                                gpu,
-                                proposer.name,
-                                m.timing_mode,
-                            )
-                            self.db.append([rec])
-                            round_ms.append(rec)
-                        else:
-                            jobs.append((t, d, b))
-                bar = tqdm(
-                    jobs,
-                    desc=f"round {rnd + 1}/{m.search.rounds}: measure",
-                    unit="cand",
-                    file=self.log,
-                )
-                for t, d, b in bar:
-                    if time.monotonic() - started > m.search.gpu_budget_s:
-                        self.say(
-                            f"GPU-time budget of {m.search.gpu_budget_s:.0f} s spent: "
-                            f"{len(jobs) - bar.n} candidates left unmeasured (re-run to continue)"
-                        )
-                        break
-                    job = {
-                        "target": t.as_json(),
-                        "cubin_path": str(self.cache.entry(b.artifact_key) / "kernel.cubin"),
-                        "symbol": b.symbol,
-                        "recipe": launch_recipe(d),
-                        "timing": dataclasses.asdict(timing),
-                    }
-                    rec = measurement_from(
-                        t, d, b, pool.run(job), gpu, proposer.name, m.timing_mode
-                    )
-                    self.db.append([rec])  # at once: a killed build keeps what it measured
-                    round_ms.append(rec)
-                    self.report_counts["measured"] += 1
-                    if rec.status != "ok":
-                        self.failures[rec.status] = self.failures.get(rec.status, 0) + 1
-                bar.close()
-                round_ms = self._profile(round_ms, m.search.profile_top)
-                this_build.extend(round_ms)
-                learned = proposer.observe(round_ms)
-                if learned:
-                    self.say(learned)
-            if m.search.cublaslt:
-                self._autotune_vendor(pool, gpu, targets, history, timing, started)
+        self.say(
+            f"measuring with {runner.name}: {gpu.name} ({gpu.arch}, driver {gpu.driver}, "
+            f"{gpu.sm_count} SMs)"
+        )
+        proposer = self.proposer or make_proposer(
+            m.search.proposer,
+            m.search.seed,
+            m.search.families,
+            gpu=gpu.name,
+            updates=m.search.policy_updates,
+        )
+        describe = getattr(proposer, "describe", None)
+        self.say(f"proposer: {describe() if describe else proposer.name}")
+        targets = [t for t in m.targets if t.arch == gpu.arch]
+        skipped = len(m.targets) - len(targets)
+        if skipped:
+            self.say(f"{skipped} targets are for other archs than {gpu.arch}: not measured here")
+        # A job whose reuse key has a record is not run again: the record stands for it.
+        prior = {} if self.remeasure else {x.reuse_key: x for x in history}
+        this_build: list[Measurement] = []
+        # Designs the runner had no answer for, per target: proposed again, they would
+        # crowd out new ones (a deterministic proposer would propose them every round).
+        unanswered: dict[Target, set[str]] = {}
+        started = time.monotonic()
+        for rnd in range(m.search.rounds):
+            label = f"round {rnd + 1}/{m.search.rounds}"
+            proposals = {
+                t: _propose(proposer, t, this_build, m.search.candidates, unanswered.get(t, set()))
+                for t in targets
+            }
+            designs = [d for ds in proposals.values() for d in ds]
+            builds = self._builds(runner, designs, f"{label}: compile")
+            jobs: list[Job] = []
+            round_ms: list[Measurement] = []
+            for t, ds in proposals.items():
+                for d in ds:
+                    b = builds[d.key]
+                    job = kernel_job(t, d, b, timing, self._cubin(runner, b.artifact_key))
+                    old = prior.get(job.reuse_key(gpu.name))
+                    if old is not None:
+                        round_ms.append(old)
+                        self.counts["reused"] += 1
+                    elif not b.ok:
+                        rec = compile_failure(job, b, gpu, proposer.name)
+                        self._append([rec])
+                        round_ms.append(rec)
+                    else:
+                        jobs.append(job)
+            unrecorded: list[Job] = []
+            desc = f"{label}: measure"
+            for res in self._answers(runner, jobs, desc, "candidate", started, unrecorded):
+                assert res.job.design is not None
+                rec = measurement_from(res, builds[res.job.design.key], gpu, proposer.name)
+                self._append([rec])
+                round_ms.append(rec)
+                self.counts["measured"] += 1
+                if rec.status != Status.OK:
+                    self._failed(rec.status)
+            for job in unrecorded:
+                if job.design is not None:
+                    unanswered.setdefault(job.target, set()).add(job.design.key)
+            round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
+            this_build.extend(round_ms)
+            learned = proposer.observe(round_ms)
+            if learned:
+                self.say(learned)
+        if m.search.cublaslt:
+            self._autotune_vendor(runner, gpu, targets, history, timing, started)
+
+    def _builds(
+        self, runner: Runner, designs: Sequence[KernelDesign], desc: str
+    ) -> dict[str, BuildResult]:
+        """Each design's build: compiled where the runner needs cubins, else rendered."""
+        if runner.needs_cubins:
+            return self._compile(designs, desc)
+        return {d.key: rendered(d) for d in designs}
 
     def _autotune_vendor(
         self,
-        pool: Any,
+        runner: Runner,
         gpu: GpuInfo,
         targets: Sequence[Target],
         history: Sequence[Measurement],
@@ -356,49 +319,32 @@ class Build:
         """cuBLASLt autotuning of every target without a record of this GPU model,
         cuBLASLt version and timing mode: its fastest correct algorithm becomes a
         candidate of the selection like any kernel."""
-        m = self.manifest
-        version = pool.cublaslt_version
+        version = runner.cublaslt_version
         if version is None:
             self.say(
-                "nvmath-python is not importable in the measuring worker: cuBLASLt is not "
-                "autotuned (pip install nvmath-python; or set search.cublaslt = false)"
+                f"cuBLASLt is not autotuned: {runner.name} cannot (a GPU worker needs "
+                "nvmath-python: pip install nvmath-python; or set search.cublaslt = false)"
             )
             return
-        toolchain = vendor_toolchain(version)
-        done = set()
-        if not self.remeasure:
-            done = {
-                x.target
-                for x in history
-                if x.is_vendor
-                and x.gpu.name == gpu.name
-                and x.mode == m.timing_mode
-                and x.toolchain == toolchain
-            }
-        todo = [t for t in targets if t not in done]
-        self.report_counts["reused"] += len(targets) - len(todo)
-        bar = tqdm(todo, desc=f"cuBLASLt {version} autotune", unit="target", file=self.log)
-        for t in bar:
-            if time.monotonic() - started > m.search.gpu_budget_s:
-                self.say(
-                    f"GPU-time budget of {m.search.gpu_budget_s:.0f} s spent: "
-                    f"{len(todo) - bar.n} targets left without cuBLASLt autotuning"
-                )
-                break
-            job = {"kind": "cublaslt", "target": t.as_json(), "timing": dataclasses.asdict(timing)}
-            result = pool.run(job)
-            if "vendor" not in result:  # the job failed before any algorithm was tried
-                self.failures["cublaslt"] = self.failures.get("cublaslt", 0) + 1
-                self.say(f"cuBLASLt autotuning of {t.label} failed: {result.get('error', '')}")
+        jobs = [Job(JobKind.AUTOTUNE, t, timing, vendor_toolchain(version)) for t in targets]
+        done = set() if self.remeasure else {x.tuning_key for x in history if x.is_vendor}
+        todo = [j for j in jobs if j.reuse_key(gpu.name) not in done]
+        self.counts["reused"] += len(jobs) - len(todo)
+        desc = f"cuBLASLt {version} autotune"
+        for res in self._answers(runner, todo, desc, "target", started):
+            if not res.vendor:  # the job failed before any algorithm was tried
+                self._failed("cublaslt")
+                self.say(f"cuBLASLt autotuning of {res.job.target.label} failed: {res.error}")
                 continue
-            rec = vendor_measurement(t, result, gpu, m.timing_mode)
-            self.db.append([rec])
-            self.report_counts["measured"] += 1
-            if rec.status != "ok":
-                self.failures[rec.status] = self.failures.get(rec.status, 0) + 1
-        bar.close()
+            rec = vendor_measurement(res, gpu)
+            self._append([rec])
+            self.counts["measured"] += 1
+            if rec.status != Status.OK:
+                self._failed(rec.status)
 
-    def _profile(self, ms: list[Measurement], top: int) -> list[Measurement]:
+    def _profile(
+        self, runner: Runner, gpu: GpuInfo, ms: list[Measurement], top: int
+    ) -> list[Measurement]:
         """Nsight Compute metrics for each target's ``top`` fastest correct candidates
         of the round (unless they have them already), recorded as enriched copies of their
         measurements; the returned list carries them to the proposer."""
@@ -406,41 +352,46 @@ class Build:
             return ms
         by_target: dict[Target, list[Measurement]] = {}
         for x in ms:
-            if x.status == "ok" and x.median_us and x.design is not None:
+            if x.status == Status.OK and x.median_us and x.design is not None:
                 by_target.setdefault(x.target, []).append(x)
-        chosen = [
-            x
+        chosen = {
+            x.reuse_key: x
             for xs in by_target.values()
             for x in sorted(xs, key=lambda x: (x.median_us, x.design_key))[:top]
             if not is_profiled(x.metrics)  # profiled before
-        ]
+        }
         if not chosen:
             return ms
-        if find_ncu() is None:
-            self.say("ncu (Nsight Compute) not found: candidates are not profiled")
-            return ms
         self.say(f"profiling {len(chosen)} candidates with Nsight Compute")
-        res = profile(
-            [
-                job(self.cache.entry(x.artifact_key) / "kernel.cubin", x.design, x.target)
-                for x in chosen
-            ]
-        )
-        if res.error:
-            self.say(f"profiling failed, going on without: {res.error.splitlines()[0]}")
-            return ms
+        jobs = [
+            job_for(JobKind.PROFILE, x, self._cubin(runner, x.artifact_key))
+            for x in chosen.values()
+        ]
+        metrics: dict[tuple, dict[str, Any]] = {}
+        errors: list[str] = []
+        for res in runner.run(jobs):
+            if not res.recorded:
+                continue
+            if res.status != Status.OK:
+                errors.append(res.error)
+            elif res.metrics:
+                metrics[res.job.reuse_key(gpu.name)] = res.metrics
+        if errors:
+            self.say(f"profiling failed, going on without: {errors[0].splitlines()[0]}")
         enriched = {
-            id(x): dataclasses.replace(x, metrics={**x.metrics, **vals})
-            for x, vals in zip(chosen, res.metrics, strict=True)
-            if vals
+            key: dataclasses.replace(x, metrics={**x.metrics, **metrics[key]})
+            for key, x in chosen.items()
+            if key in metrics
         }
-        self.db.append(enriched.values())
-        return [enriched.get(id(x), x) for x in ms]
+        self._append(enriched.values())
+        return [enriched.get(x.reuse_key, x) for x in ms]
 
-    def _sanitize(self, selections: Sequence[Selection], unsafe: set[str]) -> set[str]:
+    def _sanitize(
+        self, runner: Runner, selections: Sequence[Selection], unsafe: set[str]
+    ) -> set[str]:
         """memcheck each selected kernel's artifact once per build; failures are
-        recorded (status runtime) so that no later build ships them either."""
-        failed: set[str] = set()
+        recorded (status sanitizer) so that no later build ships them either."""
+        winners: dict[str, Measurement] = {}
         for s in selections:
             w = s.winner
             if s.kind != "kernel" or w is None or w.design is None:
@@ -448,23 +399,33 @@ class Build:
             if w.artifact_key in self._sanitized or w.artifact_key in unsafe:
                 continue
             self._sanitized.add(w.artifact_key)
-            build_all([w.design], self.cache)  # a winner recorded by an earlier build
-            cubin = self.cache.entry(w.artifact_key) / "kernel.cubin"
-            res = memcheck(cubin, design_name(w.design), launch_recipe(w.design), s.target)
-            if not res.ok:
-                failed.add(w.artifact_key)
-                self.db.append(
-                    [
-                        dataclasses.replace(
-                            w,
-                            status="runtime",
-                            error=res.report,
-                            samples_us=(),
-                            median_us=None,
-                            measured_at=_now(),
-                        )
-                    ]
-                )
+            winners[w.artifact_key] = w
+        if not winners:
+            return set()
+        if runner.needs_cubins:  # a winner recorded by an earlier build may not be compiled
+            build_all([w.design for w in winners.values() if w.design], self.cache)
+        jobs = [
+            job_for(JobKind.SANITIZE, w, self._cubin(runner, w.artifact_key))
+            for w in winners.values()
+        ]
+        failed: set[str] = set()
+        for res in runner.run(jobs):
+            if res.status != Status.SANITIZER:  # ok, or no verdict recorded (unchecked)
+                continue
+            w = winners[res.job.artifact_key]
+            failed.add(w.artifact_key)
+            self._append(
+                [
+                    dataclasses.replace(
+                        w,
+                        status=Status.SANITIZER,
+                        error=res.error,
+                        samples_us=(),
+                        median_us=None,
+                        measured_at=now(),
+                    )
+                ]
+            )
         return failed
 
     def _compile(self, designs: Sequence[KernelDesign], desc: str) -> dict[str, BuildResult]:
@@ -472,46 +433,67 @@ class Build:
         bar = tqdm(total=len(unique), desc=desc, unit="kernel", file=self.log)
         results = build_all(unique.values(), self.cache, self.jobs, on_done=lambda r: bar.update(1))
         bar.close()
-        self.report_counts["compiled"] += len(results)
+        self.counts["compiled"] += len(results)
         return results
 
-    # -- selection and packaging (any machine) --------------------------------------
-    def run(self) -> BuildReport:
-        history = latest(self.db.read())
-        have_gpu = self.measure and bool(gpu_names())
-        if have_gpu:
-            self._measure(history)
-            history = latest(self.db.read())
-        else:
-            relevant = [x for x in history if x.target in set(self.manifest.targets)]
-            if not relevant:
-                raise BuildError(
-                    f"no GPU here and no recorded measurements for this manifest's targets in "
-                    f"{self.db.path}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
-                    f"--measurements FILE recorded on one"
-                )
-            self.say(
-                f"no GPU here: building from {len(relevant)} recorded measurements "
-                f"in {self.db.path}"
+    def _default_runner(self, records: list[Measurement]) -> Runner:
+        """Worker processes on the local GPU; without one (or with ``measure`` off), a
+        replay of this build's database, so a build without a GPU runs the same loop."""
+        if self.measure and gpu_names():
+            from cudal2.verify.local import LocalRunner  # the worker side: imported on a GPU
+
+            return LocalRunner(self.device)
+        from cudal2.verify.replay import ReplayRunner
+
+        targets = set(self.manifest.targets)
+        relevant = [x for x in records if x.target in targets]
+        if not relevant:
+            raise BuildError(
+                f"no GPU here and no recorded measurements for this manifest's targets in "
+                f"{self.db.path}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
+                f"--measurements FILE recorded on one"
             )
-            self.report_counts["reused"] = len(relevant)
-        unsafe = unsafe_artifacts(history)
-        usable = shippable(unsafe)
-        selections, missing = select(
-            self.manifest.targets, history, self.manifest.timing_mode, usable
-        )
-        while have_gpu and (failed := self._sanitize(selections, unsafe)):
-            self.say(f"{len(failed)} selected kernels failed {SANITIZER_PREFIX}: reselecting")
-            unsafe |= failed
+        self.say(f"no GPU here: replaying {len(relevant)} recorded measurements in {self.db.path}")
+        if self.remeasure:  # replaying the database into itself would only copy records
+            self.say("--remeasure needs a GPU: ignored")
+            self.remeasure = False
+        # The GPU model with the most records of the manifest's targets stands for the
+        # measuring GPU; the selection below still reads every model's records.
+        counts = Counter(x.gpu.name for x in relevant)
+        gpu = min(counts, key=lambda g: (-counts[g], g))
+        return ReplayRunner(records, gpu, name=str(self.db.path))
+
+    # -- selection and packaging (any machine) --------------------------------------
+    def measure_and_select(self) -> tuple[list[Selection], list[Target]]:
+        """Everything up to the table: the measuring loop through the runner, then the
+        selection, its winners memchecked (reselecting past a failure). Returns the
+        selections and the targets without a timed measurement."""
+        records = self.db.read()
+        history = latest(records)
+        runner = self.runner or self._default_runner(records)
+        with runner:
+            gpu = runner.start()
+            self._measure(runner, gpu, history)
+            if self.counts["appended"]:
+                history = latest(self.db.read())
+            unsafe = unsafe_artifacts(history)
+            usable = shippable(unsafe)
             selections, missing = select(
                 self.manifest.targets, history, self.manifest.timing_mode, usable
             )
+            while failed := self._sanitize(runner, selections, unsafe):
+                self.say(f"{len(failed)} selected kernels failed compute-sanitizer: reselecting")
+                unsafe |= failed
+                selections, missing = select(
+                    self.manifest.targets, history, self.manifest.timing_mode, usable
+                )
         stale = {
             x.design_key
             for x in history
-            if x.status == "ok"
+            if x.status == Status.OK
             and not x.is_vendor
             and x.target in set(self.manifest.targets)
+            and x.artifact_key not in unsafe  # failed memcheck: not shipped, and not stale
             and not usable(x)
         }
         if stale:
@@ -519,6 +501,11 @@ class Build:
                 f"{len(stale)} measured designs no longer build to the measured artifact "
                 "(template or nvcc changed): not shipped; re-measure on a GPU"
             )
+        return selections, missing
+
+    def run(self) -> BuildReport:
+        """The whole build: measure, select, compile the winners, write the wheel."""
+        selections, missing = self.measure_and_select()
         winners = [
             s.winner.design
             for s in selections
@@ -540,8 +527,18 @@ class Build:
             table=table,
             selections=selections,
             missing=missing,
-            measured=self.report_counts["measured"],
-            reused=self.report_counts["reused"],
-            compiled=self.report_counts["compiled"],
+            measured=self.counts["measured"],
+            reused=self.counts["reused"],
+            compiled=self.counts["compiled"],
+            unmeasured=self.counts["unmeasured"],
             failures=self.failures,
         )
+
+
+def _propose(
+    proposer: Proposer, t: Target, history: Sequence[Measurement], n: int, skip: set[str]
+) -> list[KernelDesign]:
+    """``n`` proposals for ``t`` that are not in ``skip`` (asked for that many more)."""
+    if not skip:
+        return proposer.propose(t, history, n)
+    return [d for d in proposer.propose(t, history, n + len(skip)) if d.key not in skip][:n]

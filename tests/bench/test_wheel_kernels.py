@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from cudal2.bench.kernels import WheelKernels
+from cudal2.generator import design_name
 from cudal2.manifest import default_manifest_path
 from cudal2.packaging.wheel import write_wheel
 from cudal2.pipeline.build import table_from_measurements
@@ -32,7 +33,7 @@ def test_database_gives_the_table_a_build_would_select(
         assert d["kind"] == s.kind, s.target.label
         if s.kind == "kernel":  # the winner's cubin came along, by content hash
             e = k.entry(s.target)
-            assert e.kernel == s.winner.design.name and e.cubin_sha256 in k.cubins
+            assert e.kernel == design_name(s.winner.design) and e.cubin_sha256 in k.cubins
 
 
 def test_wheel_and_database_tables_agree(recorded_measurements, monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
-"""The build's cuBLASLt autotuning step (``Build._autotune_vendor``) on recorded data:
-which targets it sends to the worker, and the records it makes of the answers."""
+"""The build's cuBLASLt autotuning step (``Build._autotune_vendor``) through a runner
+replaying the recorded H100 database: which targets it asks to autotune, and the
+records it makes of the answers."""
 
 from __future__ import annotations
 
@@ -9,30 +10,22 @@ import time
 from cudal2.database import MeasurementDB
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
-from cudal2.pipeline.build import Build, vendor_measurement, vendor_toolchain
-from cudal2.verify.timing import TimingConfig
+from cudal2.pipeline.build import Build
+from cudal2.pipeline.results import vendor_measurement, vendor_toolchain
+from cudal2.records import Job, JobKind, TimingConfig
+from cudal2.verify.replay import ReplayRunner
 
 
-class ReplayPool:
-    """Answers vendor jobs with the recorded answers of the H100 database."""
+class Spy(ReplayRunner):
+    """The replay runner, remembering the jobs it was given."""
 
-    def __init__(self, records, version):
-        self.cublaslt_version = version
-        self.answers = {r.target: r for r in records}
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self.jobs = []
 
-    def run(self, job):
-        self.jobs.append(job)
-        r = self.answers[next(t for t in self.answers if t.as_json() == job["target"])]
-        return {
-            "status": r.status,
-            "error": r.error,
-            "max_abs_err": r.max_abs_err,
-            "max_rel_err": r.max_rel_err,
-            "samples_us": list(r.samples_us),
-            "baseline_samples_us": {k: list(v) for k, v in r.baseline_samples_us.items()},
-            "vendor": r.vendor,
-        }
+    def run(self, jobs):
+        self.jobs += jobs
+        return super().run(jobs)
 
 
 def _build(tmp_path, log):
@@ -49,28 +42,32 @@ def test_only_targets_without_a_record_of_this_version_are_autotuned(
     b = _build(tmp_path, io.StringIO())
     targets = sorted({m.target for m in vendor})
     history = [m for m in vendor if m.target != targets[0]]  # one target never tuned
-    pool = ReplayPool(vendor, version)
-    gpu = vendor[0].gpu
-    b._autotune_vendor(pool, gpu, targets, history, TimingConfig(), time.monotonic())
-    assert [j["target"] for j in pool.jobs] == [targets[0].as_json()]
+    runner = Spy(vendor)
+    assert runner.cublaslt_version == version
+    gpu = runner.start()
+    b._autotune_vendor(runner, gpu, targets, history, TimingConfig(), time.monotonic())
+    assert [j.target for j in runner.jobs] == [targets[0]]
     (rec,) = MeasurementDB(tmp_path / "db.jsonl").read()
     old = next(m for m in vendor if m.target == targets[0])
     assert rec.reuse_key == old.reuse_key  # same algorithm, version, GPU and mode
     assert rec.toolchain == vendor_toolchain(version) and rec.design is None
     assert rec.median_us == old.median_us and rec.metrics["workspace_bytes"] >= 0
-    # Another cuBLASLt version: every target is tuned again.
-    pool = ReplayPool(vendor, version + 1)
-    b._autotune_vendor(pool, gpu, targets, history, TimingConfig(), time.monotonic())
-    assert len(pool.jobs) == len(targets)
+    # Another cuBLASLt version: every target is asked for again; the replay has no
+    # record of that version, so nothing is measured and nothing written.
+    runner = Spy(vendor, cublaslt_version=version + 1)
+    b._autotune_vendor(runner, gpu, targets, history, TimingConfig(), time.monotonic())
+    assert len(runner.jobs) == len(targets)
+    assert len(MeasurementDB(tmp_path / "db.jsonl").read()) == 1
+    assert b.counts["unmeasured"] == len(targets) and not b.failures
 
 
-def test_no_nvmath_in_the_worker_says_so_and_tunes_nothing(tmp_path, recorded_measurements):
+def test_a_runner_that_cannot_autotune_says_so_and_tunes_nothing(tmp_path, recorded_measurements):
     log = io.StringIO()
     b = _build(tmp_path, log)
-    pool = ReplayPool([], None)
-    gpu = recorded_measurements[0].gpu
-    b._autotune_vendor(pool, gpu, b.manifest.targets, [], TimingConfig(), time.monotonic())
-    assert pool.jobs == [] and "nvmath-python" in log.getvalue()
+    runner = Spy(recorded_measurements, cublaslt_version=None)
+    gpu = runner.start()
+    b._autotune_vendor(runner, gpu, b.manifest.targets, [], TimingConfig(), time.monotonic())
+    assert runner.jobs == [] and "nvmath-python" in log.getvalue()
 
 
 def test_vendor_records_round_trip_through_the_database(tmp_path, recorded_measurements):
@@ -78,7 +75,7 @@ def test_vendor_records_round_trip_through_the_database(tmp_path, recorded_measu
     db = MeasurementDB(tmp_path / "db.jsonl")
     db.append([rec])
     assert db.read() == [rec]
-    again = vendor_measurement(
-        rec.target, ReplayPool([rec], 0).run({"target": rec.target.as_json()}), rec.gpu, rec.mode
-    )
+    job = Job(JobKind.AUTOTUNE, rec.target, TimingConfig(mode=rec.mode), rec.toolchain)
+    again = vendor_measurement(ReplayRunner([rec]).answer(job), rec.gpu)
     assert again.design_key == rec.design_key and again.vendor == rec.vendor
+    assert again.reuse_key == rec.reuse_key and again.metrics == rec.metrics

@@ -92,3 +92,15 @@ def test_sample_proposer_is_stratified_and_the_same_for_every_target():
         make_proposer("sample", 6).propose(Target("sm_90a", "fp16", "tn", 8, 5120, 5120), [], 288)
         != a
     )
+
+
+def test_policy_status_tokens_come_from_the_records():
+    """One list of statuses (cudal2.records.Status); the policy's token strings are the
+    ones its checkpoints were trained with, ``sanitizer`` spelled ``runtime``."""
+    from cudal2.policy.tokens import STATUSES, VOCAB, status_token
+    from cudal2.records import Status
+
+    assert STATUSES == ("ok", "compile", "runtime", "incorrect", "timeout", "illegal", "pending")
+    assert {status_token(s) for s in Status} == set(STATUSES) - {"pending"}
+    assert status_token(Status.SANITIZER) == status_token("sanitizer") == "runtime"
+    assert "status=sanitizer" not in VOCAB

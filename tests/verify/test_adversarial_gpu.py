@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal2.records import Target
+from cudal2.records import Job, JobKind, JobResult, Status, Target, TimingConfig
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -56,26 +56,38 @@ def cubin(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pool():
-    from cudal2.verify.pool import WorkerPool
+def runner():
+    """The runner a build measures through on a GPU: worker processes on device 0."""
+    from cudal2.verify.local import LocalRunner
 
-    with WorkerPool(job_timeout_s=30) as p:
-        yield p
-
-
-def _job(cubin: Path, symbol: str) -> dict:
-    return {
-        "target": TARGET.as_json(),
-        "cubin_path": str(cubin),
-        "symbol": symbol,
-        "recipe": RECIPE,
-        "timing": {"reps": 5, "mode": "offline"},
-    }
+    with LocalRunner(job_timeout_s=30) as r:
+        r.start()
+        yield r
 
 
-def test_honest_control_passes(pool, cubin):
-    res = pool.run(_job(cubin, "fx_honest"))
-    assert res["status"] == "ok", res.get("error")
+def _job(cubin: Path, symbol: str, kind: JobKind = JobKind.MEASURE) -> Job:
+    return Job(
+        kind,
+        TARGET,
+        TimingConfig(reps=5),
+        toolchain="fixture",
+        artifact_key=f"fixture:{symbol}",
+        symbol=symbol,
+        recipe=RECIPE,
+        cubin=str(cubin),
+    )
+
+
+def _run(runner, job: Job) -> JobResult:
+    (res,) = runner.run([job])
+    assert res.job == job
+    return res
+
+
+def test_honest_control_passes(runner, cubin):
+    res = _run(runner, _job(cubin, "fx_honest"))
+    assert res.status == Status.OK, res.error
+    assert len(res.samples_us) == 5 and len(res.baseline_samples_us["torch"]) == 5
 
 
 @pytest.mark.parametrize(
@@ -88,32 +100,30 @@ def test_honest_control_passes(pool, cubin):
         ("fx_racy", "differ bit for bit from the first run"),
     ],
 )
-def test_wrong_answers_are_incorrect(pool, cubin, symbol, needle):
-    res = pool.run(_job(cubin, symbol))
-    assert res["status"] == "incorrect", res
-    assert needle in res["error"]
+def test_wrong_answers_are_incorrect(runner, cubin, symbol, needle):
+    res = _run(runner, _job(cubin, symbol))
+    assert res.status == Status.INCORRECT, res
+    assert needle in res.error and res.samples_us == ()
 
 
-def test_hang_times_out_and_the_next_candidate_still_runs(pool, cubin):
-    res = pool.run(_job(cubin, "fx_hang"))
-    assert res["status"] == "timeout"
-    assert pool.run(_job(cubin, "fx_honest"))["status"] == "ok"
+def test_hang_times_out_and_the_next_candidate_still_runs(runner, cubin):
+    hang, honest = runner.run([_job(cubin, "fx_hang"), _job(cubin, "fx_honest")])
+    assert hang.status == Status.TIMEOUT and hang.job.symbol == "fx_hang"
+    assert honest.status == Status.OK
 
 
-def test_illegal_address_kills_only_its_worker(pool, cubin):
-    before = pool.restarts
-    res = pool.run(_job(cubin, "fx_illegal_address"))
-    assert res["status"] == "runtime" and "illegal" in res["error"].lower()
-    assert pool.run(_job(cubin, "fx_honest"))["status"] == "ok"
-    assert pool.restarts == before + 1
+def test_illegal_address_kills_only_its_worker(runner, cubin):
+    before = runner.pool.restarts
+    res = _run(runner, _job(cubin, "fx_illegal_address"))
+    assert res.status == Status.RUNTIME and "illegal" in res.error.lower()
+    assert _run(runner, _job(cubin, "fx_honest")).status == Status.OK
+    assert runner.pool.restarts == before + 1
 
 
-def test_out_of_bounds_write_fails_memcheck(cubin):
-    from cudal2.verify.sanitizer import memcheck
-
-    assert memcheck(cubin, "fx_honest", RECIPE, TARGET).ok
-    bad = memcheck(cubin, "fx_out_of_bounds", RECIPE, TARGET)
-    assert not bad.ok and "Invalid __global__ write" in bad.report
+def test_out_of_bounds_write_fails_memcheck(runner, cubin):
+    assert _run(runner, _job(cubin, "fx_honest", JobKind.SANITIZE)).status == Status.OK
+    bad = _run(runner, _job(cubin, "fx_out_of_bounds", JobKind.SANITIZE))
+    assert bad.status == Status.SANITIZER and "Invalid __global__ write" in bad.error
 
 
 def test_work_on_another_stream_is_below_the_floor():

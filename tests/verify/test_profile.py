@@ -50,15 +50,17 @@ def test_no_ncu_gives_empty_metrics_and_says_why(monkeypatch):
     assert res.metrics == [{}] and "ncu not found" in res.error
 
 
-def test_build_records_profiled_copies_and_feeds_them_on(
-    tmp_path, monkeypatch, recorded_measurements
-):
+def test_build_records_profiled_copies_and_feeds_them_on(tmp_path, recorded_measurements):
     """The build profiles each target's fastest candidates and appends enriched copies
-    of their records; the proposer receives the enriched ones."""
+    of their records; the proposer receives the enriched ones. The runner replays the
+    recorded ncu report's metrics as if ncu had measured them."""
+    import dataclasses
+
     from cudal2.database import MeasurementDB, latest
     from cudal2.generator.compile import ArtifactCache
     from cudal2.manifest import default_manifest_path, load_manifest
-    from cudal2.pipeline import build as build_mod
+    from cudal2.pipeline.build import Build
+    from cudal2.verify.replay import ReplayRunner
 
     unprofiled = [  # kernel records (cuBLASLt ones have nothing to profile)
         m
@@ -69,27 +71,52 @@ def test_build_records_profiled_copies_and_feeds_them_on(
     ms = [m for m in unprofiled if m.target == target]
     n = len(RECORD["metrics"])
     assert len(ms) > n
-    seen = {}
-
-    def fake_profile(jobs):
-        seen["jobs"] = jobs
-        return prof.ProfileResult(RECORD["metrics"][: len(jobs)], "", RECORD["names"])
-
-    monkeypatch.setattr(build_mod, "profile", fake_profile)
-    monkeypatch.setattr(build_mod, "find_ncu", lambda: "ncu")
-    b = build_mod.Build(
+    fastest = sorted(ms, key=lambda m: (m.median_us, m.design_key))[:n]
+    profiled = [
+        dataclasses.replace(m, metrics={**m.metrics, **vals})
+        for m, vals in zip(fastest, RECORD["metrics"], strict=True)
+    ]
+    runner = ReplayRunner(profiled)
+    b = Build(
         load_manifest(default_manifest_path()),
         tmp_path / "db.jsonl",
         ArtifactCache(tmp_path / "cache"),
         tmp_path / "dist",
         log=io.StringIO(),
     )
-    out = b._profile(ms, n)
-    fastest = sorted(ms, key=lambda m: (m.median_us, m.design_key))[:n]
-    assert [j["symbol"] for j in seen["jobs"]] == [m.design.name for m in fastest]
+    out = b._profile(runner, runner.start(), ms, n)
     written = MeasurementDB(tmp_path / "db.jsonl").read()
     assert [w.reuse_key for w in written] == [m.reuse_key for m in fastest]
     for w, vals in zip(written, RECORD["metrics"], strict=True):
         assert {k: w.metrics[k] for k in vals} == vals
     assert len(out) == len(ms) and sum(w in out for w in written) == n
-    assert b._profile(out, n) == out  # already profiled: nothing again
+    assert b._profile(runner, runner.start(), out, n) == out  # already profiled: nothing again
+
+
+@pytest.mark.parametrize("error", ["", "ncu: exit 1"])
+def test_the_local_runner_profiles_a_batch_in_one_ncu_run(
+    monkeypatch, recorded_measurements, error
+):
+    """Profile jobs of one ``run`` share one ncu run; its metrics come back per job, in
+    job order, and a failed run answers every job with its error (no verdict on them)."""
+    from cudal2.pipeline.results import job_for
+    from cudal2.records import JobKind, Status
+    from cudal2.verify import local
+
+    kernels = [m for m in recorded_measurements if m.design is not None]
+    jobs = [job_for(JobKind.PROFILE, m, f"/c/{m.artifact_key}") for m in kernels[:3]]
+    calls = []
+
+    def fake_profile(batch):
+        calls.append(batch)
+        return prof.ProfileResult([RECORD["metrics"][i] for i in range(len(batch))], error)
+
+    monkeypatch.setattr(local, "profile", fake_profile)
+    answers = list(local.LocalRunner().run(jobs))
+    assert len(calls) == 1 and [j["symbol"] for j in calls[0]] == [j.symbol for j in jobs]
+    assert [a.job for a in answers] == jobs
+    if error:
+        assert all(a.status == Status.RUNTIME and a.error == error for a in answers)
+    else:
+        assert [a.metrics for a in answers] == RECORD["metrics"][:3]
+        assert all(a.status == Status.OK for a in answers)

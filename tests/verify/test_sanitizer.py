@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
+import dataclasses
 
 import pytest
 
 from cudal2.database import MeasurementDB
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.pipeline.results import unsafe_artifacts
 from cudal2.pipeline.select import Selection
-from cudal2.records import Target
+from cudal2.records import Status, Target
 from cudal2.verify import sanitizer
 
 
@@ -30,9 +31,12 @@ def test_missing_tool_is_a_clear_error(monkeypatch, tmp_path):
         sanitizer.memcheck(tmp_path / "k.cubin", "k", {}, Target("sm_90a", "fp16", "tn", 1, 8, 8))
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_a_failed_memcheck_is_recorded_once_per_build(tmp_path, monkeypatch, recorded_measurements):
-    from cudal2.pipeline import build as build_mod
+def test_a_failed_memcheck_is_recorded_once_per_build(tmp_path, recorded_measurements):
+    """A runner's ``sanitizer`` verdict on a selected kernel is recorded with that
+    status (the gate reads the status, not the text), and each artifact is checked
+    once per build. The verdict is replayed from a record."""
+    from cudal2.pipeline.build import Build
+    from cudal2.verify.replay import ReplayRunner
 
     kernels = (m for m in recorded_measurements if m.status == "ok" and not m.is_vendor)
     best = min(kernels, key=lambda m: m.median_us)
@@ -47,15 +51,33 @@ def test_a_failed_memcheck_is_recorded_once_per_build(tmp_path, monkeypatch, rec
         best.measured_at,
         1,
     )
-    report = f"{sanitizer.PREFIX}: exit 86\nInvalid __global__ write of size 2"
-    monkeypatch.setattr(build_mod, "memcheck", lambda *a: sanitizer.SanitizerResult(False, report))
+    report = "memcheck exited 86:\nInvalid __global__ write of size 2"
+    verdict = dataclasses.replace(best, status=Status.SANITIZER, error=report, median_us=None)
+    runner = ReplayRunner([verdict])
     db = tmp_path / "db.jsonl"
-    b = build_mod.Build(
-        load_manifest(default_manifest_path()), db, ArtifactCache(tmp_path / "c"), tmp_path
-    )
-    assert b._sanitize([sel], set()) == {best.artifact_key}
+    b = Build(load_manifest(default_manifest_path()), db, ArtifactCache(tmp_path / "c"), tmp_path)
+    assert b._sanitize(runner, [sel], set()) == {best.artifact_key}
     (rec,) = MeasurementDB(db).read()
-    assert rec.status == "runtime" and rec.error == report
+    assert rec.status == Status.SANITIZER and rec.error == report
     assert rec.artifact_key == best.artifact_key and rec.median_us is None
-    # Checked once per build: a second look does not run memcheck again.
-    assert b._sanitize([sel], set()) == set()
+    assert unsafe_artifacts([rec]) == {best.artifact_key}
+    # Checked once per build: a second look does not ask again.
+    assert b._sanitize(runner, [sel], set()) == set()
+    # Without a verdict on record the kernel is unchecked, never failed.
+    fresh = Build(b.manifest, tmp_path / "other.jsonl", b.cache, tmp_path)
+    assert fresh._sanitize(ReplayRunner([best]), [sel], set()) == set()
+    assert not (tmp_path / "other.jsonl").exists()
+
+
+def test_the_local_runner_answers_memcheck_with_a_status(monkeypatch, recorded_measurements):
+    from cudal2.pipeline.results import job_for
+    from cudal2.records import JobKind
+    from cudal2.verify import local
+
+    m = next(m for m in recorded_measurements if m.design is not None)
+    job = job_for(JobKind.SANITIZE, m, "/nowhere/kernel.cubin")
+    for ok, status in [(True, Status.OK), (False, Status.SANITIZER)]:
+        res = sanitizer.SanitizerResult(ok, "" if ok else "memcheck exited 86:\n...")
+        monkeypatch.setattr(local, "memcheck", lambda *a, res=res: res)
+        (answer,) = local.LocalRunner().run([job])
+        assert answer.job == job and answer.status == status and answer.error == res.report

@@ -336,24 +336,21 @@ def lt_records():
     """Real vendor records: the build's vendor job (autotune, correctness suite, timing
     beside torch) run here on each of LT_TARGETS."""
     pytest.importorskip("nvmath.bindings.cublasLt")
-    from cudal2.pipeline.build import vendor_measurement
-    from cudal2.records import Target
+    from cudal2.packaging.runtime.cublaslt import version
+    from cudal2.pipeline.results import vendor_measurement, vendor_toolchain
+    from cudal2.records import Job, JobKind, Target, TimingConfig
     from cudal2.verify.gpu import current_gpu
     from cudal2.verify.spread import VendorSpread
-    from cudal2.verify.timing import TimingConfig
     from cudal2.verify.worker import run_vendor_job
 
     gpu = current_gpu(0)
     spread = VendorSpread()
-    timing = {"reps": 10, "mode": "offline", "seed": 0}
-    assert TimingConfig(**timing)
+    timing = TimingConfig(reps=10, mode="offline", seed=0)
     records = []
     for dtype, layout, m, n, k in LT_TARGETS:
         t = Target("sm_90a", dtype, layout, m, n, k)
-        result = run_vendor_job(
-            {"kind": "cublaslt", "target": t.as_json(), "timing": timing}, gpu.name, spread
-        )
-        records.append(vendor_measurement(t, result, gpu, "offline"))
+        job = Job(JobKind.AUTOTUNE, t, timing, vendor_toolchain(version()))
+        records.append(vendor_measurement(run_vendor_job(job, gpu.name, spread), gpu))
     return records
 
 

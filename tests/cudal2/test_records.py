@@ -1,0 +1,104 @@
+"""The typed records at the seams: statuses, jobs and their answers, reuse keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from cudal2.generator import design_name, design_space
+from cudal2.records import (
+    STATUSES,
+    Job,
+    JobKind,
+    JobResult,
+    Measurement,
+    Status,
+    Target,
+    TimingConfig,
+    canonical_json,
+    sha256_hex,
+)
+
+
+def test_status_spellings_are_those_of_the_recorded_databases():
+    assert STATUSES == ("ok", "compile", "runtime", "incorrect", "timeout", "illegal", "sanitizer")
+    assert [s.value for s in Status] == list(STATUSES)
+    assert json.dumps(Status.TIMEOUT) == '"timeout"' and f"{Status.OK}" == "ok"
+
+
+def test_a_measurement_keeps_its_json_and_types_its_status(recorded_measurements):
+    for m in recorded_measurements[:50]:
+        again = Measurement.from_json(json.loads(json.dumps(m.as_json())))
+        assert again == m and type(again.status) is Status
+    m = recorded_measurements[0]
+    assert dataclasses.replace(m, status="incorrect").status is Status.INCORRECT
+    with pytest.raises(ValueError):
+        dataclasses.replace(m, status="bogus")
+
+
+@pytest.mark.parametrize(
+    "dtype, layout", [("fp16", "tn"), ("bf16", "tn"), ("fp16", "nn"), ("bf16", "nn")]
+)
+def test_design_keys_are_unchanged_by_the_faster_json(dtype, layout):
+    """``as_json`` builds the dict directly instead of through ``dataclasses.asdict``:
+    every design of the space keeps the key (and so the records keep their keys)."""
+    for d in design_space("sm_90a", dtype, layout):
+        old = dataclasses.asdict(d)
+        if not d.persistent:
+            del old["persistent"]
+        assert d.key == sha256_hex(canonical_json(old))
+    t = Target("sm_90a", dtype, layout, 100, 1000, 1000)
+    assert t.as_json() == dataclasses.asdict(t)
+
+
+def _jobs(m: Measurement) -> list[Job]:
+    timing = TimingConfig(mode=m.mode, seed=3, server_gap_s=(1e-5, 2e-5))
+    kernel = Job(
+        JobKind.MEASURE,
+        m.target,
+        timing,
+        m.toolchain,
+        m.design,
+        m.artifact_key,
+        design_name(m.design),
+    )
+    kernel = dataclasses.replace(kernel, recipe={"tile_m": 64}, cubin="/c")
+    return [
+        kernel,
+        dataclasses.replace(kernel, kind=JobKind.PROFILE),
+        dataclasses.replace(kernel, kind=JobKind.SANITIZE, design=None),  # a fixture kernel
+        Job(JobKind.AUTOTUNE, m.target, timing, "cublasLt 130100; timing v2"),
+    ]
+
+
+def test_jobs_and_answers_round_trip_through_json(recorded_measurements):
+    m = next(x for x in recorded_measurements if x.design is not None and x.metrics)
+    for job in _jobs(m):
+        assert Job.from_json(json.loads(json.dumps(job.as_json()))) == job
+        answers = [
+            JobResult(
+                job, Status.OK, "", 1e-3, 2e-3, m.samples_us, m.baseline_samples_us, m.metrics
+            ),
+            JobResult(job, Status.RUNTIME, "worker died", vendor={"algo": "ab"}),
+            JobResult.not_recorded(job, "no record"),
+        ]
+        for res in answers:
+            again = JobResult.from_json(json.loads(json.dumps(res.as_json())))
+            assert again == res and again.recorded == (res.status is not None)
+
+
+def test_a_jobs_reuse_key_is_its_records(recorded_measurements):
+    kernel = next(x for x in recorded_measurements if x.design is not None)
+    job = _jobs(kernel)[0]
+    assert job.reuse_key(kernel.gpu.name) == kernel.reuse_key
+    vendor = next(x for x in recorded_measurements if x.is_vendor)
+    tune = Job(JobKind.AUTOTUNE, vendor.target, TimingConfig(mode=vendor.mode), vendor.toolchain)
+    assert tune.reuse_key(vendor.gpu.name) == vendor.tuning_key != vendor.reuse_key
+
+
+def test_a_kernel_job_names_its_artifact_and_symbol():
+    t = Target("sm_90a", "fp16", "tn", 1, 8, 8)
+    with pytest.raises(ValueError, match="artifact key and a symbol"):
+        Job(JobKind.MEASURE, t, TimingConfig(), "nvcc")

@@ -1,0 +1,75 @@
+"""``LocalRunner``: the jobs of a build answered by worker processes on one local GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from cudal2.records import GpuInfo, Job, JobKind, JobResult, Status
+from cudal2.verify.pool import WorkerPool
+from cudal2.verify.profile import profile
+from cudal2.verify.sanitizer import memcheck
+
+
+class LocalRunner:
+    """Worker processes on one local GPU.
+
+    ``measure`` and ``cublaslt`` jobs run one at a time in a worker process
+    (``WorkerPool``): a hang or a crash costs only that job, and a fresh worker takes
+    the next. ``profile`` jobs of one ``run`` share one Nsight Compute run (ncu replays
+    each launch as often as its counters need); ``sanitizer`` jobs each run once under
+    compute-sanitizer, in a child process of their own.
+    """
+
+    needs_cubins = True
+
+    def __init__(self, device: int = 0, job_timeout_s: float = 180.0):
+        self.device = device
+        self.pool = WorkerPool(device, job_timeout_s)
+        self.name = f"worker processes on CUDA device {device}"
+
+    @property
+    def cublaslt_version(self) -> int | None:
+        return self.pool.cublaslt_version
+
+    def start(self) -> GpuInfo:
+        return self.pool.start()
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
+        for job in jobs:
+            if job.kind in (JobKind.MEASURE, JobKind.AUTOTUNE):
+                yield self.pool.run(job)
+            elif job.kind == JobKind.SANITIZE:
+                yield _memcheck(job)
+        profiled = [j for j in jobs if j.kind == JobKind.PROFILE]
+        if profiled:
+            yield from _profile(profiled)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _memcheck(job: Job) -> JobResult:
+    res = memcheck(Path(job.cubin), job.symbol, job.recipe, job.target)
+    return JobResult(job, Status.OK if res.ok else Status.SANITIZER, res.report)
+
+
+def _profile(jobs: Sequence[Job]) -> Iterator[JobResult]:
+    res = profile(
+        [
+            {"cubin": j.cubin, "symbol": j.symbol, "recipe": j.recipe, "target": j.target.as_json()}
+            for j in jobs
+        ]
+    )
+    for job, metrics in zip(jobs, res.metrics, strict=True):
+        # A profiling failure is no verdict on the kernel: the pipeline goes on without.
+        if res.error:
+            yield JobResult(job, Status.RUNTIME, res.error)
+        else:
+            yield JobResult(job, Status.OK, metrics=metrics)

@@ -1,0 +1,50 @@
+"""Runners: where the pipeline's jobs are answered.
+
+The pipeline measures through one small interface, ``Runner``: it hands over typed
+``Job``s and gets typed ``JobResult``s back. What stands behind it is the runner's
+business: worker processes on the local GPU (``LocalRunner``, ``verify/local.py``),
+recorded measurements (``ReplayRunner``, ``verify/replay.py``), and later a worker per GPU of a
+host or a Ray actor per GPU of a cluster. The database has one writer, the pipeline:
+a runner never writes records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from cudal2.records import GpuInfo, Job, JobResult
+
+
+class Runner(Protocol):
+    """Answers jobs on one GPU model.
+
+    - ``start()`` readies the runner (starts its workers) and returns the GPU it
+      measures on; called once, before any ``run``.
+    - ``cublaslt_version``: the cuBLASLt version its ``cublaslt`` jobs autotune with
+      (known after ``start``; None: it cannot autotune cuBLASLt).
+    - ``needs_cubins``: whether kernel jobs must name compiled cubins (``Job.cubin``);
+      where not (a replay), the pipeline renders designs for their artifact keys and
+      runs no compiler.
+    - ``run(jobs)``: one answer per job, in any order, each carrying its job. What a
+      candidate does (a wrong result, a crash, a hang) is an answer, never an
+      exception. The caller may stop iterating at any time: jobs not yet answered are
+      then not run (or their answers dropped).
+    - ``close()``: releases workers; a runner is also a context manager.
+    """
+
+    name: str
+    needs_cubins: bool
+
+    @property
+    def cublaslt_version(self) -> int | None: ...
+
+    def start(self) -> GpuInfo: ...
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Runner: ...
+
+    def __exit__(self, *exc: object) -> None: ...
