@@ -1,4 +1,5 @@
-"""The measurement database: append-only JSON Lines, one Measurement per line.
+"""The measurement database: append-only JSON Lines, one Measurement per line (a
+gzipped file, ``.gz``, is read like a plain one; it cannot be appended to).
 
 Merging databases from several GPU hosts is concatenating their files. Each append
 writes whole lines in one ``write`` under an exclusive lock, then fsyncs, so a
@@ -9,6 +10,7 @@ Records written by earlier versions are read in today's spelling (``migrate.upgr
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import os
 import warnings
@@ -27,7 +29,8 @@ class MeasurementDB:
         if not self.path.exists():
             return []
         out: list[Measurement] = []
-        with self.path.open("r", encoding="utf-8") as f:
+        opener = gzip.open if self.path.suffix == ".gz" else open
+        with opener(self.path, "rt", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -41,6 +44,11 @@ class MeasurementDB:
         return out
 
     def append(self, measurements: Iterable[Measurement]) -> None:
+        if self.path.suffix == ".gz":
+            raise ValueError(
+                f"{self.path}: a gzipped database is read-only; measure into a plain "
+                ".jsonl file (gunzip a copy to extend this one)"
+            )
         append_lines(
             self.path,
             (json.dumps(m.as_json(), sort_keys=True, separators=(",", ":")) for m in measurements),

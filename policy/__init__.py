@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cudal2.policy.base import Proposer
+from cudal2.policy.base import Proposer, Space
 from cudal2.policy.grid import GridProposer
 from cudal2.policy.random_search import RandomProposer
 from cudal2.policy.sample import SampleProposer
@@ -18,20 +18,22 @@ def make_proposer(
     families: Sequence[str] | None = None,
     gpu: str | None = None,
     updates: bool = True,
+    space: Space | None = None,
 ) -> Proposer:
-    """``families``: search only these kernel families (None: all). The policy also
-    takes the measuring ``gpu``'s model name (its adapter and prompt features) and
-    whether its weights are ``updates``d between rounds."""
+    """``families``: search only these kernel families (None: all); ``space``: per
+    target, the designs to search (None, or a target it gives None for: the legal
+    space). The policy also takes the measuring ``gpu``'s model name (its adapter and
+    prompt features) and whether its weights are ``updates``d between rounds."""
     if name == "grid":
-        return GridProposer(families)
+        return GridProposer(families, space)
     if name == "random":
-        return RandomProposer(seed, families)
+        return RandomProposer(seed, families, space)
     if name == "sample":
-        return SampleProposer(seed, families)
+        return SampleProposer(seed, families, space)
     if name == "policy":
         from cudal2.policy.learned import PolicyProposer
 
-        return PolicyProposer(seed, families, gpu=gpu, updates=updates)
+        return PolicyProposer(seed, families, gpu=gpu, updates=updates, space=space)
     raise ValueError(f"proposer {name!r} is not one of {PROPOSERS}")
 
 

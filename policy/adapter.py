@@ -12,6 +12,8 @@ of the base's attention and MLP projections (rank 8, 49 k parameters against the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +63,7 @@ def train_adapter(
     model.eval()
     info = {
         "base": Path(base).name,
+        "base_sha256": base_sha256(base),
         "base_vocab_hash": pm.vocab_hash(),
         "gpu": corpus.gpu,
         "train": dataclasses.asdict(cfg),
@@ -83,7 +86,30 @@ def save_adapter(model: Any, out: str | Path, info: dict[str, Any]) -> None:
     (out / "cudal2_adapter.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
-def merge_lora(model: Any, adapter: str | Path) -> Any:
+def base_sha256(base: str | Path) -> str:
+    """The sha256 of a base checkpoint's weights: an adapter is a delta of one base."""
+    return hashlib.sha256(Path(base).with_suffix(".safetensors").read_bytes()).hexdigest()
+
+
+def check_base(adapter: str | Path, base: str | Path | None) -> None:
+    """Raise ValueError unless ``adapter`` was trained for this vocabulary and (where
+    ``base`` is given and the adapter names one) on exactly this base checkpoint: its
+    deltas mean nothing on other weights."""
+    meta_path = Path(adapter) / "cudal2_adapter.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    want = meta.get("base_vocab_hash")
+    if want != pm.vocab_hash():
+        raise ValueError(
+            f"{adapter}: trained for vocabulary {want}, this version's is {pm.vocab_hash()}: "
+            "retrain the adapter (cudal2-policy adapt)"
+        )
+    if base is not None and meta.get("base_sha256") not in (None, base_sha256(base)):
+        raise ValueError(
+            f"{adapter}: trained on another base than {base} (sha256 differs): retrain it"
+        )
+
+
+def merge_lora(model: Any, adapter: str | Path, base: str | Path | None = None) -> Any:
     """Add a LoRA adapter folder's low-rank updates into ``model``'s weights in place,
     without peft (the GPU machine's image has no peft): W += (B @ A)^T * alpha / r for
     each Conv1D projection (fan_in_fan_out). Refuses adapter kinds this does not
@@ -94,6 +120,7 @@ def merge_lora(model: Any, adapter: str | Path) -> Any:
     from safetensors.torch import load_file
 
     adapter = Path(adapter)
+    check_base(adapter, base)
     cfg_path, weights = adapter / "adapter_config.json", adapter / "adapter_model.safetensors"
     for p in (cfg_path, weights):
         if not p.exists():
@@ -137,6 +164,7 @@ def load_with_adapter(base: str | Path, adapter: str | Path) -> tuple[Any, pm.Mo
     adapter = Path(adapter)
     if not (adapter / "adapter_config.json").exists():
         raise FileNotFoundError(f"{adapter}: no adapter_config.json (not a peft adapter folder)")
+    check_base(adapter, base)
     model, mcfg, _ = pm.load(base)
     model = PeftModel.from_pretrained(model, str(adapter))
     model.eval()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Protocol
 
+from cudal2.generator import design_space
 from cudal2.records import KernelDesign, Measurement, Target
+
+# Per target, the designs a proposer may choose from (None: the whole legal space). A
+# replay of recorded measurements narrows it to what it can answer.
+Space = Callable[[Target], Sequence[KernelDesign] | None]
 
 
 class Proposer(Protocol):
@@ -26,3 +32,25 @@ class Proposer(Protocol):
 def measured_designs(target: Target, history: Sequence[Measurement]) -> set[str]:
     """Design keys already measured on this target (any status: failures count too)."""
     return {m.design_key for m in history if m.target == target}
+
+
+@lru_cache(maxsize=32)
+def _legal_space(
+    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None
+) -> tuple[KernelDesign, ...]:
+    # Enumerating the space costs more than ranking or sampling it, and a build proposes
+    # for many targets of few (arch, dtype, layout).
+    return tuple(design_space(arch, dtype, layout, families))
+
+
+def search_space(
+    target: Target, families: Sequence[str] | None, space: Space | None = None
+) -> list[KernelDesign]:
+    """What a proposer chooses from for ``target``: ``space(target)`` where it gives
+    designs, else the legal space of the target's (arch, dtype, layout); either way
+    only ``families``' designs (None: every family), in a fixed order."""
+    fams = tuple(families) if families is not None else None
+    given = space(target) if space is not None else None
+    if given is None:
+        return list(_legal_space(target.arch, target.dtype, target.layout, fams))
+    return [d for d in given if fams is None or d.family in fams]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from cudal2.generator import design_name, design_space, features
-from cudal2.policy.base import measured_designs
+from cudal2.generator import design_name, features
+from cudal2.policy.base import Space, measured_designs, search_space
 from cudal2.policy.cost_model import predicted_time_s
 from cudal2.records import KernelDesign, Measurement, Target
 
@@ -46,23 +46,14 @@ class GridProposer:
     def __init__(
         self,
         families: Sequence[str] | None = None,
-        space: Callable[[Target], Sequence[KernelDesign]] | None = None,
+        space: Space | None = None,
     ):
         self.families = families  # None: every family
         self.space = space  # the designs searched per target (None: the legal space)
-        # (arch, dtype, layout) -> the space: enumerating it costs more than ranking it,
-        # and a build proposes for many targets of few (arch, dtype, layout).
-        self._spaces: dict[tuple[str, str, str], list[KernelDesign]] = {}
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
-        if self.space is not None:
-            space = list(self.space(target))
-        else:
-            at = (target.arch, target.dtype, target.layout)
-            if at not in self._spaces:
-                self._spaces[at] = design_space(*at, self.families)
-            space = self._spaces[at]
+        space = search_space(target, self.families, self.space)
         return grid_round(target, [d for d in space if d.key not in seen] if seen else space, n)
 
     def observe(self, measurements: Sequence[Measurement]) -> None:

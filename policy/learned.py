@@ -17,12 +17,11 @@ grammar is then that set's, as the replay evaluation's ``grammar`` restriction.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cudal2.generator import design_space
-from cudal2.policy.base import measured_designs
+from cudal2.policy.base import Space, measured_designs, search_space
 from cudal2.policy.corpus import Row
 from cudal2.policy.grid import grid_round
 from cudal2.policy.online import DEFAULT_ONLINE, OnlineConfig, OnlineLearner, full_space_logp
@@ -80,7 +79,7 @@ class PolicyProposer:
         gpu: str | None = None,
         updates: bool = True,
         online: OnlineConfig = DEFAULT_ONLINE,
-        space: Callable[[Target], Sequence[KernelDesign]] | None = None,
+        space: Space | None = None,
     ):
         self.seed = seed
         self.space = space  # the designs searched per target (None: the legal space)
@@ -107,7 +106,7 @@ class PolicyProposer:
 
             model, mcfg, _ = pm.load(self.checkpoint)
             if self.adapter is not None:
-                merge_lora(model, self.adapter)
+                merge_lora(model, self.adapter, self.checkpoint)
             # Every measured target of the corpus may serve as a neighbour in a build.
             ctx = Context(load(self.corpus_path), neighbours="all", gpu=self.gpu)
             learner = OnlineLearner(model, self.online) if self.updates else None
@@ -121,11 +120,7 @@ class PolicyProposer:
 
         model, mcfg, ctx, learner = self._load()
         seen = measured_designs(target, history)
-        if self.space is not None:
-            space = list(self.space(target))
-        else:
-            space = design_space(target.arch, target.dtype, target.layout, self.families)
-        left = [d for d in space if d.key not in seen]
+        left = [d for d in search_space(target, self.families, self.space) if d.key not in seen]
         if not left or n <= 0:
             return []
         own = [row_of(m) for m in history if m.target == target and m.design is not None]

@@ -5,25 +5,23 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from cudal2.generator import design_space
-from cudal2.policy.base import measured_designs
+from cudal2.policy.base import Space, measured_designs, search_space
 from cudal2.records import KernelDesign, Measurement, Target
 
 
 class RandomProposer:
     name = "random"
 
-    def __init__(self, seed: int = 0, families: Sequence[str] | None = None):
+    def __init__(
+        self, seed: int = 0, families: Sequence[str] | None = None, space: Space | None = None
+    ):
         self.seed = seed
         self.families = families
+        self.space = space  # the designs searched per target (None: the legal space)
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
-        pool = [
-            d
-            for d in design_space(target.arch, target.dtype, target.layout, self.families)
-            if d.key not in seen
-        ]
+        pool = [d for d in search_space(target, self.families, self.space) if d.key not in seen]
         # Seeded by the target too, so two targets do not get the same sample.
         rng = random.Random(f"{self.seed}:{target.key}:{len(seen)}")
         return rng.sample(pool, min(n, len(pool)))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from cudal2.generator import design_space
-from cudal2.policy.base import measured_designs
+from cudal2.policy.base import Space, measured_designs
 from cudal2.records import KernelDesign, Measurement, Target
 
 
@@ -39,13 +39,19 @@ def stratified_order(
 class SampleProposer:
     name = "sample"
 
-    def __init__(self, seed: int = 0, families: Sequence[str] | None = None):
+    def __init__(
+        self, seed: int = 0, families: Sequence[str] | None = None, space: Space | None = None
+    ):
         self.seed = seed
         self.families = tuple(families) if families is not None else None
+        self.space = space  # the designs searched per target (None: the legal space)
 
     def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
         seen = measured_designs(target, history)
         order = stratified_order(target.arch, target.dtype, target.layout, self.seed, self.families)
+        if self.space is not None and (given := self.space(target)) is not None:
+            allowed = {d.key for d in given}
+            order = tuple(d for d in order if d.key in allowed)
         return [d for d in order if d.key not in seen][:n]
 
     def observe(self, measurements: Sequence[Measurement]) -> None:

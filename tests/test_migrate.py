@@ -174,5 +174,6 @@ def test_every_committed_record_loads(path):
 @pytest.mark.parametrize("path", CORPORA, ids=lambda p: p.name)
 def test_every_corpus_row_is_schema_2(path):
     with gzip.open(path, "rt") as f:
-        rows = [json.loads(line) for line in f]
+        header, *rows = [json.loads(line) for line in f]
+    assert "corpus_schema" in header
     assert rows and all("knobs" in r["design"] for r in rows)

@@ -25,13 +25,30 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from functools import lru_cache
 from pathlib import Path
 
 from cudal2.database import MeasurementDB
-from cudal2.records import GpuInfo, Job, JobKind, JobResult, Measurement, ReuseKey, Status
+from cudal2.generator import legality
+from cudal2.records import (
+    GpuInfo,
+    Job,
+    JobKind,
+    JobResult,
+    KernelDesign,
+    Measurement,
+    ReuseKey,
+    Status,
+    Target,
+)
 from cudal2.verify.profile import METRICS, is_profiled
 
-_LATEST = object()  # cublaslt_version default: the one of the latest cuBLASLt record
+_LATEST = object()
+
+
+@lru_cache(maxsize=65536)
+def _legal(d: KernelDesign) -> bool:
+    return not legality(d)  # cublaslt_version default: the one of the latest cuBLASLt record
 
 
 class ReplayRunner:
@@ -64,7 +81,11 @@ class ReplayRunner:
         self._tuned: dict[ReuseKey, Measurement] = {}
         self._standing: dict[ReuseKey, Measurement] = {}
         self._unsafe: dict[ReuseKey, Measurement] = {}
+        # target -> the designs it has a kernel record of, in recorded order
+        self._designs: dict[Target, dict[str, KernelDesign]] = {}
         for m in records:  # later records stand for their key, as in ``database.latest``
+            if m.design is not None:
+                self._designs.setdefault(m.target, {}).setdefault(m.design_key, m.design)
             self._standing[m.reuse_key] = m
             if m.status == Status.SANITIZER:
                 self._unsafe[m.reuse_key] = m
@@ -89,6 +110,11 @@ class ReplayRunner:
 
     def start(self) -> GpuInfo:
         return self.gpu
+
+    def designs(self, target: Target) -> Sequence[KernelDesign]:
+        """The designs recorded for ``target`` that are legal today: all a replay can
+        answer (a design a later rule excluded cannot be proposed)."""
+        return [d for d in self._designs.get(target, {}).values() if _legal(d)]
 
     def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
         for job in jobs:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from cudal2.records import GpuInfo, Job, JobResult
+from cudal2.records import GpuInfo, Job, JobResult, KernelDesign, Target
 
 
 class Runner(Protocol):
@@ -26,6 +26,8 @@ class Runner(Protocol):
     - ``needs_cubins``: whether kernel jobs must name compiled cubins (``Job.cubin``);
       where not (a replay), the pipeline renders designs for their artifact keys and
       runs no compiler.
+    - ``designs(target)``: the designs it can answer for ``target`` (a replay: the
+      recorded ones), which the proposers then search; None: any design.
     - ``run(jobs)``: one answer per job, in any order, each carrying its job. What a
       candidate does (a wrong result, a crash, a hang) is an answer, never an
       exception. The caller may stop iterating at any time: jobs not yet answered are
@@ -40,6 +42,8 @@ class Runner(Protocol):
     def cublaslt_version(self) -> int | None: ...
 
     def start(self) -> GpuInfo: ...
+
+    def designs(self, target: Target) -> Sequence[KernelDesign] | None: ...
 
     def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]: ...
 

@@ -234,12 +234,15 @@ class Build:
             f"measuring with {runner.name}: {gpu.name} ({gpu.arch}, driver {gpu.driver}, "
             f"{gpu.sm_count} SMs)"
         )
+        # Proposals come from what the runner can answer (a replay: the recorded designs;
+        # the GPU: the legal space), so a replayed build searches its records.
         proposer = self.proposer or make_proposer(
             m.search.proposer,
             m.search.seed,
             m.search.families,
             gpu=gpu.name,
             updates=m.search.policy_updates,
+            space=runner.designs,
         )
         describe = getattr(proposer, "describe", None)
         self.say(f"proposer: {describe() if describe else proposer.name}")

@@ -91,13 +91,11 @@ def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
 
     from cudal2.database import MeasurementDB
 
-    # The recorded database with every design of one target made illegal (bm=24),
-    # and its cuBLASLt record left out (it would be the next choice).
+    # The recorded database with every design of one target made illegal (bm=24: no
+    # family has such a tile), and its cuBLASLt record left out (it would be next).
     victim = next(m.target for m in recorded_measurements if m.status == "ok")
     changed = [
-        dataclasses.replace(m, design=dataclasses.replace(m.design, bm=24))
-        if m.target == victim
-        else m
+        dataclasses.replace(m, design=m.design.replace(bm=24)) if m.target == victim else m
         for m in recorded_measurements
         if not (m.target == victim and m.is_vendor)
     ]

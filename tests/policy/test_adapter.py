@@ -88,3 +88,27 @@ def test_a_build_takes_the_measuring_gpus_adapter():
     assert adapter_for("NVIDIA H100 80GB HBM3", DATA / "h100-policy") == DATA / "h100-lora"
     assert adapter_for("NVIDIA A100-SXM4-80GB", DATA / "h100-policy") is None
     assert adapter_for("NVIDIA H200", DATA / "other-policy") is None  # trained on another base
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"base_vocab_hash": "0" * 16}, "trained for vocabulary"),
+        ({"base_sha256": "0" * 64}, "trained on another base"),
+        ({"base_vocab_hash": None}, "trained for vocabulary None"),
+    ],
+)
+def test_an_adapter_of_another_base_is_refused(tmp_path, change, needle):
+    """An adapter is a delta of one base checkpoint under one vocabulary: merged onto
+    another it would silently give other weights."""
+    import shutil
+
+    folder = tmp_path / "lora"
+    shutil.copytree(DATA / "h100-lora", folder)
+    meta = json.loads((folder / "cudal2_adapter.json").read_text())
+    (folder / "cudal2_adapter.json").write_text(json.dumps({**meta, **change}))
+    model, _, _ = pm.load(DATA / "h100-policy")
+    with pytest.raises(ValueError, match=needle):
+        merge_lora(model, folder, DATA / "h100-policy")
+    with pytest.raises(ValueError, match=needle):
+        load_with_adapter(DATA / "h100-policy", folder)

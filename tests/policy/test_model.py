@@ -7,7 +7,8 @@ import torch
 from cudal2.generator import design_space
 from cudal2.policy import model as pm
 from cudal2.policy.tokens import (
-    FIELDS,
+    EOD,
+    N_FIELDS,
     VOCAB,
     GpuFeatures,
     Grammar,
@@ -27,9 +28,13 @@ def test_every_legal_design_has_tokens_and_a_path_in_the_grammar(dtype, layout):
     g = Grammar(space)
     assert len(g.designs) == len(space)
     for d, seq in zip(g.designs[::97], g.seqs[::97], strict=True):
-        assert len(seq) == len(FIELDS) == len(design_tokens(d))
+        assert len(seq) == N_FIELDS == len(design_tokens(d))
         for i, tok in enumerate(seq):
             assert tok in g.allowed(seq[:i])
+        # the family's knobs, then <eod> padding, which the grammar forces
+        own = design_tokens(d, pad=False)
+        assert seq[: len(own)] == own and all(t == EOD for t in seq[len(own) :])
+        assert all(g.allowed(seq[:i]) == [EOD] for i in range(len(own), N_FIELDS))
 
 
 def test_longest_prompt_fits_the_model(tiny_model_config):
@@ -37,7 +42,7 @@ def test_longest_prompt_fits_the_model(tiny_model_config):
     full = HistoryEntry(d, 0.1, "ok", 0.5, 0.5)
     cfg = pm.ModelConfig()
     p = prompt_tokens(GpuFeatures(), T, [full] * 50, cfg.max_history)
-    assert len(p) + len(FIELDS) <= cfg.n_positions
+    assert len(p) + N_FIELDS <= cfg.n_positions
     assert max(p) < len(VOCAB)
 
 

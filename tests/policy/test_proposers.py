@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from cudal2.generator import legality
-from cudal2.generator.families import FAMILIES
+from cudal2.generator import features, legality
+from cudal2.generator.families import FAMILIES, sm80_mma
 from cudal2.policy import GridProposer, RandomProposer, make_proposer
 from cudal2.policy.cost_model import predicted_time_s
 from cudal2.records import KernelDesign, Target
@@ -39,19 +41,17 @@ def test_same_inputs_same_proposals(proposer):
 
 def test_grid_first_round_spans_tile_shapes():
     ds = GridProposer().propose(TARGETS[1], [], 6)
-    assert len({(d.bm, d.bn) for d in ds}) == 6
+    assert len({(features(d).bm, features(d).bn) for d in ds}) == 6
 
 
 def test_cost_model_prefers_small_m_tiles_for_decode_and_large_for_square():
     decode, square = TARGETS[0], TARGETS[1]
-    small = KernelDesign("sm80mma", "sm_90a", "fp16", "tn", 16, 64, 64, 1, 2, 4)
-    large = KernelDesign("sm80mma", "sm_90a", "fp16", "tn", 128, 128, 32, 2, 2, 4)
+    small = sm80_mma.design("sm_90a", "fp16", "tn", 16, 64, 64, 1, 2, 4)
+    large = sm80_mma.design("sm_90a", "fp16", "tn", 128, 128, 32, 2, 2, 4)
     assert predicted_time_s(small, decode) < predicted_time_s(large, decode)
 
     def sq(d):
-        return KernelDesign(
-            d.family, d.arch, "bf16", "nn", d.bm, d.bn, d.bk, d.warps_m, d.warps_n, d.stages
-        )
+        return dataclasses.replace(d, dtype="bf16", layout="nn")
 
     assert predicted_time_s(sq(large), square) < predicted_time_s(sq(small), square)
 
