@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 export CUDAL2_CACHE=${CUDAL2_CACHE:-$PWD/.cache/artifacts}
 PY=${PYTHON:-python3}
 if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
-$PY -c "import cudal2" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
+(cd /tmp && $PY -c "import cudal2.generator") 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
 $PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 noprogress() { grep -v '/s\]\|s/[a-z]*\]' || true; }  # tqdm lines
