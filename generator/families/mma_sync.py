@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cudal2.generator.families.base import Features
 from cudal2.hardware import ARCH_LIMITS
 
 LIMITS = ARCH_LIMITS["sm_90a"]
@@ -143,3 +144,13 @@ def context(t: Tile, dtype: str, layout: str) -> dict[str, Any]:
         "b_kn": "true" if layout == "nn" else "false",
         "store_pred": "",  # every thread stores all of its fragments
     }
+
+
+def features(t: Tile, smem_bytes: int, split_k: int = 1, wgmma: bool = False) -> Features:
+    """What the cost model sees of a cp.async-pipelined tile: the fragment registers
+    (+ 48 for addresses and loop state), ``stages - 1`` k tiles prefetched."""
+    return Features(
+        bm=t.bm, bn=t.bn, bk=t.bk, threads=t.threads, warps=t.warps,
+        regs=min(255, fragment_regs(t) + 48), smem_bytes=smem_bytes, split_k=split_k,
+        prefetch_tiles=t.stages - 1, fill_stages=t.stages, wgmma=wgmma,
+    )  # fmt: skip

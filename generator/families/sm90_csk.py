@@ -94,9 +94,4 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
 
 
 def features(d: KernelDesign) -> Features:
-    t = tile(d)
-    return Features(
-        bm=t.bm, bn=t.bn, bk=t.bk, threads=t.threads, warps=t.warps,
-        regs=min(255, mma_sync.fragment_regs(t) + 48), smem_bytes=smem_bytes(d),
-        split_k=d.knobs.split_k, prefetch_tiles=t.stages - 1, fill_stages=t.stages,
-    )  # fmt: skip
+    return mma_sync.features(tile(d), smem_bytes(d), d.knobs.split_k)
