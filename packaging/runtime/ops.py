@@ -71,12 +71,13 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     def matmul(a: Any, b: Any) -> Any:
         return apis[ns].op_matmul(a, b)
 
-    # One kernel for every backend (CPU, CUDA, sparse, quantized, ...): the runtime's
-    # own checks send whatever its kernels cannot take to torch, so a sparse weight gets
-    # torch's answer (or torch's own exception), never the dispatcher's "no kernel for
-    # SparseCPU".
-    lib.impl("linear", linear, "CompositeExplicitAutograd")
-    lib.impl("matmul", matmul, "CompositeExplicitAutograd")
+    # One kernel for every backend (CPU, CUDA, sparse, quantized, ...), and for nested
+    # tensors, which that alias leaves out: the runtime's own checks send whatever its
+    # kernels cannot take to torch, so a sparse weight gets torch's answer (or torch's
+    # own exception), never the dispatcher's "could not run ... with SparseCPU".
+    for key in ("CompositeExplicitAutograd", "NestedTensorCPU", "NestedTensorCUDA"):
+        lib.impl("linear", linear, key)
+        lib.impl("matmul", matmul, key)
 
     def linear_fake(x: Any, w: Any, bias: Any = None) -> Any:
         torch._check(x.dim() >= 1 and w.dim() == 2, lambda: "linear: x [..., K], w [N, K]")
