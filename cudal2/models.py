@@ -52,10 +52,16 @@ def _raw_model_type(path: Path) -> str:
     gets our message (naming the supported list) instead of transformers' own.
     """
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ModelConfigError(
-                f"model config {path} has more than {MAX_CONFIG_BYTES} bytes: not a config.json"
-            )
+        size = path.stat().st_size
+    except FileNotFoundError as e:
+        raise ModelConfigError(f"model config not found: {path}") from e
+    except OSError as e:
+        raise ModelConfigError(f"cannot read model config {path}: {e}") from e
+    if size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"model config {path} has more than {MAX_CONFIG_BYTES} bytes: not a config.json"
+        )
+    try:
         raw: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ModelConfigError(f"model config not found: {path}") from e

@@ -180,6 +180,15 @@ def _bias_reason(torch: Any, x: Any, n: int, bias: Any, in_op: bool) -> str | No
     return None
 
 
+def _nested_reason(a: Any, b: Any, exc: RuntimeError) -> str:
+    """The reason ``not_strided`` for a nested tensor (strided layout, but no one shape
+    or stride: asking raises ``exc``); any other error is re-raised. Called from an
+    ``except`` block, so a call with plain tensors pays nothing for it."""
+    if getattr(a, "is_nested", False) or getattr(b, "is_nested", False):
+        return "not_strided"
+    raise exc
+
+
 def _tensors(a: Any, b: Any, bias: Any = None) -> bool:
     """Whether ``a`` and ``b`` are tensors and ``bias`` one or None."""
     tensor = _torch.Tensor
@@ -306,9 +315,12 @@ class Api:
 
     def _matmul(self, a: Any, b: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        got = _common_checks(torch, a, b, in_op) or matmul_operands(
-            a.shape, a.stride(), b.shape, b.stride()
-        )
+        try:
+            got = _common_checks(torch, a, b, in_op) or matmul_operands(
+                a.shape, a.stride(), b.shape, b.stride()
+            )
+        except RuntimeError as exc:
+            got = _nested_reason(a, b, exc)
         if type(got) is tuple:
             got = self._run(torch, a, b, got)
             if type(got) is not str:
@@ -318,9 +330,12 @@ class Api:
 
     def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        got = _common_checks(torch, x, w, in_op) or linear_operands(
-            x.shape, x.stride(), w.shape, w.stride()
-        )
+        try:
+            got = _common_checks(torch, x, w, in_op) or linear_operands(
+                x.shape, x.stride(), w.shape, w.stride()
+            )
+        except RuntimeError as exc:
+            got = _nested_reason(x, w, exc)
         if bias is not None and type(got) is tuple:
             got = _bias_reason(torch, x, got[2], bias, in_op) or got
         if type(got) is tuple:

@@ -167,7 +167,11 @@ def _patched_class(cls: type) -> type:
             # sees and autograd differentiates. Plain inference: the same dispatch
             # without the torch dispatcher's ~25 us per call of a Python-kernel op.
             if _torch.is_grad_enabled() or _torch.compiler.is_compiling():
-                return self._cudal2_linear(input, self.weight, self.bias)
+                if isinstance(input, _torch.Tensor):
+                    return self._cudal2_linear(input, self.weight, self.bias)
+                # Not a tensor: the op's schema would refuse it with the dispatcher's
+                # RuntimeError; the layer's own forward raises what nn.Linear raises.
+                return cls.forward(self, input)
             return self._cudal2_eager(input, self.weight, self.bias)
 
         sub = type(f"Cudal2{cls.__name__}", (cls,), {"forward": forward, "_cudal2_original": cls})
