@@ -53,8 +53,9 @@ class Stats:
 
     ``hits[entry]`` counts kernel launches per table entry (named ``str(entry.key)``);
     ``fallbacks[reason]`` counts calls served by torch, by the first reason found:
-    ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor), ``compiling``
-    (torch.compile tracing), ``rank``, ``not_strided``, ``dtype`` (not fp16/bf16 or
+    ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor; through the
+    op, not a tensor at all), ``compiling``
+    (torch.compile tracing), ``rank``, ``not_strided`` (sparse, nested), ``dtype`` (not fp16/bf16 or
     mixed), ``grad`` (autograd would need a backward; the torch op has one), ``bias``
     (not an [N] tensor of the input's dtype and device), ``shape`` (mismatch: torch
     raises), ``empty``, ``stride`` (inner stride, leading dim or view rules),
