@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import reprlib
+import stat
 import tomllib
 from dataclasses import dataclass
 from importlib.resources import files
@@ -19,7 +21,7 @@ from typing import Any
 
 from cudal2 import models
 from cudal2.generator.families import FAMILIES
-from cudal2.packaging.wheel import package_name
+from cudal2.packaging.wheel import name_problem, package_name, wheel_version
 from cudal2.policy import PROPOSERS
 from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
 
@@ -27,9 +29,19 @@ TIMING_MODES: tuple[str, ...] = ("offline", "server")
 
 # The gemm_v1 ABI passes M, N, K as C ``int``.
 MAX_DIM = 2**31 - 1
+# A manifest expands to at most this many targets (each group's count, taken from its
+# lists' lengths before anything is expanded, and all groups' together, duplicates
+# included): far above any real build (the shipped ones have up to 96), far below
+# what takes minutes or gigabytes to plan.
+MAX_TARGETS = 10_000
+# A manifest file is a page of TOML; anything larger is not one (and /dev/zero never ends).
+MAX_MANIFEST_BYTES = 1 << 20
+# Search counts a GPU build could finish; the seed is what every seeded generator of
+# the build (Python, torch) takes.
+MAX_CANDIDATES = 4096
+MAX_ROUNDS = 100
+MAX_SEED = 2**32 - 1
 
-_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-_VERSION_RE = re.compile(r"^\d+(\.\d+)*([ab]|rc)?\d*(\.post\d+)?(\.dev\d+)?$")
 _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 _TOP_KEYS = ("package", "build", "search", "timing", "targets", "grid", "model")
@@ -67,6 +79,18 @@ class ManifestError(Exception):
         super().__init__(" ".join(message.split()))
         self.key_path = key_path
         self.value = value
+
+
+# Values are quoted in messages, bounded: a 1000-element list or a table nested 5000
+# deep is shown by its start (plain repr() of the latter raises RecursionError).
+_shown = reprlib.Repr()
+_shown.maxlevel, _shown.maxlist, _shown.maxdict = 3, 8, 8
+_shown.maxstring, _shown.maxother, _shown.maxlong = 120, 120, 60
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, shortened for a one-line message."""
+    return _shown.repr(value)
 
 
 @dataclass(frozen=True)
@@ -126,9 +150,9 @@ class _Reader:
         self.path = path
 
     def fail(self, key_path: str, value: Any, problem: str) -> ManifestError:
-        shown = "" if value is _MISSING else f" = {value!r}"
+        quoted = "" if value is _MISSING else f" = {shown(value)}"
         return ManifestError(
-            f"{self.path}: {key_path}{shown}: {problem}",
+            f"{self.path}: {key_path}{quoted}: {problem}",
             key_path,
             None if value is _MISSING else value,
         )
@@ -163,13 +187,15 @@ class _Reader:
 
     # -- scalars ------------------------------------------------------------------
 
-    def integer(self, value: Any, key_path: str, minimum: int) -> int:
+    def integer(self, value: Any, key_path: str, minimum: int, maximum: int | None = None) -> int:
         # bool is an int subclass in Python, but `true` is never a count.
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(key_path, value, "must be an integer")
         if value < minimum:
             bound = "positive" if minimum == 1 else f">= {minimum}"
             raise self.fail(key_path, value, f"must be {bound}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key_path, value, f"must be at most {maximum}")
         return value
 
     def dim(self, value: Any, key_path: str) -> int:
@@ -224,6 +250,32 @@ class _Reader:
         return m, n, k
 
 
+def _read(path: Path) -> bytes:
+    """The manifest file's bytes: a regular file of at most ``MAX_MANIFEST_BYTES``."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ManifestError(f"{path}: cannot read manifest: not a regular file", "", str(path))
+        if info.st_size > MAX_MANIFEST_BYTES:
+            raise ManifestError(
+                f"{path}: cannot read manifest: {info.st_size} bytes, more than a manifest "
+                f"may have ({MAX_MANIFEST_BYTES})",
+                "",
+                str(path),
+            )
+        with path.open("rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)  # a file that grew since stat() is cut
+    except OSError as e:
+        raise ManifestError(
+            f"{path}: cannot read manifest: {e.strerror or e}", "", str(path)
+        ) from e
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"{path}: cannot read manifest: more than {MAX_MANIFEST_BYTES} bytes", "", str(path)
+        )
+    return data
+
+
 def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:
     try:
         text = data.decode("utf-8")
@@ -241,8 +293,27 @@ def _parse_toml(path: Path, data: bytes) -> dict[str, Any]:
             lineno = int(pos.group(1))
             if 1 <= lineno <= len(lines):
                 line_text = lines[lineno - 1].strip()
-        shown = f": {line_text!r}" if line_text else ""
-        raise ManifestError(f"{path}: TOML syntax error: {msg}{shown}", "", line_text) from e
+        quoted = f": {shown(line_text)}" if line_text else ""
+        raise ManifestError(f"{path}: TOML syntax error: {msg}{quoted}", "", line_text) from e
+    except RecursionError as e:
+        raise ManifestError(f"{path}: TOML syntax error: arrays or tables nested too deeply") from e
+    except ValueError as e:  # an integer literal of more than 4300 digits
+        raise ManifestError(f"{path}: TOML syntax error: {e}") from e
+
+
+def _config_path(r: _Reader, config: str, key_path: str, manifest_dir: Path) -> Path:
+    """The model config file a ``[[model]]`` names: relative to the manifest, not the
+    working directory, so a manifest builds the same from wherever the CLI runs."""
+    try:
+        path = models.resolve_config_path((manifest_dir / Path(config).expanduser()).resolve())
+        if not path.exists():
+            raise r.fail(key_path, str(path), "model config file not found")
+        if not path.is_file():
+            raise r.fail(key_path, str(path), "model config is not a regular file")
+    except (OSError, RuntimeError, ValueError) as e:
+        # a NUL byte, a name too long, a symlink loop, ~user of no such user
+        raise r.fail(key_path, config, f"not a usable path: {e}") from e
+    return path
 
 
 def _expand_model(
@@ -254,17 +325,23 @@ def _expand_model(
     tp = r.integer(entry.get("tp", 1), f"{key_path}.tp", 1)
     fused = r.boolean(entry.get("fused", True), f"{key_path}.fused")
 
-    # Relative to the manifest, not the working directory, so a manifest builds
-    # the same from wherever the CLI is run.
-    config_path = models.resolve_config_path((manifest_dir / Path(config).expanduser()).resolve())
-    if not config_path.is_file():
-        raise r.fail(config_key, str(config_path), "model config file not found")
+    config_path = _config_path(r, config, config_key, manifest_dir)
     try:
         projections = models.projection_shapes(config_path, tp, fused)
     except models.TensorParallelError as e:
         raise r.fail(f"{key_path}.tp", tp, str(e)) from e
     except models.ModelConfigError as e:
         raise r.fail(config_key, config, str(e)) from e
+    # A config is data too: its sizes must make GEMMs the kernel ABI can take.
+    for proj, n, k in projections:
+        for dim, value in (("N", n), ("K", k)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+                raise r.fail(
+                    config_key,
+                    config,
+                    f"projection {proj!r} gives {dim} = {shown(value)}: a dimension must be "
+                    f"an integer in [1, {MAX_DIM}]",
+                )
     return [(m, n, k) for m in tokens for _, n, k in projections]
 
 
@@ -282,15 +359,41 @@ def _group_overrides(
     return dtypes, layouts
 
 
+class _Budget:
+    """The targets' bound, checked from each group's lists' lengths before the group is
+    expanded, so a grid of 1000 values per axis is an error in microseconds."""
+
+    def __init__(self, r: _Reader, archs: tuple[str, ...]) -> None:
+        self.r = r
+        self.archs = len(archs)
+        self.total = 0
+
+    def take(self, key_path: str, shapes: int, dtypes: int, layouts: int, what: str) -> None:
+        count = shapes * dtypes * layouts * self.archs
+        if count > MAX_TARGETS:
+            raise self.r.fail(
+                key_path,
+                count,
+                f"expands to {what} x {dtypes} dtypes x {layouts} layouts x {self.archs} "
+                f"archs = {count} targets; a manifest may have at most {MAX_TARGETS}",
+            )
+        self.total += count
+        if self.total > MAX_TARGETS:
+            raise self.r.fail(
+                key_path,
+                self.total,
+                f"the groups up to this one expand to {self.total} targets (duplicates "
+                f"counted); a manifest may have at most {MAX_TARGETS}",
+            )
+
+
 def load_manifest(path: str | Path) -> Manifest:
     """Read, validate and expand a manifest file; raises ``ManifestError`` on any bad input."""
-    path = Path(path).expanduser().resolve()
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ManifestError(
-            f"{path}: cannot read manifest: {e.strerror or e}", "", str(path)
-        ) from e
+        path = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, no such ~user
+        raise ManifestError(f"{path}: cannot read manifest: {e}", "", str(path)) from e
+    data = _read(path)
     doc = _parse_toml(path, data)
     r = _Reader(path)
     r.table(doc, "", _TOP_KEYS)
@@ -299,11 +402,14 @@ def load_manifest(path: str | Path) -> Manifest:
         raise r.fail("package", _MISSING, "missing required table [package]")
     package = r.table(doc["package"], "package", _PACKAGE_KEYS)
     name = r.string(r.required(package, "name", "package.name"), "package.name")
-    if not _NAME_RE.match(name):
-        raise r.fail("package.name", name, "must match [a-z][a-z0-9_]* (lowercase, digits, _)")
-    version = r.string(r.required(package, "version", "package.version"), "package.version")
-    if not _VERSION_RE.match(version):
-        raise r.fail("package.version", version, "must be a PEP 440 version such as 0.1.0")
+    problem = name_problem(name)  # the wheel writer's own rule
+    if problem:
+        raise r.fail("package.name", name, problem)
+    raw_version = r.string(r.required(package, "version", "package.version"), "package.version")
+    try:
+        version = wheel_version(raw_version)  # PEP 440, normalised as the wheel is named
+    except ValueError as e:
+        raise r.fail("package.version", raw_version, str(e)) from None
 
     build = r.table(doc.get("build", {}), "build", _BUILD_KEYS)
     archs = r.choices(build.get("gpus", ["sm_90a"]), "build.gpus", ARCHS)
@@ -314,13 +420,17 @@ def load_manifest(path: str | Path) -> Manifest:
     d = SearchSettings()
     search = SearchSettings(
         proposer=r.choice(s.get("proposer", d.proposer), "search.proposer", PROPOSERS),
-        candidates=r.integer(s.get("candidates", d.candidates), "search.candidates", 1),
-        rounds=r.integer(s.get("rounds", d.rounds), "search.rounds", 1),
+        candidates=r.integer(
+            s.get("candidates", d.candidates), "search.candidates", 1, MAX_CANDIDATES
+        ),
+        rounds=r.integer(s.get("rounds", d.rounds), "search.rounds", 1, MAX_ROUNDS),
         gpu_budget_s=r.positive_number(
             s.get("gpu_budget_s", d.gpu_budget_s), "search.gpu_budget_s"
         ),
-        seed=r.integer(s.get("seed", d.seed), "search.seed", 0),
-        profile_top=r.integer(s.get("profile_top", d.profile_top), "search.profile_top", 0),
+        seed=r.integer(s.get("seed", d.seed), "search.seed", 0, MAX_SEED),
+        profile_top=r.integer(
+            s.get("profile_top", d.profile_top), "search.profile_top", 0, MAX_CANDIDATES
+        ),
         families=(
             r.choices(s["families"], "search.families", tuple(sorted(FAMILIES)))
             if "families" in s
@@ -335,23 +445,34 @@ def load_manifest(path: str | Path) -> Manifest:
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)
     timing_mode = r.choice(timing.get("mode", "offline"), "timing.mode", TIMING_MODES)
 
-    # Each group yields (shapes, dtypes, layouts); the product with archs is taken once below.
+    # Each group yields (shapes, dtypes, layouts); the product with archs is taken once
+    # below, after every group's count has passed the budget.
+    budget = _Budget(r, archs)
     groups: list[tuple[list[tuple[int, int, int]], tuple[str, ...], tuple[str, ...]]] = []
     for i, entry in enumerate(r.array_of_tables(doc, "targets", _TARGETS_KEYS)):
         kp = f"targets[{i}]"
         shapes_value = r.nonempty_list(r.required(entry, "shapes", f"{kp}.shapes"), f"{kp}.shapes")
+        group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
+        n = len(shapes_value)
+        budget.take(kp, n, len(group_dtypes), len(group_layouts), f"{n} shapes")
         shapes = [r.shape(v, f"{kp}.shapes[{j}]") for j, v in enumerate(shapes_value)]
-        groups.append((shapes, *_group_overrides(r, entry, kp, dtypes, layouts)))
+        groups.append((shapes, group_dtypes, group_layouts))
     for i, entry in enumerate(r.array_of_tables(doc, "grid", _GRID_KEYS)):
         kp = f"grid[{i}]"
         ms, ns, ks = (r.dims(r.required(entry, a, f"{kp}.{a}"), f"{kp}.{a}") for a in "mnk")
+        group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
+        what = f"{len(ms)} x {len(ns)} x {len(ks)} shapes"
+        budget.take(kp, len(ms) * len(ns) * len(ks), len(group_dtypes), len(group_layouts), what)
         shapes = [(m, n, k) for m in ms for n in ns for k in ks]
-        groups.append((shapes, *_group_overrides(r, entry, kp, dtypes, layouts)))
+        groups.append((shapes, group_dtypes, group_layouts))
     for i, entry in enumerate(r.array_of_tables(doc, "model", _MODEL_KEYS)):
         kp = f"model[{i}]"
         # Overrides first: a typo there is cheaper to report than loading the config.
-        overrides = _group_overrides(r, entry, kp, dtypes, layouts)
-        groups.append((_expand_model(r, entry, kp, path.parent), *overrides))
+        group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
+        shapes = _expand_model(r, entry, kp, path.parent)
+        n = len(shapes)
+        budget.take(kp, n, len(group_dtypes), len(group_layouts), f"{n} shapes")
+        groups.append((shapes, group_dtypes, group_layouts))
 
     targets = sorted(
         {
@@ -383,7 +504,12 @@ def load_manifest(path: str | Path) -> Manifest:
 
 
 __all__ = [
+    "MAX_CANDIDATES",
     "MAX_DIM",
+    "MAX_MANIFEST_BYTES",
+    "MAX_ROUNDS",
+    "MAX_SEED",
+    "MAX_TARGETS",
     "PROPOSERS",
     "TIMING_MODES",
     "Manifest",

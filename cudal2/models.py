@@ -22,6 +22,10 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "gemma", 
 # "unfused" expansion is the fused one.
 _PREFUSED_MODEL_TYPES: frozenset[str] = frozenset({"phi3"})
 
+# A model's config.json is a few kilobytes; one far larger is not a config (and is
+# read twice: here, then by transformers).
+MAX_CONFIG_BYTES = 16 << 20
+
 
 class ModelConfigError(ValueError):
     """A model config that cannot be turned into projection shapes."""
@@ -48,10 +52,22 @@ def _raw_model_type(path: Path) -> str:
     gets our message (naming the supported list) instead of transformers' own.
     """
     try:
+        size = path.stat().st_size
+    except FileNotFoundError as e:
+        raise ModelConfigError(f"model config not found: {path}") from e
+    except OSError as e:
+        raise ModelConfigError(f"cannot read model config {path}: {e}") from e
+    if size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"model config {path} has more than {MAX_CONFIG_BYTES} bytes: not a config.json"
+        )
+    try:
         raw: Any = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ModelConfigError(f"model config not found: {path}") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError as e:
+        raise ModelConfigError(f"cannot read model config {path}: nested too deeply") from e
+    except (OSError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError, 4300+ digits
         raise ModelConfigError(f"cannot read model config {path}: {e}") from e
     if not isinstance(raw, dict):
         raise ModelConfigError(f"model config {path} is not a JSON object")
@@ -133,6 +149,10 @@ def projection_shapes(config_path: Path, tp: int, fused: bool) -> list[tuple[str
             f"model config {path}: num_key_value_heads must be positive, got {hkv!r}"
         )
     head_dim = getattr(config, "head_dim", None) or hidden // hq
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ModelConfigError(
+            f"model config {path}: head_dim must be a positive integer, got {head_dim!r}"
+        )
 
     hq_rank = _shard(hq, tp, "num_attention_heads", path)
     if hkv >= tp:

@@ -27,6 +27,8 @@ from pathlib import Path
 import jinja2
 from wheel.wheelfile import WheelFile
 
+from packaging.version import InvalidVersion, Version
+
 from .runtime.table import DispatchTable
 
 # What the shipped runtime imports at run time (torch is optional and not required).
@@ -42,12 +44,56 @@ WHEEL_TAG = "py3-none-any"
 _ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 _ZIP_MODE = 0o644 << 16
 
-# PEP 508 project names, and the canonical (normalised) PEP 440 version spelling
-# without epoch: a wheel file name must not contain a '-' in either.
-_NAME_RE = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9]", re.IGNORECASE)
-_VERSION_RE = re.compile(
-    r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?"
-)
+# The one rule for a kernel package's name and version, which the manifest applies when
+# it reads them and the writer when it names the wheel (so a manifest that loads always
+# makes a wheel). A name is also the import name's and the torch op namespace's tail
+# (``cudal2_kernels_<name>``, ``cudal2_<name>``), so it is an identifier part, and two
+# names never normalise to one distribution (PEP 503 folds runs of '_' into one '-').
+NAME_MAX_LEN = 64
+VERSION_MAX_LEN = 64  # with the name, keeps the wheel's file name far below 255 bytes
+NAME_PATTERN = "[a-z][a-z0-9]*(_[a-z0-9]+)*"
+_NAME_RE = re.compile(NAME_PATTERN)  # str patterns: [a-z0-9] is ASCII only
+# What a version may be spelled with before PEP 440 parses it: ASCII, no whitespace
+# (the parser would strip a trailing newline and accept it).
+_VERSION_CHARS_RE = re.compile(r"[A-Za-z0-9.+!_-]+")
+
+
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a kernel package (one line), or None when it can."""
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__}"
+    if not 1 <= len(name) <= NAME_MAX_LEN:
+        return f"must be 1 to {NAME_MAX_LEN} characters long, got {len(name)}"
+    if not _NAME_RE.fullmatch(name):
+        return (
+            f"must match {NAME_PATTERN} (lowercase ASCII letters and digits, words joined "
+            "by single underscores, starting with a letter)"
+        )
+    return None
+
+
+def wheel_version(version: object) -> str:
+    """``version`` as the wheel is named and its METADATA says it: its normalised PEP
+    440 spelling, read by the PyPA ``packaging`` library (``1.0a`` -> ``1.0a0``,
+    ``1.0-post1`` -> ``1.0.post1``). Raises ``ValueError`` (one line) for anything else:
+    not a string, empty or longer than ``VERSION_MAX_LEN``, whitespace or non-ASCII
+    characters, not PEP 440, or an epoch (``1!2.0``: a '!' in a file name)."""
+    if not isinstance(version, str):
+        raise ValueError(f"must be a string, got {type(version).__name__}")
+    if not 1 <= len(version) <= VERSION_MAX_LEN:
+        raise ValueError(f"must be 1 to {VERSION_MAX_LEN} characters long, got {len(version)}")
+    if not _VERSION_CHARS_RE.fullmatch(version):
+        raise ValueError(
+            "must be written with ASCII letters, digits and . + ! _ - only (no spaces, "
+            "newlines or other characters)"
+        )
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise ValueError("is not a PEP 440 version (e.g. 0.1.0, 1.2rc1, 0.3.post1)") from None
+    if parsed.epoch:
+        raise ValueError("a version epoch (N!) is not supported: it cannot be in a file name")
+    return str(parsed)
 
 
 class WheelBuildError(ValueError):
@@ -128,14 +174,23 @@ def write_wheel(table: DispatchTable, cubins: Mapping[str, bytes], out_dir: Path
 
 
 def _check_names(name: str, version: str, package: str) -> None:
-    if not _NAME_RE.fullmatch(name):
-        raise WheelBuildError(f"table name {name!r} is not a valid distribution name part")
-    if not _VERSION_RE.fullmatch(version):
+    """The manifest's rule (``name_problem``, ``wheel_version``), applied again: a
+    table may come from elsewhere than a manifest (a test, a rewritten table)."""
+    problem = name_problem(name)
+    if problem:
+        raise WheelBuildError(f"table name {name!r} {problem}")
+    try:
+        normal = wheel_version(version)
+    except ValueError as exc:
+        raise WheelBuildError(f"table version {version!r} {exc}") from None
+    if normal != version:
         raise WheelBuildError(
-            f"table version {version!r} is not a normalised PEP 440 version (e.g. '0.1.0')"
+            f"table version {version!r} is not in its normalised PEP 440 spelling {normal!r}"
         )
-    if not package.isidentifier() or package.startswith("_"):
-        raise WheelBuildError(f"table package {package!r} is not a public Python identifier")
+    if package != package_name(name):
+        raise WheelBuildError(
+            f"table package {package!r} is not the package of name {name!r}: {package_name(name)!r}"
+        )
 
 
 def _package_members(

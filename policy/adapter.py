@@ -14,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -76,14 +79,42 @@ def train_adapter(
 
 
 def save_adapter(model: Any, out: str | Path, info: dict[str, Any]) -> None:
-    import json
-
+    """Write the adapter folder ``out`` (peft's files and ``cudal2_adapter.json``) whole:
+    it is filled under a temporary name beside ``out`` and renamed into place, so a
+    reader never loads half an adapter (weights without the base they belong to, or
+    the other way round), and a killed ``adapt`` leaves the old adapter as it was."""
     out = Path(out)
-    model.save_pretrained(str(out))
-    (out / "README.md").unlink(missing_ok=True)  # peft's blank model card
-    for f in out.iterdir():
-        f.chmod(0o644)
-    (out / "cudal2_adapter.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        model.save_pretrained(str(tmp))
+        (tmp / "README.md").unlink(missing_ok=True)  # peft's blank model card
+        meta = json.dumps(info, indent=1, sort_keys=True) + "\n"
+        (tmp / "cudal2_adapter.json").write_text(meta)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        tmp.chmod(0o755)  # mkdtemp's 0700 is not what a shipped folder needs
+        _replace_folder(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_folder(new: Path, final: Path) -> None:
+    """Rename ``new`` to ``final``. A folder cannot be renamed over a non-empty one, so
+    an old ``final`` is first renamed aside (both renames are atomic; between them
+    ``final`` is briefly absent, never partial) and removed after."""
+    if not final.exists():
+        os.replace(new, final)
+        return
+    old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old."))
+    os.replace(final, old / final.name)
+    try:
+        os.replace(new, final)
+    except BaseException:
+        os.replace(old / final.name, final)  # put the old adapter back
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def base_sha256(base: str | Path) -> str:

@@ -17,16 +17,25 @@ import json
 import sys
 from pathlib import Path
 
+from cudal2.cli import args as cli_args
+from cudal2.cli.output import atomic_path
 from cudal2.records import DTYPES, LAYOUTS
 
 
 def _filter_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results")
-    p.add_argument("--m-min", type=int)
-    p.add_argument("--m-max", type=int)
+    p.add_argument("results", type=cli_args.in_file)
+    p.add_argument("--m-min", type=cli_args.positive_int)
+    p.add_argument("--m-max", type=cli_args.positive_int)
     p.add_argument("--mode", default="offline", choices=("offline", "server"))
     p.add_argument("--dtype", default="fp16", choices=DTYPES)
     p.add_argument("--layout", default="tn", choices=LAYOUTS)
+
+
+def _filter_error(prog: str, a: argparse.Namespace) -> int | None:
+    """An M range that selects nothing is a usage error, not an empty report."""
+    if a.m_min is not None and a.m_max is not None and a.m_min > a.m_max:
+        return cli_args.fail(prog, f"--m-min {a.m_min} is above --m-max {a.m_max}")
+    return None
 
 
 def _filter(a):
@@ -36,10 +45,14 @@ def _filter(a):
 
 
 def summarize_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cudal2-bench summarize")
+    p = cli_args.Parser(prog="cudal2-bench summarize")
     _filter_args(p)
     p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
+    a = p.parse(argv)
+    if isinstance(a, int):  # a bad command line, already reported
+        return a
+    if (bad := _filter_error(p.prog, a)) is not None:
+        return bad
     from cudal2.bench.report import read_results, summarize, table
 
     try:
@@ -58,35 +71,46 @@ def summarize_main(argv: list[str]) -> int:
 
 
 def plot_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cudal2-bench plot")
+    p = cli_args.Parser(prog="cudal2-bench plot")
     _filter_args(p)
-    p.add_argument("-o", "--output", default="speedup.png")
-    a = p.parse_args(argv)
+    p.add_argument("-o", "--output", type=cli_args.out_file, default=Path("speedup.png"))
+    a = p.parse(argv)
+    if isinstance(a, int):  # a bad command line, already reported
+        return a
+    if (bad := _filter_error(p.prog, a)) is not None:
+        return bad
     from cudal2.bench.report import plot, read_results
 
     try:
-        out = plot(read_results(a.results), _filter(a), a.output)
+        rows = read_results(a.results)
+        with atomic_path(a.output) as tmp:
+            plot(rows, _filter(a), tmp)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"cudal2-bench: error: {e}", file=sys.stderr)
         return 2
-    print(out)
+    print(a.output)
     return 0
 
 
 def run_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="cudal2-bench", description=__doc__.split("\n\n")[0])
+    p = cli_args.Parser(prog="cudal2-bench", description=__doc__.split("\n\n")[0])
     p.add_argument("shapes", help="shape file (bench/shapes/*.toml formats)")
-    p.add_argument("--out", required=True, help="results file (JSON Lines, appended)")
+    p.add_argument(
+        "--out", type=cli_args.out_file, required=True, help="results file (JSON Lines, appended)"
+    )
     p.add_argument(
         "--kernels",
+        type=cli_args.in_file,
         help="cudal2 kernels to time beside the baselines: a wheel, its dispatch.json, or a "
         "measurement database (.jsonl; its winners as a build would select them)",
     )
     p.add_argument("--mode", default="offline", choices=("offline", "server", "both"))
     p.add_argument("--dtype", nargs="+", default=["fp16"], choices=DTYPES)
     p.add_argument("--layout", nargs="+", default=["tn"], choices=LAYOUTS)
-    p.add_argument("--reps", type=int, default=30)
-    a = p.parse_args(argv)
+    p.add_argument("--reps", type=cli_args.positive_int, default=30)
+    a = p.parse(argv)
+    if isinstance(a, int):  # a bad command line, already reported
+        return a
     from cudal2.shapes import ShapeFileError, load_shapes
 
     try:
@@ -97,7 +121,7 @@ def run_main(argv: list[str]) -> int:
     from cudal2.bench.run import run
 
     modes = ("offline", "server") if a.mode == "both" else (a.mode,)
-    return run(shapes, Path(a.out), modes, a.dtype, a.layout, a.reps, a.kernels)
+    return run(shapes, a.out, modes, a.dtype, a.layout, a.reps, a.kernels and str(a.kernels))
 
 
 def main(argv: list[str] | None = None) -> int:

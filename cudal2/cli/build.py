@@ -6,13 +6,13 @@ could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cudal2.cli import args as cli_args
 from cudal2.manifest import ManifestError, default_manifest_path, load_manifest
 from cudal2.packaging.runtime.table import TableEntry
 from cudal2.policy import PROPOSERS
@@ -21,17 +21,23 @@ if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
     from cudal2.pipeline.build import BuildReport
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser() -> cli_args.Parser:
+    p = cli_args.Parser(
         prog="cudal2-build",
         description="Build a wheel of measured HGEMM kernels for the shapes of a manifest.",
     )
     p.add_argument(
         "manifest", nargs="?", help="manifest TOML (default: the shipped manifests/default.toml)"
     )
-    p.add_argument("--out", default="dist", help="folder for the wheel (default: dist/)")
+    p.add_argument(
+        "--out",
+        type=cli_args.out_folder,
+        default=Path("dist"),
+        help="folder for the wheel (default: dist/)",
+    )
     p.add_argument(
         "--measurements",
+        type=cli_args.in_folder,
         help="measurement database "
         "(default: <manifest stem>.measurements.jsonl next to the manifest)",
     )
@@ -45,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cache",
+        type=cli_args.out_folder,
         help="artifact cache folder (default: $CUDAL2_CACHE or ~/.cache/cudal2/artifacts)",
     )
     p.add_argument(
@@ -52,8 +59,15 @@ def _parser() -> argparse.ArgumentParser:
         choices=PROPOSERS,
         help="override the manifest's search.proposer (grid, random, sample, policy)",
     )
-    p.add_argument("--jobs", type=int, help="parallel nvcc processes (default: all cores)")
-    p.add_argument("--device", type=int, default=0, help="CUDA device to measure on (default: 0)")
+    p.add_argument(
+        "--jobs", type=cli_args.positive_int, help="parallel nvcc processes (default: all cores)"
+    )
+    p.add_argument(
+        "--device",
+        type=cli_args.non_negative_int,
+        default=0,
+        help="CUDA device to measure on (default: 0)",
+    )
     return p
 
 
@@ -98,7 +112,9 @@ def _dispatched(e: TableEntry) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse(argv)
+    if isinstance(args, int):  # a bad command line, already reported
+        return args
     path = Path(args.manifest) if args.manifest else default_manifest_path()
     try:
         manifest = load_manifest(path)
@@ -114,18 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     from cudal2.pipeline.build import Build, BuildError
     from cudal2.verify.pool import WorkerError
 
-    db = (
-        Path(args.measurements)
-        if args.measurements
-        else path.with_name(f"{path.stem}.measurements.jsonl")
-    )
+    db = args.measurements or path.with_name(f"{path.stem}.measurements.jsonl")
     started = time.monotonic()
     try:
         report = Build(
             manifest,
             db,
-            ArtifactCache(Path(args.cache) if args.cache else None),
-            Path(args.out),
+            ArtifactCache(args.cache),
+            args.out,
             remeasure=args.remeasure,
             measure=not args.no_measure,
             jobs=args.jobs,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 
+from cudal2.cli import args as cli_args
 from cudal2.packaging.diff import diff_tables, render_text
 from cudal2.packaging.runtime.table import TableError
 from cudal2.packaging.table import read_table
@@ -26,13 +28,13 @@ def _percent(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a percentage >= 0, got {text!r}")
+    if not 0 <= value < math.inf:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a finite percentage >= 0, got {text!r}")
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> cli_args.Parser:
+    parser = cli_args.Parser(
         prog="cudal2-diff",
         description="Compare the dispatch tables of two cudal2 kernel wheels "
         "(or dispatch.json files): added, removed and changed targets, and regressions.",
@@ -63,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the diff; returns the exit status (see the module docstring)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse(argv)
+    if isinstance(args, int):  # a bad command line, already reported
+        return args
     try:
         old = read_table(args.old)
         new = read_table(args.new)

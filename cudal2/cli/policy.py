@@ -17,25 +17,39 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cudal2.cli import args as cli_args
+from cudal2.cli.output import atomic_path, write_text
+from cudal2.manifest import ManifestError
 from cudal2.policy.corpus import CorpusError
 from cudal2.policy.learned import DEFAULT_CHECKPOINT, DEFAULT_CORPUS
 from cudal2.policy.online import DEFAULT_ONLINE
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="cudal2-policy", description=__doc__.split("\n\n")[0])
+def build_parser() -> cli_args.Parser:
+    ap = cli_args.Parser(prog="cudal2-policy", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("corpus", help="collect measurement databases into a corpus")
-    c.add_argument("--db", nargs="+", required=True, help="measurement databases (.jsonl[.gz])")
+    c.add_argument(
+        "--db",
+        nargs="+",
+        type=cli_args.in_file,
+        required=True,
+        help="measurement databases (.jsonl[.gz])",
+    )
     c.add_argument("--holdout", nargs="*", default=[], help="manifests whose targets are held out")
     c.add_argument("--gpu", default="NVIDIA H100", help="GPU model name prefix to keep")
-    c.add_argument("--out", required=True)
+    c.add_argument("--out", type=cli_args.out_file, required=True)
     t = sub.add_parser("train", help="behaviour cloning, then GRPO, on a corpus's train split")
-    t.add_argument("--db", default=str(DEFAULT_CORPUS), help="corpus file")
-    t.add_argument("--out", default=str(DEFAULT_CHECKPOINT), help="checkpoint path (no suffix)")
-    t.add_argument("--bc-steps", type=int)
-    t.add_argument("--grpo-steps", type=int)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--db", type=cli_args.in_file, default=DEFAULT_CORPUS, help="corpus file")
+    t.add_argument(
+        "--out",
+        type=cli_args.out_prefix,
+        default=DEFAULT_CHECKPOINT,
+        help="checkpoint path (no suffix)",
+    )
+    t.add_argument("--bc-steps", type=cli_args.non_negative_int)
+    t.add_argument("--grpo-steps", type=cli_args.non_negative_int)
+    t.add_argument("--seed", type=cli_args.seed, default=0)
     t.add_argument(
         "--restriction",
         choices=("grammar", "condition"),
@@ -43,9 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how pools restrict the policy in training (docs/policy.md)",
     )
     e = sub.add_parser("eval", help="replay the held-out targets: policy vs random vs grid")
-    e.add_argument("--db", default=str(DEFAULT_CORPUS), help="corpus file")
+    e.add_argument("--db", type=cli_args.in_file, default=DEFAULT_CORPUS, help="corpus file")
     e.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
-    e.add_argument("--adapter", help="a peft LoRA adapter folder to apply to the checkpoint")
+    e.add_argument(
+        "--adapter",
+        type=cli_args.in_dir,
+        help="a peft LoRA adapter folder to apply to the checkpoint",
+    )
     e.add_argument(
         "--restriction",
         choices=("condition", "grammar"),
@@ -55,22 +73,28 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--online",
         nargs="?",
-        type=float,
+        type=cli_args.positive_float,
         const=DEFAULT_ONLINE.lr,
         metavar="LR",
         help="update the policy's weights between rounds, as a build does "
         f"(learning rate; {DEFAULT_ONLINE.lr} if given bare)",
     )
-    e.add_argument("--policy-seeds", type=int, default=5)
-    e.add_argument("--random-seeds", type=int, default=20)
+    e.add_argument("--policy-seeds", type=cli_args.positive_int, default=5)
+    e.add_argument("--random-seeds", type=cli_args.positive_int, default=20)
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
-    e.add_argument("--out", help="also write the full result (per target) as JSON here")
-    e.add_argument("--plot", help="write the curves (median ratio vs k) to this PNG")
+    e.add_argument(
+        "--out", type=cli_args.out_file, help="also write the full result (per target) as JSON here"
+    )
+    e.add_argument(
+        "--plot", type=cli_args.out_file, help="write the curves (median ratio vs k) to this PNG"
+    )
     a = sub.add_parser("adapt", help="train a LoRA adapter for one GPU model's corpus")
-    a.add_argument("--db", required=True, help="corpus of one GPU model's measurements")
+    a.add_argument(
+        "--db", type=cli_args.in_file, required=True, help="corpus of one GPU model's measurements"
+    )
     a.add_argument("--base", default=str(DEFAULT_CHECKPOINT), help="base checkpoint")
-    a.add_argument("--out", required=True, help="adapter folder")
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--out", type=cli_args.out_folder, required=True, help="adapter folder")
+    a.add_argument("--seed", type=cli_args.seed, default=0)
     return ap
 
 
@@ -158,7 +182,7 @@ def _eval(args: argparse.Namespace) -> int:
         online=None if args.online is None else dataclasses.replace(DEFAULT_ONLINE, lr=args.online),
     )
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        write_text(args.out, json.dumps(res, indent=1, sort_keys=True) + "\n")
     summary = {k: v for k, v in res.items() if k != "per_target"}
     if args.json:
         print(json.dumps(summary, sort_keys=True))
@@ -173,7 +197,7 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def plot(res: dict, path: str) -> None:
+def plot(res: dict, path: str | Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,15 +218,18 @@ def plot(res: dict, path: str) -> None:
     axes[0].set_ylabel("best found / best known (median)")
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse(argv)
+    if isinstance(args, int):  # a bad command line, already reported
+        return args
     try:
         commands = {"corpus": _corpus, "train": _train, "eval": _eval, "adapt": _adapt}
         return commands[args.command](args)
-    except (CorpusError, FileNotFoundError, ValueError) as e:
+    except (CorpusError, ManifestError, FileNotFoundError, ValueError) as e:
         print(f"cudal2-policy: {e}", file=sys.stderr)
         return 2
 

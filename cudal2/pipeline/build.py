@@ -490,12 +490,13 @@ class Build:
                 selections, missing = select(
                     self.manifest.targets, history, self.manifest.timing_mode, usable
                 )
+        targets = set(self.manifest.targets)  # once, not once per history record
         stale = {
             x.design_key
             for x in history
             if x.status == Status.OK
             and not x.is_vendor
-            and x.target in set(self.manifest.targets)
+            and x.target in targets
             and x.artifact_key not in unsafe  # failed memcheck: not shipped, and not stale
             and not usable(x)
         }

@@ -22,6 +22,27 @@ DISABLE_ENV = "CUDAL2_DISABLE"
 ABIS: tuple[str, ...] = ("gemm_v1", "gemm_v2")
 
 
+class LaunchLimits(NamedTuple):
+    """What a launch recipe may ask of the GPU: CUDA's limits for compute capability
+    9.0 (sm_90a, the only arch the kernels are built for; cudal2.hardware.ARCH_LIMITS
+    holds the same figures for the build). The table's schema refuses a recipe beyond
+    them at first use, so the driver never sees a launch it must refuse."""
+
+    block_threads: int = 1024  # per CTA
+    block_dims: tuple[int, int, int] = (1024, 1024, 64)
+    grid_dims: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
+    dynamic_smem_bytes: int = 227 * 1024  # the opt-in maximum per CTA
+    cluster_ctas: int = 8  # portable cluster size (more needs a non-portable opt-in)
+    ctas_per_sm: int = 32
+    tma_box: int = 256  # cuTensorMapEncodeTiled: every box dimension
+    tma_swizzle_bytes: int = 128  # the 128-byte swizzle: a box row's bytes, at most
+    element_bytes: int = 2  # fp16 / bf16
+
+
+LIMITS = LaunchLimits()
+INT_MAX = 2**31 - 1  # M, N, K and the leading dims are C ints in every ABI
+
+
 class GemmArgs(NamedTuple):
     """The parameter block every kernel ABI starts with, in its order:
     ``(A, B, C, M, N, K, lda, ldb, ldc)``: device pointers, sizes, and row strides in

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import arrays, cublaslt, driver
 from .abi import ABIS, GemmArgs, Operands, disabled, linear_operands, matmul_operands, misaligned
-from .table import CublasLtAlgo, DispatchTable, EntryKey, TableEntry, TableError
+from .table import MAX_TABLE_BYTES, CublasLtAlgo, DispatchTable, EntryKey, TableEntry, TableError
 
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
 _new_tuple = tuple.__new__
@@ -53,8 +53,9 @@ class Stats:
 
     ``hits[entry]`` counts kernel launches per table entry (named ``str(entry.key)``);
     ``fallbacks[reason]`` counts calls served by torch, by the first reason found:
-    ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor), ``compiling``
-    (torch.compile tracing), ``rank``, ``not_strided``, ``dtype`` (not fp16/bf16 or
+    ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor; through the
+    op, not a tensor at all), ``compiling``
+    (torch.compile tracing), ``rank``, ``not_strided`` (sparse, nested), ``dtype`` (not fp16/bf16 or
     mixed), ``grad`` (autograd would need a backward; the torch op has one), ``bias``
     (not an [N] tensor of the input's dtype and device), ``shape`` (mismatch: torch
     raises), ``empty``, ``stride`` (inner stride, leading dim or view rules),
@@ -163,19 +164,36 @@ def _common_checks(torch: Any, a: Any, b: Any, in_op: bool = False) -> str | Non
     return None
 
 
-def _bias_reason(torch: Any, x: Any, w: Any, bias: Any, in_op: bool) -> str | None:
-    """``bias`` of ``F.linear(x, w, bias)``: None, or an [N] tensor of x's dtype and
-    device (the kernel's output gets it added after); else the reason ``bias``."""
-    if bias is not None and (
+def _bias_reason(torch: Any, x: Any, n: int, bias: Any, in_op: bool) -> str | None:
+    """A ``bias`` given to ``F.linear(x, w, bias)`` with w [n, K] (checked before: a
+    0-dim w has no N): an [N] strided tensor of x's dtype and device (the kernel's output
+    gets it added after) or None; else the reason ``bias``."""
+    if (
         (not in_op and type(bias) not in _PLAIN_TYPES)
+        or bias.layout is not torch.strided
         or bias.dtype is not x.dtype
         or bias.dim() != 1
-        or bias.shape[0] != w.shape[0]
+        or bias.shape[0] != n
         or bias.device != x.device
         or (not in_op and bias.requires_grad and torch.is_grad_enabled())
     ):
         return "bias"
     return None
+
+
+def _nested_reason(a: Any, b: Any, exc: RuntimeError) -> str:
+    """The reason ``not_strided`` for a nested tensor (strided layout, but no one shape
+    or stride: asking raises ``exc``); any other error is re-raised. Called from an
+    ``except`` block, so a call with plain tensors pays nothing for it."""
+    if getattr(a, "is_nested", False) or getattr(b, "is_nested", False):
+        return "not_strided"
+    raise exc
+
+
+def _tensors(a: Any, b: Any, bias: Any = None) -> bool:
+    """Whether ``a`` and ``b`` are tensors and ``bias`` one or None."""
+    tensor = _torch.Tensor
+    return isinstance(a, tensor) and isinstance(b, tensor) and isinstance(bias, tensor | None)
 
 
 def dtype_name(dtype: Any) -> str | None:
@@ -230,7 +248,9 @@ class Api:
         source = f"{self.package}/dispatch.json"
         try:
             path = importlib.resources.files(self.package).joinpath("dispatch.json")
-            return DispatchTable.from_bytes(path.read_bytes(), source)
+            with path.open("rb") as f:  # bounded: a file past the limit is refused whole
+                data = f.read(MAX_TABLE_BYTES + 1)
+            return DispatchTable.from_bytes(data, source)
         except (OSError, TableError) as exc:
             self._table_reason = "table"
             self._warn_once(
@@ -273,17 +293,35 @@ class Api:
 
     def op_matmul(self, a: Any, b: Any) -> Any:
         """``matmul`` as the torch op's kernel (``_common_checks``' ``in_op``)."""
-        return self._matmul(a, b, True)
+        try:
+            return self._matmul(a, b, True)
+        except AttributeError:
+            if _tensors(a, b):
+                raise
+            self.stats.fallbacks["tensor_type"] += 1
+            return _torch.ops.aten.matmul(a, b)  # raises as torch's own op does
 
     def op_linear(self, x: Any, w: Any, bias: Any = None) -> Any:
         """``linear`` as the torch op's kernel (``_common_checks``' ``in_op``)."""
-        return self._linear(x, w, bias, True)
+        try:
+            return self._linear(x, w, bias, True)
+        except AttributeError:
+            # The dispatcher hands None given for a Tensor argument to the kernel (an
+            # undefined tensor): torch's own op refuses it, and so does this one. Caught
+            # here rather than checked, so the call with tensors pays nothing for it.
+            if _tensors(x, w, bias):
+                raise
+            self.stats.fallbacks["tensor_type"] += 1
+            return _torch.ops.aten.linear(x, w, bias)
 
     def _matmul(self, a: Any, b: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        got = _common_checks(torch, a, b, in_op) or matmul_operands(
-            a.shape, a.stride(), b.shape, b.stride()
-        )
+        try:
+            got = _common_checks(torch, a, b, in_op) or matmul_operands(
+                a.shape, a.stride(), b.shape, b.stride()
+            )
+        except RuntimeError as exc:
+            got = _nested_reason(a, b, exc)
         if type(got) is tuple:
             got = self._run(torch, a, b, got)
             if type(got) is not str:
@@ -293,11 +331,14 @@ class Api:
 
     def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch()
-        got = (
-            _common_checks(torch, x, w, in_op)
-            or _bias_reason(torch, x, w, bias, in_op)
-            or linear_operands(x.shape, x.stride(), w.shape, w.stride())
-        )
+        try:
+            got = _common_checks(torch, x, w, in_op) or linear_operands(
+                x.shape, x.stride(), w.shape, w.stride()
+            )
+        except RuntimeError as exc:
+            got = _nested_reason(x, w, exc)
+        if bias is not None and type(got) is tuple:
+            got = _bias_reason(torch, x, got[2], bias, in_op) or got
         if type(got) is tuple:
             n = got[2]
             got = self._run(torch, x, w, got)

@@ -14,6 +14,7 @@ calls (capture state, device context and properties, a byte buffer), made of CuP
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any
 
@@ -22,18 +23,53 @@ from .abi import Operands, disabled, linear_operands, matmul_operands, misaligne
 _cp: Any = None
 
 
+# DLPack device types of memory a kernel cannot read: kDLCPU, kDLCUDAHost (pinned).
+_HOST_DEVICES = (1, 3)
+
+
 def cupy() -> Any:
     global _cp
     if _cp is None:
         try:
             import cupy as cp
         except ImportError as exc:
+            if importlib.util.find_spec("torch") is not None:
+                raise ImportError(
+                    "cudal2 kernels take torch tensors, or other GPU arrays (DLPack, CUDA "
+                    "array interface) through CuPy, which is not installed: pass torch "
+                    "tensors (torch.from_dlpack(x)) or install cupy"
+                ) from exc
             raise ImportError(
                 "cudal2 kernels take torch tensors (torch), or CuPy/DLPack arrays through "
                 "CuPy: install torch or cupy"
             ) from exc
         _cp = cp
     return _cp
+
+
+def host_array(x: Any) -> bool:
+    """Whether ``x`` is an array in host memory (NumPy's, or any whose DLPack device
+    is the CPU): no kernel can read it, and torch refuses it as a non-tensor."""
+    if x is None or hasattr(x, "__cuda_array_interface__"):
+        return False
+    device = getattr(x, "__dlpack_device__", None)
+    if device is None:
+        return False
+    try:
+        return int(device()[0]) in _HOST_DEVICES
+    except Exception:  # noqa: BLE001 - a broken __dlpack_device__: let CuPy say what it is
+        return False
+
+
+def refuse_host(*arrays: Any) -> None:
+    """Raise torch's ``TypeError`` for host arrays, saying how to move them."""
+    for x in arrays:
+        if host_array(x):
+            kind = type(x).__module__.split(".")[0]
+            raise TypeError(
+                f"{kind} arrays are host memory: move them to the GPU "
+                "(torch.from_numpy(x).cuda() or cupy.asarray(x))"
+            )
 
 
 def is_foreign(x: Any) -> bool:
@@ -137,6 +173,7 @@ def run(api: Any, kind: str, a: Any, b: Any, bias: Any = None) -> Any:
     """``kind`` matmul (a @ b) or linear (a @ b.T + bias) of non-torch arrays; a CuPy
     array on CuPy's current stream."""
     global _be
+    refuse_host(a, b, bias)
     cp = cupy()
     a, b = as_cupy(a), as_cupy(b)
     if bias is not None:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .abi import GemmArgs
+from .abi import INT_MAX, LIMITS, GemmArgs
 
 # Parameter types of ABI gemm_v1, in GemmArgs' order: (A, B, C, M, N, K, lda, ldb, ldc).
 GEMM_V1_TYPES = (
@@ -31,7 +31,6 @@ GEMM_V1_TYPES = (
 )
 # ABI gemm_v2 appends two tensor maps (CUtensorMap, passed by pointer: type None).
 GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
-INT_MAX = 2**31 - 1
 
 
 class CudaDriverError(RuntimeError):
@@ -212,7 +211,8 @@ def gemm_fits(recipe: Mapping[str, Any], m: int, n: int, k: int) -> bool:
     gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
         return max(m, n, k) <= INT_MAX and gx * gy <= INT_MAX  # tile index is an int
-    return max(m, n, k) <= INT_MAX and _whole_clusters(recipe, gx, gy)[1] <= 65535
+    gy_max = LIMITS.grid_dims[1]
+    return max(m, n, k) <= INT_MAX and _whole_clusters(recipe, gx, gy)[1] <= gy_max
 
 
 _TMAP_CACHE_MAX = 4096

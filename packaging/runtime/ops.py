@@ -71,7 +71,11 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     def matmul(a: Any, b: Any) -> Any:
         return apis[ns].op_matmul(a, b)
 
-    for key in ("CPU", "CUDA"):
+    # One kernel for every backend (CPU, CUDA, sparse, quantized, ...), and for nested
+    # tensors, which that alias leaves out: the runtime's own checks send whatever its
+    # kernels cannot take to torch, so a sparse weight gets torch's answer (or torch's
+    # own exception), never the dispatcher's "could not run ... with SparseCPU".
+    for key in ("CompositeExplicitAutograd", "NestedTensorCPU", "NestedTensorCUDA"):
         lib.impl("linear", linear, key)
         lib.impl("matmul", matmul, key)
 
@@ -163,7 +167,11 @@ def _patched_class(cls: type) -> type:
             # sees and autograd differentiates. Plain inference: the same dispatch
             # without the torch dispatcher's ~25 us per call of a Python-kernel op.
             if _torch.is_grad_enabled() or _torch.compiler.is_compiling():
-                return self._cudal2_linear(input, self.weight, self.bias)
+                if isinstance(input, _torch.Tensor):
+                    return self._cudal2_linear(input, self.weight, self.bias)
+                # Not a tensor: the op's schema would refuse it with the dispatcher's
+                # RuntimeError; the layer's own forward raises what nn.Linear raises.
+                return cls.forward(self, input)
             return self._cudal2_eager(input, self.weight, self.bias)
 
         sub = type(f"Cudal2{cls.__name__}", (cls,), {"forward": forward, "_cudal2_original": cls})

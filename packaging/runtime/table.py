@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .abi import ABIS
+from .abi import ABIS, LIMITS
 
 FORMAT = 1
+# A table of 10,000 targets on a few GPU models is a few megabytes; a file far larger
+# is not a table, and is refused before it is parsed.
+MAX_TABLE_BYTES = 64 << 20
 KINDS: tuple[str, ...] = ("kernel", "cublaslt", "fallback")
 
 # Keys that a kernel entry must fill and a fallback entry must leave null.
@@ -41,6 +45,7 @@ CUBLASLT_KEYS: tuple[str, ...] = ("kernel", "design_key")
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _ALGO_RE = re.compile(r"[0-9a-f]{128}")
+_SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # an extern "C" name (ASCII only)
 
 
 class TableError(ValueError):
@@ -311,7 +316,8 @@ class DispatchTable:
             raise TableError(f"{source}: a dispatch table must be a JSON object")
         if "format" not in obj:
             raise TableError(f"{source}: missing top-level key 'format'")
-        if obj["format"] != FORMAT:
+        if not _is_int(obj["format"]) or obj["format"] != FORMAT:
+            # 1.0 and true compare equal to 1; a writer of format 1 writes the integer.
             raise TableError(
                 f"{source}: unsupported 'format' {obj['format']!r} (this reader knows {FORMAT})"
             )
@@ -334,12 +340,23 @@ class DispatchTable:
 
     @classmethod
     def from_bytes(cls, data: bytes | str, source: str = "<table>") -> DispatchTable:
-        """The table of ``dispatch.json``'s bytes (``TableError`` if not JSON)."""
+        """The table of ``dispatch.json``'s bytes (``TableError`` if not JSON, or more
+        than ``MAX_TABLE_BYTES``)."""
+        if len(data) > MAX_TABLE_BYTES:
+            raise TableError(
+                f"{source}: {len(data)} bytes, more than a dispatch table may have "
+                f"({MAX_TABLE_BYTES})"
+            )
         try:
             obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            raise TableError(f"{source}: not valid JSON: nested too deeply") from None
+        except (ValueError, TypeError) as exc:  # undecodable, not JSON, a 4300-digit number
             raise TableError(f"{source}: not valid JSON: {exc}") from exc
-        return cls.from_json(obj, source)
+        try:
+            return cls.from_json(obj, source)
+        except RecursionError:  # a launch recipe nested nearly as deep as JSON allows
+            raise TableError(f"{source}: values nested too deeply") from None
 
     def as_json(self) -> dict[str, Any]:
         """The table's JSON object, entries in canonical order."""
@@ -432,12 +449,12 @@ def _check_entry(e: TableEntry) -> None:
         raise TableError(
             f"need m_min <= m_measured <= m_max, got {e.m_min} / {e.m_measured} / {e.m_max}"
         )
-    if not _is_number(e.time_us) or not e.time_us > 0:
-        raise TableError(f"key 'time_us' must be a positive number, got {e.time_us!r}")
+    if not _is_number(e.time_us) or not 0 < e.time_us < math.inf:
+        raise TableError(f"key 'time_us' must be a positive finite number, got {e.time_us!r}")
     for key in ("baseline_us", "speedup", "spread"):
         value = getattr(e, key)
-        if value is not None and not _is_number(value):
-            raise TableError(f"key {key!r} must be a number or null, got {value!r}")
+        if value is not None and not (_is_number(value) and math.isfinite(value)):
+            raise TableError(f"key {key!r} must be a finite number or null, got {value!r}")
     if not isinstance(e.measured_at, str):
         raise TableError(f"key 'measured_at' must be a string, got {e.measured_at!r}")
     if e.candidates is not None and (not _is_int(e.candidates) or e.candidates < 0):
@@ -454,6 +471,8 @@ def _check_entry(e: TableEntry) -> None:
             raise TableError(f"a {e.kind} entry needs a non-null {key!r}")
         if key not in filled and getattr(e, key) is not None:
             raise TableError(f"a {e.kind} entry must have {key!r} null")
+    if e.symbol is not None and not _SYMBOL_RE.fullmatch(e.symbol):
+        raise TableError(f"key 'symbol' must be a C identifier (a kernel name), got {e.symbol!r}")
     if e.cubin_sha256 is not None and (
         not isinstance(e.cubin_sha256, str) or not _SHA256_RE.fullmatch(e.cubin_sha256)
     ):
@@ -461,7 +480,7 @@ def _check_entry(e: TableEntry) -> None:
             f"key 'cubin_sha256' must be 64 lowercase hex digits, got {e.cubin_sha256!r}"
         )
     if e.launch is not None:
-        _check_launch(e.launch)
+        _check_launch(e.launch, e)
     if e.kind == "cublaslt" and not isinstance(e.cublaslt, CublasLtAlgo):
         raise TableError("a cublaslt entry needs an object 'cublaslt'")
     if e.kind != "cublaslt" and e.cublaslt is not None:
@@ -501,7 +520,7 @@ _RECIPE_RULES: tuple[tuple[str, bool, Any, str], ...] = (
 )
 
 
-def _check_launch(recipe: Any) -> None:
+def _check_launch(recipe: Any, e: TableEntry) -> None:
     """The launch recipe's values that the runtime reads. A recipe of an ABI this
     runtime does not know is checked no further: the runtime falls back for it."""
     if not isinstance(recipe, Mapping):
@@ -521,13 +540,82 @@ def _check_launch(recipe: Any) -> None:
     for key, required, check, what in _RECIPE_RULES:
         if (required or key in recipe) and not check(recipe.get(key)):
             raise TableError(f"key 'launch.{key}' must be {what}, got {recipe.get(key)!r}")
+    _check_limits(recipe, e)
     if abi == "gemm_v2":
-        tma = recipe.get("tma")
-        box = _positive_ints(2)
-        if not isinstance(tma, Mapping) or not (box(tma.get("a")) and box(tma.get("b"))):
+        _check_tma(recipe.get("tma"))
+
+
+def _check_limits(recipe: Mapping[str, Any], e: TableEntry) -> None:
+    """The recipe within what the GPU can launch (``abi.LIMITS``), and its grid at the
+    entry's own shape (M = m_measured, the largest M the entry serves) within CUDA's
+    grid: a launch the driver would refuse is a table that cannot be trusted."""
+    lim = LIMITS
+    block = recipe["block"]
+    if math.prod(block) > lim.block_threads or any(
+        b > most for b, most in zip(block, lim.block_dims, strict=True)
+    ):
+        raise TableError(
+            f"key 'launch.block' must be at most {lim.block_threads} threads with dims at "
+            f"most {list(lim.block_dims)}, got {list(block)}"
+        )
+    if recipe["smem_bytes"] > lim.dynamic_smem_bytes:
+        raise TableError(
+            f"key 'launch.smem_bytes' must be at most {lim.dynamic_smem_bytes} (dynamic "
+            f"shared memory per CTA), got {recipe['smem_bytes']!r}"
+        )
+    cluster = recipe.get("cluster") or (1, 1, 1)
+    if math.prod(cluster) > lim.cluster_ctas:
+        raise TableError(
+            f"key 'launch.cluster' must hold at most {lim.cluster_ctas} CTAs (a portable "
+            f"cluster), got {list(cluster)}"
+        )
+    split_k = recipe.get("split_k", 1)
+    if split_k > lim.grid_dims[2] or split_k % cluster[2]:
+        raise TableError(
+            f"key 'launch.split_k' must be at most {lim.grid_dims[2]} and a multiple of the "
+            f"cluster's z ({cluster[2]}): it is the grid's z, got {split_k!r}"
+        )
+    persistent = recipe.get("persistent", 0)
+    if persistent not in (0, 1, 2):
+        raise TableError(
+            f"key 'launch.persistent' must be 0, 1 (cooperative) or 2 (ping-pong), "
+            f"got {persistent!r}"
+        )
+    if recipe.get("ctas_per_sm", 1) > lim.ctas_per_sm:
+        raise TableError(
+            f"key 'launch.ctas_per_sm' must be at most {lim.ctas_per_sm}, "
+            f"got {recipe['ctas_per_sm']!r}"
+        )
+    if not persistent:  # a persistent grid is one CTA per SM slot, in x
+        gx = -(-e.n // recipe["tile_n"])
+        gy = -(-e.m_measured // recipe["tile_m"])
+        grid = (-(-gx // cluster[0]) * cluster[0], -(-gy // cluster[1]) * cluster[1], split_k)
+        if any(g > most for g, most in zip(grid, lim.grid_dims, strict=True)):
             raise TableError(
-                "key 'launch.tma' must hold boxes 'a' and 'b' of 2 positive integers each, "
-                f"got {tma!r}"
+                f"key 'launch.tile_m' / 'launch.tile_n': the entry's own shape (M "
+                f"{e.m_measured}, N {e.n}) needs a grid of {list(grid)} CTAs, more than "
+                f"CUDA's {list(lim.grid_dims)}"
+            )
+
+
+def _check_tma(tma: Any) -> None:
+    """gemm_v2's tensor-map boxes, as ``cuTensorMapEncodeTiled`` takes them with the
+    128-byte swizzle: [k, rows], each dimension 1 to 256, a box row (k elements of 2
+    bytes) a multiple of 16 bytes and at most the swizzle's 128."""
+    lim = LIMITS
+    box = _positive_ints(2)
+    if not isinstance(tma, Mapping) or not (box(tma.get("a")) and box(tma.get("b"))):
+        raise TableError(
+            f"key 'launch.tma' must hold boxes 'a' and 'b' of 2 positive integers each, got {tma!r}"
+        )
+    for name in ("a", "b"):
+        k, rows = tma[name]
+        row_bytes = k * lim.element_bytes
+        if rows > lim.tma_box or row_bytes % 16 or row_bytes > lim.tma_swizzle_bytes:
+            raise TableError(
+                f"key 'launch.tma.{name}' must be a box [k, rows] with rows at most "
+                f"{lim.tma_box} and k * {lim.element_bytes} bytes a multiple of 16 up to "
+                f"{lim.tma_swizzle_bytes}, got {list(tma[name])}"
             )
 
 

@@ -40,7 +40,7 @@ def test_corpus_train_eval_end_to_end(tmp_path, capsys):
 
 def test_unreadable_inputs_exit_2_with_the_reason(tmp_path, capsys):
     assert policy_cli.main(["eval", "--db", str(tmp_path / "none.jsonl.gz")]) == 2
-    assert "no such corpus file" in capsys.readouterr().err
+    assert "none.jsonl.gz': no such file" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{}\n")
     assert policy_cli.main(["corpus", "--db", str(bad), "--out", str(tmp_path / "c.gz")]) == 2

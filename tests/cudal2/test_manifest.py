@@ -373,7 +373,7 @@ def test_unknown_key_lists_allowed(tmp_path: Path) -> None:
             "package.name",
             "My-Team",
         ),
-        ('[package]\nname = "t"\nversion = "v1"\n' + ONE_TARGET, "package.version", "v1"),
+        ('[package]\nname = "t"\nversion = "one"\n' + ONE_TARGET, "package.version", "one"),
         ('[package]\nname = "t"\nversion = 1\n' + ONE_TARGET, "package.version", 1),
         ('package = "t"\n' + ONE_TARGET, "package", "t"),
     ],
@@ -388,6 +388,19 @@ def test_bad_package(tmp_path: Path, text: str, key_path: str, value: Any) -> No
 def test_good_versions(tmp_path: Path, version: str) -> None:
     text = f'[package]\nname = "t"\nversion = "{version}"\n' + ONE_TARGET
     assert _load(tmp_path, text).version == version
+
+
+@pytest.mark.parametrize(
+    ("written", "normalised"),
+    [("1.0a", "1.0a0"), ("v1", "1"), ("1.0-post1", "1.0.post1"), ("1.0RC1", "1.0rc1")],
+)
+def test_versions_are_normalised_as_the_wheel_is_named(
+    tmp_path: Path, written: str, normalised: str
+) -> None:
+    """PEP 440 spellings the PyPA parser accepts are kept in their normalised form, the
+    one the wheel writer names the wheel with (its own rule: ``wheel_version``)."""
+    text = f'[package]\nname = "t"\nversion = "{written}"\n' + ONE_TARGET
+    assert _load(tmp_path, text).version == normalised
 
 
 def test_missing_model_config_names_resolved_path(tmp_path: Path) -> None:

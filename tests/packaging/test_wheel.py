@@ -71,7 +71,8 @@ def test_wheel_file_name(recorded_table, built):
 
 
 def test_names_are_normalised(recorded_table, recorded_cubins, tmp_path):
-    table = dataclasses.replace(recorded_table, name="Llama.3__8B-instruct")
+    name = "llama_3_8b_instruct"
+    table = dataclasses.replace(recorded_table, name=name, package=package_name(name))
     whl = write_wheel(table, recorded_cubins, tmp_path)
     assert whl.name.startswith("cudal2_kernels_llama_3_8b_instruct-")
     meta = _metadata_lines(whl, table)
@@ -228,12 +229,27 @@ def test_cubin_with_wrong_hash_raises(recorded_table, recorded_cubins, tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("version", "1.0-beta"), ("name", "-bad"), ("package", "not-a-module")]
+    ("key", "value"),
+    [
+        ("version", "1.0-beta"),  # PEP 440, but not its normalised spelling (1.0b0)
+        ("version", "1.0a"),
+        ("version", "1.0\n"),
+        ("version", "\u0661.0"),  # an Arabic-Indic digit
+        ("version", "1!2.0"),
+        ("name", "-bad"),
+        ("name", "Llama.3__8B-instruct"),  # cannot name a torch op namespace
+        ("name", "a_"),
+        ("name", "a" * 65),
+        ("package", "not-a-module"),
+        ("package", "cudal2_kernels_other"),
+    ],
 )
 def test_bad_names_raise(recorded_table, recorded_cubins, tmp_path, key, value):
+    """The writer applies the manifest's own rule (``name_problem``, ``wheel_version``)."""
     table = dataclasses.replace(recorded_table, **{key: value})
     with pytest.raises(WheelBuildError, match=key):
         write_wheel(table, recorded_cubins, tmp_path)
+    assert not list(tmp_path.iterdir()), "nothing is written for a table that cannot name a wheel"
 
 
 def test_out_dir_is_created(recorded_table, recorded_cubins, tmp_path):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,3 +113,33 @@ def test_an_adapter_of_another_base_is_refused(tmp_path, change, needle):
         merge_lora(model, folder, DATA / "h100-policy")
     with pytest.raises(ValueError, match=needle):
         load_with_adapter(DATA / "h100-policy", folder)
+
+
+class _FakePeft:
+    """What ``save_adapter`` asks of a peft model: ``save_pretrained(folder)``."""
+
+    def __init__(self, weights: bytes, fail: bool = False):
+        self.weights, self.fail = weights, fail
+
+    def save_pretrained(self, folder: str) -> None:
+        (Path(folder) / "adapter_config.json").write_text("{}")
+        if self.fail:
+            raise OSError("disk full")
+        (Path(folder) / "adapter_model.safetensors").write_bytes(self.weights)
+
+
+def test_save_adapter_replaces_the_folder_whole(tmp_path):
+    """An adapter folder is written under a temporary name and renamed into place: a
+    second save replaces the first whole, a failing one leaves it as it was, and no
+    temporary folder stays behind."""
+    out = tmp_path / "lora"
+    save_adapter(_FakePeft(b"one"), out, {"gpu": "a"})
+    save_adapter(_FakePeft(b"two"), out, {"gpu": "b"})
+    assert (out / "adapter_model.safetensors").read_bytes() == b"two"
+    assert json.loads((out / "cudal2_adapter.json").read_text()) == {"gpu": "b"}
+    with pytest.raises(OSError, match="disk full"):
+        save_adapter(_FakePeft(b"three", fail=True), out, {"gpu": "c"})
+    assert (out / "adapter_model.safetensors").read_bytes() == b"two"
+    assert json.loads((out / "cudal2_adapter.json").read_text()) == {"gpu": "b"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lora"]
+    assert oct(out.stat().st_mode & 0o777) == "0o755"

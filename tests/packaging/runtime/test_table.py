@@ -73,12 +73,12 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     ("kernel", "m_max", 1.5, "key 'm_max' must be a positive integer, got 1.5"),
     ("kernel", "m_measured", "64", "key 'm_measured' must be a positive integer, got '64'"),
     ("kernel", "m_min", lambda _, e: e["m_measured"] + 1, "need m_min <= m_measured <= m_max"),
-    ("kernel", "time_us", 0, "key 'time_us' must be a positive number, got 0"),
-    ("kernel", "time_us", "fast", "key 'time_us' must be a positive number, got 'fast'"),
-    ("kernel", "time_us", None, "key 'time_us' must be a positive number, got None"),
-    ("kernel", "baseline_us", "24.0", "key 'baseline_us' must be a number or null"),
-    ("kernel", "speedup", "1.2x", "key 'speedup' must be a number or null, got '1.2x'"),
-    ("kernel", "spread", False, "key 'spread' must be a number or null, got False"),
+    ("kernel", "time_us", 0, "key 'time_us' must be a positive finite number, got 0"),
+    ("kernel", "time_us", "fast", "key 'time_us' must be a positive finite number, got 'fast'"),
+    ("kernel", "time_us", None, "key 'time_us' must be a positive finite number, got None"),
+    ("kernel", "baseline_us", "24.0", "key 'baseline_us' must be a finite number or null"),
+    ("kernel", "speedup", "1.2x", "key 'speedup' must be a finite number or null, got '1.2x'"),
+    ("kernel", "spread", False, "key 'spread' must be a finite number or null, got False"),
     ("kernel", "measured_at", 0, "key 'measured_at' must be a string, got 0"),
     ("kernel", "candidates", -1, "key 'candidates' must be a non-negative integer"),
     ("kernel", "kind", "cublas", "key 'kind' must be one of ('kernel', 'cublaslt', 'fallback')"),
@@ -317,3 +317,37 @@ def test_one_model_under_two_archs_is_two_targets(selected_table):
         "sm_90"
     )
     assert table.lookup_exact(e.gpu, e.arch, e.dtype, e.layout, e.m_measured, e.n, e.k) == e
+
+
+# -- the recipe limits refuse nothing the generator makes ------------------------------
+
+
+def test_every_legal_design_recipe_passes_the_launch_limits(recorded_table):
+    """The launch limits (``abi.LIMITS``: threads, shared memory, cluster, split-K, TMA
+    boxes, the grid at the entry's shape) refuse no recipe of any legal design of any
+    family, at a large serving shape (M 65536, N 128256: an LM head's)."""
+    from cudal2.generator import design_space, launch_recipe
+    from cudal2.records import ARCHS, DTYPES, LAYOUTS
+
+    kernel = next(e for e in recorded_table.entries if e.kind == "kernel")
+    big = dataclasses.replace(kernel, n=128256, m_min=1, m_max=65536, m_measured=65536)
+    recipes = {
+        json.dumps(launch_recipe(d), sort_keys=True)
+        for arch in ARCHS
+        for dtype in DTYPES
+        for layout in LAYOUTS
+        for d in design_space(arch, dtype, layout)
+    }
+    assert len(recipes) > 1000
+    for text in recipes:
+        dataclasses.replace(big, launch=json.loads(text))  # checked when made
+
+
+def test_launch_limits_are_the_archs():
+    """The runtime cannot import the build's hardware table; the two must agree."""
+    from cudal2.hardware import ARCH_LIMITS
+    from cudal2.packaging.runtime.abi import LIMITS
+
+    sm90 = ARCH_LIMITS["sm_90a"]
+    assert LIMITS.block_threads == sm90.max_threads
+    assert LIMITS.dynamic_smem_bytes == sm90.max_smem_bytes
