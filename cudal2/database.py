@@ -176,11 +176,14 @@ def timing_problem(m: Measurement) -> str | None:
 def latest(measurements: Iterable[Measurement]) -> list[Measurement]:
     """The last record of each reuse key (GPU model, target, artifact, toolchain, mode):
     a re-measurement or a record enriched with profile metrics stands for the key from
-    then on. Order is that of each key's first record. (Whether a kernel may ship after
-    compute-sanitizer is not a measurement's to say: ``cudal2.verdicts``.)"""
+    then on. Order is that of each key's first record. A failure recorded as a
+    measurement of status ``sanitizer`` (before checks had lines of their own) is a
+    check, not a timing (``Contents.checks``, ``cudal2.verdicts``): it does not stand
+    for its key."""
     last: dict[tuple, Measurement] = {}
     for m in measurements:
-        last[m.reuse_key] = m
+        if m.status != Status.SANITIZER:
+            last[m.reuse_key] = m
     return list(last.values())
 
 
@@ -297,7 +300,7 @@ def _discard_line(f: BinaryIO, head: bytes) -> None:
 
 def _record(lineno: int, raw: bytes) -> Measurement | SanitizerCheck | Skipped:
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
         return Skipped(lineno, f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}")
     if "\x00" in text:

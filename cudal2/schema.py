@@ -145,14 +145,8 @@ def _match(v: Any, path: str, pattern: re.Pattern, what: str) -> str:
 
 def _int(v: Any, path: str, lo: int = 0, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-        what = (
-            "a positive integer"
-            if lo == 1
-            else "a non-negative integer"
-            if lo == 0
-            else "an integer"
-        )
-        raise _fail(path, what + (f" up to {hi}" if hi is not None else ""), v)
+        what = {1: "a positive integer", 0: "a non-negative integer"}.get(lo, "an integer")
+        raise _fail(path, f"must be {what}" + (f" up to {hi}" if hi is not None else ""), v)
     return v
 
 

@@ -34,7 +34,7 @@ from cudal2.records import (
     Status,
     Target,
 )
-from cudal2.verdicts import SanitizerLedger
+from cudal2.verdicts import Gate, SanitizerLedger
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -60,7 +60,7 @@ class SanitizerGate:
         self.say = say
         self.checked: set[CheckKey] = set()
         self.failed: set[CheckKey] = set()
-        self.waiting: set[CheckKey] = set()
+        self.waiting: set[tuple[str, Target]] = set()  # (GPU model, target) whose kernel waits
 
     def select(
         self,
@@ -79,15 +79,26 @@ class SanitizerGate:
         would-be winner once in this build, whatever its record says (a failure too:
         a clean check recorded after it lifts its veto)."""
         targets = list(targets)
-        waiting: dict[CheckKey, Measurement] = {}
+        here = gpu.name if runner is not None and gpu is not None else None
+        waiting: dict[CheckKey, Measurement] = {}  # would-be winners that cannot ship yet
 
         def contender(x: Measurement) -> bool:
             key = check_key(x)
             if key in waiting or not shippable(x):
                 return False
+            if x.gpu.name != here:  # nothing of another GPU model is checked here
+                return self.ledger.clear(key)
             return not self.ledger.vetoed(x.artifact_key) or (recheck and key not in self.checked)
 
-        while True:
+        # The kernels other GPU models would ship once checked: they wait.
+        for s in self._optimistic(targets, history, mode, shippable):
+            if (
+                s.gpu != here
+                and s.winner is not None
+                and not self.ledger.clear(check_key(s.winner))
+            ):
+                waiting[check_key(s.winner)] = s.winner
+        while here is not None:
             selections, _ = select(targets, history, mode, contender)
             todo = {
                 check_key(s.winner): s.winner
@@ -96,26 +107,22 @@ class SanitizerGate:
             }
             if not todo:
                 break
-            here = {
-                k: w
-                for k, w in todo.items()
-                if runner is not None and gpu is not None and k.gpu == gpu.name
-                and k not in self.checked
-            }  # fmt: skip
-            waiting.update((k, w) for k, w in todo.items() if k not in here)
-            if runner is None:  # nothing can be checked here: the would-be winners wait
-                break
-            if not here:
-                continue
-            assert gpu is not None and cubins is not None
-            failed = self._check(runner, gpu, list(here.values()), cubins, waiting)
-            if failed:
-                self.say(f"{len(failed)} selected kernels failed compute-sanitizer: reselecting")
-        self.waiting |= waiting.keys()
-        if waiting:
-            gpus = ", ".join(sorted({k.gpu for k in waiting}))
+            fresh = {k: w for k, w in todo.items() if k not in self.checked}
+            # checked in this build and still not clear (an unfinished check elsewhere)
+            waiting.update((k, w) for k, w in todo.items() if k not in fresh)
+            if fresh:
+                assert runner is not None and gpu is not None and cubins is not None
+                failed = self._check(runner, gpu, list(fresh.values()), cubins, waiting, recheck)
+                if failed:
+                    self.say(
+                        f"{len(failed)} selected kernels failed compute-sanitizer: reselecting"
+                    )
+        entries = {(w.gpu.name, w.target) for w in waiting.values()}
+        self.waiting |= entries
+        if entries:
+            gpus = ", ".join(sorted({g for g, _ in entries}))
             self.say(
-                f"{len(waiting)} selected kernels wait for a sanitizer run on a GPU ({gpus}): "
+                f"{len(entries)} selected kernels wait for a sanitizer run on a GPU ({gpus}): "
                 "no clean compute-sanitizer memcheck of their artifact at their target is "
                 "recorded for that GPU model and toolchain, so they are not shipped and their "
                 "targets take the next checked candidate or the fallback (on the GPU: "
@@ -126,6 +133,20 @@ class SanitizerGate:
             return shippable(x) and self.ledger.clear(check_key(x))
 
         return select(targets, history, mode, gated)
+
+    def _optimistic(
+        self,
+        targets: Sequence[Target],
+        history: Sequence[Measurement],
+        mode: str,
+        shippable: Callable[[Measurement], bool],
+    ) -> list[Selection]:
+        """The kernel selections if every kernel without a failure were clean."""
+
+        def contender(x: Measurement) -> bool:
+            return shippable(x) and not self.ledger.vetoed(x.artifact_key)
+
+        return [s for s in select(targets, history, mode, contender)[0] if s.kind == "kernel"]
 
     def _needs(self, w: Measurement, recheck: bool) -> bool:
         key = check_key(w)
@@ -138,23 +159,30 @@ class SanitizerGate:
         winners: Sequence[Measurement],
         cubins: Callable[[Sequence[Measurement]], dict[str, str]],
         waiting: dict[CheckKey, Measurement],
+        recheck: bool = False,
     ) -> set[CheckKey]:
-        """memcheck ``winners`` (and any unfinished check of their artifacts on this GPU
-        model), each announced before it runs and its verdict recorded after it;
-        returns the keys that failed. Unanswered keys go to ``waiting``."""
+        """memcheck ``winners`` (those without a clean check, or all where
+        ``recheck``) and any unfinished check of their artifacts on this GPU model, each
+        announced before it runs and its verdict recorded after it; returns the keys
+        that failed. Unanswered keys go to ``waiting``."""
         assert self.db is not None, "a gate that checks kernels records the verdicts"
         with self.db.locked():
             # Another build may have checked since this one read the database.
             self.ledger = SanitizerLedger(self.db.load(warn=False).checks)
             items: dict[CheckKey, Measurement] = {}
             for w in winners:
-                items[check_key(w)] = w
+                if recheck or self.ledger.state(check_key(w)) != Gate.CLEAN:
+                    items[check_key(w)] = w
                 for start in self.ledger.pending(w.artifact_key):  # a lost or crashed verdict
                     if start.gpu == gpu.name:
                         again = dataclasses.replace(
                             w, target=start.target, toolchain=start.toolchain
                         )
                         items.setdefault(check_key(again), again)
+            mine = {check_key(w) for w in winners}
+            self.checked |= mine
+            if not items:  # another build checked them meanwhile
+                return set()
             paths = cubins(list(items.values()))
             jobs = [job_for(JobKind.SANITIZE, w, paths[w.artifact_key]) for w in items.values()]
             at = now()
@@ -182,7 +210,8 @@ class SanitizerGate:
                 job = res.job
                 key = CheckKey(gpu.name, job.toolchain, job.artifact_key, job.target.key)
                 if not res.recorded:  # no verdict: the check stays pending
-                    waiting.setdefault(key, items[key])
+                    if key in mine:
+                        waiting.setdefault(key, items[key])
                     continue
                 verdict = starts[key].verdict(res.status == Status.OK, now(), res.error)
                 self.db.append_checks([verdict])
