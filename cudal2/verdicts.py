@@ -112,10 +112,8 @@ def _state(lines: list[_Line]) -> Gate:
         return Gate.UNCHECKED
     starts = [ln for ln in lines if ln.check.event == CheckEvent.STARTED]
     failures = [ln for ln in lines if ln.check.event == CheckEvent.FAILED]
-    if not starts:
-        return (
-            Gate.FAILED if failures else Gate.UNCHECKED
-        )  # orphan clean verdicts vouch for nothing
+    if not starts:  # a verdict without its started line vouches for nothing
+        return Gate.FAILED if failures else Gate.UNCHECKED
     last = _latest_start(starts)
     if any(f.pos > last.pos or f.check.at > last.check.at for f in failures):
         return Gate.FAILED

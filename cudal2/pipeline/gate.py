@@ -199,9 +199,8 @@ class SanitizerGate:
                 )
                 for key, w in items.items()
             }
-            self.db.append_checks(
-                starts.values()
-            )  # before memcheck runs: a crash leaves them pending
+            # Announced (fsynced) before memcheck runs: a crash leaves them pending.
+            self.db.append_checks(starts.values())
             for start in starts.values():
                 self.ledger.add(start)
             self.checked |= items.keys()

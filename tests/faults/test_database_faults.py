@@ -797,6 +797,32 @@ def test_a_gpu_build_checks_announces_and_recovers(
     assert _gpu_build(path, monkeypatch, {})[0] == second
 
 
+def test_two_builds_never_check_one_database_at_once(tmp_path):
+    """The check lock: a second holder waits for the first (so a verdict always lands
+    before a later check of the same database starts)."""
+    import threading
+    import time
+
+    db = MeasurementDB(tmp_path / "db.jsonl")
+    seen: list[str] = []
+
+    def check(name: str) -> None:
+        with db.locked():
+            seen.append(f"{name} starts")
+            time.sleep(0.2)
+            seen.append(f"{name} ends")
+
+    threads = [threading.Thread(target=check, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen in (
+        ["a starts", "a ends", "b starts", "b ends"],
+        ["b starts", "b ends", "a starts", "a ends"],
+    )
+
+
 def test_remeasure_rechecks_a_failed_kernel_and_a_clean_check_lifts_the_veto(tmp_path, monkeypatch):
     """``--remeasure`` checks every would-be winner again, a vetoed one too: a full clean
     check recorded after the failure lets it ship."""
