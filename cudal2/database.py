@@ -248,30 +248,30 @@ def _open_regular(path: Path, flags: int) -> int:
     return fd
 
 
-def _open(path: Path) -> BinaryIO | None:
+@contextmanager
+def _open(path: Path) -> Iterator[BinaryIO | None]:
     """The file to read (a gzip stream for ``.gz``), or None where there is none."""
     try:
         fd = _open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
-        return None
-    f: BinaryIO = os.fdopen(fd, "rb")
-    if path.suffix != ".gz":
-        return f
-    z = gzip.GzipFile(fileobj=f)
-    try:
-        z.peek(1)
-    except (OSError, EOFError, zlib.error) as e:
-        z.close()
-        f.close()
-        raise DatabaseError(f"{path}: not a gzip file ({e})") from None
-    return z  # type: ignore[return-value]
+        yield None
+        return
+    with os.fdopen(fd, "rb") as f:
+        if path.suffix != ".gz":
+            yield f
+            return
+        with gzip.GzipFile(fileobj=f) as z:  # closes the stream, not ``f``: ``with f`` does
+            try:
+                z.peek(1)
+            except (OSError, EOFError, zlib.error) as e:
+                raise DatabaseError(f"{path}: not a gzip file ({e})") from None
+            yield z  # type: ignore[misc]
 
 
 def _records(path: Path) -> Iterator[Measurement | SanitizerCheck | Skipped]:
-    f = _open(path)
-    if f is None:
-        return
-    with f:
+    with _open(path) as f:
+        if f is None:
+            return
         lineno = 0
         while True:
             try:

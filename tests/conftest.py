@@ -78,7 +78,7 @@ def db_with_memcheck(tmp_path_factory) -> Callable[[str], Path]:
 
 
 @pytest.fixture(scope="session")
-def recorded_checks(db_with_memcheck) -> tuple[SanitizerCheck, ...]:
+def db_recorded_checks(db_with_memcheck) -> tuple[SanitizerCheck, ...]:
     """The default database's checks, with the stand-in clean ones (``db_with_memcheck``)."""
     return MeasurementDB(db_with_memcheck("default")).load().checks
 
@@ -141,14 +141,14 @@ def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
 
 @pytest.fixture(scope="session")
 def _selected_table(
-    recorded_measurements, recorded_checks, artifact_cache
+    recorded_measurements, db_recorded_checks, artifact_cache
 ) -> tuple[DispatchTable, dict]:
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc to rebuild the recorded cubins")
     from cudal2.pipeline.build import table_from_measurements
 
     return table_from_measurements(
-        recorded_measurements, "offline", artifact_cache, "selected", recorded_checks
+        recorded_measurements, "offline", artifact_cache, "selected", db_recorded_checks
     )
 
 

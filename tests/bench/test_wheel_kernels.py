@@ -42,7 +42,7 @@ def test_database_gives_the_table_a_build_would_select(
 
 
 def test_wheel_and_database_tables_agree(
-    recorded_measurements, recorded_checks, monkeypatch, tmp_path, db_with_memcheck
+    recorded_measurements, db_recorded_checks, monkeypatch, tmp_path, db_with_memcheck
 ):
     monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
     from cudal2.generator.compile import ArtifactCache
@@ -52,7 +52,7 @@ def test_wheel_and_database_tables_agree(
         "offline",
         ArtifactCache(tmp_path / "cache"),
         "bench",
-        recorded_checks,
+        db_recorded_checks,
     )
     gpu = recorded_measurements[0].gpu
     from_wheel = WheelKernels.open(write_wheel(table, cubins, tmp_path / "dist"), gpu)

@@ -85,3 +85,35 @@ def test_the_local_runner_answers_memcheck_with_a_status(monkeypatch, recorded_m
         monkeypatch.setattr(local, "memcheck", lambda *a, res=res: res)
         (answer,) = local.LocalRunner().run([job])
         assert answer.job == job and answer.status == status and answer.error == res.report
+
+
+def test_the_local_runner_memchecks_several_at_a_time(monkeypatch, recorded_measurements):
+    """``sanitizer_parallel`` checks run at once (each a child process on the GPU); every
+    job is answered, as it finishes, with the timeout passed down."""
+    import threading
+    import time
+
+    from cudal2.pipeline.results import job_for
+    from cudal2.records import JobKind
+    from cudal2.verify import local
+
+    kernels = [m for m in recorded_measurements if m.design is not None][:8]
+    jobs = [job_for(JobKind.SANITIZE, m, f"/nowhere/{i}.cubin") for i, m in enumerate(kernels)]
+    running, most, lock = [0], [0], threading.Lock()
+
+    def fake(cubin, symbol, recipe, target, timeout_s):
+        assert timeout_s == 42.0
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return sanitizer.SanitizerResult(not str(cubin).endswith("3.cubin"), "report")
+
+    monkeypatch.setattr(local, "memcheck", fake)
+    runner = local.LocalRunner(sanitizer_parallel=4, sanitizer_timeout_s=42.0)
+    answers = list(runner.run(jobs))
+    assert most[0] == 4 and sorted(a.job.cubin for a in answers) == sorted(j.cubin for j in jobs)
+    bad = [a for a in answers if a.status == Status.SANITIZER]
+    assert [a.job.cubin for a in bad] == ["/nowhere/3.cubin"]
