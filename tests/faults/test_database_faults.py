@@ -610,6 +610,10 @@ def _fifo(tmp: Path) -> Path:
 
 def _socket(tmp: Path) -> Path:
     path = tmp / "db.jsonl"
+    if len(str(path)) > 100:  # a socket's path must fit sockaddr_un (108 bytes)
+        import tempfile
+
+        path = Path(tempfile.mkdtemp(prefix="cudal2-")) / "db.jsonl"
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(path))
     s.close()
