@@ -386,6 +386,98 @@ class Measurement:
         return self.reuse_key.autotuned()
 
 
+class CheckEvent(enum.StrEnum):
+    """One line of a compute-sanitizer check in the measurement database: announced
+    before memcheck runs (``started``), then its verdict (``clean`` or ``failed``). A
+    check whose verdict never reached the file (a crash, a torn or lost line) stays
+    started: pending, and a pending check ships nothing."""
+
+    STARTED = "started"
+    CLEAN = "clean"
+    FAILED = "failed"
+
+
+CHECK_RECORD = "sanitizer_check"  # the ``record`` key that tells a check line from a measurement
+
+
+class CheckKey(NamedTuple):
+    """What a clean check vouches for: one artifact, checked at one target's residues,
+    on one GPU model, with one toolchain (the measured record's)."""
+
+    gpu: str
+    toolchain: str
+    artifact: str
+    target: str  # Target.key
+
+
+@dataclass(frozen=True)
+class SanitizerCheck:
+    """One line of a compute-sanitizer memcheck of a kernel artifact at a target (run at
+    the small size ``verify.sanitizer.small`` cuts it to) on a GPU model, with the
+    toolchain of the measurement it checks.
+
+    The build appends a ``started`` line (fsynced) before memcheck runs, then the
+    verdict line (same ``check`` id, ``clean`` or ``failed`` with the report in
+    ``error``). A failure recorded before checks existed (a ``Measurement`` of status
+    ``sanitizer``) reads as a ``failed`` line without an id (``of_failure``). Which
+    lines let a kernel ship is ``cudal2.verdicts.SanitizerLedger``'s rule.
+    """
+
+    check: str  # 32 hex digits, shared by the started line and its verdict; "" legacy
+    event: CheckEvent
+    gpu: str  # the GPU model memcheck ran on
+    toolchain: str
+    artifact_key: str
+    target: Target
+    at: str  # UTC, YYYY-MM-DDTHH:MM:SSZ
+    tool_version: str
+    error: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "event", CheckEvent(self.event))
+
+    @property
+    def key(self) -> CheckKey:
+        return CheckKey(self.gpu, self.toolchain, self.artifact_key, self.target.key)
+
+    def verdict(self, clean: bool, at: str, error: str = "") -> SanitizerCheck:
+        """The verdict line of this started check."""
+        event = CheckEvent.CLEAN if clean else CheckEvent.FAILED
+        return dataclasses.replace(self, event=event, at=at, error="" if clean else error)
+
+    @classmethod
+    def of_failure(cls, m: Measurement) -> SanitizerCheck:
+        """A failure recorded as a measurement of status ``sanitizer`` (before checks
+        were lines of their own), as a check line without an id."""
+        return cls(
+            "",
+            CheckEvent.FAILED,
+            m.gpu.name,
+            m.toolchain,
+            m.artifact_key,
+            m.target,
+            m.measured_at,
+            m.tool_version,
+            m.error,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "record": CHECK_RECORD,
+            "schema_version": self.schema_version,
+            "check": self.check,
+            "event": self.event.value,
+            "gpu": self.gpu,
+            "toolchain": self.toolchain,
+            "artifact_key": self.artifact_key,
+            "target": self.target.as_json(),
+            "at": self.at,
+            "tool_version": self.tool_version,
+            "error": self.error,
+        }
+
+
 @dataclass(frozen=True)
 class TimingConfig:
     """How a job times its callables (``verify.timing.time_interleaved``); ``mode`` is

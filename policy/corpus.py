@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal2.records import KernelDesign, Target
+from cudal2.records import CHECK_RECORD, KernelDesign, Target
 
 CORPUS_SCHEMA = 1
 METRIC_KEYS = (
@@ -165,6 +165,8 @@ def collect(
     for db in databases:
         path = Path(db)
         for i, rec in _read_lines(path):
+            if isinstance(rec, dict) and rec.get("record") == CHECK_RECORD:
+                continue  # a compute-sanitizer check line: nothing measured to learn from
             try:
                 gpu = rec["gpu"]["name"]
                 if not gpu.startswith(gpu_prefix) or rec.get("mode", "offline") != mode:

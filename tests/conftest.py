@@ -9,11 +9,17 @@ whether or not it beat cuBLAS
 kernel path, the wheel and the diff are exercised with real cubins. Tables are typed
 and frozen (``DispatchTable``): tests vary them through ``dataclasses.replace`` or their
 ``as_json()``; they never hard-code entry values.
+
+No kernel ships without a clean compute-sanitizer check on record, and the committed
+databases hold none until the H100 run of ``ci/gpu_memcheck.sh`` is committed:
+``db_with_memcheck(stem)`` is a copy of a committed database with clean checks
+standing in for that run (``selected_table`` is built from the default one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import shutil
 import uuid
 import zipfile
@@ -30,7 +36,51 @@ from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.select import Selection
-from cudal2.records import Measurement
+from cudal2.records import JobKind, JobResult, Measurement, SanitizerCheck, Status
+from cudal2.verify.replay import ReplayRunner
+
+
+class CleanMemcheck(ReplayRunner):
+    """A replay whose every compute-sanitizer answer is clean: STANDS IN FOR THE H100
+    MEMCHECK RUN (``bash ci/gpu_memcheck.sh``) until its checks are committed."""
+
+    def answer(self, job):
+        if job.kind == JobKind.SANITIZE:
+            return JobResult(job, Status.OK)
+        return super().answer(job)
+
+
+@pytest.fixture(scope="session")
+def db_with_memcheck(tmp_path_factory) -> Callable[[str], Path]:
+    """``db_with_memcheck(stem)``: a copy of ``manifests/<stem>.measurements.jsonl``
+    with a clean check (a started line, then its clean verdict) appended for every
+    kernel the CPU build of ``manifests/<stem>.toml`` would ship once checked. The
+    checks are recorded by the H100 run's own code (``cudal2.pipeline.memcheck``)
+    through ``CleanMemcheck``: they STAND IN FOR THE H100 RUN. A kernel whose check
+    is already committed is not checked again; a committed failure stays."""
+    from cudal2.pipeline.memcheck import check_databases
+
+    root = tmp_path_factory.mktemp("stand-in-memcheck")
+    made: dict[str, Path] = {}
+
+    def make(stem: str) -> Path:
+        if stem not in made:
+            manifest = default_manifest_path().with_name(f"{stem}.toml")
+            copy = root / f"{stem}.measurements.jsonl"
+            shutil.copyfile(manifest.with_name(copy.name), copy)
+            runner = CleanMemcheck(MeasurementDB(copy).read())
+            cache = ArtifactCache(root / "cache")
+            check_databases([(manifest, copy)], runner, cache, log=io.StringIO())
+            made[stem] = copy
+        return made[stem]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def db_recorded_checks(db_with_memcheck) -> tuple[SanitizerCheck, ...]:
+    """The default database's checks, with the stand-in clean ones (``db_with_memcheck``)."""
+    return MeasurementDB(db_with_memcheck("default")).load().checks
 
 
 @pytest.fixture(scope="session")
@@ -90,18 +140,22 @@ def recorded_cubins(_best_kernel_table) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="session")
-def _selected_table(recorded_measurements, artifact_cache) -> tuple[DispatchTable, dict]:
+def _selected_table(
+    recorded_measurements, db_recorded_checks, artifact_cache
+) -> tuple[DispatchTable, dict]:
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc to rebuild the recorded cubins")
     from cudal2.pipeline.build import table_from_measurements
 
-    return table_from_measurements(recorded_measurements, "offline", artifact_cache, "selected")
+    return table_from_measurements(
+        recorded_measurements, "offline", artifact_cache, "selected", db_recorded_checks
+    )
 
 
 @pytest.fixture
 def selected_table(_selected_table) -> DispatchTable:
-    """The table a build selects from the recorded database: kernel, cublaslt
-    (autotuned cuBLASLt algorithms) and fallback entries."""
+    """The table a build selects from the recorded database (with the stand-in clean
+    checks): kernel, cublaslt (autotuned cuBLASLt algorithms) and fallback entries."""
     return _selected_table[0]
 
 

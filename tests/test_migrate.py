@@ -165,9 +165,11 @@ def test_a_record_is_rewritten_with_the_mapped_keys(mapping):
 def test_every_committed_record_loads(path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a skipped (unreadable) line warns
-        ms = MeasurementDB(path).read()
+        contents = MeasurementDB(path).load()
+    ms = contents.measurements
     lines = sum(1 for _ in read_lines(path))
-    assert len(ms) == lines > 0
+    checks = [c for c in contents.checks if c.check]  # lines of their own (not legacy)
+    assert len(ms) + len(checks) == lines > 0 and contents.skipped == ()
     assert all(m.schema_version == 2 for m in ms)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from cudal2.records import GpuInfo, Job, JobKind, JobResult, Status, Target
@@ -18,13 +19,23 @@ class LocalRunner:
     (``WorkerPool``): a hang or a crash costs only that job, and a fresh worker takes
     the next. ``profile`` jobs of one ``run`` share one Nsight Compute run (ncu replays
     each launch as often as its counters need); ``sanitizer`` jobs each run once under
-    compute-sanitizer, in a child process of their own.
+    compute-sanitizer, in a child process of their own, ``sanitizer_parallel`` at a
+    time (each is a small launch: the GPU has room for several), for at most
+    ``sanitizer_timeout_s`` each.
     """
 
     needs_cubins = True
 
-    def __init__(self, device: int = 0, job_timeout_s: float = 180.0):
+    def __init__(
+        self,
+        device: int = 0,
+        job_timeout_s: float = 180.0,
+        sanitizer_parallel: int = 4,
+        sanitizer_timeout_s: float = 600.0,
+    ):
         self.device = device
+        self.sanitizer_parallel = max(1, sanitizer_parallel)
+        self.sanitizer_timeout_s = sanitizer_timeout_s
         self.pool = WorkerPool(device, job_timeout_s)
         self.name = f"worker processes on CUDA device {device}"
 
@@ -43,8 +54,9 @@ class LocalRunner:
         for job in jobs:
             if job.kind in (JobKind.MEASURE, JobKind.AUTOTUNE):
                 yield self.pool.run(job)
-            elif job.kind == JobKind.SANITIZE:
-                yield _memcheck(job)
+        checked = [j for j in jobs if j.kind == JobKind.SANITIZE]
+        if checked:
+            yield from self._memcheck(checked)
         profiled = [j for j in jobs if j.kind == JobKind.PROFILE]
         if profiled:
             yield from _profile(profiled)
@@ -58,9 +70,22 @@ class LocalRunner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _memcheck(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
+        """Each job under compute-sanitizer, ``sanitizer_parallel`` at a time, answered
+        as it finishes; a caller that stops iterating cancels the ones not started
+        (those running finish, within their timeout)."""
+        with ThreadPoolExecutor(min(self.sanitizer_parallel, len(jobs))) as pool:
+            futures = [pool.submit(_memcheck, j, self.sanitizer_timeout_s) for j in jobs]
+            try:
+                for done in as_completed(futures):
+                    yield done.result()
+            finally:
+                for f in futures:
+                    f.cancel()
 
-def _memcheck(job: Job) -> JobResult:
-    res = memcheck(Path(job.cubin), job.symbol, job.recipe, job.target)
+
+def _memcheck(job: Job, timeout_s: float) -> JobResult:
+    res = memcheck(Path(job.cubin), job.symbol, job.recipe, job.target, timeout_s)
     return JobResult(job, Status.OK if res.ok else Status.SANITIZER, res.report)
 
 

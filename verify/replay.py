@@ -10,15 +10,20 @@ recorded database.
 
 What each kind of job is answered with, from the records of the replayed GPU model:
 
-- ``measure``: the latest record of the key that is not a sanitizer verdict (a
-  sanitizer failure answers the ``sanitizer`` job; the timing it replaced answers this);
+- ``measure``: the latest record of the key that is not a sanitizer failure (a
+  failure recorded as a measurement answers the ``sanitizer`` job; the timing it
+  replaced answers this);
 - ``cublaslt``: the latest cuBLASLt record of the target, library version and mode,
   whichever algorithm it holds;
 - ``profile``: the Nsight Compute counters of the key's standing (latest) record, if
   it has any;
-- ``sanitizer``: a recorded sanitizer failure of the key. A pass is never recorded, so
-  a kernel without a failure on record is "not recorded" (unchecked), as it always
-  was in a build without a GPU.
+- ``sanitizer``: what the recorded checks (``cudal2.verdicts``) say of the job's key
+  on the replayed GPU model: ``sanitizer`` where the artifact's failure stands, ``ok``
+  where the key passes the ship gate, and "not recorded" for a key unchecked or
+  pending (a check without its verdict), which only a GPU can answer.
+
+A build without a GPU never asks it for a check (it would answer from the very
+records the build's gate reads); tests use it, with checks, as a GPU stand-in.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 from cudal2.database import MeasurementDB
 from cudal2.generator import legality
 from cudal2.records import (
+    CheckKey,
     GpuInfo,
     Job,
     JobKind,
@@ -38,9 +44,11 @@ from cudal2.records import (
     KernelDesign,
     Measurement,
     ReuseKey,
+    SanitizerCheck,
     Status,
     Target,
 )
+from cudal2.verdicts import SanitizerLedger
 from cudal2.verify.profile import METRICS, is_profiled
 
 _LATEST = object()
@@ -53,9 +61,10 @@ def _legal(d: KernelDesign) -> bool:
 
 class ReplayRunner:
     """Answers jobs from ``measurements`` recorded on GPU model ``gpu`` (default: the
-    model with the most records). ``cublaslt_version``: the version its ``cublaslt``
-    jobs ask for (default: that of the latest cuBLASLt record of the model; None: it
-    cannot autotune)."""
+    model with the most records) and sanitizer ``checks`` (in file order; default: the
+    failures among the measurements). ``cublaslt_version``: the version its
+    ``cublaslt`` jobs ask for (default: that of the latest cuBLASLt record of the
+    model; None: it cannot autotune)."""
 
     needs_cubins = False
 
@@ -65,8 +74,12 @@ class ReplayRunner:
         gpu: str | None = None,
         cublaslt_version: int | None | object = _LATEST,
         name: str = "recorded measurements",
+        checks: Iterable[SanitizerCheck] | None = None,
     ):
         records = list(measurements)
+        if checks is None:
+            checks = [SanitizerCheck.of_failure(m) for m in records if m.status == Status.SANITIZER]
+        self._checks = SanitizerLedger(checks)
         if gpu is None:
             counts = Counter(m.gpu.name for m in records)
             if not counts:
@@ -80,7 +93,6 @@ class ReplayRunner:
         self._timed: dict[ReuseKey, Measurement] = {}
         self._tuned: dict[ReuseKey, Measurement] = {}
         self._standing: dict[ReuseKey, Measurement] = {}
-        self._unsafe: dict[ReuseKey, Measurement] = {}
         # target -> the designs it has a kernel record of, in recorded order
         self._designs: dict[Target, dict[str, KernelDesign]] = {}
         for m in records:  # later records stand for their key, as in ``database.latest``
@@ -88,7 +100,6 @@ class ReplayRunner:
                 self._designs.setdefault(m.target, {}).setdefault(m.design_key, m.design)
             self._standing[m.reuse_key] = m
             if m.status == Status.SANITIZER:
-                self._unsafe[m.reuse_key] = m
                 continue
             self._timed[m.reuse_key] = m
             if m.is_vendor:
@@ -102,7 +113,8 @@ class ReplayRunner:
 
     @classmethod
     def from_database(cls, path: str | Path, gpu: str | None = None) -> ReplayRunner:
-        return cls(MeasurementDB(path).read(), gpu, name=str(path))
+        contents = MeasurementDB(path).load()
+        return cls(contents.measurements, gpu, name=str(path), checks=contents.checks)
 
     @property
     def cublaslt_version(self) -> int | None:
@@ -129,10 +141,13 @@ class ReplayRunner:
             ncu = {k: v for k, v in m.metrics.items() if k in METRICS}
             return JobResult(job, Status.OK, metrics=ncu)
         if job.kind == JobKind.SANITIZE:
-            m = self._unsafe.get(key)
-            if m is None:
-                return JobResult.not_recorded(job, "no sanitizer verdict recorded")
-            return JobResult(job, Status.SANITIZER, m.error)
+            check = CheckKey(self.gpu.name, job.toolchain, job.artifact_key, job.target.key)
+            failure = self._checks.failure(job.artifact_key)
+            if self._checks.vetoed(job.artifact_key) and failure is not None:
+                return JobResult(job, Status.SANITIZER, failure.error)
+            if self._checks.clear(check):
+                return JobResult(job, Status.OK)
+            return JobResult.not_recorded(job, "no sanitizer verdict recorded")
         m = (self._tuned if job.kind == JobKind.AUTOTUNE else self._timed).get(key)
         if m is None:
             return JobResult.not_recorded(job, "no measurement recorded")

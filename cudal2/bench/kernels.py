@@ -45,10 +45,12 @@ class WheelKernels:
             from cudal2.generator.compile import ArtifactCache
             from cudal2.pipeline.build import table_from_measurements
 
-            history = MeasurementDB(path).read()
-            if not history:
+            contents = MeasurementDB(path).load()
+            if not contents.measurements:
                 raise ValueError(f"{path}: no measurements")
-            table, cubins = table_from_measurements(history, mode, ArtifactCache(), "bench")
+            table, cubins = table_from_measurements(
+                contents.measurements, mode, ArtifactCache(), "bench", contents.checks
+            )
         else:  # a dispatch.json beside its cubins/ folder
             table = read_table(path)
             for f in (path.parent / "cubins").glob("*.cubin"):

@@ -1,7 +1,8 @@
 """``cudal2-build [MANIFEST] [--out DIR]``: manifest -> measured kernels -> wheel.
 
-Exit codes: 0 built; 2 bad manifest or arguments (nothing written); 1 the build
-could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker).
+Exit codes: 0 built; 2 bad manifest or arguments, or a ``--measurements`` path that
+is no database (a directory, FIFO, device, socket, unreadable; nothing written); 1 the
+build could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = dataclasses.replace(manifest, search=search)
 
     # Imported after validation so a bad manifest fails fast and writes nothing.
+    from cudal2.database import DatabaseError
     from cudal2.generator.compile import ArtifactCache, NvccNotFoundError
     from cudal2.pipeline.build import Build, BuildError
     from cudal2.verify.pool import WorkerError
@@ -143,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             jobs=args.jobs,
             device=args.device,
         ).run()
+    except DatabaseError as e:  # --measurements names no database: bad input
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 2
     except (BuildError, NvccNotFoundError, WorkerError) as e:
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 1

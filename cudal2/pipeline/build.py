@@ -4,7 +4,8 @@ Measuring goes through a runner (``cudal2.verify.runner.Runner``): worker proces
 on the local GPU, or, on a machine without one, a replay of the build's own database.
 It is one loop either way: propose, compile (or, for a runner that needs no cubins,
 render for the artifact keys), measure what has no record, profile, observe; then
-autotune cuBLASLt, select, memcheck the winners, and package.
+autotune cuBLASLt, select, memcheck the winners (``pipeline.gate``: no kernel ships
+without a clean compute-sanitizer check on record), and package.
 
 Each stage resumes from what is on disk: compiled kernels come from the artifact
 cache, measurements from the append-only database (reused per GPU model, target,
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
-from cudal2.database import MeasurementDB, latest
+from cudal2.database import Contents, MeasurementDB, latest
 from cudal2.generator.compile import (
     BASE_FLAGS,
     ArtifactCache,
@@ -34,21 +35,21 @@ from cudal2.generator.compile import (
     nvcc_version,
 )
 from cudal2.generator.render import IllegalDesignError, symbol
+from cudal2.hardware import datasheet
 from cudal2.manifest import Manifest
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
+from cudal2.pipeline.gate import SanitizerGate, ledger_of
 from cudal2.pipeline.results import (
     compile_failure,
     job_for,
     kernel_job,
     measurement_from,
-    now,
-    unsafe_artifacts,
     vendor_measurement,
     vendor_toolchain,
 )
-from cudal2.pipeline.select import Selection, select
+from cudal2.pipeline.select import Selection
 from cudal2.policy import Proposer, make_proposer
 from cudal2.records import (
     BuildResult,
@@ -58,10 +59,12 @@ from cudal2.records import (
     JobResult,
     KernelDesign,
     Measurement,
+    SanitizerCheck,
     Status,
     Target,
     TimingConfig,
 )
+from cudal2.verdicts import SanitizerLedger
 from cudal2.verify.gpu import gpu_names
 from cudal2.verify.profile import is_profiled
 
@@ -84,15 +87,18 @@ class BuildReport:
     compiled: int = 0
     unmeasured: int = 0  # jobs the runner had no answer for (a replay without a record)
     failures: dict[str, int] = field(default_factory=dict)
+    waiting: int = 0  # selected kernels without a clean sanitizer check (not shipped)
+    skipped: int = 0  # database lines not believed (unreadable, malformed, lying)
 
 
-def shippable(unsafe: set[str]) -> Callable[[Measurement], bool]:
-    """Whether a kernel measurement can ship: not unsafe, and its design renders and
-    compiles to the measured artifact key (source, nvcc version, flags) here."""
+def shippable() -> Callable[[Measurement], bool]:
+    """Whether a kernel measurement's artifact can be built here: its design renders
+    and compiles to the measured artifact key (source, nvcc version, flags). Whether
+    it may ship after compute-sanitizer is the gate's (``pipeline.gate``)."""
     key_cache: dict[str, str] = {}
 
     def usable(x: Measurement) -> bool:
-        if x.design is None or x.artifact_key in unsafe:
+        if x.design is None:
             return False
         if x.design_key not in key_cache:
             try:
@@ -105,13 +111,19 @@ def shippable(unsafe: set[str]) -> Callable[[Measurement], bool]:
 
 
 def table_from_measurements(
-    history: Sequence[Measurement], mode: str, cache: ArtifactCache, name: str
+    history: Sequence[Measurement],
+    mode: str,
+    cache: ArtifactCache,
+    name: str,
+    checks: Sequence[SanitizerCheck] = (),
 ) -> tuple[DispatchTable, dict[str, bytes]]:
-    """The dispatch table a build would make from these measurements, for every target
-    they hold (winners compiled into ``cache``): what ``cudal2-bench --kernels DB`` runs."""
-    history = latest(history)
+    """The dispatch table a build without a GPU would make from these measurements and
+    sanitizer ``checks`` (a database's ``Contents``), for every target they hold
+    (winners compiled into ``cache``): what ``cudal2-bench --kernels DB`` runs."""
+    history = believable(latest(history))
     targets = sorted({x.target for x in history})
-    selections, _ = select(targets, history, mode, shippable(unsafe_artifacts(history)))
+    gate = SanitizerGate(None, ledger_of(checks, history))
+    selections, _ = gate.select(targets, history, mode, shippable())
     winners = [s.winner.design for s in selections if s.winner and s.winner.design]
     build_all(winners, cache)
     return build_table(
@@ -122,6 +134,21 @@ def table_from_measurements(
         selections=selections,
         cubin_of=cache.cubin,
     )
+
+
+def believable(history: Sequence[Measurement]) -> list[Measurement]:
+    """The measurements whose GPU model has a datasheet (``cudal2.hardware``): only
+    their times could be checked against the physical floor when they were read, so
+    only they are selected from (another model's targets fall back)."""
+    known: dict[str, bool] = {}
+    for x in history:
+        if x.gpu.name not in known:
+            try:
+                datasheet(x.gpu.name)
+                known[x.gpu.name] = True
+            except ValueError:
+                known[x.gpu.name] = False
+    return [x for x in history if known[x.gpu.name]]
 
 
 def rendered(design: KernelDesign) -> BuildResult:
@@ -172,7 +199,9 @@ class Build:
         self.log = log
         self.counts = Counter(measured=0, reused=0, compiled=0, unmeasured=0, appended=0)
         self.failures: dict[str, int] = {}
-        self._sanitized: set[str] = set()
+        self.gate = SanitizerGate(self.db, SanitizerLedger(), self.say)
+        self.skipped = 0
+        self._live = True  # the runner runs jobs now (not a replay of this database)
 
     def say(self, msg: str) -> None:
         print(msg, file=self.log, flush=True)
@@ -389,47 +418,12 @@ class Build:
         self._append(enriched.values())
         return [enriched.get(x.reuse_key, x) for x in ms]
 
-    def _sanitize(
-        self, runner: Runner, selections: Sequence[Selection], unsafe: set[str]
-    ) -> set[str]:
-        """memcheck each selected kernel's artifact once per build; failures are
-        recorded (status sanitizer) so that no later build ships them either."""
-        winners: dict[str, Measurement] = {}
-        for s in selections:
-            w = s.winner
-            if s.kind != "kernel" or w is None or w.design is None:
-                continue
-            if w.artifact_key in self._sanitized or w.artifact_key in unsafe:
-                continue
-            self._sanitized.add(w.artifact_key)
-            winners[w.artifact_key] = w
-        if not winners:
-            return set()
-        if runner.needs_cubins:  # a winner recorded by an earlier build may not be compiled
-            build_all([w.design for w in winners.values() if w.design], self.cache)
-        jobs = [
-            job_for(JobKind.SANITIZE, w, self._cubin(runner, w.artifact_key))
-            for w in winners.values()
-        ]
-        failed: set[str] = set()
-        for res in runner.run(jobs):
-            if res.status != Status.SANITIZER:  # ok, or no verdict recorded (unchecked)
-                continue
-            w = winners[res.job.artifact_key]
-            failed.add(w.artifact_key)
-            self._append(
-                [
-                    dataclasses.replace(
-                        w,
-                        status=Status.SANITIZER,
-                        error=res.error,
-                        samples_us=(),
-                        median_us=None,
-                        measured_at=now(),
-                    )
-                ]
-            )
-        return failed
+    def _cubins(self, runner: Runner, ms: Sequence[Measurement]) -> dict[str, str]:
+        """Each measured kernel's cubin path for ``runner`` (compiled first where it
+        needs cubins: a winner recorded by an earlier build may not be in the cache)."""
+        if runner.needs_cubins:
+            build_all([m.design for m in ms if m.design], self.cache)
+        return {m.artifact_key: self._cubin(runner, m.artifact_key) for m in ms}
 
     def _compile(self, designs: Sequence[KernelDesign], desc: str) -> dict[str, BuildResult]:
         unique = {d.key: d for d in designs}
@@ -457,6 +451,7 @@ class Build:
                 f"--measurements FILE recorded on one"
             )
         self.say(f"no GPU here: replaying {len(relevant)} recorded measurements in {self.db.path}")
+        self._live = False  # it can answer nothing the database does not hold
         if self.remeasure:  # replaying the database into itself would only copy records
             self.say("--remeasure needs a GPU: ignored")
             self.remeasure = False
@@ -467,29 +462,56 @@ class Build:
         return ReplayRunner(records, gpu, name=str(self.db.path))
 
     # -- selection and packaging (any machine) --------------------------------------
+    def _load(self) -> Contents:
+        contents = self.db.load()
+        self.skipped = len(contents.skipped)
+        if contents.skipped:
+            self.say(
+                f"{len(contents.skipped)} unreadable records skipped in {self.db.path} "
+                "(each named in a warning above)"
+            )
+        self.gate = SanitizerGate(self.db, SanitizerLedger(contents.checks), self.say)
+        return contents
+
+    def _select(
+        self, runner: Runner | None, gpu: GpuInfo, history: Sequence[Measurement], recheck: bool
+    ) -> tuple[list[Selection], list[Target]]:
+        """The selection through the sanitizer gate; would-be winners are checked on
+        ``runner`` (None: nowhere, they wait)."""
+        believed = believable(history)
+        unknown = sorted({x.gpu.name for x in history} - {x.gpu.name for x in believed})
+        if unknown:
+            self.say(
+                f"no datasheet for {', '.join(unknown)} in cudal2/hardware.py: their times "
+                "cannot be checked against the physical floor, so nothing measured on them "
+                "is selected (their targets fall back)"
+            )
+        return self.gate.select(
+            self.manifest.targets,
+            believed,
+            self.manifest.timing_mode,
+            shippable(),
+            runner=runner,
+            gpu=gpu,
+            cubins=None if runner is None else lambda ms: self._cubins(runner, ms),
+            recheck=recheck,
+        )
+
     def measure_and_select(self) -> tuple[list[Selection], list[Target]]:
         """Everything up to the table: the measuring loop through the runner, then the
         selection, its winners memchecked (reselecting past a failure). Returns the
         selections and the targets without a timed measurement."""
-        records = self.db.read()
-        history = latest(records)
-        runner = self.runner or self._default_runner(records)
+        contents = self._load()
+        history = latest(contents.measurements)
+        runner = self.runner or self._default_runner(list(contents.measurements))
         with runner:
             gpu = runner.start()
             self._measure(runner, gpu, history)
             if self.counts["appended"]:
-                history = latest(self.db.read())
-            unsafe = unsafe_artifacts(history)
-            usable = shippable(unsafe)
-            selections, missing = select(
-                self.manifest.targets, history, self.manifest.timing_mode, usable
-            )
-            while failed := self._sanitize(runner, selections, unsafe):
-                self.say(f"{len(failed)} selected kernels failed compute-sanitizer: reselecting")
-                unsafe |= failed
-                selections, missing = select(
-                    self.manifest.targets, history, self.manifest.timing_mode, usable
-                )
+                history = latest(self.db.load(warn=False).measurements)
+            checker = runner if self._live else None
+            selections, missing = self._select(checker, gpu, history, recheck=self.remeasure)
+        usable = shippable()
         targets = set(self.manifest.targets)  # once, not once per history record
         stale = {
             x.design_key
@@ -497,7 +519,8 @@ class Build:
             if x.status == Status.OK
             and not x.is_vendor
             and x.target in targets
-            and x.artifact_key not in unsafe  # failed memcheck: not shipped, and not stale
+            # failed memcheck: not shipped, and not stale
+            and not self.gate.ledger.vetoed(x.artifact_key)
             and not usable(x)
         }
         if stale:
@@ -506,6 +529,16 @@ class Build:
                 "(template or nvcc changed): not shipped; re-measure on a GPU"
             )
         return selections, missing
+
+    def memcheck(
+        self, runner: Runner, recheck: bool = False
+    ) -> tuple[list[Selection], list[Target]]:
+        """No measuring: the selection a build would make from the database, its
+        would-be winners memchecked on ``runner`` (a GPU; started here, closed by the
+        caller) and the verdicts recorded (``cudal2.pipeline.memcheck``)."""
+        history = latest(self._load().measurements)
+        gpu = runner.start()
+        return self._select(runner, gpu, history, recheck=recheck)
 
     def run(self) -> BuildReport:
         """The whole build: measure, select, compile the winners, write the wheel."""
@@ -536,6 +569,8 @@ class Build:
             compiled=self.counts["compiled"],
             unmeasured=self.counts["unmeasured"],
             failures=self.failures,
+            waiting=len(self.gate.waiting),
+            skipped=self.skipped,
         )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-from collections.abc import Sequence
 from typing import Any
 
 from cudal2 import __version__
@@ -169,8 +168,3 @@ def vendor_measurement(result: JobResult, gpu: GpuInfo) -> Measurement:
         vendor=dict(vendor),
         **timed,
     )
-
-
-def unsafe_artifacts(history: Sequence[Measurement]) -> set[str]:
-    """Artifacts that failed compute-sanitizer on any target: they never ship."""
-    return {x.artifact_key for x in history if x.status == Status.SANITIZER}

@@ -93,8 +93,13 @@ def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
     # The recorded database with every design of one target made illegal (bm=24: no
     # family has such a tile), and its cuBLASLt record left out (it would be next).
     victim = next(m.target for m in recorded_measurements if m.status == "ok")
+
+    def illegal(m):
+        design = m.design.replace(bm=24)
+        return dataclasses.replace(m, design=design, design_key=design.key)
+
     changed = [
-        dataclasses.replace(m, design=m.design.replace(bm=24)) if m.target == victim else m
+        illegal(m) if m.target == victim else m
         for m in recorded_measurements
         if not (m.target == victim and m.is_vendor)
     ]
@@ -115,16 +120,18 @@ def test_recorded_design_that_is_no_longer_legal_is_not_shipped(
     assert entry.kind == "fallback"
 
 
-def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact_cache, capsys):
-    """The committed H100 database rebuilds the wheel it was measured for: the same
-    own kernels (their sources still compile to the measured artifacts), every
-    target covered."""
+def test_llm_public_builds_from_its_recorded_database(
+    tmp_path, no_gpu, artifact_cache, capsys, db_with_memcheck
+):
+    """The committed H100 database (with clean sanitizer checks standing in for the
+    H100 run) rebuilds the wheel it was measured for: the same own kernels (their
+    sources still compile to the measured artifacts), every target covered."""
     from cudal2.database import MeasurementDB, latest
     from cudal2.manifest import load_manifest
     from cudal2.pipeline.select import select
 
     manifest = default_manifest_path().with_name("llm-public-h100.toml")
-    db = manifest.with_name("llm-public-h100.measurements.jsonl")
+    db = db_with_memcheck("llm-public-h100")
     out = tmp_path / "out"
     args = [str(manifest), "--measurements", str(db), "--out", str(out)]
     assert build_cli.main([*args, "--cache", str(artifact_cache.root)]) == 0

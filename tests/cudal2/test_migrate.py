@@ -10,8 +10,8 @@ import pytest
 
 from cudal2.database import MeasurementDB
 from cudal2.migrate import upgrade
-from cudal2.pipeline.results import unsafe_artifacts
 from cudal2.records import Measurement, Status
+from cudal2.verdicts import SanitizerLedger
 
 LEGACY_ERROR = "compute-sanitizer memcheck: exit 86\n========= Invalid __global__ write of size 2"
 
@@ -50,8 +50,12 @@ def test_the_database_reads_legacy_and_new_records_alike(tmp_path, failed):
     path = tmp_path / "db.jsonl"
     new = dataclasses.replace(failed, status=Status.SANITIZER, error="memcheck exited 86:\n...")
     path.write_text(json.dumps(failed.as_json()) + "\n" + json.dumps(new.as_json()) + "\n")
-    legacy, current = MeasurementDB(path).read()
+    contents = MeasurementDB(path).load()
+    legacy, current = contents.measurements
     assert legacy.status == current.status == Status.SANITIZER
     assert legacy.error == LEGACY_ERROR  # the text is kept; the status says what it is
-    assert unsafe_artifacts([legacy]) == unsafe_artifacts([current]) == {failed.artifact_key}
+    # Both are failures of the artifact, which then never ships.
+    assert [c.error for c in contents.checks] == [LEGACY_ERROR, new.error]
+    for check in contents.checks:
+        assert SanitizerLedger([check]).vetoed(failed.artifact_key)
     assert path.read_text().count('"status": "runtime"') == 1  # the file is not rewritten

@@ -85,3 +85,9 @@ def test_neighbours_share_dtype_and_layout_and_exclude_the_target(small_corpus):
     assert len(near) == 3 and t not in near
     assert all((u.dtype, u.layout) == (t.dtype, t.layout) for u in near)
     assert near[0].n == 4096 and near[0].k == 4096
+
+
+def test_sanitizer_check_lines_are_not_measurements(small_corpus, db_with_memcheck):
+    """A database with compute-sanitizer check lines (clean checks standing in for the
+    H100 run) gives the corpus it gave without them."""
+    assert collect([db_with_memcheck("default")], SMALL_HOLDOUT).rows == small_corpus.rows

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from cudal2.database import MeasurementDB
-from cudal2.generator.compile import ArtifactCache
-from cudal2.manifest import default_manifest_path, load_manifest
-from cudal2.pipeline.results import unsafe_artifacts
-from cudal2.pipeline.select import Selection
 from cudal2.records import Status, Target
 from cudal2.verify import sanitizer
 
@@ -31,42 +24,53 @@ def test_missing_tool_is_a_clear_error(monkeypatch, tmp_path):
         sanitizer.memcheck(tmp_path / "k.cubin", "k", {}, Target("sm_90a", "fp16", "tn", 1, 8, 8))
 
 
-def test_a_failed_memcheck_is_recorded_once_per_build(tmp_path, recorded_measurements):
-    """A runner's ``sanitizer`` verdict on a selected kernel is recorded with that
-    status (the gate reads the status, not the text), and each artifact is checked
-    once per build. The verdict is replayed from a record."""
-    from cudal2.pipeline.build import Build
+def test_a_memcheck_is_announced_then_its_verdict_recorded_once_per_build(
+    tmp_path, recorded_measurements
+):
+    """The gate announces a check (a ``started`` line) before the runner runs it, then
+    records the runner's verdict under the same id; the failure vetoes the artifact
+    (the gate reads the event, not the text), and a key is checked once per build.
+    The runner is a replay standing in for memcheck on the GPU."""
+    from cudal2.database import MeasurementDB, latest
+    from cudal2.pipeline.gate import SanitizerGate, check_key
+    from cudal2.pipeline.select import select
+    from cudal2.records import CheckEvent, JobKind, JobResult
+    from cudal2.verdicts import SanitizerLedger
     from cudal2.verify.replay import ReplayRunner
 
-    kernels = (m for m in recorded_measurements if m.status == "ok" and not m.is_vendor)
-    best = min(kernels, key=lambda m: m.median_us)
-    sel = Selection(
-        best.gpu.name,
-        best.target,
-        "kernel",
-        best,
-        best.median_us,
-        best.baselines_us["torch"],
-        best.spread,
-        best.measured_at,
-        1,
-    )
+    targets = sorted({m.target for m in recorded_measurements})
+    sels, _ = select(targets, latest(recorded_measurements), "offline")
+    best = next(s.winner for s in sels if s.kind == "kernel")  # a kernel that would ship
     report = "memcheck exited 86:\nInvalid __global__ write of size 2"
-    verdict = dataclasses.replace(best, status=Status.SANITIZER, error=report, median_us=None)
-    runner = ReplayRunner([verdict])
-    db = tmp_path / "db.jsonl"
-    b = Build(load_manifest(default_manifest_path()), db, ArtifactCache(tmp_path / "c"), tmp_path)
-    assert b._sanitize(runner, [sel], set()) == {best.artifact_key}
-    (rec,) = MeasurementDB(db).read()
-    assert rec.status == Status.SANITIZER and rec.error == report
-    assert rec.artifact_key == best.artifact_key and rec.median_us is None
-    assert unsafe_artifacts([rec]) == {best.artifact_key}
-    # Checked once per build: a second look does not ask again.
-    assert b._sanitize(runner, [sel], set()) == set()
-    # Without a verdict on record the kernel is unchecked, never failed.
-    fresh = Build(b.manifest, tmp_path / "other.jsonl", b.cache, tmp_path)
-    assert fresh._sanitize(ReplayRunner([best]), [sel], set()) == set()
-    assert not (tmp_path / "other.jsonl").exists()
+
+    class Memcheck(ReplayRunner):  # stands in for compute-sanitizer on a GPU
+        asked: list = []
+
+        def answer(self, job):
+            if job.kind != JobKind.SANITIZE:
+                return super().answer(job)
+            self.asked.append(job)
+            failed = job.artifact_key == best.artifact_key
+            return JobResult(job, Status.SANITIZER if failed else Status.OK, report * failed)
+
+    runner = Memcheck(recorded_measurements)
+    db = MeasurementDB(tmp_path / "db.jsonl")
+    gate = SanitizerGate(db, SanitizerLedger())
+    same = [m for m in recorded_measurements if m.target == best.target]
+    args = ([best.target], same, best.mode, lambda m: m.design is not None)
+    kw = dict(runner=runner, gpu=runner.start(), cubins=lambda ms: {m.artifact_key: "" for m in ms})
+    sels, _ = gate.select(*args, **kw)
+    started, verdict, *_ = db.load().checks
+    assert (started.event, verdict.event) == (CheckEvent.STARTED, CheckEvent.FAILED)
+    assert started.check == verdict.check and verdict.error == report
+    assert started.key == verdict.key == check_key(best)
+    assert gate.ledger.vetoed(best.artifact_key) and gate.failed == {check_key(best)}
+    assert sels[0].winner is None or sels[0].winner.artifact_key != best.artifact_key
+    # Checked once per build: selecting again asks nothing new.
+    asked = len(runner.asked)
+    assert gate.select(*args, **kw) == (sels, [])
+    assert len(runner.asked) == asked
+    assert [j.artifact_key for j in runner.asked].count(best.artifact_key) == 1
 
 
 def test_the_local_runner_answers_memcheck_with_a_status(monkeypatch, recorded_measurements):
@@ -81,3 +85,35 @@ def test_the_local_runner_answers_memcheck_with_a_status(monkeypatch, recorded_m
         monkeypatch.setattr(local, "memcheck", lambda *a, res=res: res)
         (answer,) = local.LocalRunner().run([job])
         assert answer.job == job and answer.status == status and answer.error == res.report
+
+
+def test_the_local_runner_memchecks_several_at_a_time(monkeypatch, recorded_measurements):
+    """``sanitizer_parallel`` checks run at once (each a child process on the GPU); every
+    job is answered, as it finishes, with the timeout passed down."""
+    import threading
+    import time
+
+    from cudal2.pipeline.results import job_for
+    from cudal2.records import JobKind
+    from cudal2.verify import local
+
+    kernels = [m for m in recorded_measurements if m.design is not None][:8]
+    jobs = [job_for(JobKind.SANITIZE, m, f"/nowhere/{i}.cubin") for i, m in enumerate(kernels)]
+    running, most, lock = [0], [0], threading.Lock()
+
+    def fake(cubin, symbol, recipe, target, timeout_s):
+        assert timeout_s == 42.0
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return sanitizer.SanitizerResult(not str(cubin).endswith("3.cubin"), "report")
+
+    monkeypatch.setattr(local, "memcheck", fake)
+    runner = local.LocalRunner(sanitizer_parallel=4, sanitizer_timeout_s=42.0)
+    answers = list(runner.run(jobs))
+    assert most[0] == 4 and sorted(a.job.cubin for a in answers) == sorted(j.cubin for j in jobs)
+    bad = [a for a in answers if a.status == Status.SANITIZER]
+    assert [a.job.cubin for a in bad] == ["/nowhere/3.cubin"]
