@@ -655,7 +655,8 @@ PATH_FAULTS = [
     ("a-socket", _socket, 2, "{p} is a socket, not a measurement database (a regular .jsonl or "
      ".jsonl.gz file)"),
     ("unreadable", _unreadable, 2, "{p}: cannot open: Permission denied"),
-    ("a-path-under-a-file", _under_a_file, 2, "{p}: Not a directory"),
+    ("a-path-under-a-file", _under_a_file, 2, "argument --measurements: '{p}': its folder "
+     "'{p.parent}' is not a folder (see cudal2-build --help)"),
     ("gz-that-is-not-gzip", _not_gzip, 2, "{p}: not a gzip file (Not a gzipped file (b'{{\"'))"),
     ("missing", lambda t: t / "new.jsonl", 1, "no GPU here and no recorded measurements for "
      "this manifest's targets in {p}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
