@@ -31,6 +31,8 @@ from cudal2.generator.compile import (
     arch_flags,
     artifact_key_of,
     build_all,
+    checked_cubin,
+    checked_cubin_path,
     nvcc_version,
 )
 from cudal2.generator.render import IllegalDesignError, symbol
@@ -84,6 +86,7 @@ class BuildReport:
     compiled: int = 0
     unmeasured: int = 0  # jobs the runner had no answer for (a replay without a record)
     failures: dict[str, int] = field(default_factory=dict)
+    quarantined: list[Path] = field(default_factory=list)  # broken cache entries moved aside
 
 
 def shippable(unsafe: set[str]) -> Callable[[Measurement], bool]:
@@ -120,8 +123,20 @@ def table_from_measurements(
         package=package_name(name),
         manifest_sha256="",
         selections=selections,
-        cubin_of=cache.cubin,
+        cubin_of=shipped_cubins(selections, cache),
     )
+
+
+def shipped_cubins(selections: Sequence[Selection], cache: ArtifactCache) -> Callable[[str], bytes]:
+    """``build_table``'s ``cubin_of``: a winner's cubin by its measured artifact key, its
+    bytes checked against the sha256 its compile recorded (a broken cache entry is
+    quarantined and compiled again), so the wheel never gets bytes nobody checked."""
+    designs = {
+        s.winner.artifact_key: s.winner.design
+        for s in selections
+        if s.kind == "kernel" and s.winner is not None and s.winner.design is not None
+    }
+    return lambda key: checked_cubin(designs[key], cache, key)
 
 
 def rendered(design: KernelDesign) -> BuildResult:
@@ -185,10 +200,13 @@ class Build:
     def _failed(self, status: str) -> None:
         self.failures[status] = self.failures.get(status, 0) + 1
 
-    def _cubin(self, runner: Runner, artifact_key: str) -> str:
+    def _cubin(self, runner: Runner, design: KernelDesign | None, artifact_key: str) -> str:
+        """Where a job's cubin lies: checked against the sha256 its compile recorded
+        (a broken entry is quarantined and compiled again) just before the job is made."""
         if not runner.needs_cubins:
             return ""
-        return str(self.cache.entry(artifact_key) / "kernel.cubin")
+        assert design is not None
+        return str(checked_cubin_path(design, self.cache, artifact_key))
 
     def _answers(
         self,
@@ -270,7 +288,7 @@ class Build:
             for t, ds in proposals.items():
                 for d in ds:
                     b = builds[d.key]
-                    job = kernel_job(t, d, b, timing, self._cubin(runner, b.artifact_key))
+                    job = kernel_job(t, d, b, timing, "")
                     old = prior.get(job.reuse_key(gpu.name))
                     if old is not None:
                         round_ms.append(old)
@@ -279,8 +297,9 @@ class Build:
                         rec = compile_failure(job, b, gpu, proposer.name)
                         self._append([rec])
                         round_ms.append(rec)
-                    else:
-                        jobs.append(job)
+                    else:  # to be measured: its cubin, checked
+                        cubin = self._cubin(runner, d, b.artifact_key)
+                        jobs.append(dataclasses.replace(job, cubin=cubin))
             unrecorded: list[Job] = []
             desc = f"{label}: measure"
             for res in self._answers(runner, jobs, desc, "candidate", started, unrecorded):
@@ -367,7 +386,7 @@ class Build:
             return ms
         self.say(f"profiling {len(chosen)} candidates with Nsight Compute")
         jobs = [
-            job_for(JobKind.PROFILE, x, self._cubin(runner, x.artifact_key))
+            job_for(JobKind.PROFILE, x, self._cubin(runner, x.design, x.artifact_key))
             for x in chosen.values()
         ]
         metrics: dict[tuple, dict[str, Any]] = {}
@@ -408,7 +427,7 @@ class Build:
         if runner.needs_cubins:  # a winner recorded by an earlier build may not be compiled
             build_all([w.design for w in winners.values() if w.design], self.cache)
         jobs = [
-            job_for(JobKind.SANITIZE, w, self._cubin(runner, w.artifact_key))
+            job_for(JobKind.SANITIZE, w, self._cubin(runner, w.design, w.artifact_key))
             for w in winners.values()
         ]
         failed: set[str] = set()
@@ -522,7 +541,7 @@ class Build:
             package=m.package,
             manifest_sha256=m.sha256,
             selections=selections,
-            cubin_of=self.cache.cubin,
+            cubin_of=shipped_cubins(selections, self.cache),
         )
         wheel = write_wheel(table, cubins, self.out_dir)
         return BuildReport(
@@ -535,6 +554,7 @@ class Build:
             compiled=self.counts["compiled"],
             unmeasured=self.counts["unmeasured"],
             failures=self.failures,
+            quarantined=list(self.cache.quarantined),
         )
 
 

@@ -47,7 +47,7 @@ def test_second_build_recompiles_nothing(tmp_path, monkeypatch):
     def no_nvcc(*a, **k):
         raise AssertionError("nvcc ran on a cache hit")
 
-    monkeypatch.setattr(comp.subprocess, "run", no_nvcc)
+    monkeypatch.setattr(comp.nvcc, "run_guarded", no_nvcc)
     assert build(_d("fp16", "tn"), cache) == first
 
 
@@ -58,3 +58,25 @@ def test_compile_error_is_recorded_not_raised(tmp_path, monkeypatch):
     assert not r.ok and "error" in r.error.lower()
     assert cache.get(r.artifact_key) == r
     assert not (cache.entry(r.artifact_key) / "kernel.cubin").exists()
+
+
+def test_a_cubin_does_not_depend_on_where_its_cache_is(tmp_path):
+    """-lineinfo puts the source's path and mtime in the cubin; the source is compiled at
+    one fixed place, so two caches hold the same bytes (issue 17, item 3)."""
+    d = _d("fp16", "tn")
+    a, b = ArtifactCache(tmp_path / "one"), ArtifactCache(tmp_path / "elsewhere" / "two")
+    ra, rb = build(d, a), build(d, b)
+    assert ra == rb and ra.cubin_sha256 == comp.sha256_hex(a.cubin(ra.artifact_key))
+    assert a.cubin(ra.artifact_key) == b.cubin(rb.artifact_key)
+    assert str(tmp_path).encode() not in a.cubin(ra.artifact_key)
+    assert list((tmp_path / "one" / "tmp").iterdir()) == []  # compile folders are removed
+
+
+def test_a_killed_compile_is_not_recorded(tmp_path, monkeypatch):
+    """A compile stopped by the build (its group killed) says nothing of the source."""
+    killed = comp.nvcc.NvccRun(-9, "", "")
+    monkeypatch.setattr(comp.nvcc, "run_guarded", lambda *a, **k: killed)
+    cache = ArtifactCache(tmp_path)
+    with pytest.raises(comp.CompileInterruptedError):
+        build(_d("fp16", "nn"), cache)
+    assert cache.get(artifact_key_of(_d("fp16", "nn"))) is None
