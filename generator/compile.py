@@ -115,9 +115,9 @@ def artifact_key_of(design: KernelDesign) -> str:
     return artifact_key(render(design), design.arch, BASE_FLAGS + arch_flags(design.arch))
 
 
-def build(design: KernelDesign, cache: ArtifactCache) -> BuildResult:
+def build(design: KernelDesign, cache: ArtifactCache, stop: nvcc.Stop | None = None) -> BuildResult:
     """Compile one design (or return its cached result, checked). Never raises on a
-    compile error."""
+    compile error; raises ``CompileInterruptedError`` when nvcc was killed (``stop``)."""
     source = render(design)
     flags = BASE_FLAGS + arch_flags(design.arch)
     key = artifact_key(source, design.arch, flags)
@@ -125,7 +125,7 @@ def build(design: KernelDesign, cache: ArtifactCache) -> BuildResult:
     if hit is not None:
         return hit
     with cache.scratch() as work:
-        run, cubin = nvcc.compile_cubin(_nvcc(), flags, source, key, work, COMPILE_TIMEOUT_S)
+        run, cubin = nvcc.compile_cubin(_nvcc(), flags, source, key, work, COMPILE_TIMEOUT_S, stop)
         if run.killed:  # not the source's fault: recording a failure would be a lie
             raise CompileInterruptedError(f"nvcc was killed compiling {symbol(design)}")
         if run.returncode is None:
@@ -169,15 +169,16 @@ def build_all(
     results: dict[str, BuildResult] = {}
     if unique:
         nvcc.sweep_sources()
+    stop = nvcc.Stop()
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        for res in pool.map(lambda d: build(d, cache), unique.values()):
+        for res in pool.map(lambda d: build(d, cache, stop), unique.values()):
             results[res.design_key] = res
             if on_done:
                 on_done(res)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
-        nvcc.kill_running()
+        stop.stop()
         raise
     finally:
         pool.shutdown(wait=True)

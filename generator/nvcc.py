@@ -23,7 +23,7 @@ caller's folder instead: a correct cubin, not a reproducible one (a warning says
 
 **Processes.** nvcc runs under ``nvcc_guard.py`` as the leader of a new process group
 (nvcc's own children, cicc and ptxas, are in it too). The group is killed on a timeout,
-on any exception (Ctrl-C included) and at interpreter exit (``kill_running``); the guard
+on any exception (Ctrl-C included: ``Stop``) and at interpreter exit (``kill_running``); the guard
 kills it when the build dies of a signal, SIGKILL included (Linux:
 ``PR_SET_PDEATHSIG``).
 """
@@ -73,7 +73,24 @@ class NvccRun:
 
 # -- processes -------------------------------------------------------------------------
 
-_running: set[subprocess.Popen] = set()
+
+class Stop:
+    """The stop switch of one batch of compiles (``build_all``): once ``stop`` is
+    called, no nvcc of the batch starts and the running ones are killed. Starting a
+    process and stopping take one lock, so none can start just after the kill."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def stop(self) -> None:
+        with _running_lock:
+            self.stopped = True
+            procs = [proc for proc, owner in _running.items() if owner is self]
+        for proc in procs:
+            _kill_group(proc)
+
+
+_running: dict[subprocess.Popen, Stop | None] = {}
 _running_lock = threading.Lock()
 
 
@@ -93,22 +110,32 @@ def kill_running() -> None:
 atexit.register(kill_running)
 
 
-def run_guarded(cmd: Sequence[str], *, cwd: Path, env: dict[str, str], timeout_s: float) -> NvccRun:
-    """Run ``cmd`` in a process group of its own that dies with this process."""
+def run_guarded(
+    cmd: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    stop: Stop | None = None,
+) -> NvccRun:
+    """Run ``cmd`` in a process group of its own that dies with this process (and
+    with ``stop``); a batch already stopped runs nothing (killed: -SIGKILL)."""
     guard = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *cmd]
-    proc = subprocess.Popen(
-        guard,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        process_group=0,
-    )
     with _running_lock:
-        _running.add(proc)
+        if stop is not None and stop.stopped:
+            return NvccRun(-signal.SIGKILL, "", "")
+        proc = subprocess.Popen(
+            guard,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            process_group=0,
+        )
+        _running[proc] = stop
     try:
         try:
             out, err = proc.communicate(timeout=timeout_s)
@@ -123,7 +150,7 @@ def run_guarded(cmd: Sequence[str], *, cwd: Path, env: dict[str, str], timeout_s
         raise
     finally:
         with _running_lock:
-            _running.discard(proc)
+            _running.pop(proc, None)
 
 
 # -- the source's fixed place ----------------------------------------------------------
@@ -265,7 +292,13 @@ def sweep_sources() -> list[Path]:
 
 
 def compile_cubin(
-    nvcc: str, flags: Sequence[str], source: str, key: str, workdir: Path, timeout_s: float
+    nvcc: str,
+    flags: Sequence[str],
+    source: str,
+    key: str,
+    workdir: Path,
+    timeout_s: float,
+    stop: Stop | None = None,
 ) -> tuple[NvccRun, bytes | None]:
     """Compile ``source`` (artifact ``key``) with ``flags`` into ``workdir`` (a folder
     of this compile's own, inside the cache): nvcc's output and the cubin's bytes, or
@@ -277,9 +310,8 @@ def compile_cubin(
     src_fallback = workdir / "src"
     src_fallback.mkdir(exist_ok=True)
     with fixed_source(key, source, src_fallback, timeout_s) as cu:
-        run = run_guarded(
-            [nvcc, *flags, "-o", str(out), str(cu)], cwd=workdir, env=env, timeout_s=timeout_s
-        )
+        cmd = [nvcc, *flags, "-o", str(out), str(cu)]
+        run = run_guarded(cmd, cwd=workdir, env=env, timeout_s=timeout_s, stop=stop)
     if run.returncode != 0:
         return run, None
     try:

@@ -16,7 +16,7 @@ from cudal2.manifest import default_manifest_path
 
 
 @dataclass(frozen=True)
-class CleanBuild:
+class CacheCleanBuild:
     """A clean build's cache, wheel and the cubins of its kernel entries."""
 
     cache: Path
@@ -44,12 +44,12 @@ def cache_build_args(cache: Path, out: Path) -> list[str]:
     ]
 
 
-def sha256_file(path: Path) -> str:
+def cache_file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="session")
-def cache_clean(tmp_path_factory) -> CleanBuild:
+def cache_clean(tmp_path_factory) -> CacheCleanBuild:
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc")
     root = tmp_path_factory.mktemp("clean")
@@ -62,7 +62,7 @@ def cache_clean(tmp_path_factory) -> CleanBuild:
         assert record["ok"], record
         cubins[record["artifact_key"]] = (build_json.parent / "kernel.cubin").read_bytes()
     assert len(cubins) == 2, "the default manifest ships two kernels"
-    return CleanBuild(cache, wheel, sha256_file(wheel), cubins)
+    return CacheCleanBuild(cache, wheel, cache_file_sha256(wheel), cubins)
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from cudal2.cli import build as build_cli
 from cudal2.generator import nvcc
 from cudal2.generator.cache import ArtifactCache, CacheIntegrityError
 
-from .conftest import CleanBuild, cache_build_args, sha256_file
+from .conftest import CacheCleanBuild, cache_build_args, cache_file_sha256
 
 Tamper = Callable[[Path, Path], None]  # (the entry to damage, the other kernel's entry)
 
@@ -191,14 +191,14 @@ TAMPERINGS: list[tuple[str, Tamper, str]] = [
 ]
 
 
-def _copy_cache(clean: CleanBuild, dest: Path) -> ArtifactCache:
+def _copy_cache(clean: CacheCleanBuild, dest: Path) -> ArtifactCache:
     shutil.copytree(clean.cache, dest, symlinks=True)
     return ArtifactCache(dest)
 
 
 @pytest.mark.parametrize(("tamper", "reason"), [pytest.param(t, r, id=c) for c, t, r in TAMPERINGS])
 def test_a_tampered_entry_is_quarantined_recompiled_and_never_shipped(
-    cache_clean: CleanBuild, tmp_path, tamper: Tamper, reason: str, capsys
+    cache_clean: CacheCleanBuild, tmp_path, tamper: Tamper, reason: str, capsys
 ):
     cache = _copy_cache(cache_clean, tmp_path / "cache")
     key, other = cache_clean.keys
@@ -216,15 +216,17 @@ def test_a_tampered_entry_is_quarantined_recompiled_and_never_shipped(
     assert cache.cubin(key) == cache_clean.cubins[key]  # compiled again: the same bytes
     assert cache.cubin(other) == cache_clean.cubins[other]
     (wheel,) = out.iterdir()
-    assert sha256_file(wheel) == cache_clean.wheel_sha256
+    assert cache_file_sha256(wheel) == cache_clean.wheel_sha256
     assert list((cache.root / "tmp").iterdir()) == []
 
 
-def test_two_fresh_caches_give_byte_identical_wheels(cache_clean: CleanBuild, tmp_path, capsys):
+def test_two_fresh_caches_give_byte_identical_wheels(
+    cache_clean: CacheCleanBuild, tmp_path, capsys
+):
     """Issue 17, item 3: the cubins no longer carry the folder they were compiled in."""
     assert build_cli.main(cache_build_args(tmp_path / "cache", tmp_path / "out")) == 0
     capsys.readouterr()
-    assert sha256_file(tmp_path / "out" / cache_clean.wheel.name) == cache_clean.wheel_sha256
+    assert cache_file_sha256(tmp_path / "out" / cache_clean.wheel.name) == cache_clean.wheel_sha256
 
 
 def test_the_tamperings_are_the_issues_floor():
@@ -234,7 +236,7 @@ def test_the_tamperings_are_the_issues_floor():
 @pytest.mark.parametrize(
     "reader", [ArtifactCache.cubin, ArtifactCache.cubin_path], ids=["cubin", "cubin_path"]
 )
-def test_a_direct_reader_refuses_a_damaged_cubin(cache_clean: CleanBuild, tmp_path, reader):
+def test_a_direct_reader_refuses_a_damaged_cubin(cache_clean: CacheCleanBuild, tmp_path, reader):
     """What packaging and measuring jobs read: the bytes or path of a checked cubin; a
     damaged one raises (naming what is wrong) and is quarantined, never returned."""
     cache = _copy_cache(cache_clean, tmp_path / "cache")
@@ -249,7 +251,7 @@ def test_a_direct_reader_refuses_a_damaged_cubin(cache_clean: CleanBuild, tmp_pa
 
 # -- kills -----------------------------------------------------------------------------
 
-KILL_TARGET = Path(__file__).with_name("kill_target.py")
+KILL_TARGET = Path(__file__).with_name("cache_kill_target.py")
 
 
 def _alive(pid: int) -> bool:
@@ -269,7 +271,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 60) -> None
         time.sleep(0.05)
 
 
-# (case, signal, where it stops: "compile" = in a fake nvcc, else a kill_target point,
+# (case, signal, where it stops: "compile" = in a fake nvcc, else a cache_kill_target point,
 # whether the cache is warm (the clean build's) so the build goes straight to packaging,
 # the build's exit status)
 KILLS = [
@@ -302,7 +304,7 @@ def test_the_kills_are_the_issues_floor():
     ("sig", "point", "warm", "status"), [pytest.param(*row[1:], id=row[0]) for row in KILLS]
 )
 def test_a_killed_build_leaves_nothing_behind(
-    cache_clean: CleanBuild, cache_fake_nvcc: Path, tmp_path, sig, point, warm, status, capsys
+    cache_clean: CacheCleanBuild, cache_fake_nvcc: Path, tmp_path, sig, point, warm, status, capsys
 ):
     cache, out = tmp_path / "cache", tmp_path / "out"
     if warm:
@@ -345,7 +347,7 @@ def test_a_killed_build_leaves_nothing_behind(
     assert build_cli.main(cache_build_args(cache, out)) == 0
     capsys.readouterr()
     assert [p.name for p in out.iterdir()] == [cache_clean.wheel.name]
-    assert sha256_file(out / cache_clean.wheel.name) == cache_clean.wheel_sha256
+    assert cache_file_sha256(out / cache_clean.wheel.name) == cache_clean.wheel_sha256
     assert list((cache / "tmp").iterdir()) == []
     assert not (cache / "quarantine").exists()
     root = nvcc.source_root()

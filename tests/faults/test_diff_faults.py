@@ -28,10 +28,10 @@ from cudal2.cli.diff import main
 from cudal2.packaging.table import MAX_DEPTH, MAX_TABLE_BYTES, read_table
 from cudal2.packaging.wheel import write_wheel
 
-from .conftest import CleanBuild
+from .conftest import CacheCleanBuild
 
 Members = list[tuple[str, bytes]]
-Make = Callable[[Path, CleanBuild], Path]  # (a fresh folder, the clean build) -> the input
+Make = Callable[[Path, CacheCleanBuild], Path]  # (a fresh folder, the clean build) -> the input
 
 
 def _is(suffix: str, name: str) -> bool:
@@ -54,7 +54,7 @@ def _record_bytes(members: Members) -> bytes:
 def _wheel(edit: Callable[[Members], Members], rerecord: bool = False) -> Make:
     """The clean wheel with its members edited; RECORD rewritten to match, or kept."""
 
-    def make(tmp: Path, clean: CleanBuild) -> Path:
+    def make(tmp: Path, clean: CacheCleanBuild) -> Path:
         with zipfile.ZipFile(clean.wheel) as z:
             members = edit([(i.filename, z.read(i)) for i in z.infolist()])
         if rerecord:
@@ -85,7 +85,7 @@ def _patched(member_suffix: str, **fields: int) -> Make:
     """The clean wheel with a member's zip headers (local and central) patched:
     ``flags``, ``method``, ``crc`` (xor), ``size`` (uncompressed)."""
 
-    def make(tmp: Path, clean: CleanBuild) -> Path:
+    def make(tmp: Path, clean: CacheCleanBuild) -> Path:
         data = bytearray(clean.wheel.read_bytes())
         with zipfile.ZipFile(clean.wheel) as z:
             info = next(i for i in z.infolist() if i.filename.endswith(member_suffix))
@@ -117,7 +117,7 @@ def _patch(data: bytearray, central: int, local: int, fields: dict[str, int]) ->
 
 
 def _file(name: str, content: bytes | str) -> Make:
-    def make(tmp: Path, clean: CleanBuild) -> Path:
+    def make(tmp: Path, clean: CacheCleanBuild) -> Path:
         path = tmp / name
         path.write_bytes(content.encode() if isinstance(content, str) else content)
         return path
@@ -126,7 +126,7 @@ def _file(name: str, content: bytes | str) -> Make:
 
 
 def _sparse(name: str, size: int) -> Make:
-    def make(tmp: Path, clean: CleanBuild) -> Path:
+    def make(tmp: Path, clean: CacheCleanBuild) -> Path:
         path = tmp / name
         with path.open("wb") as f:
             f.truncate(size)
@@ -136,7 +136,7 @@ def _sparse(name: str, size: int) -> Make:
 
 
 def _table_json(change: Callable[[dict], object]) -> Make:
-    def make(tmp: Path, clean: CleanBuild) -> Path:
+    def make(tmp: Path, clean: CacheCleanBuild) -> Path:
         path = tmp / "dispatch.json"
         path.write_text(json.dumps(change(read_table(clean.wheel).as_json())))
         return path
@@ -149,23 +149,23 @@ def _nested(depth: int) -> str:
 
 
 def _symlink(target: Callable[[Path], str], name: str = "link.whl") -> Make:
-    def make(tmp: Path, clean: CleanBuild) -> Path:
+    def make(tmp: Path, clean: CacheCleanBuild) -> Path:
         (tmp / name).symlink_to(target(tmp))
         return tmp / name
 
     return make
 
 
-def _bytes(clean: CleanBuild) -> bytes:
+def _bytes(clean: CacheCleanBuild) -> bytes:
     return clean.wheel.read_bytes()
 
 
-def _fifo(tmp: Path, clean: CleanBuild) -> Path:
+def _fifo(tmp: Path, clean: CacheCleanBuild) -> Path:
     os.mkfifo(tmp / "pipe.json")
     return tmp / "pipe.json"
 
 
-def _unreadable(tmp: Path, clean: CleanBuild) -> Path:
+def _unreadable(tmp: Path, clean: CacheCleanBuild) -> Path:
     if os.geteuid() == 0:
         pytest.skip("root reads a file of mode 000")
     path = _file("locked.json", "{}")(tmp, clean)
@@ -173,12 +173,12 @@ def _unreadable(tmp: Path, clean: CleanBuild) -> Path:
     return path
 
 
-def _dir(tmp: Path, clean: CleanBuild) -> Path:
+def _dir(tmp: Path, clean: CacheCleanBuild) -> Path:
     (tmp / "folder.whl").mkdir()
     return tmp / "folder.whl"
 
 
-def _deflated_bomb(tmp: Path, clean: CleanBuild) -> Path:
+def _deflated_bomb(tmp: Path, clean: CacheCleanBuild) -> Path:
     """A dispatch.json of MAX_TABLE_BYTES + 1 bytes that deflates to ~65 KB."""
     big = b" " * (MAX_TABLE_BYTES + 1)
     return _wheel(_replace("/dispatch.json", lambda d: big), rerecord=True)(tmp, clean)
@@ -306,7 +306,7 @@ def test_the_cases_are_the_issues_floor():
     ("make", "status", "fragment"), [pytest.param(*row[1:], id=row[0]) for row in HOSTILE]
 )
 def test_a_hostile_input_is_refused_in_one_line(
-    cache_clean: CleanBuild, tmp_path, capsys, make: Make, status: int, fragment: str
+    cache_clean: CacheCleanBuild, tmp_path, capsys, make: Make, status: int, fragment: str
 ):
     (tmp_path / "f").write_text("a file, not a folder")
     path = make(tmp_path, cache_clean)
@@ -320,7 +320,7 @@ def test_a_hostile_input_is_refused_in_one_line(
     assert fragment in capsys.readouterr().err
 
 
-def _wheel_with_changed_cubin(tmp: Path, clean: CleanBuild) -> Path:
+def _wheel_with_changed_cubin(tmp: Path, clean: CacheCleanBuild) -> Path:
     """The clean table and cubins but one cubin of other bytes under the same kernel:
     what two caches that compiled in random folders gave before (issue 17, item 3)."""
     table = read_table(clean.wheel)
@@ -349,7 +349,7 @@ OUTCOMES = [
     ("args", "status", "fragment"), [pytest.param(*row[1:], id=row[0]) for row in OUTCOMES]
 )
 def test_a_changed_cubin_is_a_change(
-    cache_clean: CleanBuild, tmp_path, capsys, args, status, fragment
+    cache_clean: CacheCleanBuild, tmp_path, capsys, args, status, fragment
 ):
     changed = _wheel_with_changed_cubin(tmp_path, cache_clean)
     assert main([str(cache_clean.wheel), str(changed), *args]) == status
@@ -357,7 +357,7 @@ def test_a_changed_cubin_is_a_change(
     assert fragment in out and "no changes" not in out
 
 
-def test_inflating_is_never_needed_to_refuse(cache_clean: CleanBuild, tmp_path, monkeypatch):
+def test_inflating_is_never_needed_to_refuse(cache_clean: CacheCleanBuild, tmp_path, monkeypatch):
     """The 1.5 GB table is refused from the zip's header: no byte of it is inflated."""
     path = _patched(TABLE, size=1_500_000_000)(tmp_path, cache_clean)
     monkeypatch.setattr(zlib, "decompressobj", None)  # any inflate would fail loudly

@@ -80,3 +80,13 @@ def test_a_killed_compile_is_not_recorded(tmp_path, monkeypatch):
     with pytest.raises(comp.CompileInterruptedError):
         build(_d("fp16", "nn"), cache)
     assert cache.get(artifact_key_of(_d("fp16", "nn"))) is None
+
+
+def test_a_build_sweeps_the_source_folders_killed_builds_left(tmp_path, monkeypatch):
+    """A source folder of a key no later build compiles is removed all the same."""
+    monkeypatch.setattr(comp.nvcc, "SOURCE_ROOT", tmp_path / "src")
+    stale = tmp_path / "src" / ("ab" * 32)
+    stale.mkdir(parents=True)
+    (stale / "kernel.cu").write_text("left by a killed build")
+    build_all([_d("fp16", "tn")], ArtifactCache(tmp_path / "cache"))
+    assert list((tmp_path / "src").iterdir()) == []

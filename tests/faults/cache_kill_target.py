@@ -11,6 +11,7 @@ renamed), ``none`` (no pause: a kill during compile uses a fake nvcc instead).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import zipfile
@@ -58,6 +59,9 @@ def _install(point: str) -> None:
 
 
 if __name__ == "__main__":
+    # As at a terminal: a test runner started in the background may hand its children
+    # SIGINT ignored, and then Ctrl-C would not reach the build.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _install(os.environ.get("CUDAL2_PAUSE_AT", "none"))
     from cudal2.cli.build import main
 
