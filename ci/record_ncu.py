@@ -24,8 +24,7 @@ def main(out: Path) -> int:
     cache = ArtifactCache()
     built = build_all([m.design for m in chosen], cache)
     jobs = [
-        job(cache.entry(built[m.design_key].artifact_key) / "kernel.cubin", m.design, m.target)
-        for m in chosen
+        job(cache.cubin_path(built[m.design_key].artifact_key), m.design, m.target) for m in chosen
     ]
     res = profile(jobs)
     out.mkdir(parents=True, exist_ok=True)

@@ -226,7 +226,10 @@ _TARGET_FIELDS = tuple(f.name for f in dataclasses.fields(Target))
 
 @dataclass(frozen=True)
 class BuildResult:
-    """The outcome of compiling one design: an artifact key, or the compiler's error."""
+    """The outcome of compiling one design: an artifact key, or the compiler's error.
+
+    ``cubin_sha256`` / ``cubin_size``: of the bytes nvcc wrote (a successful compile's
+    cubin; empty / None otherwise), which every reader of the artifact cache checks."""
 
     design_key: str
     artifact_key: str
@@ -238,6 +241,8 @@ class BuildResult:
     smem_static: int | None = None
     nvcc_version: str = ""
     flags: tuple[str, ...] = ()
+    cubin_sha256: str = ""
+    cubin_size: int | None = None
 
     def as_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

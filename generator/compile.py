@@ -1,26 +1,49 @@
 """nvcc -> cubin, into a content-addressed artifact cache, in parallel on every core.
 
-Cache layout: ``<cache>/<key[:2]>/<key>/{kernel.cu, kernel.cubin, build.json}`` with
-key = sha256(source, nvcc version, flags, arch). An entry is written in a temporary
-folder beside it and renamed into place, so readers see a whole entry or none. A
-compile error is recorded (``ok: false`` and the compiler's text), never raised.
+The cache (``generator/cache.py``) is ``<cache>/<key[:2]>/<key>/{kernel.cu,
+kernel.cubin, build.json}`` with key = sha256(source, nvcc version, flags, arch) and the
+cubin's sha256 and size in ``build.json``; every read checks them, and a broken entry is
+quarantined and compiled again. A compile error is recorded (``ok: false`` and the
+compiler's text), never raised. nvcc runs as ``generator/nvcc.py`` says: the source at a
+fixed path (so equal sources give byte-identical cubins on every machine), in a process
+group that dies with the build, its temporary files inside the cache.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
+from typing import TypeVar
 
+from cudal2.generator import nvcc
+from cudal2.generator.cache import ArtifactCache, CacheIntegrityError, default_cache_dir
 from cudal2.generator.render import render, symbol
 from cudal2.records import BuildResult, KernelDesign, canonical_json, sha256_hex
+
+__all__ = [
+    "BASE_FLAGS",
+    "ArtifactCache",
+    "CacheIntegrityError",
+    "CompileInterruptedError",
+    "CubinUnavailableError",
+    "NvccNotFoundError",
+    "artifact_key",
+    "artifact_key_of",
+    "build",
+    "build_all",
+    "checked_cubin",
+    "checked_cubin_path",
+    "default_cache_dir",
+    "nvcc_version",
+]
+
+_T = TypeVar("_T")
 
 BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas=-v", "-lineinfo")
 COMPILE_TIMEOUT_S = 300
@@ -30,6 +53,15 @@ class NvccNotFoundError(RuntimeError):
     """nvcc is needed to build kernels and is not on PATH."""
 
 
+class CompileInterruptedError(RuntimeError):
+    """nvcc was killed before it finished (the build is stopping): nothing is recorded."""
+
+
+class CubinUnavailableError(RuntimeError):
+    """A design's cubin cannot be had: its compile failed, or it compiles to another
+    artifact than the one asked for."""
+
+
 def arch_flags(arch: str) -> tuple[str, ...]:
     # The -gencode form: "-arch=sm_90a" also runs a plain sm_90 pass on some nvcc
     # versions, which rejects the sm_90a-only instructions later families use.
@@ -37,15 +69,19 @@ def arch_flags(arch: str) -> tuple[str, ...]:
     return (f"-gencode=arch=compute_{num},code=sm_{num}",)
 
 
-@cache
-def nvcc_version() -> str:
-    """nvcc's own version line, e.g. 'Cuda compilation tools, release 13.0, V13.0.88'."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+def _nvcc() -> str:
+    path = shutil.which("nvcc")
+    if path is None:
         raise NvccNotFoundError(
             "nvcc not found on PATH: install the CUDA toolkit (13.0 is used here)"
         )
-    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    return path
+
+
+@cache
+def nvcc_version() -> str:
+    """nvcc's own version line, e.g. 'Cuda compilation tools, release 13.0, V13.0.88'."""
+    out = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True, check=True).stdout
     lines = [ln for ln in out.splitlines() if "release" in ln]
     return lines[-1].strip() if lines else out.strip().splitlines()[-1]
 
@@ -56,48 +92,6 @@ def artifact_key(source: str, arch: str, flags: tuple[str, ...]) -> str:
             {"source": source, "nvcc": nvcc_version(), "flags": list(flags), "arch": arch}
         )
     )
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("CUDAL2_CACHE", Path.home() / ".cache" / "cudal2" / "artifacts"))
-
-
-class ArtifactCache:
-    """The content-addressed store of compiled kernels."""
-
-    def __init__(self, root: Path | None = None):
-        self.root = Path(root) if root else default_cache_dir()
-
-    def entry(self, key: str) -> Path:
-        return self.root / key[:2] / key
-
-    def get(self, key: str) -> BuildResult | None:
-        path = self.entry(key) / "build.json"
-        if not path.exists():
-            return None
-        return BuildResult.from_json(json.loads(path.read_text()))
-
-    def cubin(self, key: str) -> bytes:
-        return (self.entry(key) / "kernel.cubin").read_bytes()
-
-    def put(self, result: BuildResult, source: str, cubin: bytes | None) -> None:
-        final = self.entry(result.artifact_key)
-        if final.exists():
-            return
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{result.artifact_key[:8]}-", dir=final.parent))
-        try:
-            (tmp / "kernel.cu").write_text(source)
-            if cubin is not None:
-                (tmp / "kernel.cubin").write_bytes(cubin)
-            (tmp / "build.json").write_text(json.dumps(result.as_json(), indent=2, sort_keys=True))
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                if not final.exists():  # lost a race with a writer of the same key: fine
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 _REG_RE = re.compile(r"Used (\d+) registers")
@@ -121,23 +115,24 @@ def artifact_key_of(design: KernelDesign) -> str:
     return artifact_key(render(design), design.arch, BASE_FLAGS + arch_flags(design.arch))
 
 
-def build(design: KernelDesign, cache: ArtifactCache) -> BuildResult:
-    """Compile one design (or return its cached result). Never raises on a compile error."""
+def build(design: KernelDesign, cache: ArtifactCache, stop: nvcc.Stop | None = None) -> BuildResult:
+    """Compile one design (or return its cached result, checked). Never raises on a
+    compile error; raises ``CompileInterruptedError`` when nvcc was killed (``stop``)."""
     source = render(design)
     flags = BASE_FLAGS + arch_flags(design.arch)
     key = artifact_key(source, design.arch, flags)
     hit = cache.get(key)
     if hit is not None:
         return hit
-    with tempfile.TemporaryDirectory(prefix="cudal2-nvcc-") as tmp:
-        cu, cubin = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
-        cu.write_text(source)
-        cmd = ["nvcc", *flags, "-o", str(cubin), str(cu)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-            log, ok = proc.stdout + proc.stderr, proc.returncode == 0 and cubin.exists()
-        except subprocess.TimeoutExpired:
-            log, ok = f"nvcc timed out after {COMPILE_TIMEOUT_S} s", False
+    with cache.scratch() as work:
+        run, cubin = nvcc.compile_cubin(_nvcc(), flags, source, key, work, COMPILE_TIMEOUT_S, stop)
+        if run.killed:  # not the source's fault: recording a failure would be a lie
+            raise CompileInterruptedError(f"nvcc was killed compiling {symbol(design)}")
+        if run.returncode is None:
+            log = f"nvcc timed out after {COMPILE_TIMEOUT_S} s\n{run.stdout}{run.stderr}"
+        else:
+            log = run.stdout + run.stderr
+        ok = cubin is not None
         regs, spills, smem = _parse_resources(log) if ok else (None, None, None)
         result = BuildResult(
             design_key=design.key,
@@ -150,8 +145,10 @@ def build(design: KernelDesign, cache: ArtifactCache) -> BuildResult:
             smem_static=smem,
             nvcc_version=nvcc_version(),
             flags=flags,
+            cubin_sha256=sha256_hex(cubin) if cubin is not None else "",
+            cubin_size=len(cubin) if cubin is not None else None,
         )
-        cache.put(result, source, cubin.read_bytes() if ok else None)
+        cache.put(result, source, cubin, staging=work)
     return result
 
 
@@ -163,14 +160,62 @@ def build_all(
 ) -> dict[str, BuildResult]:
     """Compile designs in parallel (nvcc runs as subprocesses, so threads suffice).
 
-    Returns design key -> BuildResult. Cached designs cost one render and a file read.
+    Returns design key -> BuildResult. Cached designs cost one render and a checked
+    file read. On any exception (Ctrl-C included) the compiles not started are dropped
+    and the running ones killed before it propagates.
     """
     unique = {d.key: d for d in designs}
     jobs = jobs or os.cpu_count() or 1
     results: dict[str, BuildResult] = {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for res in pool.map(lambda d: build(d, cache), unique.values()):
+    if unique:
+        nvcc.sweep_sources()
+    stop = nvcc.Stop()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        for res in pool.map(lambda d: build(d, cache, stop), unique.values()):
             results[res.design_key] = res
             if on_done:
                 on_done(res)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
     return results
+
+
+def checked_cubin(design: KernelDesign, cache: ArtifactCache, artifact: str | None = None) -> bytes:
+    """The cubin of ``design``, its bytes checked against the sha256 its compile
+    recorded: compiled (again) where the cache has no sound entry. ``artifact``: the
+    artifact key it must have (a measured one). Raises ``CubinUnavailableError``."""
+    return _checked(design, cache, artifact, cache.cubin)
+
+
+def checked_cubin_path(
+    design: KernelDesign, cache: ArtifactCache, artifact: str | None = None
+) -> Path:
+    """Where the checked cubin of ``design`` lies (for a measuring job to open), as
+    ``checked_cubin``."""
+    return _checked(design, cache, artifact, cache.cubin_path)
+
+
+def _checked(
+    design: KernelDesign, cache: ArtifactCache, artifact: str | None, read: Callable[[str], _T]
+) -> _T:
+    problem = ""
+    for attempt in (1, 2):  # again only where the entry was quarantined by the read
+        b = build(design, cache)
+        if artifact is not None and b.artifact_key != artifact:
+            raise CubinUnavailableError(
+                f"{b.symbol} compiles to artifact {b.artifact_key} here, not the measured "
+                f"{artifact} (template or nvcc changed)"
+            )
+        if not b.ok and attempt == 2:
+            first = next((ln for ln in b.error.splitlines() if "error" in ln), b.error[:200])
+            raise CubinUnavailableError(f"{b.symbol} does not compile: {first.strip()}")
+        try:  # a failed compile's entry asked for its cubin is quarantined: compile again
+            return read(b.artifact_key)
+        except CacheIntegrityError as exc:
+            problem = exc.problem
+    raise CubinUnavailableError(f"{symbol(design)}: the cache entry broke twice: {problem}")

@@ -3,9 +3,11 @@
 Entries are matched by identity, ``TableEntry.key``: (gpu, arch, dtype, layout, n, k,
 m_measured). A target only in the new table is *added*, only in the old one
 *removed*. A matched target is *changed* when its kernel (or cuBLASLt algorithm) was
-swapped, it moved between kernel, cuBLASLt algorithm and fallback, or its ``time_us``
-moved by more than the noise threshold. A *regression* is a matched target whose time
-got slower by more than a threshold; since the GPU model is part of the match,
+swapped, it moved between kernel, cuBLASLt algorithm and fallback, what runs changed
+under the same name (a kernel's cubin bytes or launch recipe, a cuBLASLt algorithm's
+bytes or library version), or its ``time_us`` moved by more than the noise
+threshold. A *regression* is a matched target whose time got slower by more than a
+threshold; since the GPU model is part of the match,
 regressions only ever compare measurements of one GPU model.
 """
 
@@ -21,6 +23,9 @@ KERNEL_SWAPPED = "kernel_swapped"
 TO_FALLBACK = "to_fallback"
 TO_KERNEL = "to_kernel"
 TO_CUBLASLT = "to_cublaslt"
+CUBIN_CHANGED = "cubin_changed"
+LAUNCH_CHANGED = "launch_changed"
+ALGO_CHANGED = "algo_changed"
 SLOWER = "slower"
 FASTER = "faster"
 
@@ -29,6 +34,9 @@ _REASON_LABELS = {
     TO_FALLBACK: "->fallback",
     TO_KERNEL: "->kernel",
     TO_CUBLASLT: "->cublaslt",
+    CUBIN_CHANGED: "cubin changed",
+    LAUNCH_CHANGED: "launch changed",
+    ALGO_CHANGED: "algorithm changed",
 }
 
 
@@ -38,8 +46,8 @@ class DiffResult:
 
     Each row has ``change`` ("added", "removed", "changed" or "unchanged"), the
     target (``gpu``, ``arch``, ``dtype``, ``layout``, ``m`` = m_measured, ``n``,
-    ``k``), ``before`` and ``after`` (``{"kind", "kernel", "time_us", "speedup"}``
-    or null where the target is absent), ``time_pct`` (percent change of time_us,
+    ``k``), ``before`` and ``after`` (``{"kind", "kernel", "cubin_sha256", "time_us",
+    "speedup"}`` or null where the target is absent), ``time_pct`` (percent change of time_us,
     positive = slower; null unless matched) and ``reasons`` (codes, see module).
     ``regressions`` holds the matched rows slower than ``regression_pct``.
     """
@@ -119,6 +127,7 @@ def _summary(entry: TableEntry) -> dict[str, Any]:
     return {
         "kind": entry.kind,
         "kernel": entry.kernel,
+        "cubin_sha256": entry.cubin_sha256,
         "time_us": entry.time_us,
         "speedup": entry.speedup,
     }
@@ -154,11 +163,29 @@ def _matched_row(b: TableEntry, a: TableEntry, noise_pct: float) -> dict[str, An
         reasons.append({"fallback": TO_FALLBACK, "cublaslt": TO_CUBLASLT}.get(a.kind, TO_KERNEL))
     elif b.kind != "fallback" and b.kernel != a.kernel:
         reasons.append(KERNEL_SWAPPED)
+    else:
+        reasons.extend(_same_name_changes(b, a))
     time_pct = (a.time_us - b.time_us) / b.time_us * 100.0
     if abs(time_pct) > noise_pct:
         reasons.append(SLOWER if time_pct > 0 else FASTER)
     change = "changed" if reasons else "unchanged"
     return _row(change, a, b, a, time_pct=time_pct, reasons=reasons)
+
+
+def _same_name_changes(b: TableEntry, a: TableEntry) -> list[str]:
+    """What changed in what runs, for two entries of one kind and one kernel name."""
+    if b.kind == "kernel":
+        return [
+            reason
+            for reason, changed in (
+                (CUBIN_CHANGED, b.cubin_sha256 != a.cubin_sha256),
+                (LAUNCH_CHANGED, b.launch != a.launch),
+            )
+            if changed
+        ]
+    if b.kind == "cublaslt" and b.cublaslt != a.cublaslt:
+        return [ALGO_CHANGED]
+    return []
 
 
 def _side(summary: dict[str, Any] | None) -> str:

@@ -11,25 +11,27 @@ mode and members are written in a fixed order, so equal inputs give equal bytes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import importlib.resources
 import io
+import logging
 import os
 import re
-import shutil
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
 import jinja2
-from wheel.wheelfile import WheelFile
 
+from cudal2.generator.scratch import owned_name, sweep
 from packaging.version import InvalidVersion, Version
 
 from .runtime.table import DispatchTable
+
+log = logging.getLogger(__name__)
 
 # What the shipped runtime imports at run time (torch is optional and not required).
 # cuda-python's driver bindings: the only thing the runtime imports (the GPU image has
@@ -39,6 +41,8 @@ RUNTIME_REQUIRES: tuple[str, ...] = ("cuda-bindings>=12.6",)
 CUBLASLT_REQUIRES: tuple[str, ...] = ("nvmath-python>=1.0",)
 REQUIRES_PYTHON = ">=3.11"
 WHEEL_TAG = "py3-none-any"
+# The wheel being written: ``<out>/.cudal2-wheel-<host>.<pid>.<random>.part``.
+TEMP_PREFIX = ".cudal2-wheel-"
 
 # Zip timestamps cannot predate 1980; a fixed stamp makes rebuilds byte-identical.
 _ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
@@ -100,18 +104,6 @@ class WheelBuildError(ValueError):
     """The table and cubins given cannot make a wheel (bad name, missing/bad cubin)."""
 
 
-class _ReproducibleWheelFile(WheelFile):
-    """A WheelFile whose RECORD is written by :func:`write_wheel`, not by ``close()``.
-
-    ``WheelFile.close()`` appends a RECORD stamped with the current time (or
-    ``SOURCE_DATE_EPOCH``), which would make two builds of one table differ. Here
-    RECORD is written like every other member and the zip is closed directly.
-    """
-
-    def close(self) -> None:
-        zipfile.ZipFile.close(self)
-
-
 def package_name(name: str) -> str:
     """The import name of the kernel package built from manifest ``name``."""
     return f"cudal2_kernels_{name}"
@@ -150,27 +142,49 @@ def write_wheel(table: DispatchTable, cubins: Mapping[str, bytes], out_dir: Path
     members = _package_members(table, table_bytes, cubins)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in sweep(out_dir, TEMP_PREFIX):  # left by a killed build
+        log.info("cudal2: removed %s, left by a build that was killed", stale)
     filename = wheel_filename(name, version)
-    # WheelFile derives the .dist-info name from the file name, so the temporary
-    # file keeps the final name, inside a private folder on the same file system
-    # as out_dir so that os.replace is an atomic rename.
-    tmp_dir = Path(tempfile.mkdtemp(prefix=".cudal2-wheel-", dir=out_dir))
+    namever = filename.split(f"-{WHEEL_TAG}")[0]
+    dist_info = f"{namever}.dist-info"
+    members[f"{dist_info}/METADATA"] = _metadata(table)
+    members[f"{dist_info}/entry_points.txt"] = _entry_points(table)
+    members[f"{dist_info}/WHEEL"] = _wheel_file(table)
+    record_path = f"{dist_info}/RECORD"
+    # Written under a name that is no wheel's, in out_dir (one file system, so the
+    # rename is atomic): a killed build leaves no wheel-looking file, and the next
+    # write sweeps what it left.
+    tmp_path = out_dir / owned_name(TEMP_PREFIX, ".part")
     try:
-        tmp_path = tmp_dir / filename
-        with _ReproducibleWheelFile(tmp_path, "w") as whl:
-            dist_info = whl.dist_info_path
-            members[f"{dist_info}/METADATA"] = _metadata(table)
-            members[f"{dist_info}/entry_points.txt"] = _entry_points(table)
-            members[f"{dist_info}/WHEEL"] = _wheel_file(table)
+        with open(tmp_path, "xb") as raw, zipfile.ZipFile(raw, "w") as whl:
             for arcname, data in members.items():
                 whl.writestr(_zipinfo(arcname), data)
-            record_path = whl.record_path
             whl.writestr(_zipinfo(record_path), _record(members, record_path))
+        with open(tmp_path, "rb") as f:
+            os.fsync(f.fileno())
         final = out_dir / filename
         os.replace(tmp_path, final)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+    _fsync_dir(out_dir)
     return final
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (a crash after the build reports the wheel
+    must not lose it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _check_names(name: str, version: str, package: str) -> None:

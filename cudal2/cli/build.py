@@ -2,7 +2,8 @@
 
 Exit codes: 0 built; 2 bad manifest or arguments, or a ``--measurements`` path that
 is no database (a directory, FIFO, device, socket, unreadable; nothing written); 1 the
-build could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker).
+build could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker,
+a selected kernel that does not compile here); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -128,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported after validation so a bad manifest fails fast and writes nothing.
     from cudal2.database import DatabaseError
-    from cudal2.generator.compile import ArtifactCache, NvccNotFoundError
+    from cudal2.generator.compile import (
+        ArtifactCache,
+        CacheIntegrityError,
+        CompileInterruptedError,
+        CubinUnavailableError,
+        NvccNotFoundError,
+    )
     from cudal2.pipeline.build import Build, BuildError
     from cudal2.verify.pool import WorkerError
 
@@ -148,9 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseError as e:  # --measurements names no database: bad input
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 2
-    except (BuildError, NvccNotFoundError, WorkerError) as e:
+    except (
+        BuildError,
+        NvccNotFoundError,
+        CubinUnavailableError,
+        CacheIntegrityError,
+        CompileInterruptedError,
+        WorkerError,
+    ) as e:
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the compiles were killed on the way out (build_all)
+        print("cudal2-build: interrupted", file=sys.stderr)
+        return 130
     print(_summary(report))
     if report.missing:
         print(
@@ -163,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "failed candidates: "
             + ", ".join(f"{k} {v}" for k, v in sorted(report.failures.items()))
+        )
+    if report.quarantined:
+        print(
+            f"{len(report.quarantined)} broken artifact cache entries quarantined and "
+            f"compiled again (the evidence: {report.quarantined[0].parent})"
         )
     unmeasured = f", {report.unmeasured} jobs without a record" if report.unmeasured else ""
     print(

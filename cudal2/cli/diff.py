@@ -2,7 +2,9 @@
 
 Exit status: 0 normally; 1 when ``--fail-on-regression PCT`` is given and some
 target got slower by more than PCT percent on the same GPU model; 2 when an input
-cannot be read (missing file, not a wheel, malformed table).
+cannot be read or is refused (missing, not a regular file, too large, not a wheel, a
+wheel that fails its RECORD or cubin checks, not JSON, nested too deeply, a malformed
+table), with one line naming the file; never a traceback for any input file.
 """
 
 from __future__ import annotations
@@ -68,12 +70,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse(argv)
     if isinstance(args, int):  # a bad command line, already reported
         return args
-    try:
-        old = read_table(args.old)
-        new = read_table(args.new)
-    except TableError as exc:
-        print(f"cudal2-diff: error: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
+    tables = []
+    for path in (args.old, args.new):
+        try:
+            tables.append(read_table(path))
+        except TableError as exc:
+            print(f"cudal2-diff: error: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+        except Exception as exc:  # a bug's exit is 2, not 1 (--fail-on-regression's)
+            print(
+                f"cudal2-diff: error: {path}: cannot be read ({type(exc).__name__}: {exc})",
+                file=sys.stderr,
+            )
+            return EXIT_UNREADABLE
+    old, new = tables
     result = diff_tables(old, new, noise_pct=args.noise, regression_pct=args.fail_on_regression)
     if args.json:
         print(json.dumps(result.as_json(), indent=2, sort_keys=True))

@@ -32,6 +32,8 @@ from cudal2.generator.compile import (
     arch_flags,
     artifact_key_of,
     build_all,
+    checked_cubin,
+    checked_cubin_path,
     nvcc_version,
 )
 from cudal2.generator.render import IllegalDesignError, symbol
@@ -89,6 +91,7 @@ class BuildReport:
     failures: dict[str, int] = field(default_factory=dict)
     waiting: int = 0  # selected kernels without a clean sanitizer check (not shipped)
     skipped: int = 0  # database lines not believed (unreadable, malformed, lying)
+    quarantined: list[Path] = field(default_factory=list)  # broken cache entries moved aside
 
 
 def shippable() -> Callable[[Measurement], bool]:
@@ -132,7 +135,7 @@ def table_from_measurements(
         package=package_name(name),
         manifest_sha256="",
         selections=selections,
-        cubin_of=cache.cubin,
+        cubin_of=shipped_cubins(selections, cache),
     )
 
 
@@ -149,6 +152,18 @@ def believable(history: Sequence[Measurement]) -> list[Measurement]:
             except ValueError:
                 known[x.gpu.name] = False
     return [x for x in history if known[x.gpu.name]]
+
+
+def shipped_cubins(selections: Sequence[Selection], cache: ArtifactCache) -> Callable[[str], bytes]:
+    """``build_table``'s ``cubin_of``: a winner's cubin by its measured artifact key, its
+    bytes checked against the sha256 its compile recorded (a broken cache entry is
+    quarantined and compiled again), so the wheel never gets bytes nobody checked."""
+    designs = {
+        s.winner.artifact_key: s.winner.design
+        for s in selections
+        if s.kind == "kernel" and s.winner is not None and s.winner.design is not None
+    }
+    return lambda key: checked_cubin(designs[key], cache, key)
 
 
 def rendered(design: KernelDesign) -> BuildResult:
@@ -214,10 +229,13 @@ class Build:
     def _failed(self, status: str) -> None:
         self.failures[status] = self.failures.get(status, 0) + 1
 
-    def _cubin(self, runner: Runner, artifact_key: str) -> str:
+    def _cubin(self, runner: Runner, design: KernelDesign | None, artifact_key: str) -> str:
+        """Where a job's cubin lies: checked against the sha256 its compile recorded
+        (a broken entry is quarantined and compiled again) just before the job is made."""
         if not runner.needs_cubins:
             return ""
-        return str(self.cache.entry(artifact_key) / "kernel.cubin")
+        assert design is not None
+        return str(checked_cubin_path(design, self.cache, artifact_key))
 
     def _answers(
         self,
@@ -299,7 +317,7 @@ class Build:
             for t, ds in proposals.items():
                 for d in ds:
                     b = builds[d.key]
-                    job = kernel_job(t, d, b, timing, self._cubin(runner, b.artifact_key))
+                    job = kernel_job(t, d, b, timing, "")
                     old = prior.get(job.reuse_key(gpu.name))
                     if old is not None:
                         round_ms.append(old)
@@ -308,8 +326,9 @@ class Build:
                         rec = compile_failure(job, b, gpu, proposer.name)
                         self._append([rec])
                         round_ms.append(rec)
-                    else:
-                        jobs.append(job)
+                    else:  # to be measured: its cubin, checked
+                        cubin = self._cubin(runner, d, b.artifact_key)
+                        jobs.append(dataclasses.replace(job, cubin=cubin))
             unrecorded: list[Job] = []
             desc = f"{label}: measure"
             for res in self._answers(runner, jobs, desc, "candidate", started, unrecorded):
@@ -396,7 +415,7 @@ class Build:
             return ms
         self.say(f"profiling {len(chosen)} candidates with Nsight Compute")
         jobs = [
-            job_for(JobKind.PROFILE, x, self._cubin(runner, x.artifact_key))
+            job_for(JobKind.PROFILE, x, self._cubin(runner, x.design, x.artifact_key))
             for x in chosen.values()
         ]
         metrics: dict[tuple, dict[str, Any]] = {}
@@ -423,7 +442,7 @@ class Build:
         needs cubins: a winner recorded by an earlier build may not be in the cache)."""
         if runner.needs_cubins:
             build_all([m.design for m in ms if m.design], self.cache)
-        return {m.artifact_key: self._cubin(runner, m.artifact_key) for m in ms}
+        return {m.artifact_key: self._cubin(runner, m.design, m.artifact_key) for m in ms}
 
     def _compile(self, designs: Sequence[KernelDesign], desc: str) -> dict[str, BuildResult]:
         unique = {d.key: d for d in designs}
@@ -556,7 +575,7 @@ class Build:
             package=m.package,
             manifest_sha256=m.sha256,
             selections=selections,
-            cubin_of=self.cache.cubin,
+            cubin_of=shipped_cubins(selections, self.cache),
         )
         wheel = write_wheel(table, cubins, self.out_dir)
         return BuildReport(
@@ -571,6 +590,7 @@ class Build:
             failures=self.failures,
             waiting=len(self.gate.waiting),
             skipped=self.skipped,
+            quarantined=list(self.cache.quarantined),
         )
 
 

@@ -47,7 +47,7 @@ def test_second_build_recompiles_nothing(tmp_path, monkeypatch):
     def no_nvcc(*a, **k):
         raise AssertionError("nvcc ran on a cache hit")
 
-    monkeypatch.setattr(comp.subprocess, "run", no_nvcc)
+    monkeypatch.setattr(comp.nvcc, "run_guarded", no_nvcc)
     assert build(_d("fp16", "tn"), cache) == first
 
 
@@ -58,3 +58,35 @@ def test_compile_error_is_recorded_not_raised(tmp_path, monkeypatch):
     assert not r.ok and "error" in r.error.lower()
     assert cache.get(r.artifact_key) == r
     assert not (cache.entry(r.artifact_key) / "kernel.cubin").exists()
+
+
+def test_a_cubin_does_not_depend_on_where_its_cache_is(tmp_path):
+    """-lineinfo puts the source's path and mtime in the cubin; the source is compiled at
+    one fixed place, so two caches hold the same bytes (issue 17, item 3)."""
+    d = _d("fp16", "tn")
+    a, b = ArtifactCache(tmp_path / "one"), ArtifactCache(tmp_path / "elsewhere" / "two")
+    ra, rb = build(d, a), build(d, b)
+    assert ra == rb and ra.cubin_sha256 == comp.sha256_hex(a.cubin(ra.artifact_key))
+    assert a.cubin(ra.artifact_key) == b.cubin(rb.artifact_key)
+    assert str(tmp_path).encode() not in a.cubin(ra.artifact_key)
+    assert list((tmp_path / "one" / "tmp").iterdir()) == []  # compile folders are removed
+
+
+def test_a_killed_compile_is_not_recorded(tmp_path, monkeypatch):
+    """A compile stopped by the build (its group killed) says nothing of the source."""
+    killed = comp.nvcc.NvccRun(-9, "", "")
+    monkeypatch.setattr(comp.nvcc, "run_guarded", lambda *a, **k: killed)
+    cache = ArtifactCache(tmp_path)
+    with pytest.raises(comp.CompileInterruptedError):
+        build(_d("fp16", "nn"), cache)
+    assert cache.get(artifact_key_of(_d("fp16", "nn"))) is None
+
+
+def test_a_build_sweeps_the_source_folders_killed_builds_left(tmp_path, monkeypatch):
+    """A source folder of a key no later build compiles is removed all the same."""
+    monkeypatch.setattr(comp.nvcc, "SOURCE_ROOT", tmp_path / "src")
+    stale = tmp_path / "src" / ("ab" * 32)
+    stale.mkdir(parents=True)
+    (stale / "kernel.cu").write_text("left by a killed build")
+    build_all([_d("fp16", "tn")], ArtifactCache(tmp_path / "cache"))
+    assert list((tmp_path / "src").iterdir()) == []

@@ -136,6 +136,7 @@ def test_kernel_to_fallback_and_back(recorded_table):
     assert row["before"] == {
         "kind": "kernel",
         "kernel": original.kernel,
+        "cubin_sha256": original.cubin_sha256,
         "time_us": original.time_us,
         "speedup": original.speedup,
     }

@@ -19,12 +19,14 @@ import pytest
 from wheel.wheelfile import WheelFile
 
 import cudal2.packaging.runtime
+from cudal2.generator.scratch import owned_name
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.packaging.runtime.table import DispatchTable, TableEntry
 from cudal2.packaging.table import read_table
 from cudal2.packaging.wheel import (
     CUBLASLT_REQUIRES,
     RUNTIME_REQUIRES,
+    TEMP_PREFIX,
     WheelBuildError,
     dist_name,
     package_name,
@@ -256,6 +258,34 @@ def test_out_dir_is_created(recorded_table, recorded_cubins, tmp_path):
     out = tmp_path / "x" / "y"
     whl = write_wheel(recorded_table, recorded_cubins, out)
     assert whl.parent == out and whl.is_file()
+
+
+def test_what_a_killed_write_left_is_swept_and_nothing_else(
+    recorded_table, recorded_cubins, tmp_path
+):
+    """The wheel is written as ``.cudal2-wheel-<host>.<pid>.<random>.part`` (no wheel's
+    name) and renamed; the next write removes a dead writer's part, keeps a live one's,
+    and leaves nothing of its own."""
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    live = owned_name(TEMP_PREFIX, ".part")
+    left = live.replace(f".{os.getpid()}.", f".{dead}.")
+    for name in (live, left):
+        (out / name).write_bytes(b"PK half a wheel")
+    whl = write_wheel(recorded_table, recorded_cubins, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted([whl.name, live])
+
+
+def test_a_failed_write_leaves_nothing(recorded_table, recorded_cubins, tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="No space"):
+        write_wheel(recorded_table, recorded_cubins, tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_wheel_installs_and_imports_without_cuda(recorded_table, built, tmp_path):

@@ -30,7 +30,7 @@ def test_profile_recorded_kernels(recorded_measurements, artifact_cache):
     built = build_all([m.design for m in chosen], artifact_cache)
     jobs = [
         job(
-            artifact_cache.entry(built[m.design_key].artifact_key) / "kernel.cubin",
+            artifact_cache.cubin_path(built[m.design_key].artifact_key),
             m.design,
             m.target,
         )
