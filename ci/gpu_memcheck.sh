@@ -3,7 +3,7 @@
 # CPU-built tables ship (default, llm-public-h100, grid-sample-h100,
 # llama-3.1-8b-hf-h100: 41 kernel entries), the checks appended to copies of their
 # committed databases. No kernel ships without a clean check on record (docs/measuring.md),
-# and the committed databases hold none until these are committed.
+# and the committed databases hold these checks (H100, 2026-11-24; bench/results/h100-memcheck-2026-11-24.txt).
 #
 #   bash ci/gpu_memcheck.sh            (PARALLEL=4 memchecks at a time, TIMEOUT=180 s each;
 #                                     CUDAL2_CACHE=DIR: compiled kernels carried along)

@@ -4,22 +4,21 @@
 (manifests/default.measurements.jsonl). ``recorded_table`` / ``recorded_cubins`` are
 a dispatch table built from it by the real table builder, with every target's
 fastest *correct* recorded kernel (cuBLASLt records left out) as a kernel entry
-whether or not it beat cuBLAS
-(today none does: the shipped default table is all fallbacks), so the runtime's
-kernel path, the wheel and the diff are exercised with real cubins. Tables are typed
-and frozen (``DispatchTable``): tests vary them through ``dataclasses.replace`` or their
-``as_json()``; they never hard-code entry values.
+whether or not it beat cuBLAS, so the runtime's kernel path, the wheel and the diff are
+exercised with real cubins. Tables are typed and frozen (``DispatchTable``): tests vary
+them through ``dataclasses.replace`` or their ``as_json()``; they never hard-code entry
+values.
 
-No kernel ships without a clean compute-sanitizer check on record, and the committed
-databases hold none until the H100 run of ``ci/gpu_memcheck.sh`` is committed:
-``db_with_memcheck(stem)`` is a copy of a committed database with clean checks
-standing in for that run (``selected_table`` is built from the default one).
+No kernel ships without a clean compute-sanitizer check on record: the committed
+databases hold the H100's checks of every kernel their CPU-built tables ship
+(``ci/gpu_memcheck.sh``); ``db_unchecked(stem)`` is a copy without them, as the file
+was before that run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
+import json
 import shutil
 import uuid
 import zipfile
@@ -36,51 +35,41 @@ from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.select import Selection
-from cudal2.records import JobKind, JobResult, Measurement, SanitizerCheck, Status
-from cudal2.verify.replay import ReplayRunner
+from cudal2.records import Measurement, SanitizerCheck
 
 
-class CleanMemcheck(ReplayRunner):
-    """A replay whose every compute-sanitizer answer is clean: STANDS IN FOR THE H100
-    MEMCHECK RUN (``bash ci/gpu_memcheck.sh``) until its checks are committed."""
-
-    def answer(self, job):
-        if job.kind == JobKind.SANITIZE:
-            return JobResult(job, Status.OK)
-        return super().answer(job)
+def committed_db(stem: str) -> Path:
+    """``manifests/<stem>.measurements.jsonl``: H100 measurements, and the H100's
+    compute-sanitizer checks of every kernel its CPU-built table ships
+    (``ci/gpu_memcheck.sh``, bench/results/h100-memcheck-2026-11-24.txt)."""
+    return default_manifest_path().with_name(f"{stem}.measurements.jsonl")
 
 
 @pytest.fixture(scope="session")
-def db_with_memcheck(tmp_path_factory) -> Callable[[str], Path]:
-    """``db_with_memcheck(stem)``: a copy of ``manifests/<stem>.measurements.jsonl``
-    with a clean check (a started line, then its clean verdict) appended for every
-    kernel the CPU build of ``manifests/<stem>.toml`` would ship once checked. The
-    checks are recorded by the H100 run's own code (``cudal2.pipeline.memcheck``)
-    through ``CleanMemcheck``: they STAND IN FOR THE H100 RUN. A kernel whose check
-    is already committed is not checked again; a committed failure stays."""
-    from cudal2.pipeline.memcheck import check_databases
-
-    root = tmp_path_factory.mktemp("stand-in-memcheck")
-    made: dict[str, Path] = {}
+def db_unchecked(tmp_path_factory) -> Callable[[str], Path]:
+    """``db_unchecked(stem)``: a copy of the committed database without its sanitizer
+    check lines, the file as it was before the H100 memcheck run recorded them (a line
+    of either kind is one JSON object; only ``record: sanitizer_check`` lines go)."""
+    root = tmp_path_factory.mktemp("unchecked")
 
     def make(stem: str) -> Path:
-        if stem not in made:
-            manifest = default_manifest_path().with_name(f"{stem}.toml")
-            copy = root / f"{stem}.measurements.jsonl"
-            shutil.copyfile(manifest.with_name(copy.name), copy)
-            runner = CleanMemcheck(MeasurementDB(copy).read())
-            cache = ArtifactCache(root / "cache")
-            check_databases([(manifest, copy)], runner, cache, log=io.StringIO())
-            made[stem] = copy
-        return made[stem]
+        copy = root / f"{stem}.measurements.jsonl"
+        if not copy.exists():
+            lines = committed_db(stem).read_text().splitlines(keepends=True)
+            kept = [x for x in lines if json.loads(x).get("record") != "sanitizer_check"]
+            assert len(kept) < len(lines), f"{stem}: the committed database holds no checks"
+            copy.write_text("".join(kept))
+        return copy
 
     return make
 
 
 @pytest.fixture(scope="session")
-def db_recorded_checks(db_with_memcheck) -> tuple[SanitizerCheck, ...]:
-    """The default database's checks, with the stand-in clean ones (``db_with_memcheck``)."""
-    return MeasurementDB(db_with_memcheck("default")).load().checks
+def db_recorded_checks() -> tuple[SanitizerCheck, ...]:
+    """The default database's sanitizer checks (the H100's)."""
+    checks = MeasurementDB(committed_db("default")).load().checks
+    assert checks, "the committed default database holds no sanitizer checks"
+    return checks
 
 
 @pytest.fixture(scope="session")
@@ -154,7 +143,7 @@ def _selected_table(
 
 @pytest.fixture
 def selected_table(_selected_table) -> DispatchTable:
-    """The table a build selects from the recorded database (with the stand-in clean
+    """The table a build selects from the recorded database (with its H100 sanitizer
     checks): kernel, cublaslt (autotuned cuBLASLt algorithms) and fallback entries."""
     return _selected_table[0]
 

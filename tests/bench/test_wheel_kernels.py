@@ -18,13 +18,13 @@ DB = default_manifest_path().with_name("default.measurements.jsonl")
 
 
 def test_database_gives_the_table_a_build_would_select(
-    recorded_measurements, monkeypatch, tmp_path, db_with_memcheck
+    recorded_measurements, monkeypatch, tmp_path, db_unchecked
 ):
-    """With clean sanitizer checks (standing in for the H100 run), the table's kernels
-    are the selection's; without them, none (each waits for a check)."""
+    """With the H100's clean sanitizer checks the table's kernels are the selection's;
+    without them, none (each waits for a check)."""
     monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
     gpu = recorded_measurements[0].gpu
-    k = WheelKernels.open(db_with_memcheck("default"), gpu, "offline")
+    k = WheelKernels.open(DB, gpu, "offline")
     sels, missing = select(
         sorted({m.target for m in recorded_measurements}), recorded_measurements, "offline"
     )
@@ -37,12 +37,12 @@ def test_database_gives_the_table_a_build_would_select(
             e = k.entry(s.target)
             assert e.kernel == design_name(s.winner.design) and e.cubin_sha256 in k.cubins
     assert any(s.kind == "kernel" for s in sels)
-    unchecked = WheelKernels.open(DB, gpu, "offline")
+    unchecked = WheelKernels.open(db_unchecked("default"), gpu, "offline")
     assert {unchecked.describe(s.target)["kind"] for s in sels} <= {"cublaslt", "fallback"}
 
 
 def test_wheel_and_database_tables_agree(
-    recorded_measurements, db_recorded_checks, monkeypatch, tmp_path, db_with_memcheck
+    recorded_measurements, db_recorded_checks, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
     from cudal2.generator.compile import ArtifactCache
@@ -56,7 +56,7 @@ def test_wheel_and_database_tables_agree(
     )
     gpu = recorded_measurements[0].gpu
     from_wheel = WheelKernels.open(write_wheel(table, cubins, tmp_path / "dist"), gpu)
-    from_db = WheelKernels.open(db_with_memcheck("default"), gpu, "offline")
+    from_db = WheelKernels.open(DB, gpu, "offline")
     for m in recorded_measurements:
         assert from_wheel.describe(m.target) == from_db.describe(m.target)
 

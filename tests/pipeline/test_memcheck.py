@@ -1,11 +1,11 @@
 """The sanitizer rule against the committed databases, and the entry point the H100 run
 of ``ci/gpu_memcheck.sh`` uses to record their checks.
 
-The committed databases hold no clean compute-sanitizer check yet: a CPU build of each
-committed manifest ships no kernel of its own, every one of the 41 it shipped before
-the rule waits for a sanitizer run on a GPU. With clean checks standing in for the H100
-run (``db_with_memcheck``, recorded by the very code the H100 run uses) the tables are
-the ones built before the rule.
+The committed databases hold the H100's clean compute-sanitizer check of each of the 41
+kernel entries their CPU-built tables shipped before the rule, so those tables are the
+ones built before the rule. Without the check lines (``db_unchecked``: the files as they
+were before that run) a CPU build ships no kernel of its own: every one waits for a
+sanitizer run on a GPU.
 """
 
 from __future__ import annotations
@@ -57,25 +57,25 @@ def _cpu_build(stem: str, db, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("stem", SHIPPED)
 def test_the_rule_leaves_the_cpu_built_tables_as_they_were_once_checked(
-    stem, tmp_path, monkeypatch, db_with_memcheck
+    stem, tmp_path, monkeypatch, db_unchecked
 ):
     committed = default_manifest_path().with_name(f"{stem}.measurements.jsonl")
-    manifest, unchecked, log = _cpu_build(stem, committed, tmp_path, monkeypatch)
+    manifest, checked, log = _cpu_build(stem, committed, tmp_path, monkeypatch)
     before = before_the_rule(manifest, committed)
     kernels = {k: v for k, v in before.items() if v.startswith("kernel:")}
     assert len(kernels) == SHIPPED[stem]
-    # Without checks on record, every one of them waits for a GPU; the rest is as it was.
+    # With the H100's checks on record: the table from before the rule.
+    assert checked == before and "wait for a sanitizer run" not in log
+    events = [c.event for c in MeasurementDB(committed).load().checks]
+    assert len(events) == 2 * SHIPPED[stem]
+    assert events.count(CheckEvent.STARTED) == events.count(CheckEvent.CLEAN) == SHIPPED[stem]
+    # Without them, every one of its kernels waits for a GPU; the rest is as it was.
+    _, unchecked, log = _cpu_build(stem, db_unchecked(stem), tmp_path, monkeypatch)
     assert f"{SHIPPED[stem]} selected kernels wait for a sanitizer run on a GPU" in log
     assert not any(v.startswith("kernel:") for v in unchecked.values())
     assert {k: v for k, v in unchecked.items() if k not in kernels} == {
         k: v for k, v in before.items() if k not in kernels
     }
-    # With clean checks standing in for the H100 run: the table from before the rule.
-    _, checked, log = _cpu_build(stem, db_with_memcheck(stem), tmp_path, monkeypatch)
-    assert checked == before and "wait for a sanitizer run" not in log
-    events = [c.event for c in MeasurementDB(db_with_memcheck(stem)).load().checks]
-    assert len(events) == 2 * SHIPPED[stem]
-    assert events.count(CheckEvent.STARTED) == events.count(CheckEvent.CLEAN) == SHIPPED[stem]
 
 
 class Memcheck(ReplayRunner):
@@ -91,9 +91,11 @@ class Memcheck(ReplayRunner):
         return JobResult(job, Status.SANITIZER if bad else Status.OK, "exit 86" * bad)
 
 
-def test_the_memcheck_run_records_checks_and_reselects_past_a_failure(tmp_path, capsys):
+def test_the_memcheck_run_records_checks_and_reselects_past_a_failure(
+    tmp_path, capsys, db_unchecked
+):
     db = tmp_path / "default.measurements.jsonl"
-    shutil.copyfile(default_manifest_path().with_name(db.name), db)
+    shutil.copyfile(db_unchecked("default"), db)
     first = before_the_rule(load_manifest(default_manifest_path()), db)
     winners = sorted(v.split(":")[1] for v in first.values() if v.startswith("kernel:"))
     records = MeasurementDB(db).read()
@@ -123,10 +125,10 @@ def test_the_memcheck_run_records_checks_and_reselects_past_a_failure(tmp_path, 
     assert json.loads(summary.read_text())[0]["checked"] == 0
 
 
-def test_the_memcheck_run_says_what_it_could_not_check(tmp_path, capsys):
+def test_the_memcheck_run_says_what_it_could_not_check(tmp_path, capsys, db_unchecked):
     """A GPU of another model checks nothing of an H100 table: exit 1, all waiting."""
     db = tmp_path / "default.measurements.jsonl"
-    shutil.copyfile(default_manifest_path().with_name(db.name), db)
+    shutil.copyfile(db_unchecked("default"), db)
     records = MeasurementDB(db).read()
 
     def h200(args):
