@@ -53,6 +53,16 @@ def entry(**changes: Any) -> Callable[[Raw], Raw]:
     return apply
 
 
+def without(key: str) -> Callable[[Raw], Raw]:
+    """The first kernel entry without ``key``."""
+
+    def apply(raw: Raw) -> Raw:
+        del first(raw)[key]
+        return raw
+
+    return apply
+
+
 def launch(**changes: Any) -> Callable[[Raw], Raw]:
     """The first kernel entry's recipe with ``changes`` (None deletes a key)."""
 
@@ -136,6 +146,8 @@ CASES: list[Case] = [
     Case("duplicate-entry", lambda raw: top(entries=[*raw["entries"], raw["entries"][0]])(raw),
          "repeats the target of"),
     # an entry's keys
+    Case("entry-without-m-min", without("m_min"), "missing key 'm_min'"),
+    Case("entry-without-launch", without("launch"), "missing key 'launch'"),
     Case("n-0", entry(n=0), "key 'n' must be a positive integer, got 0"),
     Case("m-range-inverted", entry(m_min=lambda e: e["m_measured"] + 1),
          "need m_min <= m_measured <= m_max"),
