@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,39 @@ def summarize(rows: list[dict[str, Any]], f: Filter) -> dict[str, Any]:
     }
 
 
+def describe(rows: list[dict[str, Any]], f: Filter) -> str:
+    """One line saying which slice of ``rows`` a report covers and what it leaves out,
+    so a filter is never silent."""
+    kept = sum(f.keep(r) for r in rows)
+    m = ""
+    if f.m_min is not None or f.m_max is not None:
+        m = f", M {f.m_min or 1}-{f.m_max if f.m_max is not None else 'any'}"
+    others = Counter(
+        (r["target"]["dtype"], r["target"]["layout"], r["mode"]) for r in rows if not f.keep(r)
+    )
+    left = "; ".join(f"{n} {d}/{la}/{mo}" for (d, la, mo), n in sorted(others.items()))
+    return (
+        f"{kept} of {len(rows)} rows: {f.dtype} {f.layout} {f.mode}{m}"
+        + (f" (left out: {left})" if left else "")
+        + " (--dtype/--layout/--mode/--m-min/--m-max choose the slice)"
+    )
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    """``summarize``'s record as lines a person reads (``--json`` gives the record)."""
+    sp = ", ".join(f"{name} {_fmt(v, 3)}x" for name, v in s["geomean_speedup"].items())
+    return "\n".join(
+        (
+            f"{s['shapes']} shapes on {s['gpu'] or '-'} ({s['dtype']} {s['layout']} {s['mode']})",
+            f"geomean speedup of cudal2's dispatch over: {sp}",
+            f"own-kernel targets {s['own_kernel_targets']}, cuBLASLt targets "
+            f"{s['cublaslt_targets']}, wins over the best vendor {s['wins_vs_best_vendor']}",
+            f"median floor fraction {_fmt(s['floor_fraction_median'], 3)}, errors {s['errors']}, "
+            f"sync disagreements {s['sync_disagreements']}",
+        )
+    )
+
+
 _MARK = {"kernel": "*", "cublaslt": "^"}  # what the cudal2 column ran
 
 
@@ -190,6 +224,11 @@ def table(rows: list[dict[str, Any]], f: Filter) -> str:
     return "\n".join(lines)
 
 
+def shape_label(r: dict[str, Any]) -> str:
+    t = r["target"]
+    return f"{t['m']}x{t['n']}x{t['k']}"
+
+
 def plot(rows: list[dict[str, Any]], f: Filter, out: str | Path) -> Path:
     """One panel per baseline: per-shape speedups sorted, geomean and 1.0 marked."""
     try:
@@ -200,31 +239,52 @@ def plot(rows: list[dict[str, Any]], f: Filter, out: str | Path) -> Path:
     except ImportError:
         raise RuntimeError("plotting needs matplotlib: pip install 'cudal2[plot]'") from None
     kept = [r for r in rows if f.keep(r) and r["cudal2"]["median_us"]]
+    # One panel per row, each wide enough for one readable label per bar.
+    width = max(6.0, 0.16 * len(kept) + 1.5)
     fig, axes = plt.subplots(
-        1, len(SPEEDUP_BASELINES), figsize=(4 * len(SPEEDUP_BASELINES), 3.6), sharey=True
+        len(SPEEDUP_BASELINES), 1, figsize=(width, 3.4 * len(SPEEDUP_BASELINES)), sharey=True
     )
+    top = 1.0
     for ax, name in zip(axes, SPEEDUP_BASELINES, strict=True):
-        xs = sorted(
-            baseline_us(r, name) / r["cudal2"]["median_us"] for r in kept if baseline_us(r, name)
+        pairs = sorted(
+            (baseline_us(r, name) / r["cudal2"]["median_us"], shape_label(r))
+            for r in kept
+            if baseline_us(r, name)
         )
+        xs = [x for x, _ in pairs]
         # Bars grow from the 1.0 line (a win up, a loss down); within 0.5% is a tie.
         colors = ["tab:green" if x > 1.005 else "tab:red" if x < 0.995 else "tab:gray" for x in xs]
         ax.bar(range(len(xs)), [x - 1 for x in xs], bottom=1.0, color=colors)
+        ax.set_xticks(range(len(xs)), [label for _, label in pairs], rotation=90, fontsize=6)
         ax.axhline(1.0, color="black", lw=1)
         if xs:
-            ax.set_ylim(min(min(xs), 1.0) - 0.03, max(max(xs), 1.0) + 0.03)
+            top = max(top, max(xs))
         g = geomean(xs)
         if g:
             ax.axhline(g, color="tab:blue", ls="--", lw=1.2, label=f"geomean {g:.3f}")
             ax.legend(loc="upper left", fontsize=8)
         ax.set_title(f"vs {name}", fontsize=10)
-        ax.set_xlabel("shapes, sorted")
-    axes[0].set_ylabel("speedup (baseline / cudal2)")
+        ax.set_xlabel("shapes (MxNxK), sorted")
+    # The axis is shared: its limits come from every panel's bars, with a margin, so
+    # the tallest bar of any panel is never cut.
+    low = min(
+        [1.0]
+        + [
+            baseline_us(r, n) / r["cudal2"]["median_us"]
+            for r in kept
+            for n in SPEEDUP_BASELINES
+            if baseline_us(r, n)
+        ]
+    )
+    span = max(top - low, 0.02)
+    axes[0].set_ylim(low - 0.08 * span, top + 0.08 * span)
+    for ax in axes:
+        ax.set_ylabel("baseline / cudal2")
     gpu = ", ".join(sorted({r["gpu"]["name"] for r in kept}))
     fig.suptitle(
         f"cudal2 speedup, {gpu}, {f.dtype} {f.layout} {f.mode}, {len(kept)} shapes", fontsize=11
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))  # room for the title
     out = Path(out)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -1,10 +1,11 @@
 """``cudal2-bench``: measure every vendor baseline (and a cudal2 wheel) on a shape file,
-then summarise or plot the results.
+then summarise or plot the results, or regenerate the figures the docs quote.
 
     cudal2-bench SHAPES.toml [--kernels WHEEL_OR_DB] [--mode offline|server|both]
                  --out RESULTS.jsonl
     cudal2-bench summarize RESULTS.jsonl [--m-max M] [--m-min M] [--mode ...] [--json]
     cudal2-bench plot RESULTS.jsonl -o speedup.png
+    cudal2-bench report [FILE.md ...] [--check]
 
 Results are appended one JSON line per (shape, dtype, layout, mode) as they are taken;
 a re-run skips what the file already holds for this GPU model.
@@ -21,14 +22,31 @@ from cudal2.cli import args as cli_args
 from cudal2.cli.output import atomic_path
 from cudal2.records import DTYPES, LAYOUTS
 
+SUBCOMMANDS = """subcommands (each has its own --help):
+  summarize RESULTS.jsonl   per-shape table and geomean speedups of one slice of a results
+                            file (default: fp16, tn, offline; see --dtype/--layout/--mode)
+  plot RESULTS.jsonl        bar chart of per-shape speedups against each baseline (PNG)
+  report [FILE.md ...]      the figures README.md and docs/ quote, generated from the
+                            committed results: printed, or rewritten in place between
+                            <!-- cudal2:begin NAME --> markers (--check: compare only)"""
+
 
 def _filter_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", type=cli_args.in_file)
-    p.add_argument("--m-min", type=cli_args.positive_int)
-    p.add_argument("--m-max", type=cli_args.positive_int)
-    p.add_argument("--mode", default="offline", choices=("offline", "server"))
-    p.add_argument("--dtype", default="fp16", choices=DTYPES)
-    p.add_argument("--layout", default="tn", choices=LAYOUTS)
+    p.add_argument("results", type=cli_args.in_file, help="results file of a cudal2-bench run")
+    p.add_argument("--m-min", type=cli_args.positive_int, help="only shapes with M >= this")
+    p.add_argument("--m-max", type=cli_args.positive_int, help="only shapes with M <= this")
+    p.add_argument(
+        "--mode",
+        default="offline",
+        choices=("offline", "server"),
+        help="timing mode of the rows to keep (default: offline)",
+    )
+    p.add_argument(
+        "--dtype", default="fp16", choices=DTYPES, help="dtype of the rows to keep (default: fp16)"
+    )
+    p.add_argument(
+        "--layout", default="tn", choices=LAYOUTS, help="layout of the rows to keep (default: tn)"
+    )
 
 
 def _filter_error(prog: str, a: argparse.Namespace) -> int | None:
@@ -45,35 +63,52 @@ def _filter(a):
 
 
 def summarize_main(argv: list[str]) -> int:
-    p = cli_args.Parser(prog="cudal2-bench summarize")
+    p = cli_args.Parser(
+        prog="cudal2-bench summarize",
+        description="A per-shape table of one slice of a results file, then its summary "
+        "(geomean speedups, wins, floor fraction). The slice is printed first: rows of "
+        "other dtypes, layouts or modes are left out, and it says how many.",
+    )
     _filter_args(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON only (no table)")
     a = p.parse(argv)
     if isinstance(a, int):  # a bad command line, already reported
         return a
     if (bad := _filter_error(p.prog, a)) is not None:
         return bad
-    from cudal2.bench.report import read_results, summarize, table
+    from cudal2.bench.report import describe, read_results, summarize, summary_text, table
 
     try:
         rows = read_results(a.results)
     except (OSError, ValueError) as e:
         print(f"cudal2-bench: error: {e}", file=sys.stderr)
         return 2
-    s = summarize(rows, _filter(a))
+    f = _filter(a)
+    s = summarize(rows, f)
     if a.json:
         print(json.dumps(s, indent=1))
-    else:
-        print(table(rows, _filter(a)))
-        print()
-        print(json.dumps(s))
+        return 0
+    print(describe(rows, f))
+    print(table(rows, f))
+    print()
+    print(summary_text(s))
     return 0
 
 
 def plot_main(argv: list[str]) -> int:
-    p = cli_args.Parser(prog="cudal2-bench plot")
+    p = cli_args.Parser(
+        prog="cudal2-bench plot",
+        description="One panel per baseline: each shape's speedup (baseline / cudal2) as a "
+        "bar labelled MxNxK, sorted, with the geomean and 1.0 marked.",
+    )
     _filter_args(p)
-    p.add_argument("-o", "--output", type=cli_args.out_file, default=Path("speedup.png"))
+    p.add_argument(
+        "-o",
+        "--output",
+        type=cli_args.out_file,
+        default=Path("speedup.png"),
+        help="PNG to write (default: speedup.png)",
+    )
     a = p.parse(argv)
     if isinstance(a, int):  # a bad command line, already reported
         return a
@@ -92,8 +127,65 @@ def plot_main(argv: list[str]) -> int:
     return 0
 
 
+def report_main(argv: list[str]) -> int:
+    p = cli_args.Parser(
+        prog="cudal2-bench report",
+        description="The figures README.md and docs/ quote, generated from the committed "
+        "results (bench/results/, manifests/*.measurements.jsonl). With no FILE, print "
+        "every block; with FILEs, rewrite each generated block between its "
+        "<!-- cudal2:begin NAME --> and <!-- cudal2:end NAME --> markers.",
+        epilog="exit status: 0 up to date (or rewritten), 1 --check found a stale block, "
+        "2 bad input (a missing file, broken markers)",
+    )
+    p.add_argument("files", nargs="*", type=cli_args.in_file, help="markdown files to update")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing; exit 1 naming each file whose blocks differ from the results",
+    )
+    p.add_argument(
+        "--root",
+        type=Path,
+        help="the checkout whose results are read (default: the one cudal2 is installed from)",
+    )
+    a = p.parse(argv)
+    if isinstance(a, int):  # a bad command line, already reported
+        return a
+    from cudal2.bench import standing
+
+    root = a.root or Path(__file__).resolve().parents[2]
+    if not (root / "bench" / "results").is_dir():
+        return cli_args.fail(p.prog, f"{root} has no bench/results/: pass --root CHECKOUT")
+    if not a.files:
+        for name, make in standing.BLOCKS.items():
+            print(f"<!-- cudal2:begin {name} -->\n{make(root)}\n<!-- cudal2:end {name} -->")
+        return 0
+    stale = []
+    for f in a.files:
+        text = f.read_text()
+        try:
+            new = standing.regenerate(text, root)
+        except standing.StaleBlockError as e:
+            return cli_args.fail(p.prog, f"{f}: {e}")
+        if new == text:
+            continue
+        stale.append(f)
+        if not a.check:
+            with atomic_path(f) as tmp:
+                tmp.write_text(new)
+    for f in stale:
+        verb = "is stale (run: cudal2-bench report FILE)" if a.check else "updated"
+        print(f"{f}: {verb}", file=sys.stderr if a.check else sys.stdout)
+    return 1 if stale and a.check else 0
+
+
 def run_main(argv: list[str]) -> int:
-    p = cli_args.Parser(prog="cudal2-bench", description=__doc__.split("\n\n")[0])
+    p = cli_args.Parser(
+        prog="cudal2-bench",
+        description=__doc__.split("\n\n")[0],
+        epilog=SUBCOMMANDS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("shapes", help="shape file (bench/shapes/*.toml formats)")
     p.add_argument(
         "--out", type=cli_args.out_file, required=True, help="results file (JSON Lines, appended)"
@@ -104,10 +196,22 @@ def run_main(argv: list[str]) -> int:
         help="cudal2 kernels to time beside the baselines: a wheel, its dispatch.json, or a "
         "measurement database (.jsonl; its winners as a build would select them)",
     )
-    p.add_argument("--mode", default="offline", choices=("offline", "server", "both"))
-    p.add_argument("--dtype", nargs="+", default=["fp16"], choices=DTYPES)
-    p.add_argument("--layout", nargs="+", default=["tn"], choices=LAYOUTS)
-    p.add_argument("--reps", type=cli_args.positive_int, default=30)
+    p.add_argument(
+        "--mode",
+        default="offline",
+        choices=("offline", "server", "both"),
+        help="offline: back to back; server: L2 flushed before each sample; both "
+        "(default: offline; docs/measuring.md)",
+    )
+    p.add_argument(
+        "--dtype", nargs="+", default=["fp16"], choices=DTYPES, help="dtypes (default: fp16)"
+    )
+    p.add_argument(
+        "--layout", nargs="+", default=["tn"], choices=LAYOUTS, help="layouts (default: tn)"
+    )
+    p.add_argument(
+        "--reps", type=cli_args.positive_int, default=30, help="timed repetitions (default: 30)"
+    )
     a = p.parse(argv)
     if isinstance(a, int):  # a bad command line, already reported
         return a
@@ -130,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         return summarize_main(argv[1:])
     if argv and argv[0] == "plot":
         return plot_main(argv[1:])
+    if argv and argv[0] == "report":
+        return report_main(argv[1:])
     return run_main(argv)
 
 

@@ -199,7 +199,7 @@ class Build:
         device: int = 0,
         runner: Runner | None = None,
         proposer: Proposer | None = None,
-        log: TextIO = sys.stderr,
+        log: TextIO | None = None,  # None: sys.stderr as it is when a line is said
     ):
         self.manifest = manifest
         self.db = MeasurementDB(db_path)
@@ -219,7 +219,7 @@ class Build:
         self._live = True  # the runner runs jobs now (not a replay of this database)
 
     def say(self, msg: str) -> None:
-        print(msg, file=self.log, flush=True)
+        print(msg, file=self.log or sys.stderr, flush=True)
 
     def _append(self, records: Iterable[Measurement]) -> None:
         records = list(records)

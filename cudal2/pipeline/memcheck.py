@@ -77,10 +77,12 @@ def check_databases(
     runner: Runner,
     cache: ArtifactCache,
     recheck: bool = False,
-    log: TextIO = sys.stderr,
+    log: TextIO | None = None,
 ) -> list[dict[str, Any]]:
     """Check each (manifest, database) pair's would-be winners on ``runner``; one
-    summary per pair."""
+    summary per pair, said on ``log`` (None: ``sys.stderr`` as it is at the call, so
+    a caller's redirect or pytest's capture sees it)."""
+    log = log or sys.stderr
     out = []
     with tempfile.TemporaryDirectory() as scratch:
         for manifest_path, db in pairs:

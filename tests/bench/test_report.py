@@ -104,3 +104,53 @@ def test_cli_errors(tmp_path, capsys):
     bad.write_text("shapes = [[1, -2, 3]]")
     assert bench_cli.main([str(bad), "--out", str(tmp_path / "r.jsonl")]) == 2
     assert "shapes[0][1] = -2" in capsys.readouterr().err
+
+
+def test_help_lists_every_subcommand_and_every_option_has_help(capsys):
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--help"])
+    top = capsys.readouterr().out
+    for sub in ("summarize RESULTS.jsonl", "plot RESULTS.jsonl", "report [FILE.md ...]"):
+        assert sub in top
+    for sub in ("summarize", "plot", "report"):
+        with pytest.raises(SystemExit):
+            bench_cli.main([sub, "--help"])
+        text = capsys.readouterr().out
+        # argparse prints an option's help on its line or the next; a bare option
+        # line followed by another option (or the end) has none.
+        lines = [x.strip() for x in text.split("options:")[1].splitlines() if x.strip()]
+        for i, line in enumerate(lines):
+            if line.startswith("-") and "  " not in line:
+                nxt = lines[i + 1] if i + 1 < len(lines) else "-"
+                assert not nxt.startswith("-"), f"{sub}: {line} has no help"
+
+
+def test_summarize_says_what_it_filters_and_prints_no_raw_json(capsys):
+    assert bench_cli.main(["summarize", str(LLM), "--m-max", "16"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("16 of 192 rows: fp16 tn offline, M 1-16 (left out: ")
+    assert "48 bf16/tn/offline" in first and "48 fp16/tn/server" in first
+    assert not any(line.lstrip().startswith("{") for line in out.splitlines())
+    assert "16 shapes on NVIDIA H100 80GB HBM3 (fp16 tn offline)" in out
+
+
+def test_plot_labels_every_bar_and_shows_the_tallest(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cudal2.bench import report
+
+    rows = read_results(LLM)
+    seen = {}
+    monkeypatch.setattr(plt, "close", lambda fig: seen.setdefault("fig", fig))
+    report.plot(rows, Filter(), tmp_path / "p.png")
+    kept = [r for r in rows if Filter().keep(r)]
+    for ax in seen["fig"].axes:
+        labels = {t.get_text() for t in ax.get_xticklabels()}
+        assert labels == {report.shape_label(r) for r in kept}
+        lo, hi = ax.get_ylim()
+        tops = [b.get_y() + b.get_height() for b in ax.patches]
+        assert lo < min(1.0, *tops) and max(1.0, *tops) < hi  # no bar cut at either end

@@ -1,0 +1,239 @@
+"""Where cudal2 stands, as generated markdown: the figures the README and the docs
+quote, computed from committed results so that they cannot drift from them.
+
+A document holds each generated block between two markers::
+
+    <!-- cudal2:begin NAME -->
+    ...
+    <!-- cudal2:end NAME -->
+
+``cudal2-bench report FILE...`` rewrites every known block in place; ``--check`` only
+compares (a CPU test runs it on README.md and docs/). What each block reads:
+
+- ``where-it-stands``: every shipped manifest's selection, made as a build without a
+  GPU makes it from the manifest's committed database (``manifests/*.measurements.jsonl``):
+  no compile, the same sanitizer gate and the same "still builds to the measured
+  artifact" rule; then the vendor comparison (``BENCH_RESULTS``), the read ceiling and
+  the Llama-3.1-8B end-to-end run.
+- ``llama-e2e``: the end-to-end table of ``docs/inference.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
+
+# The last run that timed every vendor beside the llm-public wheel of its day.
+BENCH_RESULTS = "bench/results/h100-llm-public-sm90tma-v4.jsonl"
+CEILING_RESULTS = "bench/results/h100-read-ceiling.jsonl"
+E2E_RESULTS = "bench/results/h100-llama-e2e.json"
+# The manifests that ship with a committed database, in the order the README lists them.
+SHIPPED = ("default", "llm-public-h100", "llama-3.1-8b-hf-h100", "grid-sample-h100")
+
+
+class StaleBlockError(ValueError):
+    """A document's markers are broken (an end without a begin, a block twice)."""
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """What one manifest's wheel dispatches, per target."""
+
+    manifest: str
+    targets: int
+    kernel_targets: int
+    kernels: int  # distinct own kernels (one kernel may serve several targets)
+    cublaslt: int
+    fallback: int
+    families: tuple[str, ...]
+    kernel_m: tuple[int, ...]  # measured M of the targets an own kernel serves
+    kernel_shapes_m1024: tuple[str, ...]  # MxNxK of own-kernel targets at M >= 1024
+
+
+def shipped(root: Path, name: str) -> Shipped:
+    """The selection a CPU build of ``manifests/NAME.toml`` makes from its committed
+    database (see the module docstring)."""
+    from cudal2.database import MeasurementDB, latest
+    from cudal2.generator.render import design_name
+    from cudal2.manifest import load_manifest
+    from cudal2.pipeline.build import believable, shippable
+    from cudal2.pipeline.gate import SanitizerGate, ledger_of
+
+    path = root / "manifests" / f"{name}.toml"
+    manifest = load_manifest(path)
+    contents = MeasurementDB(path.with_name(f"{name}.measurements.jsonl")).load(warn=False)
+    history = latest(contents.measurements)
+    gate = SanitizerGate(None, ledger_of(contents.checks, history))
+    sels, _ = gate.select(manifest.targets, believable(history), manifest.timing_mode, shippable())
+    kinds = Counter(s.kind for s in sels)
+    own = [s for s in sels if s.kind == "kernel" and s.winner and s.winner.design]
+    covered = {s.target for s in sels}
+    return Shipped(
+        manifest=name,
+        targets=len(manifest.targets),
+        kernel_targets=kinds["kernel"],
+        kernels=len({design_name(s.winner.design) for s in own}),
+        cublaslt=kinds["cublaslt"],
+        # a target without any selection falls back too
+        fallback=kinds["fallback"] + sum(t not in covered for t in manifest.targets),
+        families=tuple(sorted({s.winner.design.family for s in own})),
+        kernel_m=tuple(sorted({s.target.m for s in own})),
+        kernel_shapes_m1024=tuple(
+            sorted({f"{s.target.m}x{s.target.n}x{s.target.k}" for s in own if s.target.m >= 1024})
+        ),
+    )
+
+
+def _x(v: float, nd: int = 2) -> str:
+    return f"{v:.{nd}f}x"
+
+
+def _m_ranges(ms: tuple[int, ...]) -> str:
+    return f"{ms[0]}–{ms[-1]}" if len(ms) > 1 else (str(ms[0]) if ms else "–")
+
+
+def _vendor_line(root: Path) -> str:
+    rows = read_results(root / BENCH_RESULTS)
+    small, large = Filter(m_max=256), Filter(m_min=1024)
+    s, g = summarize(rows, small), summarize(rows, large)
+    won = [
+        baseline_us(r, "best_vendor") / r["cudal2"]["median_us"]
+        for r in rows
+        if small.keep(r) and wins(r)
+    ]
+    best = f" by up to {_x(max(won))}" if won else ""
+    return (
+        f"Measured beside every vendor in one run (`{BENCH_RESULTS}`, fp16 `tn`, the "
+        f"llm-public wheel of that day: {s['own_kernel_targets']} own-kernel targets at "
+        f"M ≤ 256, {g['own_kernel_targets']} at M ≥ 1024), cudal2's dispatch is at "
+        f"{_x(s['geomean_speedup']['best_vendor'])} the fastest vendor call per shape at "
+        f"M ≤ 256 (geomean of {s['shapes']} shapes; it wins {s['wins_vs_best_vendor']}"
+        f"{best}) and {_x(g['geomean_speedup']['best_vendor'])} at M ≥ 1024 "
+        f"({g['shapes']} shapes)."
+    )
+
+
+def _ceiling_line(root: Path) -> str:
+    rows = read_results(root / CEILING_RESULTS)
+    g = geomean(r["ceiling_speedup"] for r in rows)
+    assert g is not None, f"{CEILING_RESULTS} holds no shapes"
+    return (
+        "A measured ceiling (a kernel that only moves each shape's bytes, "
+        f"`{CEILING_RESULTS}`) bounds any kernel at M ≤ 256 to {_x(g)} the best vendor "
+        f"in geomean over {len(rows)} shapes (`docs/kernels.md`)."
+    )
+
+
+def _e2e(root: Path) -> dict[str, Any]:
+    return json.loads((root / E2E_RESULTS).read_text())
+
+
+def _e2e_line(root: Path) -> str:
+    d = _e2e(root)
+    decode = [c for c in d["cases"] if c["kind"] == "decode"]
+    prefill = [c for c in d["cases"] if c["kind"] == "prefill"]
+    graph = ", ".join(f"{c['tokens']}: {_x(c['graph']['speedup'], 3)}" for c in decode)
+    eager = [c["eager"]["speedup"] for c in decode]
+    pre = ", ".join(f"{c['tokens']} tokens: {_x(c['graph']['speedup'], 3)}" for c in prefill)
+    return (
+        f"In a transformers Llama-3.1-8B ({d['layers']} layers, fp16, "
+        f"{d['patched_layers']} of {d['linear_layers']} linear layers patched with a wheel "
+        f"built for them, `{E2E_RESULTS}`), a forward under CUDA graphs is faster by "
+        f"decode batch {graph}; prefill {pre}. Eagerly, decode is host-bound and the "
+        f"wheel's Python launch path makes it slower: {_x(min(eager))}–{_x(max(eager))} "
+        "from an idle GPU (`docs/inference.md`)."
+    )
+
+
+def where_it_stands(root: Path) -> str:
+    """The README's block: what each shipped wheel dispatches, then how fast."""
+    lines = [
+        "What each shipped manifest's wheel dispatches, as `cudal2-build` packages it "
+        "without a GPU from the H100 database committed beside it (per target: one of "
+        "cudal2's own kernels, an autotuned cuBLASLt algorithm, or the fallback to "
+        "`torch.matmul`):",
+        "",
+        "| manifest | targets | own kernels (targets) | cuBLASLt | fallback | families "
+        "| M of own-kernel targets |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for name in SHIPPED:
+        s = shipped(root, name)
+        m = _m_ranges(s.kernel_m)
+        if s.kernel_shapes_m1024:
+            m += f" (M ≥ 1024: {', '.join(s.kernel_shapes_m1024)})"
+        lines.append(
+            f"| `{name}` | {s.targets} | {s.kernels} ({s.kernel_targets}) | {s.cublaslt} "
+            f"| {s.fallback} | {', '.join(f'`{f}`' for f in s.families) or '–'} | {m} |"
+        )
+    lines += ["", _vendor_line(root), _ceiling_line(root), "", _e2e_line(root)]
+    return "\n".join(lines)
+
+
+def llama_e2e(root: Path) -> str:
+    """``docs/inference.md``'s table of the end-to-end run; a CUDA-graph speedup above
+    1.01 is bold."""
+    d = _e2e(root)
+    lines = [
+        "| run | tokens | max err vs fp32, unpatched | patched | eager, unpatched ms "
+        "| patched ms | speedup | CUDA graph, unpatched ms | patched ms | speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in d["cases"]:
+        e, g = c["eager"], c["graph"]
+        gs = f"{g['speedup']:.3f}"
+        if g["speedup"] > 1.01:
+            gs = f"**{gs}**"
+        lines.append(
+            f"| {c['kind']} | {c['tokens']} | {c['err_unpatched_vs_fp32']:.4f} "
+            f"| {c['err_patched_vs_fp32']:.4f} | {e['unpatched'] / 1000:.2f} "
+            f"| {e['patched'] / 1000:.2f} | {e['speedup']:.3f} | {g['unpatched'] / 1000:.3f} "
+            f"| {g['patched'] / 1000:.3f} | {gs} |"
+        )
+    return "\n".join(lines)
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "where-it-stands": where_it_stands,
+    "llama-e2e": llama_e2e,
+}
+
+_BLOCK = re.compile(
+    r"(?P<begin><!-- cudal2:begin (?P<name>[a-z0-9-]+)[^>]*-->\n)(?P<body>.*?)"
+    r"(?P<end><!-- cudal2:end (?P=name) -->)",
+    re.S,
+)
+
+
+def blocks_in(text: str) -> list[str]:
+    """The names of the generated blocks in ``text``; broken markers are an error."""
+    names = [m["name"] for m in _BLOCK.finditer(text)]
+    begins = re.findall(r"<!-- cudal2:begin ([a-z0-9-]+)", text)
+    if sorted(begins) != sorted(names) or len(re.findall(r"<!-- cudal2:end ", text)) != len(names):
+        raise StaleBlockError("a cudal2:begin marker without its cudal2:end (or the reverse)")
+    if len(set(names)) != len(names):
+        raise StaleBlockError(f"a generated block appears twice: {sorted(names)}")
+    if unknown := sorted(set(names) - set(BLOCKS)):
+        raise StaleBlockError(f"unknown generated block {unknown[0]!r} (known: {sorted(BLOCKS)})")
+    return names
+
+
+def regenerate(text: str, root: Path) -> str:
+    """``text`` with every generated block's body made again from ``root``'s results."""
+    blocks_in(text)
+    made: dict[str, str] = {}
+
+    def body(m: re.Match[str]) -> str:
+        name = m["name"]
+        if name not in made:
+            made[name] = BLOCKS[name](root)
+        return f"{m['begin']}{made[name]}\n{m['end']}"
+
+    return _BLOCK.sub(body, text)

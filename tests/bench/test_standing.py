@@ -1,0 +1,102 @@
+"""The figures README.md and docs/ quote are generated from the committed results
+(``cudal2-bench report``): the committed documents must equal what the results give."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cudal2.bench import standing
+from cudal2.cli import bench as bench_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ("README.md", "docs/inference.md")
+
+needs_nvcc = pytest.mark.skipif(
+    shutil.which("nvcc") is None, reason="the selection renders designs to artifact keys"
+)
+
+
+@needs_nvcc
+def test_committed_documents_equal_what_the_results_give(capsys):
+    files = [str(ROOT / f) for f in GENERATED]
+    code = bench_cli.main(["report", *files, "--check", "--root", str(ROOT)])
+    assert code == 0, capsys.readouterr().err + "\nrun: cudal2-bench report " + " ".join(files)
+
+
+@needs_nvcc
+def test_a_hand_edited_figure_fails_the_check_and_report_restores_it(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text()
+    edited = text.replace("| `default` | 32 | 2 (2) | 11 |", "| `default` | 32 | 3 (3) | 11 |")
+    assert edited != text, "the README's block no longer has the default row this test edits"
+    readme.write_text(edited)
+    assert bench_cli.main(["report", str(readme), "--check", "--root", str(ROOT)]) == 1
+    assert f"{readme}: is stale" in capsys.readouterr().err
+    assert readme.read_text() == edited  # --check changes nothing
+    assert bench_cli.main(["report", str(readme), "--root", str(ROOT)]) == 0
+    assert readme.read_text() == text
+
+
+def test_each_block_is_made_from_its_results_file(tmp_path):
+    """Change the recorded result, and the generated figure changes with it."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    e2e = json.loads((ROOT / standing.E2E_RESULTS).read_text())
+    e2e["cases"][0]["graph"]["speedup"] = 1.234
+    (tmp_path / standing.E2E_RESULTS).write_text(json.dumps(e2e))
+    table = standing.llama_e2e(tmp_path)
+    assert "| **1.234** |" in table and "1.033" not in table
+
+
+BROKEN = [
+    # (document, what the error names)
+    ("<!-- cudal2:begin where-it-stands -->\nx\n", "without its cudal2:end"),
+    ("x\n<!-- cudal2:end where-it-stands -->\n", "without its cudal2:end"),
+    ("<!-- cudal2:begin nonsense -->\n<!-- cudal2:end nonsense -->\n", "unknown generated block"),
+    (
+        "<!-- cudal2:begin llama-e2e -->\n<!-- cudal2:end llama-e2e -->\n" * 2,
+        "appears twice",
+    ),
+]
+
+
+@pytest.mark.parametrize(("doc", "says"), BROKEN)
+def test_broken_markers_exit_2_naming_the_file(tmp_path, capsys, doc, says):
+    f = tmp_path / "doc.md"
+    f.write_text(doc)
+    assert bench_cli.main(["report", str(f), "--root", str(ROOT)]) == 2
+    err = capsys.readouterr().err
+    assert str(f) in err and says in err and err.count("\n") == 1
+    assert f.read_text() == doc
+
+
+def test_a_root_without_results_is_a_usage_error(tmp_path, capsys):
+    assert bench_cli.main(["report", "--root", str(tmp_path)]) == 2
+    assert "has no bench/results/" in capsys.readouterr().err
+
+
+@needs_nvcc
+def test_the_shipped_figures_are_what_a_cpu_build_packages(tmp_path, monkeypatch, artifact_cache):
+    """The generator's selection (no compile) is the build's: the default manifest
+    built for real from its committed database dispatches the counts the README shows."""
+    from cudal2.cli import build as build_cli
+    from cudal2.packaging.runtime.table import DispatchTable
+
+    monkeypatch.setattr("cudal2.pipeline.build.gpu_names", lambda: [])
+    out = tmp_path / "dist"
+    assert build_cli.main(["--out", str(out), "--cache", str(artifact_cache.root)]) == 0
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        table = DispatchTable.from_bytes(z.read("cudal2_kernels_default/dispatch.json"))
+    s = standing.shipped(ROOT, "default")
+    kinds = [e.kind for e in table.entries]
+    assert (kinds.count("kernel"), kinds.count("cublaslt"), kinds.count("fallback")) == (
+        s.kernel_targets,
+        s.cublaslt,
+        s.fallback,
+    )
+    assert len({e.kernel for e in table.entries if e.kind == "kernel"}) == s.kernels
