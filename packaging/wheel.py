@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 RUNTIME_REQUIRES: tuple[str, ...] = ("cuda-bindings>=12.6",)
 # Where the table dispatches cuBLASLt algorithms: the bindings that run them.
 CUBLASLT_REQUIRES: tuple[str, ...] = ("nvmath-python>=1.0",)
+# The array libraries the runtime serves: one is needed (without either every call
+# fails, naming these extras), and which one is the user's choice. torch 2.4 is the
+# first with torch.library.custom_op; CuPy for CUDA 13, which the cubins are built with.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch>=2.4",),
+    "cupy": ("cupy-cuda13x>=14",),
+}
 REQUIRES_PYTHON = ">=3.11"
 WHEEL_TAG = "py3-none-any"
 # The wheel being written: ``<out>/.cudal2-wheel-<host>.<pid>.<random>.part``.
@@ -302,6 +309,9 @@ def _metadata(table: DispatchTable) -> bytes:
     ]
     if any(e.kind == "cublaslt" for e in table.entries):
         lines += [f"Requires-Dist: {req}" for req in CUBLASLT_REQUIRES]
+    for extra, reqs in EXTRAS.items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {req}; extra == "{extra}"' for req in reqs]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 

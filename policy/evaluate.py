@@ -29,9 +29,12 @@ from __future__ import annotations
 import copy
 import random
 import statistics
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
+
+from tqdm import tqdm
 
 from cudal2.policy import model as pm
 from cudal2.policy.corpus import Corpus, Row
@@ -97,6 +100,7 @@ def policy_curves(
     seed: int,
     restriction: str = "condition",
     online: OnlineConfig | None = None,
+    tick: Callable[[], None] = lambda: None,
 ) -> dict[Target, dict[int, float]]:
     """One replayed build over every held-out target, round by round; each target draws
     from its own generator (seeded ``seed``). With ``online``, the weights (a copy) are
@@ -135,6 +139,7 @@ def policy_curves(
                     t, conditioned_logp(prompt, grammar, take.tolist()), [r.design for r in picked]
                 )
                 rewards[t] = {r.design: reward(r, vl) for r in picked}
+            tick()
         if learner is not None:
             learner.update(rewards)
     return {t: _curve(found[t], max(map(_speed, held[t]))) for t in held}
@@ -149,9 +154,12 @@ def evaluate(
     progress: Callable[[str], None] = lambda s: None,
     restriction: str = "condition",
     online: OnlineConfig | None = None,
+    bar: bool = False,
 ) -> dict[str, Any]:
     """``online``: update the policy's weights between rounds (a replayed build over
-    all held-out targets per seed); None: fixed weights."""
+    all held-out targets per seed); None: fixed weights. ``bar``: a progress bar of
+    (target, round) steps on stderr where it is a terminal (a log gets ``progress``'s
+    lines only, never a bar's carriage returns)."""
     if restriction not in RESTRICTIONS:
         raise ValueError(f"restriction {restriction!r} is not one of {RESTRICTIONS}")
     ctx = Context(corpus, split="holdout")
@@ -163,9 +171,27 @@ def evaluate(
         if any(r.status == "ok" for r in rs)
     }
     runs = []
-    for s in range(policy_seeds):
-        progress(f"policy seed {s}: {len(held)} targets, rounds of {ROUND}")
-        runs.append(policy_curves(model, mcfg.max_history, ctx, held, s, restriction, online))
+    # Each target takes a round of ROUND proposals until it has max(KS) or none are left.
+    steps = policy_seeds * sum(
+        min(-(-len(rs) // ROUND), -(-max(KS) // ROUND)) for rs in held.values()
+    )
+    with tqdm(
+        total=steps,
+        desc="policy eval",
+        unit="round",
+        disable=not (bar and sys.stderr.isatty()),
+        file=sys.stderr,
+    ) as pbar:
+        for s in range(policy_seeds):
+            progress(
+                f"policy seed {s + 1} of {policy_seeds}: {len(held)} targets, rounds of {ROUND}"
+            )
+            runs.append(
+                policy_curves(
+                    model, mcfg.max_history, ctx, held, s, restriction, online, pbar.update
+                )
+            )
+    progress(f"random ({random_seeds} seeds) and grid curves")
     per_target: dict[str, dict] = {}
     for t, rows in held.items():
         curves = {

@@ -32,11 +32,19 @@ _PLAIN_TYPES: tuple[type, ...] = ()  # tensor types that are safe to hand to a k
 _raw_stream: Any = None  # device index -> current cudaStream_t, the cheapest way available
 
 
-def _import_torch() -> Any:
-    """Import torch on first use and cache what the hot path needs from it."""
+def _import_torch(package: str = "cudal2_kernels_<name>") -> Any:
+    """Import torch on first use and cache what the hot path needs from it. Without
+    torch, the ImportError names the wheel's extra that installs it."""
     global _torch, _DTYPE_NAMES, _PLAIN_TYPES, _raw_stream
     if _torch is None:
-        import torch
+        try:
+            import torch
+        except ImportError as exc:
+            raise ImportError(
+                f"{package} needs torch for torch tensors, which is not installed: "
+                f"pip install '{package}[torch]' (or, for CuPy/DLPack arrays without "
+                f"torch, '{package}[cupy]')"
+            ) from exc
 
         _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
         _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -315,7 +323,7 @@ class Api:
             return _torch.ops.aten.linear(x, w, bias)
 
     def _matmul(self, a: Any, b: Any, in_op: bool) -> Any:
-        torch = _torch or _import_torch()
+        torch = _torch or _import_torch(self.package)
         try:
             got = _common_checks(torch, a, b, in_op) or matmul_operands(
                 a.shape, a.stride(), b.shape, b.stride()
@@ -330,7 +338,7 @@ class Api:
         return torch.matmul(a, b)
 
     def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
-        torch = _torch or _import_torch()
+        torch = _torch or _import_torch(self.package)
         try:
             got = _common_checks(torch, x, w, in_op) or linear_operands(
                 x.shape, x.stride(), w.shape, w.stride()
@@ -367,8 +375,14 @@ class Api:
         and ready its cuBLASLt entries (library, handle, the current stream's
         workspace), so that a CUDA-graph capture later loads nothing. Returns how many
         table entries are ready there; 0 when the device cannot use the table, or when
-        there is no CUDA at all (so calling it at start-up is safe)."""
-        torch = _torch or _import_torch()
+        there is no CUDA at all, or no torch (so calling it at start-up is safe; without
+        torch, CuPy calls load their kernels on first use)."""
+        if _torch is None:
+            try:
+                _import_torch(self.package)
+            except ImportError:
+                return 0
+        torch = _torch
         if not torch.cuda.is_available():
             return 0
         dev = torch.cuda.current_device() if device is None else int(device)

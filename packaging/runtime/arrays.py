@@ -27,7 +27,9 @@ _cp: Any = None
 _HOST_DEVICES = (1, 3)
 
 
-def cupy() -> Any:
+def cupy(package: str = "cudal2_kernels_<name>") -> Any:
+    """CuPy, imported on first use; without it, the ImportError names the wheel's
+    extra that installs it (``[cupy]``), or torch's (``[torch]``)."""
     global _cp
     if _cp is None:
         try:
@@ -35,13 +37,14 @@ def cupy() -> Any:
         except ImportError as exc:
             if importlib.util.find_spec("torch") is not None:
                 raise ImportError(
-                    "cudal2 kernels take torch tensors, or other GPU arrays (DLPack, CUDA "
+                    f"{package} takes torch tensors, or other GPU arrays (DLPack, CUDA "
                     "array interface) through CuPy, which is not installed: pass torch "
-                    "tensors (torch.from_dlpack(x)) or install cupy"
+                    f"tensors (torch.from_dlpack(x)) or pip install '{package}[cupy]'"
                 ) from exc
             raise ImportError(
-                "cudal2 kernels take torch tensors (torch), or CuPy/DLPack arrays through "
-                "CuPy: install torch or cupy"
+                f"{package} takes torch tensors (torch), or CuPy/DLPack arrays through "
+                f"CuPy, and neither is installed: pip install '{package}[torch]' or "
+                f"'{package}[cupy]'"
             ) from exc
         _cp = cp
     return _cp
@@ -174,7 +177,7 @@ def run(api: Any, kind: str, a: Any, b: Any, bias: Any = None) -> Any:
     array on CuPy's current stream."""
     global _be
     refuse_host(a, b, bias)
-    cp = cupy()
+    cp = cupy(api.package)
     a, b = as_cupy(a), as_cupy(b)
     if bias is not None:
         bias = as_cupy(bias)

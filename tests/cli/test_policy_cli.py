@@ -30,12 +30,20 @@ def test_corpus_train_eval_end_to_end(tmp_path, capsys):
     assert policy_cli.main([*args, "--random-seeds", "5", "--out", str(out)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["holdout_targets"] == 2
-    assert set(summary["k"]) == {"8", "16", "32", "64"}
+    assert list(summary["k"]) == ["8", "16", "32", "64"]  # numeric, not "16" < "8"
+    assert list(json.loads(out.read_text())["k"]) == ["8", "16", "32", "64"]
     assert set(summary["k"]["16"]) == {"policy", "random", "grid"}
     assert len(json.loads(out.read_text())["per_target"]) == 2
     png = tmp_path / "curves.png"
     assert policy_cli.main([*args, "--random-seeds", "5", "--plot", str(png)]) == 0
     assert png.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+    # Not --json: progress on stderr, as lines (stderr is no terminal here: no bar's \r).
+    plain = ["eval", "--db", str(corpus), "--checkpoint", str(ck), "--policy-seeds", "1"]
+    assert policy_cli.main([*plain, "--random-seeds", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "policy seed 1 of 1: 2 targets" in captured.err and "\r" not in captured.err
+    assert [line.split()[0] for line in captured.out.splitlines()[2:]] == ["8", "16", "32", "64"]
 
 
 def test_unreadable_inputs_exit_2_with_the_reason(tmp_path, capsys):

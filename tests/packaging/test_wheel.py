@@ -136,8 +136,13 @@ def test_metadata_and_wheel_files(recorded_table, built):
     assert f"Version: {recorded_table.version}" in meta
     assert "Requires-Python: >=3.11" in meta
     assert [line for line in meta if line.startswith("Requires-Dist: ")] == [
-        f"Requires-Dist: {req}" for req in RUNTIME_REQUIRES
+        *(f"Requires-Dist: {req}" for req in RUNTIME_REQUIRES),
+        'Requires-Dist: torch>=2.4; extra == "torch"',
+        'Requires-Dist: cupy-cuda13x>=14; extra == "cupy"',
     ]
+    # torch and CuPy are the user's choice: extras, each declared before its requirement
+    extras = [line for line in meta if line.startswith(("Provides-Extra: ", "Requires-Dist: t"))]
+    assert extras[0] == "Provides-Extra: torch" and "Provides-Extra: cupy" in meta
     assert any(line.startswith("Summary: ") and len(line) > len("Summary: ") for line in meta)
     with zipfile.ZipFile(built) as zf:
         wheel_lines = zf.read(f"{_dist_info(recorded_table)}/WHEEL").decode().splitlines()
@@ -323,7 +328,9 @@ def test_wheel_installs_and_imports_without_cuda(recorded_table, built, tmp_path
 def test_a_table_with_cublaslt_entries_requires_nvmath(selected_table, selected_cubins, tmp_path):
     wheel = write_wheel(selected_table, selected_cubins, tmp_path)
     meta = _metadata_lines(wheel, selected_table)
-    requires = [line for line in meta if line.startswith("Requires-Dist: ")]
+    requires = [
+        line for line in meta if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    ]
     assert requires == [f"Requires-Dist: {r}" for r in (*RUNTIME_REQUIRES, *CUBLASLT_REQUIRES)]
     algos = sum(e.kind == "cublaslt" for e in selected_table.entries)
     with zipfile.ZipFile(wheel) as zf:

@@ -87,3 +87,38 @@ def test_both_restrictions_of_the_policy_replay_and_a_wrong_one_is_refused(
     assert all(0.0 < res["k"][str(k)]["policy"] <= 1.0 for k in KS)
     with pytest.raises(ValueError, match="restriction 'uniform'"):
         evaluate(*args, restriction="uniform")
+
+
+def test_replay_evaluation_shows_a_bar_that_ends_full_on_a_terminal(
+    tiny_trained, small_corpus, tiny_model_config, monkeypatch
+):
+    """``cudal2-policy eval`` runs for a minute: a bar of (target, round) steps whose
+    total is exact (it ends at 100%), shown only where stderr is a terminal."""
+    import importlib
+
+    ev = importlib.import_module("cudal2.policy.evaluate")
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, disable, **kw):
+            self.total, self.disable, self.n = total, disable, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n=1):
+            self.n += n
+
+    monkeypatch.setattr(ev, "tqdm", Bar)
+    monkeypatch.setattr(ev.sys.stderr, "isatty", lambda: True, raising=False)
+    model = tiny_trained[0]
+    evaluate(small_corpus, model, tiny_model_config, policy_seeds=2, random_seeds=1, bar=True)
+    evaluate(small_corpus, model, tiny_model_config, policy_seeds=1, random_seeds=1)
+    (shown, quiet) = bars
+    assert not shown.disable and shown.total > 0 and shown.n == shown.total
+    assert quiet.disable

@@ -90,12 +90,15 @@ def test_the_runtime_works_without_torch_installed(
         import {name} as pkg
         assert not pkg.has_torch_ops
         assert len(pkg._api.table.entries) == {len(recorded_table.entries)}
-        try:
-            pkg.matmul(None, None)
-        except ImportError:
-            pass
-        else:
-            raise AssertionError("matmul without torch must say so")
+        for call in (lambda: pkg.matmul(None, None), lambda: pkg.linear(None, None)):
+            try:
+                call()
+            except ImportError as exc:
+                msg = str(exc)
+                assert "pip install '{name}[torch]'" in msg and "'{name}[cupy]'" in msg, msg
+            else:
+                raise AssertionError("a call without torch must say so")
+        assert pkg.warmup() == 0  # safe at start-up without torch
         """,
         tmp_path,
         no_torch=True,
