@@ -62,7 +62,7 @@ _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
 _TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
 _GRID_KEYS = ("m", "n", "k", *_OVERRIDE_KEYS)
-_MODEL_KEYS = ("config", "tokens", "tp", "fused", *_OVERRIDE_KEYS)
+_MODEL_KEYS = ("config", "tokens", "tp", "fused", "lm_head", *_OVERRIDE_KEYS)
 
 _MISSING = object()
 
@@ -324,10 +324,11 @@ def _expand_model(
     tokens = r.dims(r.required(entry, "tokens", f"{key_path}.tokens"), f"{key_path}.tokens")
     tp = r.integer(entry.get("tp", 1), f"{key_path}.tp", 1)
     fused = r.boolean(entry.get("fused", True), f"{key_path}.fused")
+    lm_head = r.boolean(entry.get("lm_head", False), f"{key_path}.lm_head")
 
     config_path = _config_path(r, config, config_key, manifest_dir)
     try:
-        projections = models.projection_shapes(config_path, tp, fused)
+        projections = models.projection_shapes(config_path, tp, fused, lm_head)
     except models.TensorParallelError as e:
         raise r.fail(f"{key_path}.tp", tp, str(e)) from e
     except models.ModelConfigError as e:

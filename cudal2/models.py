@@ -1,9 +1,10 @@
 """Hugging Face ``config.json`` -> the GEMM shapes of a decoder layer's projections.
 
 A model's linear layers are ``y = x @ W^T`` with ``W`` of shape ``[N, K]``; with M
-tokens in flight each one is the GEMM ``M x N x K`` (layout ``tn``). Only the
-projections inside a decoder layer are returned: they run once per layer, so they
-dominate the time; the embedding and LM head are left out.
+tokens in flight each one is the GEMM ``M x N x K`` (layout ``tn``). The projections
+inside a decoder layer are returned (they run once per layer, so they dominate the
+time), and on request the LM head (``lm_head``: once per forward, but its N is the
+vocabulary); the embedding is a lookup, not a GEMM.
 
 The config is read with ``transformers.AutoConfig`` from local files only (never
 the network), so the defaults transformers fills in (e.g. Gemma's ``head_dim``)
@@ -114,8 +115,29 @@ def _shard(total: int, tp: int, what: str, path: Path) -> int:
     return total // tp
 
 
-def projection_shapes(config_path: Path, tp: int, fused: bool) -> list[tuple[str, int, int]]:
-    """(projection name, N, K) of one decoder layer on one tensor-parallel rank.
+# vLLM pads the vocabulary of its LM head (ParallelLMHead) to a multiple of this
+# before splitting it across the tensor-parallel ranks (DEFAULT_VOCAB_PADDING_SIZE).
+VLLM_VOCAB_PADDING = 64
+
+
+def lm_head_rows(vocab: int, tp: int, fused: bool, path: Path) -> int:
+    """N of the LM head on one rank: as vLLM runs it (``fused``: the vocabulary padded
+    to a multiple of 64, then split ``tp`` ways), or as transformers' ``lm_head``
+    module is (the vocabulary itself, split ``tp`` ways)."""
+    if fused:
+        vocab = -(-vocab // VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
+        what = f"vocab_size padded to a multiple of {VLLM_VOCAB_PADDING} (as vLLM does)"
+    else:
+        what = "vocab_size"
+    return _shard(vocab, tp, what, path)
+
+
+def projection_shapes(
+    config_path: Path, tp: int, fused: bool, lm_head: bool = False
+) -> list[tuple[str, int, int]]:
+    """(projection name, N, K) of one decoder layer on one tensor-parallel rank, and
+    with ``lm_head`` the LM head's (``lm_head``, vocabulary rows, ``hidden_size``; see
+    ``lm_head_rows``).
 
     ``config_path`` names a ``config.json`` or the folder holding it. With ``tp``
     ranks, query heads, key/value heads and the MLP width are split ``tp`` ways
@@ -168,6 +190,11 @@ def projection_shapes(config_path: Path, tp: int, fused: bool) -> list[tuple[str
         hkv_rank = 1
     inter_rank = _shard(inter, tp, "intermediate_size", path)
 
+    head = []
+    if lm_head:
+        vocab = _positive_int(config, "vocab_size", path)
+        head = [("lm_head", lm_head_rows(vocab, tp, fused, path), hidden)]
+
     q_n, kv_n = hq_rank * head_dim, hkv_rank * head_dim
     if fused or model_type in _PREFUSED_MODEL_TYPES:
         return [
@@ -175,6 +202,7 @@ def projection_shapes(config_path: Path, tp: int, fused: bool) -> list[tuple[str
             ("o", hidden, q_n),
             ("gate_up", 2 * inter_rank, hidden),
             ("down", hidden, inter_rank),
+            *head,
         ]
     return [
         ("q", q_n, hidden),
@@ -184,4 +212,5 @@ def projection_shapes(config_path: Path, tp: int, fused: bool) -> list[tuple[str
         ("gate", inter_rank, hidden),
         ("up", inter_rank, hidden),
         ("down", hidden, inter_rank),
+        *head,
     ]

@@ -124,7 +124,7 @@ def test_shipped_copies_match_shared_shape_lists() -> None:
     llm = SHARED_SHAPES / "llm-public.toml"
     grid = SHARED_SHAPES / "cuda-l2-grid-sample.toml"
     if not (llm.is_file() and grid.is_file()):
-        pytest.skip(f"{SHARED_SHAPES} not present (only the repo copies ship)")
+        pytest.skip("the shape lists the shipped manifests copy are not in this checkout")
     public = tomllib.loads(llm.read_text())
     by_model = {
         p["model"]: {
@@ -437,3 +437,19 @@ def test_not_utf8(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe" + PACKAGE.encode())
     with pytest.raises(ManifestError, match="not UTF-8"):
         load_manifest(path)
+
+
+def test_lm_head_true_adds_the_lm_head_the_shipped_manifest_lists_by_hand(tmp_path: Path) -> None:
+    """``lm_head = true`` gives what llama-3.1-8b-hf-h100.toml spells out as a
+    [[targets]] group beside its [[model]] (vocab 128256 x hidden 4096)."""
+    shipped = load_manifest(MANIFESTS / "llama-3.1-8b-hf-h100.toml")
+    text = (MANIFESTS / "llama-3.1-8b-hf-h100.toml").read_text()
+    model_only = text[: text.index("[[targets]]")].replace(
+        "configs/", str(MANIFESTS / "configs") + "/"
+    )
+    assert _mnk(_load(tmp_path, model_only)) < _mnk(shipped)
+    with_head = model_only.replace("fused = false", "fused = false\nlm_head = true")
+    assert with_head != model_only
+    assert _load(tmp_path, with_head).targets == shipped.targets
+    off = model_only.replace("fused = false", "fused = false\nlm_head = false")
+    assert _mnk(_load(tmp_path, off)) == _mnk(_load(tmp_path, model_only))

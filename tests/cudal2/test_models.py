@@ -182,3 +182,31 @@ def test_invalid_json(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelConfigError, match="cannot read model config"):
         projection_shapes(tmp_path, 1, True)
+
+
+# (config, tp, fused) -> the LM head's (N, K): vLLM pads the vocabulary to a multiple
+# of 64 and splits it tp ways; transformers' lm_head is the vocabulary itself.
+LM_HEADS = [
+    (LLAMA_8B, 1, True, (128256, 4096)),
+    (CONFIGS / "llama-3.1-70b", 8, True, (16032, 8192)),
+    (CONFIGS / "qwen2-0.5b", 2, True, (75968, 896)),
+    (CONFIGS / "phi-3-mini", 1, False, (32064, 3072)),
+    (CONFIGS / "gemma-2b", 1, True, (256000, 2048)),
+]
+
+
+@pytest.mark.parametrize(("config", "tp", "fused", "head"), LM_HEADS)
+def test_lm_head_is_the_vocabulary_by_hidden_split_as_vllm_does(config, tp, fused, head) -> None:
+    shapes = projection_shapes(config, tp, fused, lm_head=True)
+    assert shapes[-1] == ("lm_head", *head)
+    assert shapes[:-1] == projection_shapes(config, tp, fused)  # the layer is unchanged
+    assert "lm_head" not in {name for name, _, _ in projection_shapes(config, tp, fused)}
+
+
+def test_lm_head_pads_an_odd_vocabulary_only_where_vllm_does(tmp_path: Path) -> None:
+    raw = json.loads((CONFIGS / "tinyllama-1.1b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "vocab_size": 32001}))
+    assert projection_shapes(tmp_path, 2, True, lm_head=True)[-1] == ("lm_head", 16032, 2048)
+    assert projection_shapes(tmp_path, 1, False, lm_head=True)[-1] == ("lm_head", 32001, 2048)
+    with pytest.raises(TensorParallelError, match="tp=2 does not divide vocab_size=32001"):
+        projection_shapes(tmp_path, 2, False, lm_head=True)

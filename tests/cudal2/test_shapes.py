@@ -26,7 +26,7 @@ def test_explicit_format():
 def test_repo_copies_match_shared_when_present():
     shared = Path(__file__).resolve().parents[3] / "shared" / "shapes"
     if not shared.exists():
-        pytest.skip("../shared is not beside this checkout")
+        pytest.skip("the shape lists bench/shapes copies are not in this checkout")
     for f in SHAPES.glob("*.toml"):
         assert load_shapes(f) == load_shapes(shared / f.name)
 
