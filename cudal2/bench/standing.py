@@ -16,6 +16,8 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
   artifact" rule; then the vendor comparison (``BENCH_RESULTS``), the read ceiling and
   the Llama-3.1-8B end-to-end run.
 - ``llama-e2e``: the end-to-end table of ``docs/inference.md``.
+- ``floor-fractions``: ``docs/measuring.md``'s vendor table (``VENDOR_RUN``).
+- ``policy-eval``: the replay table of ``docs/policy.md`` (``POLICY_EVALS``).
 """
 
 from __future__ import annotations
@@ -200,9 +202,94 @@ def llama_e2e(root: Path) -> str:
     return "\n".join(lines)
 
 
+VENDOR_RUN = "bench/results/h100-llm-public.jsonl"  # the run docs/measuring.md reports
+
+
+def floor_fractions(root: Path) -> str:
+    """``docs/measuring.md``'s table: how close the vendors come to the physical floor,
+    per M bucket (the median of floor / time, Lt-autotune and best vendor)."""
+    import statistics
+
+    from cudal2.bench.report import M_BUCKETS
+
+    rows = read_results(root / VENDOR_RUN)
+    cols = [(d, mo) for mo in ("offline", "server") for d in ("fp16", "bf16")]
+    lines = [
+        f"`{VENDOR_RUN}`: median fraction of the physical floor by M bucket "
+        "(Lt-autotune / best vendor):",
+        "",
+        "| M | " + " | ".join(f"{d} {mo}" for d, mo in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for lo, hi in M_BUCKETS:
+        cells, shapes = [], 0
+        for d, mo in cols:
+            f = Filter(mode=mo, dtype=d, m_min=lo, m_max=hi)
+            kept = [r for r in rows if f.keep(r)]
+            shapes = max(shapes, len(kept))
+            lt = [
+                r["floor_us"] / r["baselines"]["cublaslt_autotune"]["median_us"]
+                for r in kept
+                if "cublaslt_autotune" in r["baselines"]
+            ]
+            bv = [r["floor_us"] / baseline_us(r, "best_vendor") for r in kept]
+            cells.append(
+                f"{statistics.median(lt):.3f} / {statistics.median(bv):.3f}" if kept else "–"
+            )
+        if shapes:
+            label = f"{lo}–{hi}" if hi < (1 << 31) else f"≥ {lo}"
+            lines.append(f"| {label} ({shapes} shapes) | " + " | ".join(cells) + " |")
+    s = summarize(rows, Filter())
+    g = s["geomean_speedup"]
+    lines += [
+        "",
+        f"Geomean speedup of cudal2's dispatch over each baseline, fp16 offline "
+        f"({s['shapes']} shapes; {s['own_kernel_targets']} ran an own kernel): cuBLAS "
+        f"{g['cublas']:.3f}, Lt heuristic {g['cublaslt_heuristic']:.3f}, Lt autotune "
+        f"{g['cublaslt_autotune']:.3f}, best vendor {g['best_vendor']:.3f}; floor fraction "
+        f"median {s['floor_fraction_median']:.3f}.",
+    ]
+    return "\n".join(lines)
+
+
+POLICY_EVALS = (  # (column, results file of ``cudal2-policy eval --out``)
+    ("policy", "bench/results/h100-policy-eval.json"),
+    ("policy, --online", "bench/results/h100-policy-eval-online.json"),
+    ("policy, --restriction grammar", "bench/results/h100-policy-eval-grammar.json"),
+)
+
+
+def policy_eval(root: Path) -> str:
+    """``docs/policy.md``'s replay table: median best-found / best-known per k."""
+    runs = [(name, json.loads((root / f).read_text())) for name, f in POLICY_EVALS]
+    base = runs[0][1]
+    seeds = base["seeds"]
+    ks = sorted(base["k"], key=int)
+    head = [name for name, _ in runs] + [f"random ({seeds['random']} seeds)", "grid"]
+    lines = [
+        f"Median over {base['holdout_targets']} held-out targets of best-found / best-known "
+        f"({seeds['policy']} policy seeds; " + ", ".join(f"`{f}`" for _, f in POLICY_EVALS) + "):",
+        "",
+        "| k | " + " | ".join(head) + " |",
+        "|---" * (len(head) + 1) + "|",
+    ]
+    for k in ks:
+        cells = [f"{r['k'][k]['policy']:.3f}" for _, r in runs]
+        cells += [f"{base['k'][k]['random']:.3f}", f"{base['k'][k]['grid']:.3f}"]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for fam, g in base["by_family"].items():
+        pol = " / ".join(f"{g['k'][k]['policy']:.3f}" for k in ks)
+        grid = " / ".join(f"{g['k'][k]['grid']:.3f}" for k in ks)
+        lines.append(f"- {fam}, {g['targets']} targets: policy {pol}; grid {grid}.")
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
+    "policy-eval": policy_eval,
+    "floor-fractions": floor_fractions,
 }
 
 _BLOCK = re.compile(

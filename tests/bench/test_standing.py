@@ -14,7 +14,7 @@ from cudal2.bench import standing
 from cudal2.cli import bench as bench_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("README.md", "docs/inference.md")
+GENERATED = ("README.md", "docs/inference.md", "docs/policy.md", "docs/measuring.md")
 
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="the selection renders designs to artifact keys"
