@@ -93,11 +93,20 @@ def _load_config(path: Path) -> Any:
         # A broken install should read as "cannot read this [[model]]", not a traceback.
         raise ModelConfigError(f"cannot import transformers to read {path}: {e}") from e
 
+    from transformers.utils import logging as hf_logging
+
+    # transformers logs its own doubts about a config (a token id outside a vocabulary
+    # of 0) to stderr; what matters is checked here and reported as the manifest's one
+    # error line, which those lines would break.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         return AutoConfig.from_pretrained(str(path.parent), local_files_only=True)
     except Exception as e:  # transformers raises many kinds; all mean "unreadable config"
         msg = " ".join(str(e).split())
         raise ModelConfigError(f"transformers cannot load {path}: {msg}") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _positive_int(config: Any, attr: str, path: Path) -> int:

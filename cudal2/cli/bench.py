@@ -174,8 +174,14 @@ def report_main(argv: list[str]) -> int:
             with atomic_path(f) as tmp:
                 tmp.write_text(new)
     for f in stale:
-        verb = "is stale (run: cudal2-bench report FILE)" if a.check else "updated"
-        print(f"{f}: {verb}", file=sys.stderr if a.check else sys.stdout)
+        if a.check:
+            print(
+                f"{f}: its generated figures differ from the committed results "
+                f"(run: cudal2-bench report {f})",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{f}: updated")
     return 1 if stale and a.check else 0
 
 

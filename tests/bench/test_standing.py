@@ -36,7 +36,7 @@ def test_a_hand_edited_figure_fails_the_check_and_report_restores_it(tmp_path, c
     assert edited != text, "the README's block no longer has the default row this test edits"
     readme.write_text(edited)
     assert bench_cli.main(["report", str(readme), "--check", "--root", str(ROOT)]) == 1
-    assert f"{readme}: is stale" in capsys.readouterr().err
+    assert f"{readme}: its generated figures differ" in capsys.readouterr().err
     assert readme.read_text() == edited  # --check changes nothing
     assert bench_cli.main(["report", str(readme), "--root", str(ROOT)]) == 0
     assert readme.read_text() == text
