@@ -100,3 +100,22 @@ def test_the_shipped_figures_are_what_a_cpu_build_packages(tmp_path, monkeypatch
         s.fallback,
     )
     assert len({e.kernel for e in table.entries if e.kind == "kernel"}) == s.kernels
+
+
+@needs_nvcc
+def test_a_target_without_measurements_counts_as_a_fallback(tmp_path):
+    """A shape the database never measured gets no selection: the runtime falls back
+    for it, and the table says so."""
+    (tmp_path / "manifests").mkdir()
+    text = (ROOT / "manifests" / "default.toml").read_text()
+    (tmp_path / "manifests" / "default.toml").write_text(
+        text + "\n[[targets]]\nshapes = [[8, 4096, 4096]]\n"  # never measured
+    )
+    shutil.copyfile(
+        ROOT / "manifests" / "default.measurements.jsonl",
+        tmp_path / "manifests" / "default.measurements.jsonl",
+    )
+    committed, grown = standing.shipped(ROOT, "default"), standing.shipped(tmp_path, "default")
+    assert grown.targets == committed.targets + 4  # 2 dtypes x 2 layouts
+    assert grown.fallback == committed.fallback + 4
+    assert (grown.kernel_targets, grown.cublaslt) == (committed.kernel_targets, committed.cublaslt)
