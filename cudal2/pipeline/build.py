@@ -202,7 +202,7 @@ class Build:
         device: int = 0,
         runner: Runner | None = None,
         proposer: Proposer | None = None,
-        log: TextIO = sys.stderr,
+        log: TextIO | None = None,
     ):
         self.manifest = manifest
         self.db = MeasurementDB(db_path)
@@ -214,7 +214,8 @@ class Build:
         self.device = device
         self.runner = runner
         self.proposer = proposer
-        self.log = log
+        # sys.stderr as it is now, not at import (a test's capture, a redirected CLI)
+        self.log = log if log is not None else sys.stderr
         self.counts = Counter(measured=0, reused=0, compiled=0, unmeasured=0, appended=0)
         self.failures: dict[str, int] = {}
         self.gate = SanitizerGate(self.db, SanitizerLedger(), self.say)

@@ -276,12 +276,12 @@ class JobMeasurer:
     """Measures a job folder into a database on ``runner``'s GPU. Jobs whose reuse key
     already has a record are not run again (a killed measuring resumes)."""
 
-    def __init__(self, folder: Path, db_path: Path, runner: Runner, log: TextIO = sys.stderr):
+    def __init__(self, folder: Path, db_path: Path, runner: Runner, log: TextIO | None = None):
         self.folder = Path(folder).resolve()
         self.job = read_job(self.folder)
         self.db = MeasurementDB(db_path)
         self.runner = runner
-        self.log = log
+        self.log = log if log is not None else sys.stderr
 
     def say(self, msg: str) -> None:
         print(msg, file=self.log, flush=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -181,7 +180,7 @@ def export_job(
     gpu: str | None = None,
     space: Callable[[Target], Sequence[KernelDesign] | None] | None = None,
     jobs: int | None = None,
-    log: TextIO = sys.stderr,
+    log: TextIO | None = None,
 ) -> ExportReport:
     """Export the next job of ``manifest``'s build over database ``db_path`` into folder
     ``out`` (None: a dry run: nothing compiled or written, the job only described).

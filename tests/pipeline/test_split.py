@@ -137,6 +137,7 @@ def test_split_build_equals_one_machine_build(tmp_path, recorded, artifact_cache
     # ... and a one-machine CPU build from the split's database gives the same bytes.
     again = Build(manifest, db, artifact_cache, tmp_path / "again", measure=False).run()
     assert _sha(again.wheel) == _sha(split.wheel)
+
     # What the GPU step recorded is what the one-machine build recorded (times and keys).
     def keyed(path):
         ms = MeasurementDB(path).read()
@@ -273,3 +274,17 @@ def test_measuring_a_job_needs_no_nvcc(tmp_path, recorded, artifact_cache):
     assert res.returncode == 0, res.stderr[-3000:]
     assert int(res.stdout.split()[-1]) == 4
     assert len(MeasurementDB(db).read()) >= 4
+
+
+def test_a_measured_job_folder_is_removed_only_if_it_is_one(tmp_path):
+    from cudal2.pipeline.split import remove_job
+
+    job = tmp_path / "job"
+    (job / "cubins").mkdir(parents=True)
+    (job / JOB_FILE).write_text("{}")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("x")
+    remove_job(job)
+    remove_job(other)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
