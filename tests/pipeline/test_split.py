@@ -106,6 +106,10 @@ def _split(tmp_path, manifest, recorded, cache, *, max_jobs: int = 8):
         pytest.fail(f"the split did not finish in {max_jobs} jobs: {phases}")
     out = tmp_path / "split-dist"
     packaged = Build(manifest, db, cache, out, measure=False, log=log).run()
+    # Progress of compiling and measuring (the GPU's side too) as lines: a log is no tty.
+    text = log.getvalue()
+    assert "\r" not in text
+    assert "round 1/3: compile: " in text and "round 1/3: measure: 8/8 candidates" in text
     return dry, phases, packaged, db
 
 
