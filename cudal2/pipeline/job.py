@@ -60,6 +60,7 @@ from cudal2.records import (
     TimingConfig,
 )
 from cudal2.verdicts import SanitizerLedger
+from cudal2.verify.sanitizer import find_sanitizer
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -423,6 +424,12 @@ class JobMeasurer:
         """Sanitizer checks, each announced (a ``started`` line) before it runs and its
         verdict appended after, under the database's check lock."""
         if not checks:
+            return 0, 0
+        if runner.needs_cubins and find_sanitizer() is None:  # a GPU without the tool
+            self.say(
+                f"compute-sanitizer not found: {len(checks)} sanitizer checks not run (their "
+                "kernels wait; the next export asks for them again)"
+            )
             return 0, 0
         jobs = [dataclasses.replace(k.job, cubin=self._cubin(k.job.cubin)) for k in checks]
         checked = failed = 0

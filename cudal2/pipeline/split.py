@@ -52,11 +52,13 @@ from cudal2.records import (
     TimingConfig,
 )
 
-# A rough figure for --dry-run: seconds of GPU time per measured candidate (correctness
-# checks, warm-up and 30 timed replays beside torch; the H100 builds of the committed
-# manifests took about this), and per cuBLASLt autotuning.
-SECONDS_PER_CANDIDATE = 1.5
-SECONDS_PER_AUTOTUNE = 6.0
+# --dry-run's estimate of GPU time per measured candidate and per cuBLASLt autotuning,
+# from the committed H100 builds' record timestamps: 1,024 candidates in 228 s
+# (bench/results/h100-online-random.measurements.jsonl.gz), 864 in 169 s and 24
+# autotunings in 4 s (h100-llama-policy-build): about 0.2 s each. Worker start-up and
+# compute-sanitizer runs are not included.
+SECONDS_PER_CANDIDATE = 0.25
+SECONDS_PER_AUTOTUNE = 0.25
 
 
 class _RoundReady(Exception):
