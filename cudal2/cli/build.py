@@ -1,21 +1,30 @@
 """``cudal2-build [MANIFEST] [--out DIR]``: manifest -> measured kernels -> wheel.
 
-Exit codes: 0 built; 2 bad manifest or arguments, or a ``--measurements`` path that
-is no database (a directory, FIFO, device, socket, unreadable; nothing written); 1 the
-build could not run (no GPU and no recorded measurements, nvcc missing, no GPU worker,
-a selected kernel that does not compile here); 130 interrupted (Ctrl-C).
+A build split across CI runners (docs/ci.md): ``--dry-run`` says what a build would do;
+``--export-job DIR`` compiles the next round on a CPU runner into a job folder;
+``--measure-job DIR`` measures it on a GPU runner that has no nvcc; ``--no-measure``
+packages the database on a CPU runner.
+
+Exit codes (``EXIT_CODES``, in ``--help`` and docs/ci.md): 0 built (or the job exported,
+measured, or described); 2 bad manifest, arguments or job folder, or a
+``--measurements`` path that is no database (nothing written); 3 no GPU here and no
+recorded measurement of any of the manifest's targets (a new shape: measure on a GPU, or
+split the build); 1 any other reason the build could not run (nvcc missing, no GPU
+worker, a selected kernel that does not compile here); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cudal2.cli import args as cli_args
-from cudal2.manifest import ManifestError, default_manifest_path, load_manifest
+from cudal2.manifest import Manifest, ManifestError, default_manifest_path, load_manifest
 from cudal2.packaging.runtime.table import TableEntry
 from cudal2.policy import PROPOSERS
 
@@ -23,10 +32,24 @@ if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
     from cudal2.pipeline.build import BuildReport
 
 
+EXIT_NO_RECORDS = 3
+EXIT_CODES = (
+    "exit codes: 0 built (or job exported / measured / described); 1 the build could not run "
+    "(nvcc missing, no GPU worker, a winner that does not compile here); 2 bad manifest, "
+    "arguments, job folder or database path (nothing written); 3 no GPU here and no recorded "
+    "measurement of the manifest's targets (a new shape: build on a GPU, or split the build "
+    "with --export-job / --measure-job, docs/ci.md); 130 interrupted"
+)
+
+
 def _parser() -> cli_args.Parser:
     p = cli_args.Parser(
         prog="cudal2-build",
-        description="Build a wheel of measured HGEMM kernels for the shapes of a manifest.",
+        description="Build a wheel of measured HGEMM kernels for the shapes of a manifest. "
+        "Split across CI runners (docs/ci.md): --dry-run, then --export-job DIR on a CPU "
+        "runner with nvcc, --measure-job DIR on a GPU runner (no nvcc needed), one round at "
+        "a time, then --no-measure on a CPU runner packages the database.",
+        epilog=EXIT_CODES,
     )
     p.add_argument(
         "manifest", nargs="?", help="manifest TOML (default: the shipped manifests/default.toml)"
@@ -40,8 +63,9 @@ def _parser() -> cli_args.Parser:
     p.add_argument(
         "--measurements",
         type=cli_args.in_folder,
-        help="measurement database "
-        "(default: <manifest stem>.measurements.jsonl next to the manifest)",
+        help="measurement database, .jsonl or .jsonl.gz (read-only) "
+        "(default: <manifest stem>.measurements.jsonl next to the manifest, else "
+        "<stem>.measurements.jsonl.gz)",
     )
     p.add_argument(
         "--remeasure", action="store_true", help="measure again even where a record exists"
@@ -63,6 +87,40 @@ def _parser() -> cli_args.Parser:
     )
     p.add_argument(
         "--jobs", type=cli_args.positive_int, help="parallel nvcc processes (default: all cores)"
+    )
+    split = p.add_mutually_exclusive_group()
+    split.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="write nothing: the targets per arch/dtype/layout, the next round's candidates "
+        "and cubins to compile, and an estimate of GPU time",
+    )
+    split.add_argument(
+        "--list-targets", action="store_true", help="print the targets the manifest expands to"
+    )
+    split.add_argument(
+        "--export-job",
+        type=cli_args.out_folder,
+        metavar="DIR",
+        help="compile only (CPU runner with nvcc): write the next round's measuring job "
+        "(targets, designs, cubins by artifact key) to DIR; nothing left to measure: DIR "
+        "is removed and the database is ready to package (--no-measure)",
+    )
+    split.add_argument(
+        "--measure-job",
+        type=cli_args.in_dir,
+        metavar="DIR",
+        help="measure an exported job on this machine's GPU into --measurements "
+        "(no manifest, no nvcc needed)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="with --dry-run: print it as JSON (targets listed)"
+    )
+    p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="with --export-job/--dry-run: the measuring GPU model, as torch names it "
+        "(default: the one with most records of the manifest's targets in the database)",
     )
     p.add_argument(
         "--device",
@@ -117,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse(argv)
     if isinstance(args, int):  # a bad command line, already reported
         return args
+    if args.measure_job is not None:
+        return _measure_job(args)
+    if args.json and not args.dry_run:
+        return cli_args.fail("cudal2-build", "--json goes with --dry-run")
     path = Path(args.manifest) if args.manifest else default_manifest_path()
     try:
         manifest = load_manifest(path)
@@ -136,10 +198,16 @@ def main(argv: list[str] | None = None) -> int:
         CubinUnavailableError,
         NvccNotFoundError,
     )
-    from cudal2.pipeline.build import Build, BuildError
+    from cudal2.pipeline.build import Build, BuildError, NoRecordsError
     from cudal2.verify.pool import WorkerError
 
-    db = args.measurements or path.with_name(f"{path.stem}.measurements.jsonl")
+    db = args.measurements or default_database(path)
+    if args.list_targets:
+        for t in manifest.targets:
+            print(f"{t.arch} {t.dtype} {t.layout} {t.m} {t.n} {t.k}")
+        return 0
+    if args.dry_run or args.export_job is not None:
+        return _export(args, manifest, db)
     started = time.monotonic()
     try:
         report = Build(
@@ -155,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseError as e:  # --measurements names no database: bad input
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 2
+    except NoRecordsError as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return EXIT_NO_RECORDS
     except (
         BuildError,
         NvccNotFoundError,
@@ -192,6 +263,125 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.monotonic() - started:.1f} s; database {db}"
     )
     print(f"wheel: {report.wheel}")
+    return 0
+
+
+def default_database(manifest: Path) -> Path:
+    """The database beside a manifest: ``<stem>.measurements.jsonl``, else a shipped
+    ``<stem>.measurements.jsonl.gz`` (read-only), else the ``.jsonl`` to create."""
+    plain = manifest.with_name(f"{manifest.stem}.measurements.jsonl")
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if not plain.exists() and packed.exists() else plain
+
+
+def _export(args: argparse.Namespace, manifest: Manifest, db: Path) -> int:
+    """``--dry-run`` and ``--export-job``: the next job of a split build."""
+    from cudal2.database import DatabaseError
+    from cudal2.generator.compile import (
+        ArtifactCache,
+        CacheIntegrityError,
+        CompileInterruptedError,
+        CubinUnavailableError,
+        NvccNotFoundError,
+    )
+    from cudal2.pipeline.build import BuildError
+    from cudal2.pipeline.job import JobBundleError
+    from cudal2.pipeline.split import describe, export_job, remove_job
+
+    try:
+        report = export_job(
+            manifest,
+            db,
+            ArtifactCache(args.cache),
+            None if args.dry_run else args.export_job,
+            gpu=args.gpu,
+            jobs=args.jobs,
+        )
+    except (DatabaseError, JobBundleError) as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 2
+    except (
+        BuildError,
+        NvccNotFoundError,
+        CubinUnavailableError,
+        CacheIntegrityError,
+        CompileInterruptedError,
+    ) as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cudal2-build: interrupted", file=sys.stderr)
+        return 130
+    summary = describe(manifest, report, db)
+    if args.dry_run:
+        print(json.dumps(summary, indent=1) if args.json else _dry_text(summary))
+        return 0
+    if report.folder is None:
+        remove_job(args.export_job)
+        print(
+            f"nothing left to measure: {db} answers every job of {manifest.name}; package it "
+            f"with: cudal2-build {manifest.path} --no-measure --measurements {db}"
+        )
+        return 0
+    job = report.job
+    print(
+        f"exported {job.phase} of {manifest.name} for {job.gpu}: {len(job.measure)} "
+        f"candidates, {len(job.checks)} sanitizer checks, {len(job.autotune)} cuBLASLt "
+        f"autotunings, {report.designs} cubins -> {report.folder}; measure it on the GPU "
+        f"with: cudal2-build --measure-job {report.folder} --measurements {db.name}"
+    )
+    return 0
+
+
+def _dry_text(s: dict) -> str:
+    lines = [f"manifest {s['manifest']} ({s['package']}): {s['targets']} targets"]
+    lines += [f"  {g}: {n}" for g, n in s["groups"].items()]
+    lines.append(f"database {s['database']}: {s['records']} records of these targets")
+    lines.append(
+        f"next: {s['phase']} on {s['gpu']}: {s['candidates']} candidates to measure, "
+        f"{s['checks']} sanitizer checks, {s['autotune']} cuBLASLt autotunings; "
+        f"{s['cubins']} cubins, {s['cubins_to_compile']} not yet compiled"
+    )
+    lines.append(
+        f"estimated GPU time: this job ~{s['gpu_s_next']:.0f} s; the whole build "
+        f"({s['rounds']} rounds x {s['per_round']} candidates) ~{s['gpu_s_build']:.0f} s, "
+        f"at most the budget of {s['budget_s']:.0f} s"
+    )
+    return "\n".join(lines)
+
+
+def _measure_job(args: argparse.Namespace) -> int:
+    """``--measure-job DIR``: on a GPU machine, no manifest and no nvcc needed."""
+    from cudal2.database import DatabaseError
+    from cudal2.pipeline.job import JobBundleError, JobMeasurer
+    from cudal2.verify.gpu import gpu_names
+    from cudal2.verify.pool import WorkerError
+
+    if args.measurements is None:
+        return cli_args.fail("cudal2-build", "--measure-job needs --measurements DB to write")
+    try:
+        if not gpu_names():
+            print("cudal2-build: error: --measure-job needs an NVIDIA GPU here", file=sys.stderr)
+            return 1
+        from cudal2.verify.local import LocalRunner
+
+        measurer = JobMeasurer(args.measure_job, args.measurements, LocalRunner(args.device))
+        report = measurer.run()
+    except (DatabaseError, JobBundleError) as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 2
+    except WorkerError as e:
+        print(f"cudal2-build: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cudal2-build: interrupted", file=sys.stderr)
+        return 130
+    print(
+        f"{report.phase}: measured {report.measured} candidates ({report.reused} recorded "
+        f"before, {report.unmeasured} unanswered), {report.autotuned} cuBLASLt autotunings, "
+        f"{report.checked} sanitizer checks ({report.failed_checks} failed) -> "
+        f"{args.measurements}"
+    )
     return 0
 
 

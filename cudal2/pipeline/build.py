@@ -21,9 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
-
-from tqdm import tqdm
+from typing import TYPE_CHECKING, TextIO
 
 from cudal2.database import Contents, MeasurementDB, latest
 from cudal2.generator.compile import (
@@ -43,9 +41,10 @@ from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.gate import SanitizerGate, ledger_of
+from cudal2.pipeline.profiling import profile_round
+from cudal2.pipeline.progress import progress
 from cudal2.pipeline.results import (
     compile_failure,
-    job_for,
     kernel_job,
     measurement_from,
     vendor_measurement,
@@ -68,7 +67,6 @@ from cudal2.records import (
 )
 from cudal2.verdicts import SanitizerLedger
 from cudal2.verify.gpu import gpu_names
-from cudal2.verify.profile import is_profiled
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -76,6 +74,11 @@ if TYPE_CHECKING:
 
 class BuildError(RuntimeError):
     """The build cannot go on; the message says why and what to do."""
+
+
+class NoRecordsError(BuildError):
+    """No GPU here and no recorded measurement of any of the manifest's targets (a new
+    shape): the CLI's distinct exit status 3, so a CI can route the build to a GPU."""
 
 
 @dataclass
@@ -199,7 +202,7 @@ class Build:
         device: int = 0,
         runner: Runner | None = None,
         proposer: Proposer | None = None,
-        log: TextIO | None = None,  # None: sys.stderr as it is when a line is said
+        log: TextIO | None = None,  # None: sys.stderr as it is when the build is made
     ):
         self.manifest = manifest
         self.db = MeasurementDB(db_path)
@@ -211,18 +214,24 @@ class Build:
         self.device = device
         self.runner = runner
         self.proposer = proposer
-        self.log = log
+        # sys.stderr as it is now, not at import (a test's capture, a redirected CLI)
+        self.log = log if log is not None else sys.stderr
         self.counts = Counter(measured=0, reused=0, compiled=0, unmeasured=0, appended=0)
         self.failures: dict[str, int] = {}
         self.gate = SanitizerGate(self.db, SanitizerLedger(), self.say)
         self.skipped = 0
         self._live = True  # the runner runs jobs now (not a replay of this database)
+        self.proposer_name = ""  # the measuring loop's proposer, as its records name it
 
     def say(self, msg: str) -> None:
-        print(msg, file=self.log or sys.stderr, flush=True)
+        print(msg, file=self.log, flush=True)
 
     def _append(self, records: Iterable[Measurement]) -> None:
         records = list(records)
+        if not self._live:
+            # A replay of this very database answers from its records: writing its answers
+            # back would only copy them (and a shipped ``.jsonl.gz`` cannot be appended to).
+            return
         self.db.append(records)  # at once: a killed build keeps what it measured
         self.counts["appended"] += len(records)
 
@@ -250,7 +259,7 @@ class Build:
         before each job starts: the runner runs the next job only when asked for it).
         Jobs it has no answer for go to ``unrecorded``."""
         budget = self.manifest.search.gpu_budget_s
-        bar = tqdm(total=len(jobs), desc=desc, unit=unit, file=self.log)
+        bar = progress(len(jobs), desc, unit, self.log)
         answers = iter(runner.run(jobs))
         try:
             while bar.n < len(jobs):
@@ -291,6 +300,7 @@ class Build:
             updates=m.search.policy_updates,
             space=runner.designs,
         )
+        self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)
         self.say(f"proposer: {describe() if describe else proposer.name}")
         targets = [t for t in m.targets if t.arch == gpu.arch]
@@ -396,46 +406,16 @@ class Build:
     def _profile(
         self, runner: Runner, gpu: GpuInfo, ms: list[Measurement], top: int
     ) -> list[Measurement]:
-        """Nsight Compute metrics for each target's ``top`` fastest correct candidates
-        of the round (unless they have them already), recorded as enriched copies of their
-        measurements; the returned list carries them to the proposer."""
-        if top <= 0:
-            return ms
-        by_target: dict[Target, list[Measurement]] = {}
-        for x in ms:
-            if x.status == Status.OK and x.median_us and x.design is not None:
-                by_target.setdefault(x.target, []).append(x)
-        chosen = {
-            x.reuse_key: x
-            for xs in by_target.values()
-            for x in sorted(xs, key=lambda x: (x.median_us, x.design_key))[:top]
-            if not is_profiled(x.metrics)  # profiled before
-        }
-        if not chosen:
-            return ms
-        self.say(f"profiling {len(chosen)} candidates with Nsight Compute")
-        jobs = [
-            job_for(JobKind.PROFILE, x, self._cubin(runner, x.design, x.artifact_key))
-            for x in chosen.values()
-        ]
-        metrics: dict[tuple, dict[str, Any]] = {}
-        errors: list[str] = []
-        for res in runner.run(jobs):
-            if not res.recorded:
-                continue
-            if res.status != Status.OK:
-                errors.append(res.error)
-            elif res.metrics:
-                metrics[res.job.reuse_key(gpu.name)] = res.metrics
-        if errors:
-            self.say(f"profiling failed, going on without: {errors[0].splitlines()[0]}")
-        enriched = {
-            key: dataclasses.replace(x, metrics={**x.metrics, **metrics[key]})
-            for key, x in chosen.items()
-            if key in metrics
-        }
-        self._append(enriched.values())
-        return [enriched.get(x.reuse_key, x) for x in ms]
+        """The round's Nsight Compute feedback (``pipeline.profiling.profile_round``)."""
+        return profile_round(
+            runner,
+            gpu,
+            ms,
+            top,
+            lambda x: self._cubin(runner, x.design, x.artifact_key),
+            self._append,
+            self.say,
+        )
 
     def _cubins(self, runner: Runner, ms: Sequence[Measurement]) -> dict[str, str]:
         """Each measured kernel's cubin path for ``runner`` (compiled first where it
@@ -446,7 +426,7 @@ class Build:
 
     def _compile(self, designs: Sequence[KernelDesign], desc: str) -> dict[str, BuildResult]:
         unique = {d.key: d for d in designs}
-        bar = tqdm(total=len(unique), desc=desc, unit="kernel", file=self.log)
+        bar = progress(len(unique), desc, "kernel", self.log)
         results = build_all(unique.values(), self.cache, self.jobs, on_done=lambda r: bar.update(1))
         bar.close()
         self.counts["compiled"] += len(results)
@@ -464,10 +444,10 @@ class Build:
         targets = set(self.manifest.targets)
         relevant = [x for x in records if x.target in targets]
         if not relevant:
-            raise BuildError(
+            raise NoRecordsError(
                 f"no GPU here and no recorded measurements for this manifest's targets in "
                 f"{self.db.path}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
-                f"--measurements FILE recorded on one"
+                f"--measurements FILE recorded on one, or split the build (docs/ci.md)"
             )
         self.say(f"no GPU here: replaying {len(relevant)} recorded measurements in {self.db.path}")
         self._live = False  # it can answer nothing the database does not hold

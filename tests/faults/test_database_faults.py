@@ -659,9 +659,9 @@ PATH_FAULTS = [
     ("a-path-under-a-file", _under_a_file, 2, "argument --measurements: '{p}': its folder "
      "'{p.parent}' is not a folder (see cudal2-build --help)"),
     ("gz-that-is-not-gzip", _not_gzip, 2, "{p}: not a gzip file (Not a gzipped file (b'{{\"'))"),
-    ("missing", lambda t: t / "new.jsonl", 1, "no GPU here and no recorded measurements for "
+    ("missing", lambda t: t / "new.jsonl", 3, "no GPU here and no recorded measurements for "
      "this manifest's targets in {p}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
-     "--measurements FILE recorded on one"),
+     "--measurements FILE recorded on one, or split the build (docs/ci.md)"),
 ]  # fmt: skip
 
 
