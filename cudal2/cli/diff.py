@@ -63,10 +63,10 @@ def _percent(text: str) -> float:
 def build_parser() -> cli_args.Parser:
     parser = cli_args.Parser(
         prog="cudal2-diff",
-        description="Compare the dispatch tables of two cudal2 kernel wheels "
-        "(or dispatch.json files): removed, added and changed targets, and regressions "
-        "in what cudal2 ships (an entry's time relative to the torch baseline of its own "
-        "run; a fallback's torch time moving is noise).",
+        description="Compare the dispatch tables of two cudal2 kernel wheels (or\n"
+        "dispatch.json files): removed, added and changed targets, and regressions in\n"
+        "what cudal2 ships (an entry's time relative to the torch baseline of its own\n"
+        "run; a fallback's time is torch's own, and its moves are noise).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -77,7 +77,8 @@ def build_parser() -> cli_args.Parser:
         type=_percent,
         default=2.0,
         metavar="PCT",
-        help="time moves of at most PCT percent are not reported as changes (default 2)",
+        help="moves of at most PCT percent (relative to the same-run baseline; for a "
+        "fallback, torch's own time) are not reported (default 2)",
     )
     parser.add_argument(
         "--format",

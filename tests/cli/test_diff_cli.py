@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -257,6 +260,11 @@ def test_real_regression_fails_the_gate(real_tables, tmp_path, capsys):
     assert (row["before"]["kind"], row["after"]["kind"]) == ("kernel", "cublaslt")
     assert row["rel_pct"] == pytest.approx(12.7, abs=0.05)
     assert main([old, new, "--fail-on-regression", "15"]) == 0
+    # pasteable: the text report of a real kernel -> cuBLASLt move has no very long line
+    assert main([old, new]) == 0
+    text = capsys.readouterr().out
+    assert "->cublaslt +12.7%" in text
+    assert max(len(line) for line in text.splitlines()) < 150
 
 
 def test_real_fallback_noise_never_fails_the_gate(real_tables, tmp_path, capsys):
@@ -289,3 +297,17 @@ def test_the_build_table_and_the_diff_name_entries_alike(selected_table, tmp_pat
     assert len(build_rows) == len(diff_rows) == len(selected_table.entries)
     for e, build, diff in zip(selected_table.entries, build_rows, diff_rows, strict=True):
         assert {e.label, e.m_range} <= set(build.split()) & set(diff), (build, diff)
+
+
+def test_the_committed_diff_demo_is_what_its_script_gives(tmp_path):
+    """bench/results/diff-demo.md (real wheels built on CPU from the committed databases,
+    and the gate's exit codes) is the script's output, never edited by hand."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc to rebuild the recorded cubins")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "diff-demo.md"
+    subprocess.run(
+        ["bash", "bench/experiments/diff_demo.sh", str(out)], cwd=root, env=env, check=True
+    )
+    assert out.read_text() == (root / "bench/results/diff-demo.md").read_text()
