@@ -21,6 +21,7 @@ GPU model is part of the match, only measurements of one GPU model are ever comp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -368,13 +369,34 @@ def gate_line(result: DiffResult, gate: GateSettings) -> str:
     return f"gate: FAILED at {result.regression_pct:g}%: " + ", ".join(parts)
 
 
-def _cells(row: dict[str, Any], with_gpu: bool, code: str = "") -> list[str]:
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _plain(text: str, markdown: bool) -> str:
+    """A name from a table as one cell: control characters (a newline would end the
+    row) as ``?``; for markdown also the pipe (it would end the cell) escaped and HTML
+    brackets (a ``<details>`` of the table's own) as entities."""
+    text = _CONTROL.sub("?", text)
+    if markdown:
+        text = text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return text
+
+
+def _code(text: str) -> str:
+    """A name as a markdown code span: inside one, brackets are already literal; a
+    backtick would end it early, so it becomes a quote."""
+    return "`" + _CONTROL.sub("?", text).replace("`", "'").replace("|", "\\|") + "`"
+
+
+def _cells(row: dict[str, Any], with_gpu: bool, markdown: bool = False) -> list[str]:
     """One row's cells: change, [gpu,] dtype/layout, M, N, K, before, after, time,
-    speedup. ``code`` quotes the names (markdown's backticks; text is kept short)."""
-    arrow = "→" if code else "->"
+    speedup; for ``markdown`` the names are code spans (text is kept short)."""
+    arrow = "→" if markdown else "->"
 
     def name(side: dict[str, Any] | None) -> str:
-        return "-" if side is None else f"{code}{side['label']}{code}"
+        if side is None:
+            return "-"
+        return _code(side["label"]) if markdown else _plain(side["label"], False)
 
     def pair(key: str, fmt: str) -> str:
         # one value where both sides agree or one side is absent (added, removed)
@@ -385,10 +407,11 @@ def _cells(row: dict[str, Any], with_gpu: bool, code: str = "") -> list[str]:
         ]
         return one[0] if len(set(one)) == 1 else f"{one[0]} {arrow} {one[1]}"
 
-    cells = [change_label(row, short=not code)]
+    cells = [change_label(row, short=not markdown)]
     if with_gpu:
-        cells.append(row["gpu"].removeprefix("NVIDIA "))
-    cells += [f"{row['dtype']}/{row['layout']}", row["m_range"], str(row["n"]), str(row["k"])]
+        cells.append(_plain(row["gpu"].removeprefix("NVIDIA "), markdown))
+    kind = _plain(f"{row['dtype']}/{row['layout']}", markdown)
+    cells += [kind, row["m_range"], str(row["n"]), str(row["k"])]
     cells += [name(row["before"]), name(row["after"]), pair("time_us", ".2f")]
     cells.append(pair("speedup", ".3f"))
     return cells
@@ -411,7 +434,7 @@ def render_text(result: DiffResult, gate: GateSettings | None = None, max_rows: 
     with_gpu = len(models) > 1
     out = [counts_line(result)]
     if not with_gpu:
-        out.append(f"GPU: {', '.join(models)}")
+        out.append(f"GPU: {_plain(', '.join(models), False)}")
     if gate.armed:
         out.append(gate_line(result, gate))
     numeric = {i for i, h in enumerate(_header(with_gpu, "us")) if h in ("M", "N", "K")}
@@ -442,7 +465,7 @@ def render_markdown(
     table of counts, then one table per section (longer than ``FOLD_ROWS`` rows:
     folded in ``<details>``). ``old`` / ``new`` name the inputs."""
     gate = gate or GateSettings()
-    out = [f"### cudal2-diff: A `{old}` → B `{new}`", ""]
+    out = [f"### cudal2-diff: A {_code(old)} → B {_code(new)}", ""]
     if gate.armed:
         verdict = gate_line(result, gate)
         mark = "❌" if result.gate_failures(gate.allow_removed) else "✅"
@@ -463,7 +486,8 @@ def render_markdown(
     models = result.gpu_models
     with_gpu = len(models) > 1
     out.append(
-        f"GPU: {', '.join(models) or '-'} · noise {result.noise_pct:g}% · what is compared: "
+        f"GPU: {_plain(', '.join(models), True) or '-'} · noise {result.noise_pct:g}% · "
+        "what is compared: "
         "an entry's time relative to the torch baseline timed in the same run (a "
         "fallback's time is torch's own, never a regression) · M: the dispatched range"
     )
@@ -473,7 +497,7 @@ def render_markdown(
         table = [
             "| " + " | ".join(header) + " |",
             "|" + "|".join(align) + "|",
-            *("| " + " | ".join(_cells(r, with_gpu, "`")) + " |" for r in rows),
+            *("| " + " | ".join(_cells(r, with_gpu, markdown=True)) + " |" for r in rows),
         ]
         out += ["", f"#### {title[0].upper()}{title[1:]} ({len(rows)})", ""]
         if len(rows) > FOLD_ROWS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -463,3 +464,43 @@ def test_markdown_counts_first_then_tables_long_lists_folded(selected_table):
 def test_markdown_of_no_changes(selected_table):
     md = render_markdown(diff_tables(selected_table, selected_table))
     assert md.rstrip().endswith("No changes.") and "####" not in md
+
+
+HOSTILE_NAMES = [
+    ("a pipe", "algo|x", "`algo\\|x`"),
+    ("a newline", "algo\nx", "`algo?x`"),
+    ("a carriage return", "algo\rx", "`algo?x`"),
+    ("a backtick", "algo`x", "`algo'x`"),
+    ("html", "<details>x", "`<details>x`"),  # literal inside a code span
+    ("a long name", "a" * 300, "`" + "a" * 300 + "`"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"), [pytest.param(*row[1:], id=row[0]) for row in HOSTILE_NAMES]
+)
+def test_a_hostile_name_stays_in_its_cell(selected_table, name, shown):
+    """A table is input: a name that would end a row, a cell or a code span, or open
+    HTML, is shown in its own cell of its own row."""
+    i = _index(selected_table, "cublaslt")
+    odd = dataclasses.replace(selected_table.entries[i], kernel=name)
+    result = diff_tables(selected_table, _with(selected_table, i, odd))
+    md = render_markdown(result)
+    [row] = [x for x in md.splitlines() if x.startswith("| swapped")]
+    assert shown in row
+    header = next(x for x in md.splitlines() if x.startswith("| change |"))
+    unescaped = re.compile(r"(?<!\\)\|")
+    assert len(unescaped.findall(row)) == len(unescaped.findall(header))
+    assert "<details>" not in md.replace(shown, "")
+    text = render_text(result).splitlines()
+    [text_row] = [x for x in text if x.startswith("  swapped")]
+    assert re.sub(r"[\x00-\x1f]", "?", name) in text_row
+    assert not any(c in "".join(text) for c in "\r\x00")
+
+
+def test_a_hostile_gpu_name_in_markdown(selected_table):
+    gpu = "GPU|<b>x</b>\nnext"
+    entries = tuple(dataclasses.replace(e, gpu=gpu) for e in selected_table.entries)
+    other = dataclasses.replace(selected_table, gpu_models=(gpu,), entries=entries)
+    md = render_markdown(diff_tables(selected_table, other))
+    assert "GPU\\|&lt;b&gt;x&lt;/b&gt;?next" in md and "<b>" not in md
