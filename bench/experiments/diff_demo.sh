@@ -18,7 +18,8 @@
 # Usage: bash bench/experiments/diff_demo.sh [REPORT.md]   (from the repository root)
 # bench/results/diff-demo.md is its output.
 set -euo pipefail
-report=$(realpath "${1:-/dev/stdout}")
+report=/dev/stdout
+if [ $# -ge 1 ]; then report=$(realpath "$1"); fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export CUDAL2_CACHE="$tmp/cache"
