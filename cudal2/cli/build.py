@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from cudal2.cli import args as cli_args
 from cudal2.manifest import Manifest, ManifestError, default_manifest_path, load_manifest
-from cudal2.packaging.runtime.table import TableEntry
 from cudal2.policy import PROPOSERS
 
 if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
@@ -138,10 +137,10 @@ def _summary(report: BuildReport) -> str:
             (
                 e.gpu.replace("NVIDIA ", ""),
                 f"{e.dtype}/{e.layout}",
-                f"{e.m_min}-{e.m_max}",
+                e.m_range,
                 str(e.n),
                 str(e.k),
-                _dispatched(e),
+                e.label,
                 f"{e.time_us:.2f}",
                 "-" if e.baseline_us is None else f"{e.baseline_us:.2f}",
                 "-" if e.speedup is None else f"{e.speedup:.3f}",
@@ -162,13 +161,6 @@ def _summary(report: BuildReport) -> str:
         f"{kinds.count('fallback')} fallbacks"
     )
     return "\n".join(lines)
-
-
-def _dispatched(e: TableEntry) -> str:
-    """What an entry runs, short: the kernel's knobs, the cuBLASLt algorithm, or fallback."""
-    if e.kind == "kernel":
-        return e.kernel.split(f"_{e.layout}_", 1)[1]
-    return e.kernel if e.kind == "cublaslt" else "fallback"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -181,6 +181,29 @@ class TableEntry:
             self.m_measured,
         )
 
+    @property
+    def m_range(self) -> str:
+        """The M range the entry dispatches, as every printed table shows it: ``"2-16"``."""
+        return f"{self.m_min}-{self.m_max}"
+
+    @property
+    def label(self) -> str:
+        """What the entry runs, short, as every printed table names it (the build's
+        summary, ``cudal2-diff``): ``family/knobs`` for a cudal2 kernel (its name
+        without the ``hgemm_`` prefix and the arch, dtype and layout, which are columns
+        of their own: ``sm90stream/8x32x512_w1x1_s3_sk1``), the algorithm's name for
+        cuBLASLt, ``fallback`` for the baseline. A kernel name of another form is whole."""
+        if self.kind == "fallback" or self.kernel is None:
+            return "fallback"
+        if self.kind != "kernel":
+            return self.kernel
+        arch = self.arch.replace("sm_", "sm").rstrip("a")
+        head, sep, knobs = self.kernel.partition(f"_{arch}_{self.dtype}_{self.layout}_")
+        family = head.removeprefix("hgemm_")
+        if not (sep and knobs and head.startswith("hgemm_") and family):
+            return self.kernel
+        return f"{family}/{knobs}"
+
     @classmethod
     def from_json(cls, obj: Any) -> TableEntry:
         """An entry from its JSON object; ``TableError`` names the key at fault."""

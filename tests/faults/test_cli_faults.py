@@ -79,6 +79,12 @@ CASES: list[Case] = [
     Case("diff-one-input", "cudal2-diff", "{tmp}/file", "the following arguments are required: B"),
     Case("diff-unknown-flag", "cudal2-diff", "{tmp}/file {tmp}/file --jsn",
          "unrecognized arguments: --jsn"),
+    Case("diff-format-unknown", "cudal2-diff", "{tmp}/file {tmp}/file --format html",
+         "argument --format: invalid choice: 'html'"),
+    Case("diff-max-rows-negative", "cudal2-diff", "{tmp}/file {tmp}/file --max-rows -1",
+         "argument --max-rows"),
+    Case("diff-allow-removed-value", "cudal2-diff", "{tmp}/file {tmp}/file --allow-removed=yes",
+         "argument --allow-removed: ignored explicit argument 'yes'"),
     # cudal2-bench and its subcommands
     Case("bench-reps-0", "cudal2-bench", "{tmp}/file --out {tmp}/r.jsonl --reps 0",
          "argument --reps: must be a positive integer"),

@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
 
 from cudal2.packaging.diff import (
+    BASELINE_MOVED,
     FASTER,
+    FOLD_ROWS,
+    GATE_REMOVED,
+    GATE_SLOWER,
+    GATE_TO_FALLBACK,
     KERNEL_SWAPPED,
     SLOWER,
     TO_CUBLASLT,
     TO_FALLBACK,
     TO_KERNEL,
+    GateSettings,
     diff_tables,
+    render_markdown,
     render_text,
+    sections,
 )
 from cudal2.packaging.runtime.table import KERNEL_ONLY_KEYS, DispatchTable, TableEntry
 
@@ -72,7 +81,13 @@ def _scaled(table: DispatchTable, factor: float) -> tuple[DispatchTable, TableEn
 def test_identical_tables_have_no_changes(recorded_table):
     result = diff_tables(recorded_table, DispatchTable.from_bytes(recorded_table.to_bytes()))
     assert result.empty
-    assert result.as_json() == {"added": [], "removed": [], "changed": [], "regressions": []}
+    assert result.as_json() == {
+        "added": [],
+        "removed": [],
+        "changed": [],
+        "regressions": [],
+        "noise": [],
+    }
     assert render_text(result) == "no changes\n"
     assert len(result.matched) == len(recorded_table.entries)
 
@@ -136,8 +151,11 @@ def test_kernel_to_fallback_and_back(recorded_table):
     assert row["before"] == {
         "kind": "kernel",
         "kernel": original.kernel,
+        "label": original.label,
         "cubin_sha256": original.cubin_sha256,
+        "m_range": original.m_range,
         "time_us": original.time_us,
+        "baseline_us": original.baseline_us,
         "speedup": original.speedup,
     }
     assert row["after"]["kind"] == "fallback" and row["after"]["kernel"] is None
@@ -196,7 +214,7 @@ def test_as_json_is_json(recorded_table):
     new, _ = _scaled(recorded_table, 1.10)
     new = _with(new, len(new.entries) - 1, None)
     data = diff_tables(recorded_table, new).as_json()
-    assert set(data) == {"added", "removed", "changed", "regressions"}
+    assert set(data) == {"added", "removed", "changed", "regressions", "noise"}
     assert json.loads(json.dumps(data)) == data
 
 
@@ -206,16 +224,40 @@ def test_render_text_aligned(recorded_table):
     removed = new.entries[other]
     text = render_text(diff_tables(recorded_table, _with(new, other, None)))
     lines = text.splitlines()
-    header, rows, summary = lines[0], lines[1:-1], lines[-1]
-    for column in ("change", "gpu", "dtype/layout", "M", "N", "K", "before", "after"):
-        assert column in header.split()
-    assert len(rows) == 2
-    assert any(r.startswith("removed") and str(removed.n) in r for r in rows)
-    assert any(r.startswith("slower +10.0%") and entry.kernel in r for r in rows)
-    # columns line up: each column starts at the same offset in every line
-    start = header.index("dtype/layout")
-    assert all(r[start : start + 5] in (f"{e.dtype}/" for e in (entry, removed)) for r in rows)
-    assert summary.startswith("1 changed, 0 added, 1 removed")
+    # counts first, then the GPU model, then one table per section
+    assert lines[0].startswith(f"{len(recorded_table.entries)} -> {len(new.entries) - 1} targets")
+    assert "1 removed" in lines[0] and "1 slower by more than 2%" in lines[0]
+    assert lines[1].startswith("1 changed, 0 added")
+    assert lines[2] == f"GPU: {entry.gpu}"
+    titles = [x for x in lines if x and not x.startswith("  ")][3:]
+    assert titles == [
+        "removed (1):",
+        "slower by more than 2% relative to the same-run baseline (1):",
+    ]
+    tables = [lines[i + 1 : i + 3] for i, x in enumerate(lines) if x in titles]
+    for header, row in tables:
+        for column in ("change", "dtype/layout", "M", "N", "K", "before", "after", "speedup"):
+            assert column in header.split()
+        # columns line up: each column starts at the same offset in header and row
+        start = header.index("dtype/layout")
+        assert row[start : start + 5] in (f"{e.dtype}/" for e in (entry, removed))
+    assert tables[0][1].startswith("  removed") and removed.label in tables[0][1]
+    assert removed.m_range in tables[0][1].split()
+    assert tables[1][1].startswith("  slower +10.0%") and entry.label in tables[1][1]
+    assert entry.m_range in tables[1][1].split()
+
+
+def test_text_folds_long_sections(recorded_table):
+    new = dataclasses.replace(recorded_table, entries=recorded_table.entries[:1])
+    result = diff_tables(recorded_table, new)
+    n = len(recorded_table.entries) - 1
+    lines = render_text(result, max_rows=5).splitlines()
+    assert f"removed ({n}):" in lines
+    assert sum(x.startswith("  removed ") for x in lines) == 5
+    assert lines[-1] == f"  ... and {n - 5} more (--max-rows 0, or --json)"
+    assert (
+        sum(x.startswith("  removed ") for x in render_text(result, max_rows=0).splitlines()) == n
+    )
 
 
 def test_negative_noise_rejected(recorded_table):
@@ -244,3 +286,221 @@ def test_moves_to_and_between_cublaslt_algorithms(selected_table):
     other = _with(selected_table, i, dataclasses.replace(lt, kernel=lt.kernel + "_other"))
     [row] = diff_tables(selected_table, other).changed
     assert row["reasons"] == [KERNEL_SWAPPED]
+
+
+# -- what is compared: what cudal2 controls ----------------------------------------------
+
+
+def _timed(entry: TableEntry, time: float, baseline: float | None) -> TableEntry:
+    return dataclasses.replace(entry, time_us=entry.time_us * time, baseline_us=baseline)
+
+
+def test_fallback_to_fallback_is_noise_never_a_regression(selected_table):
+    """Torch's own time moving between two measuring days (a fallback entry's time is
+    the baseline's) is listed as noise: not a change, not a regression, never a gate
+    failure, at any threshold."""
+    i = _index(selected_table, "fallback")
+    fb = selected_table.entries[i]
+    slower = dataclasses.replace(fb, time_us=fb.time_us * 1.10, baseline_us=fb.time_us * 1.10)
+    result = diff_tables(selected_table, _with(selected_table, i, slower), regression_pct=0.0)
+    assert result.empty and result.changed == [] and result.regressions == []
+    [row] = result.noise
+    assert row["change"] == "noise" and row["reasons"] == [BASELINE_MOVED]
+    assert row["time_pct"] == pytest.approx(10.0) and row["rel_pct"] == 0.0
+    assert result.gate_failures() == [] and result.regressions_over(0.0) == []
+    assert "torch +10.0%" in render_text(result)
+    # within the noise threshold it is not even listed
+    quiet = dataclasses.replace(fb, time_us=fb.time_us * 1.01)
+    assert diff_tables(selected_table, _with(selected_table, i, quiet)).noise == []
+
+
+@pytest.mark.parametrize(
+    ("case", "time", "baseline", "rel_pct", "reasons"),
+    [
+        # the GPU slower on the day: kernel and torch of one run both 10% slower
+        ("both slower", 1.10, 1.10, 0.0, []),
+        # the kernel as fast as before, torch 10% faster in its run: relatively slower
+        ("torch faster", 1.0, 1 / 1.10, 10.0, [SLOWER]),
+        # the kernel 10% slower, torch as before
+        ("kernel slower", 1.10, 1.0, 10.0, [SLOWER]),
+        ("kernel faster", 0.90, 1.0, -10.0, [FASTER]),
+    ],
+)
+def test_an_entry_is_compared_relative_to_its_same_run_baseline(
+    recorded_table, case, time, baseline, rel_pct, reasons
+):
+    i = _index(recorded_table)
+    e = recorded_table.entries[i]
+    new = _with(recorded_table, i, _timed(e, time, e.baseline_us * baseline))
+    result = diff_tables(recorded_table, new, regression_pct=5.0)
+    [row] = result.matched[i : i + 1]
+    assert row["rel_pct"] == pytest.approx(rel_pct, abs=1e-9), case
+    assert row["time_pct"] == pytest.approx((time - 1) * 100), case
+    assert row["reasons"] == reasons, case
+    assert (result.regressions == [row]) == (rel_pct > 5.0), case
+
+
+def test_without_a_baseline_the_kernels_own_time_is_compared(recorded_table):
+    i = _index(recorded_table)
+    e = recorded_table.entries[i]
+    old = _with(recorded_table, i, _timed(e, 1.0, None))
+    new = _with(recorded_table, i, _timed(e, 1.10, None))
+    [row] = diff_tables(old, new).changed
+    assert row["rel_pct"] == pytest.approx(10.0) and row["reasons"] == [SLOWER]
+
+
+# -- the gate ----------------------------------------------------------------------------
+
+
+def test_removal_and_a_move_to_the_fallback_fail_the_gate(selected_table):
+    gone = _index(selected_table, "cublaslt")
+    lt_key = selected_table.entries[gone].key
+    k = _index(selected_table, "kernel")
+    kernel = selected_table.entries[k]
+    new = _with(selected_table, k, _as_fallback(kernel))
+    new = dataclasses.replace(new, entries=tuple(e for e in new.entries if e.key != lt_key))
+    result = diff_tables(selected_table, new, regression_pct=5.0)
+    # a move to the fallback is the gate's "to_fallback", never counted as "slower" too
+    assert result.regressions == [] and [r["m"] for r in result.to_fallback] == [kernel.m_measured]
+    failures = result.gate_failures()
+    assert [f["gate"] for f in failures] == [GATE_REMOVED, GATE_TO_FALLBACK]
+    assert [f["m"] for f in failures] == [lt_key.m_measured, kernel.m_measured]
+    assert result.gate_failures(allow_removed=True) == []
+    assert "gate: FAILED at 5%: 1 removed, 1 to fallback" in render_text(
+        result, GateSettings(armed=True)
+    )
+
+
+def test_allow_removed_keeps_failing_on_a_slower_entry(selected_table):
+    i = _index(selected_table, "kernel")
+    slower = _timed(selected_table.entries[i], 1.10, selected_table.entries[i].baseline_us)
+    new = _with(_with(selected_table, i, slower), 0, None)
+    result = diff_tables(selected_table, new, regression_pct=5.0)
+    assert [f["gate"] for f in result.gate_failures()] == [GATE_REMOVED, GATE_SLOWER]
+    assert [f["gate"] for f in result.gate_failures(allow_removed=True)] == [GATE_SLOWER]
+    assert diff_tables(selected_table, new, regression_pct=20.0).gate_failures(True) == []
+
+
+def test_sections_are_disjoint_and_cover_every_reported_row(selected_table):
+    fb = _index(selected_table, "fallback")
+    k = _index(selected_table, "kernel")
+    new = _with(selected_table, k, _as_fallback(selected_table.entries[k]))
+    e = new.entries[fb]
+    new = _with(new, fb, dataclasses.replace(e, time_us=e.time_us * 1.2, baseline_us=None))
+    new = _with(new, len(new.entries) - 1, None)
+    result = diff_tables(selected_table, new)
+    rows = [id(r) for _, section in sections(result) for r in section]
+    assert len(rows) == len(set(rows))
+    expected = {id(r) for r in (*result.removed, *result.changed, *result.noise)}
+    assert set(rows) == expected | {id(r) for r in result.regressions}
+
+
+# -- names and markdown ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kernel", "label"),
+    [
+        ("hgemm_sm90stream_sm90_fp16_tn_8x32x512_w1x1_s3_sk1", "sm90stream/8x32x512_w1x1_s3_sk1"),
+        ("hgemm_sm90tma_v4_sm90_fp16_tn_bm128_s4", "sm90tma_v4/bm128_s4"),
+        ("my_handwritten_kernel", "my_handwritten_kernel"),  # not the generator's form
+        ("hgemm_sm90_fp16_tn_x", "hgemm_sm90_fp16_tn_x"),  # no family
+        ("hgemm_a_sm90_fp16_tn_", "hgemm_a_sm90_fp16_tn_"),  # no knobs
+        ("hgemm_a_sm90_bf16_tn_x", "hgemm_a_sm90_bf16_tn_x"),  # another dtype's name
+        ("hgemm_a_sm100_fp16_tn_x", "hgemm_a_sm100_fp16_tn_x"),  # another arch's name
+    ],
+)
+def test_kernel_label(recorded_table, kernel, label):
+    e = recorded_table.entries[_index(recorded_table)]
+    e = dataclasses.replace(e, dtype="fp16", layout="tn", arch="sm_90a", kernel=kernel)
+    assert e.label == label
+
+
+def test_cublaslt_label_is_its_name(selected_table):
+    e = selected_table.entries[_index(selected_table, "cublaslt")]
+    assert e.label == e.kernel and e.kernel.startswith("cublaslt_")
+
+
+def test_fallback_label_and_m_range(selected_table):
+    e = selected_table.entries[_index(selected_table, "fallback")]
+    assert e.label == "fallback"
+    assert e.m_range == f"{e.m_min}-{e.m_max}"
+
+
+def test_markdown_counts_first_then_tables_long_lists_folded(selected_table):
+    k = _index(selected_table, "kernel")
+    kernel = selected_table.entries[k]
+    slower = _timed(kernel, 1.10, kernel.baseline_us)
+    new = _with(selected_table, k, slower)
+    keep = {kernel.key, *(e.key for e in new.entries[:3])}
+    new = dataclasses.replace(new, entries=tuple(e for e in new.entries if e.key in keep))
+    result = diff_tables(selected_table, new, regression_pct=5.0)
+    n_removed = len(selected_table.entries) - len(keep)
+    assert n_removed > FOLD_ROWS
+    md = render_markdown(result, GateSettings(armed=True), "old.whl", "new.whl")
+    lines = md.splitlines()
+    assert lines[0] == "### cudal2-diff: A `old.whl` → B `new.whl`"
+    assert lines[2] == f"❌ **gate: FAILED at 5%: {n_removed} removed, 1 slower**"
+    counts = lines.index("| | targets |")
+    assert counts < lines.index(f"#### Removed ({n_removed})")
+    assert f"| removed | {n_removed} |" in lines
+    assert "| slower by more than 5% (relative to the same-run baseline) | 1 |" in lines
+    # the long removed list is folded, the one slower row is not
+    assert f"<details><summary>{n_removed} targets</summary>" in lines
+    assert md.count("<details>") == 1 and md.count("</details>") == 1
+    [row] = [x for x in lines if x.startswith("| slower +10.0%")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:6] == [
+        f"{kernel.dtype}/{kernel.layout}",
+        kernel.m_range,
+        str(kernel.n),
+        str(kernel.k),
+        f"`{kernel.label}`",
+    ]
+    # an unarmed gate says nothing of a verdict
+    assert "gate" not in render_markdown(result).split("####")[0]
+
+
+def test_markdown_of_no_changes(selected_table):
+    md = render_markdown(diff_tables(selected_table, selected_table))
+    assert md.rstrip().endswith("No changes.") and "####" not in md
+
+
+HOSTILE_NAMES = [
+    ("a pipe", "algo|x", "`algo\\|x`"),
+    ("a newline", "algo\nx", "`algo?x`"),
+    ("a carriage return", "algo\rx", "`algo?x`"),
+    ("a backtick", "algo`x", "`algo'x`"),
+    ("html", "<details>x", "`<details>x`"),  # literal inside a code span
+    ("a long name", "a" * 300, "`" + "a" * 300 + "`"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"), [pytest.param(*row[1:], id=row[0]) for row in HOSTILE_NAMES]
+)
+def test_a_hostile_name_stays_in_its_cell(selected_table, name, shown):
+    """A table is input: a name that would end a row, a cell or a code span, or open
+    HTML, is shown in its own cell of its own row."""
+    i = _index(selected_table, "cublaslt")
+    odd = dataclasses.replace(selected_table.entries[i], kernel=name)
+    result = diff_tables(selected_table, _with(selected_table, i, odd))
+    md = render_markdown(result)
+    [row] = [x for x in md.splitlines() if x.startswith("| swapped")]
+    assert shown in row
+    header = next(x for x in md.splitlines() if x.startswith("| change |"))
+    unescaped = re.compile(r"(?<!\\)\|")
+    assert len(unescaped.findall(row)) == len(unescaped.findall(header))
+    assert "<details>" not in md.replace(shown, "")
+    text = render_text(result).splitlines()
+    [text_row] = [x for x in text if x.startswith("  swapped")]
+    assert re.sub(r"[\x00-\x1f]", "?", name) in text_row
+    assert not any(c in "".join(text) for c in "\r\x00")
+
+
+def test_a_hostile_gpu_name_in_markdown(selected_table):
+    gpu = "GPU|<b>x</b>\nnext"
+    entries = tuple(dataclasses.replace(e, gpu=gpu) for e in selected_table.entries)
+    other = dataclasses.replace(selected_table, gpu_models=(gpu,), entries=entries)
+    md = render_markdown(diff_tables(selected_table, other))
+    assert "GPU\\|&lt;b&gt;x&lt;/b&gt;?next" in md and "<b>" not in md
