@@ -211,22 +211,27 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize(("break_it", "message"), HOSTILE)
-def test_a_broken_job_is_refused_before_anything_runs(
-    tmp_path, recorded, artifact_cache, break_it, message
-):
-    manifest = _manifest(rounds=1, candidates=2)
+def _one_round_job(tmp_path, recorded, cache) -> Path:
+    """A job folder of one round of two candidates, exported from an empty database."""
     gpu = Gpu(recorded)
     out = tmp_path / "job"
     export_job(
-        manifest,
+        _manifest(rounds=1, candidates=2),
         tmp_path / "x.jsonl",
-        artifact_cache,
+        cache,
         out,
         gpu=gpu.gpu.name,
         space=gpu.designs,
         log=io.StringIO(),
     )
+    return out
+
+
+@pytest.mark.parametrize(("break_it", "message"), HOSTILE)
+def test_a_broken_job_is_refused_before_anything_runs(
+    tmp_path, recorded, artifact_cache, break_it, message
+):
+    out = _one_round_job(tmp_path, recorded, artifact_cache)
     break_it(out)
     db = tmp_path / "measured.jsonl"
     with pytest.raises(JobBundleError, match=message):
@@ -252,18 +257,7 @@ print(report.measured)
 
 def test_measuring_a_job_needs_no_nvcc(tmp_path, recorded, artifact_cache):
     """The GPU side imports nothing of the compiler, with nvcc off PATH."""
-    manifest = _manifest(rounds=1, candidates=2)
-    gpu = Gpu(recorded)
-    out = tmp_path / "job"
-    export_job(
-        manifest,
-        tmp_path / "x.jsonl",
-        artifact_cache,
-        out,
-        gpu=gpu.gpu.name,
-        space=gpu.designs,
-        log=io.StringIO(),
-    )
+    out = _one_round_job(tmp_path, recorded, artifact_cache)
     nvcc_dir = str(Path(shutil.which("nvcc")).parent)
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != nvcc_dir)
     env = {**os.environ, "PATH": path}
