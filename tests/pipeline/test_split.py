@@ -286,3 +286,46 @@ def test_a_measured_job_folder_is_removed_only_if_it_is_one(tmp_path):
     remove_job(job)
     remove_job(other)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+
+
+H100_SPLIT = ROOT / "bench" / "results" / "h100-split-demo.measurements.jsonl.gz"
+SPLIT_DEMO = ROOT / "bench" / "manifests" / "split-demo-h100.toml"
+
+
+def test_the_h100_split_run_packages_on_cpu(tmp_path, artifact_cache, monkeypatch):
+    """The GPU half run for real (ci/gpu_split.sh on the H100, nvcc hidden, 2026-11-24):
+    its database answers every job of the demo manifest, and packaging from it without
+    measuring gives the bytes of a one-machine build that finds everything recorded."""
+    monkeypatch.setattr("cudal2.pipeline.results.now", lambda: "2026-11-24T09:00:00Z")
+    manifest = load_manifest(SPLIT_DEMO)
+    db = tmp_path / "split.measurements.jsonl"
+    db.write_bytes(gzip.decompress(H100_SPLIT.read_bytes()))
+    recorded = MeasurementDB(db).read()
+    assert {m.gpu.name for m in recorded} == {"NVIDIA H100 80GB HBM3"}
+    assert {m.target for m in recorded} == set(manifest.targets)
+
+    report = export_job(
+        manifest,
+        db,
+        artifact_cache,
+        tmp_path / "next",
+        gpu="NVIDIA H100 80GB HBM3",
+        log=io.StringIO(),
+    )
+    assert report.folder is None, "the recorded run left a job to measure"
+    assert not (tmp_path / "next").exists()
+
+    packaged = Build(manifest, db, artifact_cache, tmp_path / "split", measure=False).run()
+    one_db = tmp_path / "one.measurements.jsonl"
+    shutil.copyfile(db, one_db)
+    one = Build(
+        manifest,
+        one_db,
+        artifact_cache,
+        tmp_path / "one",
+        runner=ReplayRunner(recorded, name="the H100 split run"),
+        log=io.StringIO(),
+    ).run()
+    assert _sha(packaged.wheel) == _sha(one.wheel)
+    assert one_db.read_bytes() == db.read_bytes(), "the one-machine build measured again"
+    assert len(packaged.table.entries) == len(manifest.targets)
