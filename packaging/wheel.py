@@ -259,9 +259,10 @@ def _templates() -> jinja2.Environment:
     )
 
 
-def _init_source(table: DispatchTable) -> str:
+def _init_source(table: DispatchTable, native_sha256: Mapping[str, str] | None = None) -> str:
     """The generated ``__init__.py`` of the kernel package
-    (``templates/package_init.py.j2``)."""
+    (``templates/package_init.py.j2``); ``native_sha256``: the native launcher's files
+    shipped under ``_native/`` by name, with their hashes (the runtime checks them)."""
     kinds = [e.kind for e in table.entries]
     template = _templates().get_template("package_init.py.j2")
     return template.render(
@@ -277,6 +278,7 @@ def _init_source(table: DispatchTable) -> str:
         algos=kinds.count("cublaslt"),
         version=repr(table.version),
         namespace=repr(op_namespace(table)),
+        native_sha256=repr(dict(sorted((native_sha256 or {}).items()))),
     )
 
 

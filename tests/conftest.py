@@ -153,8 +153,63 @@ def selected_cubins(_selected_table) -> dict[str, bytes]:
     return dict(_selected_table[1])
 
 
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory):
+    """TEMPORARY (until packaging/native_build.py lands): the launcher compiled here."""
+    import os
+    import shutil
+    import subprocess
+    import types
+
+    env_dir = os.environ.get("CUDAL2_TEST_NATIVE")
+    if env_dir:
+        files = {p.name: p.read_bytes() for p in Path(env_dir).iterdir()}
+        return types.SimpleNamespace(files=files)
+    if not shutil.which("g++") or not shutil.which("nvcc"):
+        return None
+    import torch
+
+    src = Path(__file__).resolve().parents[1] / "packaging" / "native"
+    out = tmp_path_factory.mktemp("native")
+    t = Path(torch.__file__).parent
+    subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+            "-DTORCH_TARGET_VERSION=0x020b000000000000",
+            f"-I{t}/include",
+            "-I/usr/local/cuda-13.0/include",
+            str(src / "launcher.cpp"),
+            "-o",
+            str(out / "libcudal2_native.so"),
+            f"-L{t}/lib",
+            "-ltorch_cpu",
+            "-ldl",
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            "nvcc",
+            "-cubin",
+            "-arch=sm_90a",
+            "-O3",
+            str(src / "bias.cu"),
+            "-o",
+            str(out / "bias.cubin"),
+        ],
+        check=True,
+    )
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    return types.SimpleNamespace(files=files)
+
+
 @pytest.fixture
-def write_package() -> Callable[[Path, DispatchTable, dict[str, bytes]], str]:
+def write_package(native_build) -> Callable[[Path, DispatchTable, dict[str, bytes]], str]:
     """Installs a table as a generated package under ``root``, through the real wheel
     writer (a wheel is unzipped there, as pip would lay it out), and returns its
     import name, unique per call so that imports never collide."""
@@ -165,6 +220,21 @@ def write_package() -> Callable[[Path, DispatchTable, dict[str, bytes]], str]:
         wheel = write_wheel(table, cubins, root / f"dist-{tag}")
         with zipfile.ZipFile(wheel) as z:
             z.extractall(root)
+        if native_build is not None:  # TEMPORARY: what write_wheel(native=...) will do
+            import hashlib
+            import re
+
+            d = root / table.package / "_native"
+            d.mkdir()
+            sha = {}
+            for name, data in native_build.files.items():
+                (d / name).write_bytes(data)
+                sha[name] = hashlib.sha256(data).hexdigest()
+            init = root / table.package / "__init__.py"
+            text = re.sub(
+                r"NATIVE_SHA256 = \{.*\}", "NATIVE_SHA256 = " + repr(sha), init.read_text()
+            )
+            init.write_text(text)
         return table.package
 
     return write

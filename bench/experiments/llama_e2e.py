@@ -25,10 +25,15 @@ sets). Then ``torch.compile(fullgraph=True)`` of the patched model must run and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib
 import json
+import os
+import random
+import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from cudal2.verify.timing import TimingConfig, time_eager, time_interleaved
@@ -42,6 +47,47 @@ def _ids(torch, kind: str, n: int, vocab: int, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     shape = (n, 1) if kind == "decode" else (1, n)
     return torch.randint(0, vocab, shape, generator=g, device="cuda")
+
+
+@contextlib.contextmanager
+def _python_path() -> Iterator[None]:
+    """``CUDAL2_NATIVE=0`` inside: the wheel's Python launch path."""
+    os.environ["CUDAL2_NATIVE"] = "0"
+    try:
+        yield
+    finally:
+        del os.environ["CUDAL2_NATIVE"]
+
+
+def _back_to_back(torch, variants: dict, reps: int, forwards: int = 10) -> dict:
+    """Eager forwards back to back (``forwards`` queued, then one synchronise), the
+    variants interleaved in random order: median ms per forward and the speedups. The
+    host's launch rate, not an idle GPU's ramp, decides these figures."""
+    rng = random.Random(0)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    with torch.no_grad():
+        for fn in variants.values():
+            fn()
+        for _ in range(reps):
+            order = list(variants)
+            rng.shuffle(order)
+            for name in order:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(forwards):
+                    variants[name]()
+                torch.cuda.synchronize()
+                times[name].append((time.perf_counter() - t0) / forwards * 1e3)
+    med = {name: round(statistics.median(v), 3) for name, v in times.items()}
+    out: dict = {"ms_per_forward": med}
+    out["speedup"] = round(med["unpatched"] / med["patched"], 4)
+    if "patched_python" in med:
+        out["speedup_python"] = round(med["unpatched"] / med["patched_python"], 4)
+    out["p20_p80_ms"] = {
+        name: [round(sorted(v)[len(v) // 5], 3), round(sorted(v)[(4 * len(v)) // 5], 3)]
+        for name, v in times.items()
+    }
+    return out
 
 
 def main() -> int:
@@ -71,6 +117,12 @@ def main() -> int:
     patched = copy.deepcopy(model, shared)  # new modules, the same parameters
     assert all(p is q for p, q in zip(model.parameters(), patched.parameters(), strict=True))
     patch = pkg.patch_linear(patched)
+    # The same patch on the Python launch path (patched with CUDAL2_NATIVE=0, run with
+    # it set): both launch paths and the unpatched model in one process.
+    native = pkg._api.launcher == "native"
+    patched_py = copy.deepcopy(model, shared)
+    with _python_path():
+        patch_py = pkg.patch_linear(patched_py)
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     print(
         f"model: {args.layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B "
@@ -88,6 +140,8 @@ def main() -> int:
         "patched_layers": len(patch.names),
         "linear_layers": linears,
         "warmed_entries": warmed,
+        "launcher": pkg._api.launcher,
+        "native_reason": pkg._api.native_reason,
         "tolerance": TOLERANCE,
         "cases": [],
     }
@@ -116,13 +170,19 @@ def main() -> int:
                 "fallbacks": fallbacks,
             }
             del want, plain, got
-            eager = time_eager(
-                {
-                    "unpatched": lambda ids=ids: model(ids[0], use_cache=False),
-                    "patched": lambda ids=ids: patched(ids[0], use_cache=False),
-                },
-                tcfg,
-            )
+            variants = {
+                "unpatched": lambda ids=ids: model(ids[0], use_cache=False),
+                "patched": lambda ids=ids: patched(ids[0], use_cache=False),
+            }
+            if native:  # "patched" is the native path; this one today's Python path
+
+                def python_path(ids=ids):
+                    with _python_path():
+                        return patched_py(ids[0], use_cache=False)
+
+                variants["patched_python"] = python_path
+            eager = time_eager(variants, tcfg)
+            b2b = _back_to_back(torch, variants, args.reps)
             graphs = time_interleaved(
                 {
                     "unpatched": lambda j, ids=ids: model(ids[j], use_cache=False),
@@ -135,7 +195,12 @@ def main() -> int:
         for mode, t in (("eager", eager), ("graph", graphs)):
             case[mode] = {name: round(x.median_us, 1) for name, x in t.items()}
             case[mode]["speedup"] = round(t["unpatched"].median_us / t["patched"].median_us, 4)
+            if "patched_python" in t:
+                case[mode]["speedup_python"] = round(
+                    t["unpatched"].median_us / t["patched_python"].median_us, 4
+                )
             case[mode]["spread"] = {name: round(x.spread, 4) for name, x in t.items()}
+        case["back_to_back"] = b2b
         result["cases"].append(case)
         print(json.dumps({k: v for k, v in case.items() if k not in ("hits",)}), flush=True)
         torch.cuda.empty_cache()
@@ -182,6 +247,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         result["compile"] = checks
     patch.restore()
+    patch_py.restore()
     Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0
 

@@ -16,6 +16,7 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
   artifact" rule; then the vendor comparison (``BENCH_RESULTS``), the read ceiling and
   the Llama-3.1-8B end-to-end run.
 - ``llama-e2e``: the end-to-end table of ``docs/inference.md``.
+- ``host-overhead``: the host cost per call of every launch path (``docs/inference.md``).
 - ``floor-fractions``: ``docs/measuring.md``'s vendor table (``VENDOR_RUN``).
 - ``policy-eval``: the replay table of ``docs/policy.md`` (``POLICY_EVALS``).
 """
@@ -144,13 +145,24 @@ def _e2e_line(root: Path) -> str:
     graph = ", ".join(f"{c['tokens']}: {_x(c['graph']['speedup'], 3)}" for c in decode)
     eager = [c["eager"]["speedup"] for c in decode]
     pre = ", ".join(f"{c['tokens']} tokens: {_x(c['graph']['speedup'], 3)}" for c in prefill)
-    return (
+    text = (
         f"In a transformers Llama-3.1-8B ({d['layers']} layers, fp16, "
         f"{d['patched_layers']} of {d['linear_layers']} linear layers patched with a wheel "
         f"built for them, `{E2E_RESULTS}`), a forward under CUDA graphs is faster by "
-        f"decode batch {graph}; prefill {pre}. Eagerly, decode is host-bound and the "
-        f"wheel's Python launch path makes it slower: {_x(min(eager))}–{_x(max(eager))} "
-        "from an idle GPU (`docs/inference.md`)."
+        f"decode batch {graph}; prefill {pre}. "
+    )
+    if d.get("launcher") != "native":
+        return text + (
+            "Eagerly, decode is host-bound and the wheel's Python launch path makes it "
+            f"slower: {_x(min(eager))}–{_x(max(eager))} from an idle GPU (`docs/inference.md`)."
+        )
+    b2b = [c["back_to_back"]["speedup"] for c in d["cases"]]
+    py = [c["back_to_back"]["speedup_python"] for c in d["cases"]]
+    return text + (
+        "Eagerly, with the native launcher, forwards run back to back at "
+        f"{_x(min(b2b))}–{_x(max(b2b))} the unpatched model's speed (decode and prefill; "
+        f"the Python launch path: {_x(min(py))}–{_x(max(py))}), and from an idle GPU decode "
+        f"at {_x(min(eager))}–{_x(max(eager))} (`docs/inference.md`)."
     )
 
 
@@ -181,8 +193,11 @@ def where_it_stands(root: Path) -> str:
 
 def llama_e2e(root: Path) -> str:
     """``docs/inference.md``'s table of the end-to-end run; a CUDA-graph speedup above
-    1.01 is bold."""
+    1.01 is bold. A run with the native launcher has its eager tables too (back to back
+    and from an idle GPU, native and Python launch paths)."""
     d = _e2e(root)
+    if d.get("launcher") == "native":
+        return _llama_e2e_native(d)
     lines = [
         "| run | tokens | max err vs fp32, unpatched | patched | eager, unpatched ms "
         "| patched ms | speedup | CUDA graph, unpatched ms | patched ms | speedup |",
@@ -199,6 +214,73 @@ def llama_e2e(root: Path) -> str:
             f"| {e['patched'] / 1000:.2f} | {e['speedup']:.3f} | {g['unpatched'] / 1000:.3f} "
             f"| {g['patched'] / 1000:.3f} | {gs} |"
         )
+    return "\n".join(lines)
+
+
+def _llama_e2e_native(d: dict[str, Any]) -> str:
+    lines = [
+        "| run | tokens | max err vs fp32, unpatched | patched | back to back, unpatched ms "
+        "| native | Python | speedup native | Python | from idle, unpatched ms | native "
+        "| Python | speedup native | Python | CUDA graph, unpatched ms | patched ms | speedup |",
+        "|---" * 18 + "|",
+    ]
+    for c in d["cases"]:
+        b, e, g = c["back_to_back"], c["eager"], c["graph"]
+        ms = b["ms_per_forward"]
+        gs = f"{g['speedup']:.3f}"
+        if g["speedup"] > 1.01:
+            gs = f"**{gs}**"
+        lines.append(
+            f"| {c['kind']} | {c['tokens']} | {c['err_unpatched_vs_fp32']:.4f} "
+            f"| {c['err_patched_vs_fp32']:.4f} | {ms['unpatched']:.2f} | {ms['patched']:.2f} "
+            f"| {ms['patched_python']:.2f} | {b['speedup']:.3f} | {b['speedup_python']:.3f} "
+            f"| {e['unpatched'] / 1000:.2f} | {e['patched'] / 1000:.2f} "
+            f"| {e['patched_python'] / 1000:.2f} | {e['speedup']:.3f} | {e['speedup_python']:.3f} "
+            f"| {g['unpatched'] / 1000:.3f} | {g['patched'] / 1000:.3f} | {gs} |"
+        )
+    return "\n".join(lines)
+
+
+HOST_RESULTS = "bench/results/h100-host-overhead.json"
+_HOST_ROWS = (  # (result key, what the path is)
+    ("raw_cuLaunchKernelEx_native", "`cuLaunchKernelEx` from C, the native launcher's floor"),
+    ("raw_cuLaunchKernel", "`cuLaunchKernel` through cuda-python, arguments prepared once"),
+    ("runtime_launch_gemm", "the runtime's `launch_gemm` (Python)"),
+    ("op_linear_native", "`torch.ops.<ns>.linear`, native CUDA kernel"),
+    ("op_linear_python", "`torch.ops.<ns>.linear`, Python kernel (`CUDAL2_NATIVE=0`)"),
+    ("api_linear_native", "`k.linear` on torch tensors (hands the call to the op)"),
+    ("api_linear_python", "`k.linear`, Python path"),
+    ("patched_module_native", "a patched `nn.Linear` in inference, native"),
+    ("patched_module_python", "a patched `nn.Linear` in inference, Python path"),
+    ("unpatched_module", "the same `nn.Linear` unpatched (cuBLAS)"),
+    ("F_linear", "`F.linear` (cuBLAS)"),
+    ("cupy_linear", "`k.linear` on CuPy arrays (Python launcher)"),
+)
+
+
+def host_overhead(root: Path) -> str:
+    """``docs/inference.md``'s host cost table: every launch path, one run."""
+    d = json.loads((root / HOST_RESULTS).read_text())
+    med, spread = d["host_us_per_call"], d["p20_p80_us"]
+    m, n, k = d["shape"]
+    lines = [
+        f"{d['gpu']}, torch {d['torch']}, {m}x{n}x{k} (`{d['entry']}`, ABI `{d['abi']}`), "
+        f"launcher: {d.get('launcher', 'python')}; median of {d['batches']} batches of "
+        f"{d['calls_per_batch']} calls, paths interleaved in random order (`{HOST_RESULTS}`).",
+        "",
+        "| path | µs per call | p20–p80 | above its floor (the raw launch from C for a "
+        "native path, from Python otherwise) |",
+        "|---|---|---|---|",
+    ]
+    for key, what in _HOST_ROWS:
+        if key in med:
+            lo, hi = spread[key]
+            lines.append(
+                f"| {what} | {med[key]:.1f} | {lo:.1f}–{hi:.1f} "
+                f"| {d.get('above_floor_us', d['above_raw_launch_us'])[key]:.1f} |"
+            )
+    if ratios := d.get("ratios"):
+        lines += ["", "Ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(ratios.items()))]
     return "\n".join(lines)
 
 
@@ -288,6 +370,7 @@ def policy_eval(root: Path) -> str:
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
+    "host-overhead": host_overhead,
     "policy-eval": policy_eval,
     "floor-fractions": floor_fractions,
 }

@@ -14,6 +14,7 @@ call, so importing this module or calling ``bind`` touches no CUDA and needs no 
 from __future__ import annotations
 
 import importlib.resources
+import os
 import threading
 import warnings
 from collections import Counter
@@ -23,6 +24,7 @@ from . import arrays, cublaslt, driver
 from .abi import ABIS, GemmArgs, Operands, disabled, linear_operands, matmul_operands, misaligned
 from .table import MAX_TABLE_BYTES, CublasLtAlgo, DispatchTable, EntryKey, TableEntry, TableError
 
+_environ = os.environ
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
 _new_tuple = tuple.__new__
 
@@ -81,13 +83,31 @@ class Stats:
     """
 
     def __init__(self) -> None:
-        self.hits: Counter[str] = Counter()
-        self.fallbacks: Counter[str] = Counter()
+        self._hits: Counter[str] = Counter()
+        self._fallbacks: Counter[str] = Counter()
+        # The native launcher's counters, moved into these on every read (``native``).
+        self._drain: Any = None
+
+    @property
+    def hits(self) -> Counter[str]:
+        """Kernel launches per table entry (both launch paths)."""
+        if self._drain is not None:
+            self._drain(self._hits, self._fallbacks)
+        return self._hits
+
+    @property
+    def fallbacks(self) -> Counter[str]:
+        """Calls served by torch, per reason (both launch paths)."""
+        if self._drain is not None:
+            self._drain(self._hits, self._fallbacks)
+        return self._fallbacks
 
     def reset(self) -> None:
         """Zero every counter."""
-        self.hits.clear()
-        self.fallbacks.clear()
+        if self._drain is not None:
+            self._drain(self._hits, self._fallbacks)
+        self._hits.clear()
+        self._fallbacks.clear()
 
     def as_dict(self) -> dict[str, dict[str, int]]:
         """A JSON-ready copy of the counters."""
@@ -218,9 +238,17 @@ class Api:
     lock-free.
     """
 
-    def __init__(self, package: str):
+    def __init__(self, package: str, native_sha256: dict[str, str] | None = None):
         self.package = package
         self.stats = Stats()
+        # The native launcher (``native``): the sha256 of its files recorded at build
+        # time; once the ops are registered, the ``native.Native`` serving them, or None
+        # with the reason in ``native_reason``.
+        self.native_sha256 = dict(native_sha256 or {})
+        self.native: Any = None
+        self.native_reason: str | None = "the torch ops are not registered"
+        self._native_linear: Any = None  # the op's overload, for linear() on CUDA tensors
+        self._native_matmul: Any = None
         self._table: DispatchTable | None = None
         self._lock = threading.RLock()
         self._devices: dict[int, _Device] = {}
@@ -238,6 +266,13 @@ class Api:
 
     def __repr__(self) -> str:
         return f"Api({self.package!r})"
+
+    @property
+    def launcher(self) -> str:
+        """Which path launches a torch CUDA call now: ``"native"`` (the compiled
+        launcher registered as the ops' CUDA kernel) or ``"python"`` (it is absent or
+        cannot serve: ``native_reason``; or ``CUDAL2_NATIVE=0``)."""
+        return "native" if self.native is not None and not _native_off() else "python"
 
     @property
     def table(self) -> DispatchTable:
@@ -288,6 +323,8 @@ class Api:
         (no torch needed; a CuPy array back)."""
         if (_torch is None or type(a) not in _PLAIN_TYPES) and arrays.is_foreign(a):
             return arrays.run(self, "matmul", a, b)
+        if self.native is not None and self._native_call(a, b, None):
+            return self._native_matmul(a, b)
         return self._matmul(a, b, False)
 
     def linear(self, x: Any, w: Any, bias: Any = None) -> Any:
@@ -297,7 +334,26 @@ class Api:
         ``matmul``."""
         if (_torch is None or type(x) not in _PLAIN_TYPES) and arrays.is_foreign(x):
             return arrays.run(self, "linear", x, w, bias)
+        if self.native is not None and self._native_call(x, w, bias):
+            return self._native_linear(x, w, bias)
         return self._linear(x, w, bias, False)
+
+    def _native_call(self, x: Any, w: Any, bias: Any) -> bool:
+        """Whether ``linear``/``matmul`` hands these inputs to the op (native kernel):
+        plain CUDA tensors that autograd does not record, outside tracing, native path
+        on; the op's kernel then applies every other rule of the Python path."""
+        if type(w) not in _PLAIN_TYPES or not x.is_cuda or _native_off():
+            return False
+        if bias is not None and (type(bias) not in _PLAIN_TYPES or bias.requires_grad):
+            return False  # the Python path's "bias" / "grad" rules decide
+        if (x.requires_grad or w.requires_grad) and _torch.is_grad_enabled():
+            return False  # "grad": F.linear records the graph
+        if _torch.compiler.is_compiling():
+            return False
+        if self._native_linear is None:
+            ops = getattr(_torch.ops, self.native.namespace)
+            self._native_linear, self._native_matmul = ops.linear.default, ops.matmul.default
+        return True
 
     def op_matmul(self, a: Any, b: Any) -> Any:
         """``matmul`` as the torch op's kernel (``_common_checks``' ``in_op``)."""
@@ -306,7 +362,7 @@ class Api:
         except AttributeError:
             if _tensors(a, b):
                 raise
-            self.stats.fallbacks["tensor_type"] += 1
+            self.stats._fallbacks["tensor_type"] += 1
             return _torch.ops.aten.matmul(a, b)  # raises as torch's own op does
 
     def op_linear(self, x: Any, w: Any, bias: Any = None) -> Any:
@@ -319,7 +375,7 @@ class Api:
             # here rather than checked, so the call with tensors pays nothing for it.
             if _tensors(x, w, bias):
                 raise
-            self.stats.fallbacks["tensor_type"] += 1
+            self.stats._fallbacks["tensor_type"] += 1
             return _torch.ops.aten.linear(x, w, bias)
 
     def _matmul(self, a: Any, b: Any, in_op: bool) -> Any:
@@ -334,7 +390,7 @@ class Api:
             got = self._run(torch, a, b, got)
             if type(got) is not str:
                 return got
-        self.stats.fallbacks[got] += 1
+        self.stats._fallbacks[got] += 1
         return torch.matmul(a, b)
 
     def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
@@ -354,7 +410,7 @@ class Api:
                 if bias is not None:
                     got.add_(bias)
                 return got if x.dim() == 2 else got.view(*x.shape[:-1], n)
-        self.stats.fallbacks[got] += 1
+        self.stats._fallbacks[got] += 1
         return torch.nn.functional.linear(x, w, bias)
 
     def covers(self, n: int, k: int, dtype: str, layout: str = "tn") -> bool:
@@ -465,7 +521,7 @@ class Api:
             return "launch_error"
         if reason is not None:
             return reason
-        self.stats.hits[plan.name] += 1
+        self.stats._hits[plan.name] += 1
         return c
 
     def _prepare(self, torch: Any, shape: tuple) -> _Plan | str:
@@ -730,7 +786,13 @@ def _version(text: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def bind(package: str) -> Api:
+def bind(package: str, native_sha256: dict[str, str] | None = None) -> Api:
     """The ``Api`` of the generated package ``package`` (its import name), which ships
-    ``dispatch.json`` and ``cubins/<sha256>.cubin``. Reads nothing yet."""
-    return Api(package)
+    ``dispatch.json`` and ``cubins/<sha256>.cubin`` (and, with ``native_sha256``, the
+    native launcher's ``_native/`` files of those hashes). Reads nothing yet."""
+    return Api(package, native_sha256)
+
+
+def _native_off() -> bool:
+    """``CUDAL2_NATIVE=0``: the Python path for every call (``native.NATIVE_ENV``)."""
+    return _environ.get("CUDAL2_NATIVE") == "0"

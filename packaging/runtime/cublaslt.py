@@ -59,6 +59,22 @@ def create_handle() -> int:
     return int(bindings().create())
 
 
+def matmul_address() -> int:
+    """The address of ``cublasLtMatmul`` in the library the bindings loaded, for the
+    native launcher, which calls it with the bindings' handle and descriptors."""
+    bindings().get_version()  # loads the library and its function pointers
+    from nvmath.bindings._internal import cublasLt as internal
+
+    for name in ("__cublasLtMatmul", "cublasLtMatmul"):
+        try:
+            address = int(internal._inspect_function_pointer(name))
+        except (KeyError, ValueError, RuntimeError):
+            continue
+        if address:
+            return address
+    raise LtError("the cuBLASLt bindings do not expose cublasLtMatmul's address")
+
+
 class Descriptors:
     """The matmul descriptor and matrix layouts of one row-major GEMM (see the module
     docstring for the mapping), fp32 accumulate, C's type = the inputs'. Only the

@@ -28,6 +28,7 @@ import sys
 import types
 from typing import Any
 
+from . import native
 from .api import dtype_name
 
 _REGISTRY = "_cudal2_torch_ops"  # a process-wide module: the ops' bindings
@@ -39,13 +40,16 @@ def _registry() -> Any:
         reg = types.ModuleType(_REGISTRY, "cudal2 torch op namespaces -> their Api")
         reg.apis = {}  # namespace -> Api
         reg.libs = {}  # namespace -> torch.library.Library (kept alive)
+        reg.natives = {}  # namespace -> native.Native, or why it cannot serve
         sys.modules[_REGISTRY] = reg
     return reg
 
 
 def register(api: Any, namespace: str) -> bool:
-    """Define (once per process) or re-bind the ops of ``namespace`` to ``api``. False
-    when torch is not installed (the package then serves other arrays only)."""
+    """Define (once per process) or re-bind the ops of ``namespace`` to ``api``, and
+    attach the package's native launcher as the ops' CUDA kernel where it can serve
+    (``Api.launcher`` says which path runs). False when torch is not installed (the
+    package then serves other arrays only)."""
     try:
         import torch  # noqa: F401 - the ops are torch's
     except ImportError:
@@ -55,6 +59,19 @@ def register(api: Any, namespace: str) -> bool:
     reg.apis[namespace] = api
     if first:
         reg.libs[namespace] = _define(namespace, reg.apis)
+        try:
+            reg.natives[namespace] = native.attach(api, reg.apis, namespace, api.package)
+        except native.NativeUnavailable as exc:
+            reg.natives[namespace] = str(exc)
+    got = reg.natives[namespace]
+    if isinstance(got, str):
+        api.native_reason = got
+    else:
+        if not first:
+            got.forget()  # plans of the Api bound before
+        api.native = got
+        api.native_reason = None
+        api.stats._drain = got.drain
     return True
 
 
@@ -64,6 +81,10 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     lib = torch.library.Library(ns, "DEF")
     lib.define("linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
     lib.define("matmul(Tensor a, Tensor b) -> Tensor")
+    # The Python kernels under their own names: the native CUDA kernel hands a call to
+    # them when CUDAL2_NATIVE=0 (``native``), so both paths run in one process.
+    lib.define("_linear_py(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
+    lib.define("_matmul_py(Tensor a, Tensor b) -> Tensor")
 
     def linear(x: Any, w: Any, bias: Any = None) -> Any:
         return apis[ns].op_linear(x, w, bias)
@@ -78,6 +99,8 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     for key in ("CompositeExplicitAutograd", "NestedTensorCPU", "NestedTensorCUDA"):
         lib.impl("linear", linear, key)
         lib.impl("matmul", matmul, key)
+    lib.impl("_linear_py", linear, "CompositeExplicitAutograd")
+    lib.impl("_matmul_py", matmul, "CompositeExplicitAutograd")
 
     def linear_fake(x: Any, w: Any, bias: Any = None) -> Any:
         torch._check(x.dim() >= 1 and w.dim() == 2, lambda: "linear: x [..., K], w [N, K]")
@@ -154,13 +177,27 @@ class LinearPatch:
         return f"LinearPatch({len(self._patched)} layers)"
 
 
-_PATCHED_CLASSES: dict[type, type] = {}
+_PATCHED_CLASSES: dict[tuple[type, bool], type] = {}
 _torch: Any = None  # set by patch_linear
 
 
-def _patched_class(cls: type) -> type:
-    sub = _PATCHED_CLASSES.get(cls)
-    if sub is None:
+def _patched_class(cls: type, native_path: bool) -> type:
+    sub = _PATCHED_CLASSES.get((cls, native_path))
+    if sub is None and native_path:
+
+        def forward_native(self: Any, input: Any) -> Any:
+            # The op for a plain tensor, always: its CUDA kernel is native code, which
+            # costs less than any Python path (and autograd, torch.compile and CUDA
+            # graphs see the op as before). Anything else: the layer's own forward.
+            if type(input) is _torch.Tensor:
+                return self._cudal2_linear(input, self.weight, self.bias)
+            return _patched_class(cls, False).forward(self, input)
+
+        sub = type(
+            f"Cudal2{cls.__name__}", (cls,), {"forward": forward_native, "_cudal2_original": cls}
+        )
+        _PATCHED_CLASSES[(cls, native_path)] = sub
+    elif sub is None:
 
         def forward(self: Any, input: Any) -> Any:
             # Traced (torch.compile) or recording autograd: the op, which the compiler
@@ -175,7 +212,7 @@ def _patched_class(cls: type) -> type:
             return self._cudal2_eager(input, self.weight, self.bias)
 
         sub = type(f"Cudal2{cls.__name__}", (cls,), {"forward": forward, "_cudal2_original": cls})
-        _PATCHED_CLASSES[cls] = sub
+        _PATCHED_CLASSES[(cls, native_path)] = sub
     return sub
 
 
@@ -188,6 +225,11 @@ def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
 
     _torch = torch
     op = getattr(torch.ops, namespace).linear
+    # The native path, chosen now (CUDAL2_NATIVE=0 at patch time keeps today's Python
+    # forward, so both can be measured in one process: patch, restore, patch again).
+    native_path = getattr(api, "native", None) is not None and not native.native_off()
+    if native_path:
+        op = op.default  # the overload itself: no overload resolution per call
     patched = []
     for name, module in model.named_modules():
         cls = type(module)
@@ -196,7 +238,7 @@ def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
         dtype = dtype_name(module.weight.dtype)
         if dtype is None or not api.covers(module.out_features, module.in_features, dtype):
             continue
-        module.__class__ = _patched_class(cls)
+        module.__class__ = _patched_class(cls, native_path)
         module._cudal2_linear = op
         module._cudal2_eager = api.linear
         patched.append((name, module, cls))

@@ -161,7 +161,8 @@ def test_generated_init(recorded_table, built):
     assert recorded_table.name in doc
     assert recorded_table.manifest_sha256 in doc
     assert "from ._runtime.api import bind" in source
-    assert "_api = bind(__name__)" in source
+    assert "_api = bind(__name__, NATIVE_SHA256)" in source
+    assert "NATIVE_SHA256 = {}" in source  # a pure wheel: no native launcher
     assert "matmul = _api.matmul" in source
     assert "linear = _api.linear" in source
     versions = [

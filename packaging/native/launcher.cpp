@@ -1,0 +1,777 @@
+// cudal2's native launcher: the torch op's CUDA kernel, entered once per call.
+//
+// Built once per `cudal2-build` (packaging/native_build.py) against torch's stable ABI
+// (TORCH_TARGET_VERSION 2.11: the one binary serves torch 2.11 and newer), shipped in
+// the wheel as `_native/libcudal2_native.so`, loaded by `_runtime/native.py` with
+// ctypes after torch is imported. It links only libtorch_cpu (already loaded by then);
+// the CUDA driver (libcuda.so.1) and torch's current-stream function (libtorch_cuda.so)
+// are looked up at `cudal2_native_init`, so the library loads on a CPU-only torch too
+// and simply is not used there.
+//
+// Division of work (docs/inference.md, "The native launcher"):
+// - Python owns everything that happens once per shape: the table lookup, the GPU and
+//   driver checks, loading cubins (hash-checked), cuBLASLt descriptors and workspaces.
+//   A shape the native side has not seen calls the registry's `prepare` callback
+//   (ctypes, with the GIL), which answers a plan id (after `cudal2_native_set_plan`)
+//   or a fallback reason; the answer is remembered per (device, dtype, layout, M, N,
+//   K, lda, ldb).
+// - This file owns what happens on every call: the input checks (the ABI's rules, as
+//   `_runtime/abi.py`), the output allocation (torch's allocator, so graph capture
+//   draws from the graph's pool), the current stream, the tensor maps (cached per
+//   pointer and shape), the launch through cuLaunchKernelEx (or cublasLtMatmul), the
+//   bias add, and the counters. Anything it does not run goes to torch's own op
+//   through the dispatcher: never a wrong answer.
+// - CUDAL2_DISABLE=1 sends every call to torch; CUDAL2_NATIVE=0 sends every call to
+//   the op's Python kernel (`<ns>::_linear_py`), so both paths run in one process.
+
+#include <torch/csrc/stable/c/shim.h>
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#define CUDAL2_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int kAbi = 1;  // cudal2_native_abi(): bumped when the C interface changes
+constexpr int kSlots = 8;  // op namespaces one copy of this library can serve
+constexpr int kMaxPlans = 1 << 14;
+constexpr size_t kReadyMax = 1 << 16;  // remembered shapes, as the Python runtime
+constexpr size_t kTmapMax = 4096;
+constexpr int32_t kHalf = 5, kBFloat16 = 15;  // torch ScalarType values (stable)
+constexpr int32_t kCuda = 1;  // torch DeviceType::CUDA
+constexpr int32_t kStrided = 0;  // torch Layout::Strided
+
+// Fallback reasons, in `Stats`' names (`_runtime/api.py`); Python reads this list. The
+// first eleven are found here; the rest are Python's answers to `prepare`.
+#define CUDAL2_REASONS(X)                                                                 \
+  X(DISABLED, "disabled") X(RANK, "rank") X(SHAPE, "shape") X(EMPTY, "empty")              \
+  X(STRIDE, "stride") X(DTYPE, "dtype") X(NOT_STRIDED, "not_strided") X(BIAS, "bias")      \
+  X(ALIGNMENT, "alignment") X(DEVICE, "device") X(LAUNCH_ERROR, "launch_error")            \
+  X(NO_ENTRY, "no_entry") X(FALLBACK_ENTRY, "fallback_entry") X(ALIGN, "align")            \
+  X(FITS, "fits") X(ABI, "abi") X(CAPTURE, "capture") X(LOAD_ERROR, "load_error")          \
+  X(ARCH, "arch") X(DRIVER, "driver") X(GPU, "gpu") X(TABLE, "table")                      \
+  X(CUBLASLT_MISSING, "cublaslt_missing") X(CUBLASLT_VERSION, "cublaslt_version")          \
+  X(CUBLASLT_ALGO, "cublaslt_algo")
+#define CUDAL2_ENUM(id, name) R_##id,
+#define CUDAL2_NAME(id, name) name,
+enum Reason : int { CUDAL2_REASONS(CUDAL2_ENUM) kNumReasons };
+const char* const kReasons[] = {CUDAL2_REASONS(CUDAL2_NAME)};
+// `prepare`'s answer for a reason that must not be remembered (a kernel not loaded
+// during graph capture: the next call outside capture loads it).
+constexpr int32_t kTransient = 1 << 20;
+
+// ---- the CUDA driver, looked up at init -------------------------------------------
+struct Driver {
+  decltype(&::cuLaunchKernelEx) launch = nullptr;
+  decltype(&::cuTensorMapEncodeTiled) encode = nullptr;
+  decltype(&::cuCtxGetCurrent) ctx_current = nullptr;
+  CUresult (*ctx_push)(CUcontext) = nullptr;
+  CUresult (*ctx_pop)(CUcontext*) = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuGetErrorName) error_name = nullptr;
+};
+Driver drv;
+using CurrentStreamFn = AOTITorchError (*)(int32_t, void**);
+CurrentStreamFn current_stream = nullptr;
+// torch >= 2.13: the message of the exception a shim call turned into an error code
+// (looked up at init; absent on older torch, whose shim logs the message instead).
+using ExceptionWhatFn = const char* (*)();
+ExceptionWhatFn exception_what = nullptr;
+std::mutex init_mu;
+bool initialised = false;
+
+// cublasLtMatmul's signature, with its opaque handles as pointers.
+using LtMatmulFn = int (*)(void*, void*, const void*, const void*, void*, const void*, void*,
+                           const void*, const void*, void*, void*, void*, const void*, void*,
+                           size_t, void*);
+
+// One table entry as it runs on one device (filled by Python: `cudal2_native_set_plan`).
+struct PlanDesc {
+  int32_t kind;  // 1 kernel, 2 cuBLASLt
+  int32_t abi;  // 1 gemm_v1, 2 gemm_v2 (two tensor maps appended)
+  uint64_t function;  // CUfunction, loaded by Python in the device's primary context
+  int32_t block[3];
+  int32_t smem;
+  int32_t tile_m, tile_n, split_k;
+  int32_t cluster[3];
+  int32_t persistent, ctas_per_sm, sm_count;
+  int32_t box_a[2], box_b[2];
+  int32_t pdl;  // launch with programmatic stream serialization
+  int32_t pad;
+  // cuBLASLt (kind 2): the call prepared for one (M, N, K, lda, ldb)
+  uint64_t lt_matmul, lt_handle, lt_desc, lt_w, lt_a, lt_c, lt_algo, lt_alpha, lt_beta;
+  uint64_t lt_workspace_bytes;
+  // the bias kernel for this entry's dtype (gemm output += bias[n])
+  uint64_t bias_function;
+};
+
+using PrepareFn = int32_t (*)(int32_t slot, int32_t dev, int32_t dtype, int32_t layout,
+                              int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb);
+using WorkspaceFn = int32_t (*)(int32_t slot, int32_t dev, uint64_t stream, uint64_t* ptr,
+                                uint64_t* bytes);
+using EventFn = void (*)(int32_t slot, int32_t plan, int32_t code, const char* message);
+
+struct ShapeKey {
+  int64_t v[8];  // dev, dtype, layout, m, n, k, lda, ldb
+  bool operator==(const ShapeKey& o) const { return std::memcmp(v, o.v, sizeof v) == 0; }
+};
+struct TmapKey {
+  uint64_t v[6];  // ptr, rows, k, ld, box0, box1
+  bool operator==(const TmapKey& o) const { return std::memcmp(v, o.v, sizeof v) == 0; }
+};
+template <class K>
+struct Hash {
+  size_t operator()(const K& key) const {
+    uint64_t h = 1469598103934665603ull;
+    for (auto x : key.v) {
+      h ^= static_cast<uint64_t>(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    }
+    return h;
+  }
+};
+
+struct Slot {
+  bool used = false;
+  std::string ns, linear_py, matmul_py;
+  PrepareFn prepare = nullptr;
+  WorkspaceFn workspace = nullptr;
+  EventFn event = nullptr;
+  TorchLibraryHandle lib = nullptr;
+  std::mutex mu;
+  std::unordered_map<ShapeKey, int32_t, Hash<ShapeKey>> ready;
+  std::vector<PlanDesc> plans;
+  std::vector<uint8_t> dead;
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> workspaces;  // dev<<48^stream
+  std::atomic<int64_t> hits[kMaxPlans];
+  std::atomic<int64_t> fallbacks[kNumReasons];
+};
+Slot slots[kSlots];
+
+std::mutex tmap_mu;
+std::unordered_map<TmapKey, CUtensorMap, Hash<TmapKey>> tmaps;
+std::mutex ctx_mu;
+std::unordered_map<int32_t, CUcontext> primary;
+
+// ---- the ABI's rules (`_runtime/abi.py`), on plain arrays --------------------------
+struct Operands {
+  int32_t layout;  // 0 tn, 1 nn
+  int64_t m, n, k, lda, ldb;
+};
+
+// Row stride of the [M, K] matrix a [..., K] array's leading dims collapse into, or -1.
+int64_t row_stride(const int64_t* shape, const int64_t* strides, int64_t ndim, int64_t k) {
+  int64_t ld = -1, rows = 1;
+  for (int64_t i = ndim - 2; i >= 0; --i) {
+    if (shape[i] == 1) continue;
+    if (ld < 0) {
+      ld = strides[i];
+    } else if (strides[i] != ld * rows) {
+      return -1;
+    }
+    rows *= shape[i];
+  }
+  return ld < 0 ? k : ld;
+}
+
+int with_a(Operands* o, const int64_t* sa, const int64_t* ta, int64_t na) {
+  if (ta[na - 1] != 1) return R_STRIDE;
+  o->lda = row_stride(sa, ta, na, o->k);
+  if (o->lda < o->k || o->lda % 8 || o->ldb % 8 || o->n % 8) return R_STRIDE;
+  return -1;
+}
+
+// x [..., K] @ w[N, K]^T; -1 or a reason.
+int linear_operands(const int64_t* sx, const int64_t* tx, int64_t nx, const int64_t* sw,
+                    const int64_t* tw, int64_t nw, Operands* o) {
+  if (nx < 1 || nw != 2) return R_RANK;
+  o->k = sx[nx - 1];
+  o->n = sw[0];
+  if (o->k != sw[1]) return R_SHAPE;
+  o->m = 1;
+  for (int64_t i = 0; i + 1 < nx; ++i) o->m *= sx[i];
+  if (o->m == 0 || o->n == 0 || o->k == 0) return R_EMPTY;
+  if (tw[1] != 1 || tw[0] < o->k) return R_STRIDE;
+  o->layout = 0;
+  o->ldb = tw[0];
+  return with_a(o, sx, tx, nx);
+}
+
+// a [M, K] @ b (row-major [K, N]: nn, or the transpose view of a row-major [N, K]: tn).
+int matmul_operands(const int64_t* sa, const int64_t* ta, int64_t na, const int64_t* sb,
+                    const int64_t* tb, int64_t nb, Operands* o) {
+  if (na != 2 || nb != 2) return R_RANK;
+  o->m = sa[0];
+  o->k = sa[1];
+  o->n = sb[1];
+  if (o->k != sb[0]) return R_SHAPE;
+  if (o->m == 0 || o->n == 0 || o->k == 0) return R_EMPTY;
+  if (tb[1] == 1 && tb[0] >= o->n) {
+    o->layout = 1;
+    o->ldb = tb[0];
+  } else if (tb[0] == 1 && tb[1] >= o->k) {
+    o->layout = 0;
+    o->ldb = tb[1];
+  } else {
+    return R_STRIDE;
+  }
+  return with_a(o, sa, ta, na);
+}
+
+// ---- tensors through the stable C shim ---------------------------------------------
+struct View {
+  AtenTensorHandle h = nullptr;
+  int64_t ndim = 0;
+  int64_t* sizes = nullptr;
+  int64_t* strides = nullptr;
+  int32_t dtype = -1, device_type = -1, device_index = -1, layout = -1;
+  void* data = nullptr;
+};
+
+// False when the shim refuses (a tensor without sizes or strides: nested).
+bool read(AtenTensorHandle h, View* v) {
+  v->h = h;
+  return aoti_torch_get_layout(h, &v->layout) == AOTI_TORCH_SUCCESS && v->layout == kStrided &&
+         aoti_torch_get_dim(h, &v->ndim) == AOTI_TORCH_SUCCESS &&
+         aoti_torch_get_sizes(h, &v->sizes) == AOTI_TORCH_SUCCESS &&
+         aoti_torch_get_strides(h, &v->strides) == AOTI_TORCH_SUCCESS &&
+         aoti_torch_get_dtype(h, &v->dtype) == AOTI_TORCH_SUCCESS &&
+         aoti_torch_get_device_type(h, &v->device_type) == AOTI_TORCH_SUCCESS &&
+         aoti_torch_get_device_index(h, &v->device_index) == AOTI_TORCH_SUCCESS &&
+         aoti_torch_get_data_ptr(h, &v->data) == AOTI_TORCH_SUCCESS;
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* got = std::getenv(name);
+  return got != nullptr && std::strcmp(got, value) == 0;
+}
+
+// ---- launching -----------------------------------------------------------------------
+struct CtxGuard {  // the device's primary context current for the launch
+  bool pushed = false;
+  CUresult status = CUDA_SUCCESS;
+  explicit CtxGuard(int32_t dev) {
+    CUcontext want = nullptr, have = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(ctx_mu);
+      auto it = primary.find(dev);
+      if (it != primary.end()) {
+        want = it->second;
+      } else {
+        CUdevice d;
+        status = drv.device_get(&d, dev);
+        if (status == CUDA_SUCCESS) status = drv.primary_retain(&want, d);
+        if (status != CUDA_SUCCESS) return;
+        primary[dev] = want;
+      }
+    }
+    status = drv.ctx_current(&have);
+    if (status == CUDA_SUCCESS && have != want) {
+      status = drv.ctx_push(want);
+      pushed = status == CUDA_SUCCESS;
+    }
+  }
+  ~CtxGuard() {
+    if (pushed) {
+      CUcontext popped;
+      drv.ctx_pop(&popped);
+    }
+  }
+};
+
+CUresult tensor_map(CUtensorMap* out, uint64_t ptr, uint64_t rows, uint64_t k, uint64_t ld,
+                    const int32_t* box) {
+  TmapKey key{{ptr, rows, k, ld, static_cast<uint64_t>(box[0]), static_cast<uint64_t>(box[1])}};
+  {
+    std::lock_guard<std::mutex> lock(tmap_mu);
+    auto it = tmaps.find(key);
+    if (it != tmaps.end()) {
+      *out = it->second;
+      return CUDA_SUCCESS;
+    }
+  }
+  cuuint64_t dims[2] = {k, rows};
+  cuuint64_t strides[1] = {2 * ld};
+  cuuint32_t boxes[2] = {static_cast<cuuint32_t>(box[0]), static_cast<cuuint32_t>(box[1])};
+  cuuint32_t elem[2] = {1, 1};
+  CUresult r = drv.encode(out, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, reinterpret_cast<void*>(ptr),
+                          dims, strides, boxes, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS) {
+    std::lock_guard<std::mutex> lock(tmap_mu);
+    if (tmaps.size() >= kTmapMax) tmaps.clear();
+    tmaps.emplace(key, *out);
+  }
+  return r;
+}
+
+CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, const Operands& o,
+                       CUstream stream) {
+  int32_t m = static_cast<int32_t>(o.m), n = static_cast<int32_t>(o.n),
+          k = static_cast<int32_t>(o.k);
+  long long lda = o.lda, ldb = o.ldb, ldc = o.n;
+  void* pa = reinterpret_cast<void*>(a);
+  void* pb = reinterpret_cast<void*>(b);
+  void* pc = reinterpret_cast<void*>(c);
+  CUtensorMap ta, tb;
+  void* args[11] = {&pa, &pb, &pc, &m, &n, &k, &lda, &ldb, &ldc, &ta, &tb};
+  if (p.abi == 2) {
+    CUresult r = tensor_map(&ta, a, o.m, o.k, o.lda, p.box_a);
+    if (r == CUDA_SUCCESS) r = tensor_map(&tb, b, o.n, o.k, o.ldb, p.box_b);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  int64_t gx = (o.n + p.tile_n - 1) / p.tile_n, gy = (o.m + p.tile_m - 1) / p.tile_m;
+  CUlaunchConfig cfg{};
+  if (p.persistent) {
+    int64_t slots_ = static_cast<int64_t>(p.sm_count) * p.ctas_per_sm;
+    cfg.gridDimX = static_cast<unsigned>(gx * gy < slots_ ? gx * gy : slots_);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+  } else {
+    cfg.gridDimX = static_cast<unsigned>((gx + p.cluster[0] - 1) / p.cluster[0] * p.cluster[0]);
+    cfg.gridDimY = static_cast<unsigned>((gy + p.cluster[1] - 1) / p.cluster[1] * p.cluster[1]);
+    cfg.gridDimZ = static_cast<unsigned>(p.split_k);
+  }
+  cfg.blockDimX = p.block[0];
+  cfg.blockDimY = p.block[1];
+  cfg.blockDimZ = p.block[2];
+  cfg.sharedMemBytes = p.smem;
+  cfg.hStream = stream;
+  CUlaunchAttribute attrs[2];
+  unsigned n_attrs = 0;
+  if (p.cluster[0] * p.cluster[1] * p.cluster[2] > 1) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n_attrs].value.clusterDim.x = p.cluster[0];
+    attrs[n_attrs].value.clusterDim.y = p.cluster[1];
+    attrs[n_attrs].value.clusterDim.z = p.cluster[2];
+    ++n_attrs;
+  }
+  if (p.pdl) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n_attrs;
+  return drv.launch(&cfg, reinterpret_cast<CUfunction>(p.function), args, nullptr);
+}
+
+CUresult launch_bias(uint64_t fn, uint64_t c, const View& bias, const Operands& o,
+                     CUstream stream) {
+  void* pc = reinterpret_cast<void*>(c);
+  void* pb = bias.data;
+  long long rows = o.m, cols = o.n, stride = bias.strides[0];
+  void* args[5] = {&pc, &pb, &rows, &cols, &stride};
+  long long total = rows * cols;
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = static_cast<unsigned>((total + 255) / 256 < 2147483647 ? (total + 255) / 256
+                                                                         : 2147483647);
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = 256;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = stream;
+  return drv.launch(&cfg, reinterpret_cast<CUfunction>(fn), args, nullptr);
+}
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what); }
+
+std::string describe(const View& v, const char* name) {
+  std::string s = std::string(name) + " [";
+  for (int64_t i = 0; i < v.ndim; ++i) s += (i ? ", " : "") + std::to_string(v.sizes[i]);
+  s += "] stride [";
+  for (int64_t i = 0; i < v.ndim; ++i) s += (i ? ", " : "") + std::to_string(v.strides[i]);
+  s += "] dtype " + std::to_string(v.dtype) + " device " + std::to_string(v.device_type) + ":" +
+       std::to_string(v.device_index);
+  return s;
+}
+
+// The call torch serves: `op` (aten::linear / aten::matmul, or the Python kernel) with the
+// boxed inputs as they came (the dispatcher takes ownership of them).
+void redispatch(const char* op, StableIValue* stack, const char* what) {
+  AOTITorchError err = torch_call_dispatcher(op, "", stack, TORCH_ABI_VERSION);
+  if (err != AOTI_TORCH_SUCCESS) {
+    const char* torch_says = exception_what != nullptr ? exception_what() : nullptr;
+    fail(std::string("cudal2: ") + op + " refused the inputs of " + what + ": " +
+         (torch_says != nullptr ? torch_says : "torch's own message is in the log above"));
+  }
+}
+
+int32_t lookup(Slot& s, int si, const ShapeKey& key, int32_t dtype, const Operands& o, int dev) {
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.ready.find(key);
+    if (it != s.ready.end()) return it->second;
+  }
+  int32_t got = s.prepare(si, dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb);
+  bool transient = got < 0 && ((-got - 1) & kTransient);
+  if (got < 0) got = -(((-got - 1) & ~kTransient) + 1);
+  if (!transient) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.ready.size() >= kReadyMax) s.ready.clear();
+    s.ready.emplace(key, got);
+  }
+  return got;
+}
+
+// One call of `linear` (is_linear) or `matmul` on slot si. Stack: x, w[, bias?].
+void run(int si, bool is_linear, StableIValue* stack) {
+  Slot& s = slots[si];
+  const char* aten = is_linear ? "aten::linear" : "aten::matmul";
+  const char* what = is_linear ? "linear" : "matmul";
+  if (env_is("CUDAL2_NATIVE", "0")) {  // counted by the Python path itself
+    redispatch(is_linear ? s.linear_py.c_str() : s.matmul_py.c_str(), stack, what);
+    return;
+  }
+  int reason = -1;
+  View a, b, bias;
+  Operands o{};
+  StableIValue* bias_box = is_linear ? reinterpret_cast<StableIValue*>(stack[2]) : nullptr;
+  if (env_is("CUDAL2_DISABLE", "1")) {
+    reason = R_DISABLED;
+  } else if (!read(reinterpret_cast<AtenTensorHandle>(stack[0]), &a) ||
+             !read(reinterpret_cast<AtenTensorHandle>(stack[1]), &b)) {
+    reason = R_NOT_STRIDED;
+  } else if (a.dtype != b.dtype || (a.dtype != kHalf && a.dtype != kBFloat16)) {
+    reason = R_DTYPE;
+  } else {
+    reason = is_linear ? linear_operands(a.sizes, a.strides, a.ndim, b.sizes, b.strides, b.ndim, &o)
+                       : matmul_operands(a.sizes, a.strides, a.ndim, b.sizes, b.strides, b.ndim, &o);
+  }
+  if (reason < 0 && bias_box != nullptr) {
+    if (!read(reinterpret_cast<AtenTensorHandle>(*bias_box), &bias) || bias.dtype != a.dtype ||
+        bias.ndim != 1 || bias.sizes[0] != o.n || bias.device_type != a.device_type ||
+        bias.device_index != a.device_index) {
+      reason = R_BIAS;
+    }
+  }
+  if (reason < 0) {
+    if ((reinterpret_cast<uintptr_t>(a.data) | reinterpret_cast<uintptr_t>(b.data)) % 16) {
+      reason = R_ALIGNMENT;
+    } else if (a.device_type != kCuda || b.device_type != kCuda ||
+               a.device_index != b.device_index) {
+      reason = R_DEVICE;
+    }
+  }
+  int32_t plan_id = -1;
+  int dev = a.device_index;
+  int32_t dtype = a.dtype == kHalf ? 0 : 1;
+  if (reason < 0) {
+    ShapeKey key{{dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb}};
+    int32_t got = lookup(s, si, key, dtype, o, dev);
+    if (got < 0) {
+      reason = -got - 1;
+    } else {
+      plan_id = got;
+    }
+  }
+  PlanDesc p{};
+  if (reason < 0) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (plan_id >= static_cast<int32_t>(s.plans.size()) || s.dead[plan_id]) {
+      reason = R_LAUNCH_ERROR;
+    } else {
+      p = s.plans[plan_id];
+    }
+  }
+  if (reason < 0 && bias_box != nullptr && p.bias_function == 0) reason = R_BIAS;
+  if (reason >= 0) {
+    s.fallbacks[reason].fetch_add(1, std::memory_order_relaxed);
+    redispatch(aten, stack, what);
+    return;
+  }
+
+  // The output, [..., N] (linear) or [M, N], contiguous, from torch's allocator.
+  int64_t out_dim = is_linear ? a.ndim : 2;
+  int64_t sizes[64], strides[64];
+  if (out_dim > 64) fail("cudal2: more than 64 dimensions");
+  for (int64_t i = 0; i + 1 < out_dim; ++i) sizes[i] = is_linear ? a.sizes[i] : o.m;
+  sizes[out_dim - 1] = o.n;
+  int64_t st = 1;
+  for (int64_t i = out_dim - 1; i >= 0; --i) {
+    strides[i] = st;
+    st *= sizes[i];
+  }
+  AtenTensorHandle out = nullptr;
+  if (aoti_torch_empty_strided(out_dim, sizes, strides, a.dtype, kCuda, dev, &out) !=
+      AOTI_TORCH_SUCCESS) {
+    fail(std::string("cudal2: cannot allocate the output of ") + what + " for " +
+         describe(a, "x") + ", " + describe(b, "w"));
+  }
+  void* c = nullptr;
+  aoti_torch_get_data_ptr(out, &c);
+  void* stream_ptr = nullptr;
+  CUresult r = CUDA_SUCCESS;
+  std::string message;
+  {
+    CtxGuard guard(dev);
+    r = guard.status;
+    if (r == CUDA_SUCCESS && current_stream(dev, &stream_ptr) != AOTI_TORCH_SUCCESS) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    }
+    CUstream stream = static_cast<CUstream>(stream_ptr);
+    uint64_t ua = reinterpret_cast<uint64_t>(a.data), ub = reinterpret_cast<uint64_t>(b.data),
+             uc = reinterpret_cast<uint64_t>(c);
+    if (r == CUDA_SUCCESS && p.kind == 1) {
+      r = launch_kernel(p, ua, ub, uc, o, stream);
+    } else if (r == CUDA_SUCCESS) {  // cuBLASLt: C^T = op(W) . A^T (see _runtime/cublaslt.py)
+      uint64_t wkey = (static_cast<uint64_t>(dev) << 48) ^ reinterpret_cast<uint64_t>(stream_ptr);
+      std::pair<uint64_t, uint64_t> ws{0, 0};
+      bool have = false;
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        auto it = s.workspaces.find(wkey);
+        if (it != s.workspaces.end()) {
+          ws = it->second;
+          have = true;
+        }
+      }
+      if (!have) {
+        if (s.workspace(si, dev, reinterpret_cast<uint64_t>(stream_ptr), &ws.first, &ws.second) !=
+            0) {
+          reason = R_CUBLASLT_ALGO;
+        } else {
+          std::lock_guard<std::mutex> lock(s.mu);
+          s.workspaces[wkey] = ws;
+        }
+      }
+      if (reason < 0 && p.lt_workspace_bytes > ws.second) reason = R_CUBLASLT_ALGO;
+      if (reason < 0) {
+        auto matmul = reinterpret_cast<LtMatmulFn>(p.lt_matmul);
+        int status = matmul(
+            reinterpret_cast<void*>(p.lt_handle), reinterpret_cast<void*>(p.lt_desc),
+            reinterpret_cast<void*>(p.lt_alpha), b.data, reinterpret_cast<void*>(p.lt_w), a.data,
+            reinterpret_cast<void*>(p.lt_a), reinterpret_cast<void*>(p.lt_beta), c,
+            reinterpret_cast<void*>(p.lt_c), c, reinterpret_cast<void*>(p.lt_c),
+            reinterpret_cast<void*>(p.lt_algo), reinterpret_cast<void*>(ws.first), ws.second,
+            stream);
+        if (status != 0) {
+          r = CUDA_ERROR_UNKNOWN;
+          message = "cublasLtMatmul returned status " + std::to_string(status);
+        }
+      }
+    }
+    if (r == CUDA_SUCCESS && reason < 0 && bias_box != nullptr) {
+      r = launch_bias(p.bias_function, uc, bias, o, stream);
+    }
+  }
+  if (r != CUDA_SUCCESS || reason >= 0) {
+    aoti_torch_delete_tensor_object(out);
+    if (r != CUDA_SUCCESS) {
+      reason = R_LAUNCH_ERROR;
+      if (message.empty()) {
+        const char* name = nullptr;
+        drv.error_name(r, &name);
+        message = std::string("the launch failed: ") + (name ? name : "?");
+      }
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        s.dead[plan_id] = 1;
+      }
+      s.event(si, plan_id, R_LAUNCH_ERROR, message.c_str());
+    }
+    s.fallbacks[reason].fetch_add(1, std::memory_order_relaxed);
+    redispatch(aten, stack, what);
+    return;
+  }
+  s.hits[plan_id].fetch_add(1, std::memory_order_relaxed);
+  // The boxed convention: the kernel owns its inputs and leaves its output in stack[0].
+  aoti_torch_delete_tensor_object(a.h);
+  aoti_torch_delete_tensor_object(b.h);
+  if (bias_box != nullptr) {
+    aoti_torch_delete_tensor_object(bias.h);
+    delete bias_box;  // torch 2.11 boxes an optional's value with new StableIValue
+  }
+  stack[0] = reinterpret_cast<StableIValue>(out);
+}
+
+template <int S>
+void linear_boxed(StableIValue* stack, uint64_t, uint64_t) {
+  run(S, true, stack);
+}
+template <int S>
+void matmul_boxed(StableIValue* stack, uint64_t, uint64_t) {
+  run(S, false, stack);
+}
+using Boxed = void (*)(StableIValue*, uint64_t, uint64_t);
+template <int... S>
+struct Table {
+  static constexpr Boxed linear[] = {&linear_boxed<S>...};
+  static constexpr Boxed matmul[] = {&matmul_boxed<S>...};
+};
+using Slots = Table<0, 1, 2, 3, 4, 5, 6, 7>;
+static_assert(sizeof(Slots::linear) / sizeof(Boxed) == kSlots, "one boxed kernel per slot");
+
+template <class F>
+bool sym(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(dlsym(lib, name));
+  return *out != nullptr;
+}
+
+}  // namespace
+
+CUDAL2_EXPORT int cudal2_native_abi(void) { return kAbi; }
+
+CUDAL2_EXPORT int cudal2_native_num_reasons(void) { return kNumReasons; }
+
+CUDAL2_EXPORT const char* cudal2_native_reason(int i) {
+  return i >= 0 && i < kNumReasons ? kReasons[i] : nullptr;
+}
+
+CUDAL2_EXPORT int cudal2_native_max_plans(void) { return kMaxPlans; }
+
+CUDAL2_EXPORT int cudal2_native_plan_bytes(void) { return sizeof(PlanDesc); }
+
+// Look up the driver and torch's CUDA stream function. 0, or writes why not into err.
+CUDAL2_EXPORT int cudal2_native_init(char* err, int err_len) {
+  std::lock_guard<std::mutex> lock(init_mu);
+  if (initialised) return 0;
+  auto why = [&](const std::string& s) {
+    std::snprintf(err, static_cast<size_t>(err_len), "%s", s.c_str());
+    return 1;
+  };
+  void* cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (cuda == nullptr) return why(std::string("cannot load libcuda.so.1: ") + dlerror());
+  if (!sym(cuda, "cuLaunchKernelEx", &drv.launch) ||
+      !sym(cuda, "cuTensorMapEncodeTiled", &drv.encode) ||
+      !sym(cuda, "cuCtxGetCurrent", &drv.ctx_current) ||
+      !sym(cuda, "cuCtxPushCurrent_v2", &drv.ctx_push) ||
+      !sym(cuda, "cuCtxPopCurrent_v2", &drv.ctx_pop) ||
+      !sym(cuda, "cuDevicePrimaryCtxRetain", &drv.primary_retain) ||
+      !sym(cuda, "cuDeviceGet", &drv.device_get) ||
+      !sym(cuda, "cuGetErrorName", &drv.error_name)) {
+    return why("libcuda.so.1 lacks a function the launcher needs (a driver older than CUDA 12)");
+  }
+  void* torch_cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+  if (torch_cuda == nullptr || !sym(torch_cuda, "aoti_torch_get_current_cuda_stream",
+                                    &current_stream)) {
+    return why("torch's CUDA library (libtorch_cuda.so) is not loaded: a CPU build of torch");
+  }
+  void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
+  if (torch_cpu != nullptr) {
+    sym(torch_cpu, "torch_exception_get_what_without_backtrace", &exception_what);
+  }
+  initialised = true;
+  return 0;
+}
+
+// Register the CUDA kernels of <ns>::linear and <ns>::matmul (defined by Python first,
+// with `_linear_py` / `_matmul_py`, the Python kernels). The slot, or -1 with err set.
+CUDAL2_EXPORT int cudal2_native_register(const char* ns, PrepareFn prepare, WorkspaceFn workspace,
+                                         EventFn event, char* err, int err_len) {
+  std::lock_guard<std::mutex> lock(init_mu);
+  int si = 0;
+  while (si < kSlots && slots[si].used) ++si;
+  if (si == kSlots) {
+    std::snprintf(err, static_cast<size_t>(err_len), "all %d op namespaces are taken", kSlots);
+    return -1;
+  }
+  Slot& s = slots[si];
+  s.ns = ns;
+  s.linear_py = s.ns + "::_linear_py";
+  s.matmul_py = s.ns + "::_matmul_py";
+  s.prepare = prepare;
+  s.workspace = workspace;
+  s.event = event;
+  s.plans.assign(0, PlanDesc{});
+  s.dead.assign(0, 0);
+  for (auto& h : s.hits) h.store(0);
+  for (auto& f : s.fallbacks) f.store(0);
+  if (aoti_torch_library_init_impl(s.ns.c_str(), "CUDA", __FILE__, __LINE__, &s.lib) !=
+          AOTI_TORCH_SUCCESS ||
+      torch_library_impl(s.lib, "linear", Slots::linear[si], TORCH_ABI_VERSION) !=
+          AOTI_TORCH_SUCCESS ||
+      torch_library_impl(s.lib, "matmul", Slots::matmul[si], TORCH_ABI_VERSION) !=
+          AOTI_TORCH_SUCCESS) {
+    std::snprintf(err, static_cast<size_t>(err_len),
+                  "torch refused the CUDA kernels of %s::linear/matmul", ns);
+    return -1;
+  }
+  s.used = true;
+  return si;
+}
+
+// Plan `id` of a slot (ids are Python's, dense from 0). 0, or -1 past kMaxPlans.
+CUDAL2_EXPORT int cudal2_native_set_plan(int si, int id, const PlanDesc* plan) {
+  if (si < 0 || si >= kSlots || id < 0 || id >= kMaxPlans) return -1;
+  Slot& s = slots[si];
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (static_cast<size_t>(id) >= s.plans.size()) {
+    s.plans.resize(id + 1);
+    s.dead.resize(id + 1, 0);
+  }
+  s.plans[id] = *plan;
+  s.dead[id] = 0;
+  return 0;
+}
+
+// Forget every remembered shape, plan and workspace of a slot (its Api was re-bound).
+CUDAL2_EXPORT void cudal2_native_forget(int si) {
+  if (si < 0 || si >= kSlots) return;
+  Slot& s = slots[si];
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.ready.clear();
+  s.plans.clear();
+  s.dead.clear();
+  s.workspaces.clear();
+}
+
+// Move the counters out: hits[n_plans], fallbacks[kNumReasons], then zero them.
+CUDAL2_EXPORT void cudal2_native_drain(int si, int64_t* hits, int n_plans, int64_t* fallbacks) {
+  if (si < 0 || si >= kSlots) return;
+  Slot& s = slots[si];
+  for (int i = 0; i < n_plans && i < kMaxPlans; ++i) hits[i] = s.hits[i].exchange(0);
+  for (int i = 0; i < kNumReasons; ++i) fallbacks[i] = s.fallbacks[i].exchange(0);
+}
+
+// The ABI's operand rules on plain arrays, for tests against `_runtime/abi.py`: -1 and
+// the operands (layout, m, n, k, lda, ldb) in out[6], or the reason's index.
+CUDAL2_EXPORT int cudal2_native_operands(int is_linear, const int64_t* sa, const int64_t* ta,
+                                         int64_t na, const int64_t* sb, const int64_t* tb,
+                                         int64_t nb, int64_t* out) {
+  Operands o{};
+  int r = is_linear ? linear_operands(sa, ta, na, sb, tb, nb, &o)
+                    : matmul_operands(sa, ta, na, sb, tb, nb, &o);
+  if (r < 0) {
+    int64_t v[6] = {o.layout, o.m, o.n, o.k, o.lda, o.ldb};
+    std::memcpy(out, v, sizeof v);
+  }
+  return r;
+}
+
+// The floor the native path is measured against (bench/experiments/host_overhead.py):
+// `count` launches of a kernel plan through cuLaunchKernelEx from C, arguments and tensor
+// maps made as a call makes them, on `stream`. CUDA_SUCCESS (0) or the driver's error.
+CUDAL2_EXPORT int cudal2_native_launch_loop(int si, int plan_id, uint64_t a, uint64_t b,
+                                            uint64_t c, int64_t m, int64_t n, int64_t k,
+                                            int64_t lda, int64_t ldb, uint64_t stream,
+                                            int count) {
+  if (si < 0 || si >= kSlots || !initialised) return CUDA_ERROR_INVALID_VALUE;
+  Slot& s = slots[si];
+  PlanDesc p{};
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (plan_id < 0 || static_cast<size_t>(plan_id) >= s.plans.size()) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    p = s.plans[plan_id];
+  }
+  if (p.kind != 1) return CUDA_ERROR_INVALID_VALUE;
+  Operands o{0, m, n, k, lda, ldb};
+  CUresult r = CUDA_SUCCESS;
+  for (int i = 0; i < count && r == CUDA_SUCCESS; ++i) {
+    r = launch_kernel(p, a, b, c, o, reinterpret_cast<CUstream>(stream));
+  }
+  return r;
+}

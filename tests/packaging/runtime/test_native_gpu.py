@@ -1,0 +1,156 @@
+"""The native launcher on an sm_90 GPU: it is the path that runs (a silent fallback to
+the Python path fails these tests), it gives the Python path's results, bitwise for the
+same kernel, with and without a bias, in eager mode, under CUDA-graph capture and under
+``torch.compile``; ``CUDAL2_NATIVE=0`` switches one process to the Python path and back.
+
+The rest of the runtime's GPU tests run on the native path too (``make_api`` packages
+carry it); ``ci/gpu_native.sh`` runs them a second time with ``CUDAL2_NATIVE=0``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .test_api_gpu import _check, _inputs, _served
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture
+def k(gpu_package, monkeypatch):
+    monkeypatch.delenv("CUDAL2_NATIVE", raising=False)
+    api = gpu_package._api
+    assert api.launcher == "native", f"the native launcher does not serve: {api.native_reason}"
+    return gpu_package
+
+
+def _native_counts(api) -> tuple[Counter, Counter]:
+    """What the library itself counted since the last read (bypassing Stats)."""
+    hits, fallbacks = Counter(), Counter()
+    api.native.drain(hits, fallbacks)
+    return hits, fallbacks
+
+
+def _entries(k, recorded_table, kinds=("kernel", "cublaslt")):
+    es = [e for e in _served(recorded_table, k._api) if e.kind in kinds and e.layout == "tn"]
+    if not es:
+        pytest.skip(f"no tn {kinds} entry for this GPU")
+    return sorted(es, key=lambda e: (e.kind, e.m_measured * e.n * e.k))
+
+
+def test_the_native_kernel_runs_and_matches_the_python_path(k, recorded_table, monkeypatch):
+    api, op = k._api, getattr(torch.ops, k.NAMESPACE).linear
+    k.warmup()
+    seen = set()
+    for e in _entries(k, recorded_table):
+        if (e.kind, e.dtype, e.launch.get("abi") if e.launch else None) in seen:
+            continue
+        seen.add((e.kind, e.dtype, e.launch.get("abi") if e.launch else None))
+        x, w = _inputs(e, e.m_measured, seed=3)
+        bias = torch.randn(e.n, device="cuda").to(x.dtype)
+        _native_counts(api)
+        with torch.inference_mode():
+            got = op(x, w)
+            got_bias = op(x.view(1, *x.shape), w, bias)
+            got_api = k.linear(x, w)  # k.linear on CUDA tensors: the op, so native too
+        hits, fallbacks = _native_counts(api)
+        assert hits == Counter({str(e.key): 3}) and not fallbacks, (e.kernel, hits, fallbacks)
+        ref = x.double() @ w.double().t()
+        _check(got, ref, e.dtype, f"native {e.kernel}")
+        _check(got_bias[0], ref + bias.double(), e.dtype, f"native {e.kernel} + bias")
+        # The bias add rounds as torch's add_: bitwise the kernel's output plus bias.
+        assert torch.equal(got_bias[0], got + bias), e.kernel
+        monkeypatch.setenv("CUDAL2_NATIVE", "0")
+        assert api.launcher == "python"
+        with torch.inference_mode():
+            py = op(x, w)
+            py_api = k.linear(x, w)
+        monkeypatch.delenv("CUDAL2_NATIVE")
+        hits, _ = _native_counts(api)
+        assert not hits, "CUDAL2_NATIVE=0 must not launch natively"
+        if e.kind == "cublaslt" or e.launch.get("split_k", 1) == 1:
+            assert torch.equal(py, got) and torch.equal(py_api, got_api), e.kernel
+        else:
+            _check(py, ref, e.dtype, f"python path {e.kernel}")
+    assert not api.stats.fallbacks, api.stats
+
+
+def test_what_the_kernels_cannot_take_goes_to_torch_natively(k, recorded_table):
+    api, op = k._api, getattr(torch.ops, k.NAMESPACE).linear
+    e = _entries(k, recorded_table, ("kernel",))[0]
+    x, w = _inputs(e, e.m_measured, seed=4)
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:].view_as(x)
+    shifted.copy_(x)  # 2 bytes past a 16-byte boundary
+    cases = {  # reason -> inputs the native checks refuse (torch's answer instead)
+        "stride": (x, w.t().contiguous().t()),
+        "alignment": (shifted, w),
+        "dtype": (x.float(), w.float()),
+        "bias": (x, w, torch.randn(e.n, device="cuda")),  # fp32 bias for fp16 inputs
+    }
+    _native_counts(api)
+    with torch.inference_mode():
+        for reason, args in cases.items():
+            assert torch.equal(op(*args), F.linear(*args)), reason
+        hits, fallbacks = _native_counts(api)
+        assert not hits and fallbacks == Counter(dict.fromkeys(cases, 1)), fallbacks
+        # torch refuses what its own op refuses, through the native kernel too
+        with pytest.raises(RuntimeError):
+            op(x[:, :-8], w)
+
+
+def test_graph_capture_and_compile_run_the_native_kernel(k, recorded_table):
+    api, op = k._api, getattr(torch.ops, k.NAMESPACE).linear
+    e = _entries(k, recorded_table, ("kernel",))[0]
+    x, w = _inputs(e, e.m_measured, seed=5)
+    lin = torch.nn.Linear(e.k, e.n, bias=True, device="cuda", dtype=x.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    patch = k.patch_linear(lin)
+    assert patch.names == [""]
+    k.warmup()
+    with torch.inference_mode():
+        eager = lin(x)
+        _native_counts(api)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = lin(x)
+        hits, _ = _native_counts(api)
+        assert sum(hits.values()) == 1  # the capture ran the native kernel
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)
+        compiled = torch.compile(lin, fullgraph=True)
+        out = compiled(x)
+        hits, _ = _native_counts(api)
+        assert sum(hits.values()) >= 1, "the compiled module did not reach the native kernel"
+        _check(out, x.double() @ w.double().t() + lin.bias.double(), e.dtype, "compiled")
+    patch.restore()
+    assert not api.stats.fallbacks, api.stats
+    del op
+
+
+def test_disable_switch_and_opcheck_on_the_native_kernel(k, recorded_table, monkeypatch):
+    api, ns = k._api, getattr(torch.ops, k.NAMESPACE)
+    e = _entries(k, recorded_table, ("kernel",))[0]
+    x, w = _inputs(e, e.m_measured, seed=6)
+    bias = torch.randn(e.n, device="cuda").to(x.dtype)
+    monkeypatch.setenv("CUDAL2_DISABLE", "1")
+    _native_counts(api)
+    with torch.inference_mode():
+        assert torch.equal(ns.linear(x, w, bias), F.linear(x, w, bias))
+    assert _native_counts(api) == (Counter(), Counter({"disabled": 1}))
+    monkeypatch.delenv("CUDAL2_DISABLE")
+    for op, args in (
+        (ns.linear.default, (x, w)),
+        (ns.linear.default, (x, w, bias)),
+        (ns.matmul.default, (x, w.t())),
+    ):
+        torch.library.opcheck(op, args)
+    hits, _ = _native_counts(api)
+    assert sum(hits.values()) > 0, "opcheck's calls did not reach the native kernel"
