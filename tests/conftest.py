@@ -31,8 +31,10 @@ from cudal2.database import MeasurementDB
 from cudal2.generator import design_name
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.packaging import native_build
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
+from cudal2.pipeline import build as pipeline_build
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.select import Selection
 from cudal2.records import Measurement, SanitizerCheck
@@ -83,6 +85,32 @@ def recorded_measurements() -> list[Measurement]:
 def artifact_cache(tmp_path_factory) -> ArtifactCache:
     """One compile cache for the whole session (nvcc is slow on 2 cores)."""
     return ArtifactCache(tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
+def session_native(
+    tmp_path_factory,
+) -> native_build.NativeBuild | native_build.NativeUnavailable:
+    """The native launcher built once for the session (real g++, nvcc and torch), in a
+    cache of its own; NativeUnavailable where this machine cannot build it."""
+    return native_build.build_native(
+        ArtifactCache(tmp_path_factory.mktemp("native-artifacts"))
+    )
+
+
+@pytest.fixture(autouse=True)
+def _native_once(monkeypatch, session_native) -> None:
+    """Every build in the suite ships the session's one native launcher: compiling it
+    takes seconds, and most tests build into a fresh cache. The pipeline still calls
+    ``build_native`` once per build (logging its line); only the compile is shared.
+    A test of the real call puts ``native_build.build_native`` back itself."""
+
+    def shared(cache=None, *, log=None):
+        if log is not None:
+            log(f"native launcher: {session_native.summary()}")
+        return session_native
+
+    monkeypatch.setattr(pipeline_build, "build_native", shared)
 
 
 @pytest.fixture(scope="session")
