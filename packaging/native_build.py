@@ -127,9 +127,7 @@ class NativeBuild:
     def summary(self) -> str:
         so, cubin = self.files[SO_NAME], self.files[CUBIN_NAME]
         cxx = f", {self.glibcxx}" if self.glibcxx else ""
-        return (
-            f"{SO_NAME} {_kb(so)} ({self.platform_tag}{cxx}), {CUBIN_NAME} {_kb(cubin)}"
-        )
+        return f"{SO_NAME} {_kb(so)} ({self.platform_tag}{cxx}), {CUBIN_NAME} {_kb(cubin)}"
 
 
 def _kb(data: bytes) -> str:
@@ -591,6 +589,4 @@ def _quarantine(cache: ArtifactCache, key: str, problem: str) -> None:
         return
     (slot / "reason.txt").write_text(problem + "\n")
     cache.quarantined.append(slot)
-    _log.warning(
-        "cudal2: native cache entry %s quarantined to %s: %s", key, slot, problem
-    )
+    _log.warning("cudal2: native cache entry %s quarantined to %s: %s", key, slot, problem)

@@ -93,9 +93,7 @@ def session_native(
 ) -> native_build.NativeBuild | native_build.NativeUnavailable:
     """The native launcher built once for the session (real g++, nvcc and torch), in a
     cache of its own; NativeUnavailable where this machine cannot build it."""
-    return native_build.build_native(
-        ArtifactCache(tmp_path_factory.mktemp("native-artifacts"))
-    )
+    return native_build.build_native(ArtifactCache(tmp_path_factory.mktemp("native-artifacts")))
 
 
 @pytest.fixture(autouse=True)

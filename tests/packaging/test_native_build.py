@@ -242,7 +242,7 @@ def _nvcc_without_cuda_h(monkeypatch, tmp_path):
     bin_.mkdir()
     (tmp_path / "inc").mkdir()
     fake = bin_ / "nvcc"
-    fake.write_text(f'#!/bin/sh\necho \'#$ INCLUDES="-I{tmp_path / "inc"}"\'\n')
+    fake.write_text(f"#!/bin/sh\necho '#$ INCLUDES=\"-I{tmp_path / 'inc'}\"'\n")
     fake.chmod(0o755)
     real = native_build._which
     monkeypatch.setattr(native_build, "_which", lambda t: str(fake) if t == "nvcc" else real(t))
