@@ -559,3 +559,20 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return fields[0] != "Z"
+
+
+def test_help_and_the_pipeline_import_no_torch(tmp_path):
+    """torch is imported inside build_native only: ``cudal2-build --help`` and the
+    modules that import the native build never load it (a fresh interpreter)."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from cudal2.cli import build\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    build.main(['--help'])\n"
+        "import cudal2.pipeline.build, cudal2.packaging.wheel, cudal2.packaging.native_build\n"
+        "print('torch' in sys.modules)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    assert res.stdout.strip() == "False"
