@@ -4,8 +4,12 @@ Layout (docs/contracts.md): the wheel ``cudal2_kernels_<name>-<version>-py3-none
 holds the import package ``<package>/`` with an ``__init__.py`` rendered from
 ``templates/package_init.py.j2``, the runtime
 copied to ``_runtime/``, ``dispatch.json`` and ``cubins/<sha256>.cubin``, plus its
-``.dist-info``. The wheel is reproducible: every member has the same timestamp and
-mode and members are written in a fixed order, so equal inputs give equal bytes.
+``.dist-info``. With a native launcher (``packaging/native_build.py``) it also holds
+``_native/libcudal2_native.so`` and ``_native/bias.cubin``, is not purelib, and is
+tagged ``py3-none-manylinux_2_<N>_x86_64`` (the .so's glibc). The wheel is
+reproducible: every member has the same timestamp and mode (0o644, the .so too: ctypes
+loads it with dlopen, which needs no exec bit) and members are written in a fixed
+order, so equal inputs give equal bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import jinja2
 from cudal2.generator.scratch import owned_name, sweep
 from packaging.version import InvalidVersion, Version
 
+from .native_build import FILES as NATIVE_FILES
+from .native_build import NativeBuild
 from .runtime.table import DispatchTable
 
 log = logging.getLogger(__name__)
@@ -47,7 +53,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "cupy": ("cupy-cuda13x>=14",),
 }
 REQUIRES_PYTHON = ">=3.11"
-WHEEL_TAG = "py3-none-any"
+WHEEL_TAG = "py3-none-any"  # a pure wheel's (no native launcher)
+NATIVE_DIR = "_native"  # <package>/_native/: the native launcher's files
 # The wheel being written: ``<out>/.cudal2-wheel-<host>.<pid>.<random>.part``.
 TEMP_PREFIX = ".cudal2-wheel-"
 
@@ -121,9 +128,10 @@ def dist_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", f"cudal2-kernels-{name}").lower()
 
 
-def wheel_filename(name: str, version: str) -> str:
-    """The PEP 427 file name: the normalised name with '-' spelled '_'."""
-    return f"{dist_name(name).replace('-', '_')}-{version}-{WHEEL_TAG}.whl"
+def wheel_filename(name: str, version: str, tag: str = WHEEL_TAG) -> str:
+    """The PEP 427 file name: the normalised name with '-' spelled '_'; ``tag``: a
+    native build's ``wheel_tag`` where the wheel ships one."""
+    return f"{dist_name(name).replace('-', '_')}-{version}-{tag}.whl"
 
 
 def runtime_sources() -> dict[str, bytes]:
@@ -133,11 +141,18 @@ def runtime_sources() -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(files, key=lambda p: p.name)}
 
 
-def write_wheel(table: DispatchTable, cubins: Mapping[str, bytes], out_dir: Path) -> Path:
+def write_wheel(
+    table: DispatchTable,
+    cubins: Mapping[str, bytes],
+    out_dir: Path,
+    native: NativeBuild | None = None,
+) -> Path:
     """Write the kernel wheel for ``table`` into ``out_dir`` and return its path.
 
     ``cubins`` maps sha256 hex -> cubin bytes and must hold the cubin of every
-    ``kind == "kernel"`` entry (extra cubins are ignored). Raises
+    ``kind == "kernel"`` entry (extra cubins are ignored). ``native``: the build's
+    native launcher, shipped in ``<package>/_native/`` under its platform tag (None: a
+    pure ``py3-none-any`` wheel, byte for byte as before there was one). Raises
     :class:`WheelBuildError` on a missing cubin, a cubin whose hash is not its key,
     or a table name/version/package that cannot name a wheel (the table itself was
     checked when it was made).
@@ -146,17 +161,18 @@ def write_wheel(table: DispatchTable, cubins: Mapping[str, bytes], out_dir: Path
     _check_names(name, version, package)
     table_bytes = table.to_bytes()
 
-    members = _package_members(table, table_bytes, cubins)
+    members = _package_members(table, table_bytes, cubins, native)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in sweep(out_dir, TEMP_PREFIX):  # left by a killed build
         log.info("cudal2: removed %s, left by a build that was killed", stale)
-    filename = wheel_filename(name, version)
-    namever = filename.split(f"-{WHEEL_TAG}")[0]
+    tag = WHEEL_TAG if native is None else native.wheel_tag
+    filename = wheel_filename(name, version, tag)
+    namever = filename.removesuffix(f"-{tag}.whl")
     dist_info = f"{namever}.dist-info"
     members[f"{dist_info}/METADATA"] = _metadata(table)
     members[f"{dist_info}/entry_points.txt"] = _entry_points(table)
-    members[f"{dist_info}/WHEEL"] = _wheel_file(table)
+    members[f"{dist_info}/WHEEL"] = _wheel_file(table, native)
     record_path = f"{dist_info}/RECORD"
     # Written under a name that is no wheel's, in out_dir (one file system, so the
     # rename is atomic): a killed build leaves no wheel-looking file, and the next
@@ -215,18 +231,31 @@ def _check_names(name: str, version: str, package: str) -> None:
 
 
 def _package_members(
-    table: DispatchTable, table_bytes: bytes, cubins: Mapping[str, bytes]
+    table: DispatchTable,
+    table_bytes: bytes,
+    cubins: Mapping[str, bytes],
+    native: NativeBuild | None,
 ) -> dict[str, bytes]:
     """The import package's files, in the order they go into the zip (sorted by name)."""
     package = table.package
+    native_sha256 = (
+        {name: hashlib.sha256(data).hexdigest() for name, data in native.files.items()}
+        if native is not None
+        else None
+    )
     members: dict[str, bytes] = {
-        f"{package}/__init__.py": _init_source(table).encode("utf-8"),
+        f"{package}/__init__.py": _init_source(table, native_sha256).encode("utf-8"),
         f"{package}/dispatch.json": table_bytes,
     }
     for fname, data in runtime_sources().items():
         members[f"{package}/_runtime/{fname}"] = data
     for sha, data in _kernel_cubins(table, cubins).items():
         members[f"{package}/cubins/{sha}.cubin"] = data
+    if native is not None:
+        if set(native.files) != set(NATIVE_FILES):  # a NativeBuild checks it; so do we
+            raise WheelBuildError(f"a native build ships exactly {', '.join(NATIVE_FILES)}")
+        for fname, data in native.files.items():
+            members[f"{package}/{NATIVE_DIR}/{fname}"] = bytes(data)
     return dict(sorted(members.items()))
 
 
@@ -317,12 +346,14 @@ def _metadata(table: DispatchTable) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def _wheel_file(table: DispatchTable) -> bytes:
+def _wheel_file(table: DispatchTable, native: NativeBuild | None) -> bytes:
+    # A wheel with a platform-specific file is platlib (PEP 427): installers put it in
+    # the platform's site-packages, and the tag names the platform it runs on.
     lines = [
         "Wheel-Version: 1.0",
         f"Generator: cudal2 {table.tool_version}",
-        "Root-Is-Purelib: true",
-        f"Tag: {WHEEL_TAG}",
+        f"Root-Is-Purelib: {'true' if native is None else 'false'}",
+        f"Tag: {WHEEL_TAG if native is None else native.wheel_tag}",
     ]
     return ("\n".join(lines) + "\n").encode("utf-8")
 

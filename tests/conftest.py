@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import uuid
 import zipfile
@@ -31,8 +32,10 @@ from cudal2.database import MeasurementDB
 from cudal2.generator import design_name
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
+from cudal2.packaging import native_build
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
+from cudal2.pipeline import build as pipeline_build
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.select import Selection
 from cudal2.records import Measurement, SanitizerCheck
@@ -83,6 +86,30 @@ def recorded_measurements() -> list[Measurement]:
 def artifact_cache(tmp_path_factory) -> ArtifactCache:
     """One compile cache for the whole session (nvcc is slow on 2 cores)."""
     return ArtifactCache(tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
+def session_native(
+    tmp_path_factory,
+) -> native_build.NativeBuild | native_build.NativeUnavailable:
+    """The native launcher built once for the session (real g++, nvcc and torch), in a
+    cache of its own; NativeUnavailable where this machine cannot build it."""
+    return native_build.build_native(ArtifactCache(tmp_path_factory.mktemp("native-artifacts")))
+
+
+@pytest.fixture(autouse=True)
+def _native_once(monkeypatch, session_native) -> None:
+    """Every build in the suite ships the session's one native launcher: compiling it
+    takes seconds, and most tests build into a fresh cache. The pipeline still calls
+    ``build_native`` once per build (logging its line); only the compile is shared.
+    A test of the real call puts ``native_build.build_native`` back itself."""
+
+    def shared(cache=None, *, log=None):
+        if log is not None:
+            log(f"native launcher: {session_native.summary()}")
+        return session_native
+
+    monkeypatch.setattr(pipeline_build, "build_native", shared)
 
 
 @pytest.fixture(scope="session")
@@ -154,87 +181,32 @@ def selected_cubins(_selected_table) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="session")
-def native_build(tmp_path_factory):
-    """TEMPORARY (until packaging/native_build.py lands): the launcher compiled here."""
-    import os
-    import shutil
-    import subprocess
-    import types
-
-    env_dir = os.environ.get("CUDAL2_TEST_NATIVE")
-    if env_dir:
-        files = {p.name: p.read_bytes() for p in Path(env_dir).iterdir()}
-        return types.SimpleNamespace(files=files)
-    if not shutil.which("g++") or not shutil.which("nvcc"):
-        return None
-    import torch
-
-    src = Path(__file__).resolve().parents[1] / "packaging" / "native"
-    out = tmp_path_factory.mktemp("native")
-    t = Path(torch.__file__).parent
-    subprocess.run(
-        [
-            "g++",
-            "-std=c++17",
-            "-O2",
-            "-fPIC",
-            "-shared",
-            "-fvisibility=hidden",
-            "-DTORCH_TARGET_VERSION=0x020b000000000000",
-            f"-I{t}/include",
-            "-I/usr/local/cuda-13.0/include",
-            str(src / "launcher.cpp"),
-            "-o",
-            str(out / "libcudal2_native.so"),
-            f"-L{t}/lib",
-            "-ltorch_cpu",
-            "-ldl",
-        ],
-        check=True,
-    )
-    subprocess.run(
-        [
-            "nvcc",
-            "-cubin",
-            "-arch=sm_90a",
-            "-O3",
-            str(src / "bias.cu"),
-            "-o",
-            str(out / "bias.cubin"),
-        ],
-        check=True,
-    )
-    files = {p.name: p.read_bytes() for p in out.iterdir()}
-    return types.SimpleNamespace(files=files)
+def shipped_native(session_native) -> native_build.NativeBuild | None:
+    """The native launcher the packages of the runtime tests ship: the session's build
+    (None where it cannot be built here); with ``CUDAL2_TEST_NATIVE=<folder>``, the
+    files found there instead, with the tag and versions of a build's (ci/gpu_native.sh:
+    the GPU machine runs the CPU machine's binary, not one built against its own torch)."""
+    folder = os.environ.get("CUDAL2_TEST_NATIVE")
+    if folder:
+        files = {name: (Path(folder) / name).read_bytes() for name in native_build.FILES}
+        return native_build.NativeBuild(files, "manylinux_2_34_x86_64", "carried", "", "")
+    return session_native if isinstance(session_native, native_build.NativeBuild) else None
 
 
 @pytest.fixture
-def write_package(native_build) -> Callable[[Path, DispatchTable, dict[str, bytes]], str]:
+def write_package(shipped_native) -> Callable[[Path, DispatchTable, dict[str, bytes]], str]:
     """Installs a table as a generated package under ``root``, through the real wheel
-    writer (a wheel is unzipped there, as pip would lay it out), and returns its
-    import name, unique per call so that imports never collide."""
+    writer (a wheel is unzipped there, as pip would lay it out) with the native launcher
+    where one is built (``shipped_native``), and returns its import name, unique per
+    call so that imports never collide."""
+    native = shipped_native
 
     def write(root: Path, table: DispatchTable, cubins: dict[str, bytes]) -> str:
         tag = uuid.uuid4().hex[:12]
         table = dataclasses.replace(table, name=f"t{tag}", package=package_name(f"t{tag}"))
-        wheel = write_wheel(table, cubins, root / f"dist-{tag}")
+        wheel = write_wheel(table, cubins, root / f"dist-{tag}", native=native)
         with zipfile.ZipFile(wheel) as z:
             z.extractall(root)
-        if native_build is not None:  # TEMPORARY: what write_wheel(native=...) will do
-            import hashlib
-            import re
-
-            d = root / table.package / "_native"
-            d.mkdir()
-            sha = {}
-            for name, data in native_build.files.items():
-                (d / name).write_bytes(data)
-                sha[name] = hashlib.sha256(data).hexdigest()
-            init = root / table.package / "__init__.py"
-            text = re.sub(
-                r"NATIVE_SHA256 = \{.*\}", "NATIVE_SHA256 = " + repr(sha), init.read_text()
-            )
-            init.write_text(text)
         return table.package
 
     return write

@@ -39,6 +39,18 @@ BREACHES = [
         "Layers",
     ),
     ("a cycle in the runtime", "packaging/runtime/abi.py", "from . import api", "cycles"),
+    (
+        "the native build imports the wheel",
+        "packaging/native_build.py",
+        "import cudal2.packaging.wheel",
+        "Layers",
+    ),
+    (
+        "runtime imports the native build",
+        "packaging/runtime/api.py",
+        "import cudal2.packaging.native_build",
+        "runtime",
+    ),
     ("a module no layer names", "stray.py", "import cudal2.records", "Layers"),
 ]
 

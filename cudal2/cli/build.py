@@ -10,7 +10,8 @@ measured, or described); 2 bad manifest, arguments or job folder, or a
 ``--measurements`` path that is no database (nothing written); 3 no GPU here and no
 recorded measurement of any of the manifest's targets (a new shape: measure on a GPU, or
 split the build); 1 any other reason the build could not run (nvcc missing, no GPU
-worker, a selected kernel that does not compile here); 130 interrupted (Ctrl-C).
+worker, a selected kernel or the native launcher that does not compile here); 130
+interrupted (Ctrl-C). ``--no-native`` ships a pure wheel without the native launcher.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
 EXIT_NO_RECORDS = 3
 EXIT_CODES = (
     "exit codes: 0 built (or job exported / measured / described); 1 the build could not run "
-    "(nvcc missing, no GPU worker, a winner that does not compile here); 2 bad manifest, "
+    "(nvcc missing, no GPU worker, a winner or the native launcher that does not compile "
+    "here); 2 bad manifest, "
     "arguments, job folder or database path (nothing written); 3 no GPU here and no recorded "
     "measurement of the manifest's targets (a new shape: build on a GPU, or split the build "
     "with --export-job / --measure-job, docs/ci.md); 130 interrupted"
@@ -73,6 +75,14 @@ def _parser() -> cli_args.Parser:
         "--no-measure",
         action="store_true",
         help="do not use a GPU even if present: package from records",
+    )
+    p.add_argument(
+        "--no-native",
+        action="store_true",
+        help="ship a pure py3-none-any wheel, without the native launcher (by default it "
+        "is built with g++ and nvcc against the torch installed here, >= 2.11, and shipped "
+        "in <package>/_native/ under a manylinux tag; where it cannot be built, the wheel "
+        "is pure and the log says why)",
     )
     p.add_argument(
         "--cache",
@@ -190,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         CubinUnavailableError,
         NvccNotFoundError,
     )
+    from cudal2.packaging.native_build import NativeBuildError
     from cudal2.pipeline.build import Build, BuildError, NoRecordsError
     from cudal2.verify.pool import WorkerError
 
@@ -211,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             measure=not args.no_measure,
             jobs=args.jobs,
             device=args.device,
+            native=not args.no_native,
         ).run()
     except DatabaseError as e:  # --measurements names no database: bad input
         print(f"cudal2-build: error: {e}", file=sys.stderr)
@@ -224,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         CubinUnavailableError,
         CacheIntegrityError,
         CompileInterruptedError,
+        NativeBuildError,
         WorkerError,
     ) as e:
         print(f"cudal2-build: error: {e}", file=sys.stderr)

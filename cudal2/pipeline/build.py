@@ -37,6 +37,7 @@ from cudal2.generator.compile import (
 from cudal2.generator.render import IllegalDesignError, symbol
 from cudal2.hardware import datasheet
 from cudal2.manifest import Manifest
+from cudal2.packaging.native_build import NativeBuild, build_native
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
@@ -95,6 +96,7 @@ class BuildReport:
     waiting: int = 0  # selected kernels without a clean sanitizer check (not shipped)
     skipped: int = 0  # database lines not believed (unreadable, malformed, lying)
     quarantined: list[Path] = field(default_factory=list)  # broken cache entries moved aside
+    native: NativeBuild | None = None  # the native launcher shipped (None: a pure wheel)
 
 
 def shippable() -> Callable[[Measurement], bool]:
@@ -202,6 +204,7 @@ class Build:
         device: int = 0,
         runner: Runner | None = None,
         proposer: Proposer | None = None,
+        native: bool = True,
         log: TextIO | None = None,  # None: sys.stderr as it is when the build is made
     ):
         self.manifest = manifest
@@ -214,6 +217,7 @@ class Build:
         self.device = device
         self.runner = runner
         self.proposer = proposer
+        self.native = native  # build the native launcher into the wheel (where it can be)
         # sys.stderr as it is now, not at import (a test's capture, a redirected CLI)
         self.log = log if log is not None else sys.stderr
         self.counts = Counter(measured=0, reused=0, compiled=0, unmeasured=0, appended=0)
@@ -539,6 +543,16 @@ class Build:
         gpu = runner.start()
         return self._select(runner, gpu, history, recheck=recheck)
 
+    def _native(self) -> NativeBuild | None:
+        """The native launcher the wheel ships (built once per build, from the cache
+        where it can be), or None for a pure wheel (``--no-native``, or it cannot be
+        built here: the log line says why)."""
+        if not self.native:
+            self.say("native launcher: not built (--no-native); the wheel is pure Python")
+            return None
+        built = build_native(self.cache, log=self.say)
+        return built if isinstance(built, NativeBuild) else None
+
     def run(self) -> BuildReport:
         """The whole build: measure, select, compile the winners, write the wheel."""
         selections, missing = self.measure_and_select()
@@ -557,7 +571,10 @@ class Build:
             selections=selections,
             cubin_of=shipped_cubins(selections, self.cache),
         )
-        wheel = write_wheel(table, cubins, self.out_dir)
+        # Once per build, whatever measured it (a GPU, a replay, --no-measure packaging
+        # of a split build): what the wheel ships beside the cubins.
+        native = self._native()
+        wheel = write_wheel(table, cubins, self.out_dir, native)
         return BuildReport(
             wheel=wheel,
             table=table,
@@ -571,6 +588,7 @@ class Build:
             waiting=len(self.gate.waiting),
             skipped=self.skipped,
             quarantined=list(self.cache.quarantined),
+            native=native,
         )
 
 

@@ -34,7 +34,7 @@ def test_default_build_twice_is_byte_identical_and_diffs_clean(
     for i in range(2):
         out = tmp_path / f"out{i}"
         assert build_cli.main(["--out", str(out), "--cache", str(artifact_cache.root)]) == 0
-        (w,) = out.glob("cudal2_kernels_default-0.1.0-py3-none-any.whl")
+        (w,) = out.glob("cudal2_kernels_default-0.1.0-py3-none-*.whl")
         wheels.append(w)
     assert _sha(wheels[0]) == _sha(wheels[1])
     text = capsys.readouterr().out
@@ -80,7 +80,14 @@ def test_help_documents_the_exit_codes_and_the_split(capsys):
         build_cli.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "3 no GPU here and no recorded measurement" in text
-    for flag in ("--dry-run", "--export-job", "--measure-job", "--list-targets", ".jsonl.gz"):
+    for flag in (
+        "--dry-run",
+        "--export-job",
+        "--measure-job",
+        "--list-targets",
+        ".jsonl.gz",
+        "--no-native",
+    ):
         assert flag in text
 
 
@@ -237,3 +244,88 @@ def test_dry_run_writes_nothing_and_says_what_a_build_would_do(tmp_path, capsys)
     assert build_cli.main([str(m), "--list-targets"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 32 and lines[0].startswith("sm_90a ")
+
+
+# -- the native launcher (cudal2.packaging.native_build) -------------------------------
+
+
+@pytest.fixture
+def real_native(monkeypatch):
+    """The pipeline's real ``build_native`` (the suite shares one build), counted."""
+    from cudal2.packaging import native_build
+    from cudal2.pipeline import build as pipeline_build
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return native_build.build_native(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline_build, "build_native", counted)
+    return calls
+
+
+def _package_build(tmp_path, cache, *extra):
+    out = tmp_path / "out"
+    args = [str(default_manifest_path()), "--no-measure", "--out", str(out)]
+    rc = build_cli.main([*args, "--cache", str(cache), *extra])
+    return rc, sorted(out.glob("*.whl")) if out.exists() else []
+
+
+def test_the_build_ships_the_native_launcher_built_once(
+    tmp_path, no_gpu, artifact_cache, real_native, session_native, capsys
+):
+    from cudal2.packaging.native_build import NativeUnavailable
+
+    if isinstance(session_native, NativeUnavailable):
+        pytest.skip(session_native.reason)
+    rc, wheels = _package_build(tmp_path, artifact_cache.root)
+    assert rc == 0 and len(real_native) == 1
+    (whl,) = wheels
+    assert whl.name == f"cudal2_kernels_default-0.1.0-py3-none-{session_native.platform_tag}.whl"
+    err = capsys.readouterr().err
+    assert f"native launcher: {session_native.summary()}\n" in err
+    with zipfile.ZipFile(whl) as z:
+        for name, data in session_native.files.items():  # another cache, the same bytes
+            assert z.read(f"cudal2_kernels_default/_native/{name}") == data
+
+
+def test_no_native_ships_the_pure_wheel(tmp_path, no_gpu, artifact_cache, real_native, capsys):
+    rc, wheels = _package_build(tmp_path, artifact_cache.root, "--no-native")
+    assert rc == 0 and real_native == []
+    assert [w.name for w in wheels] == ["cudal2_kernels_default-0.1.0-py3-none-any.whl"]
+    with zipfile.ZipFile(wheels[0]) as z:
+        assert not [n for n in z.namelist() if "_native" in n]
+    err = capsys.readouterr().err
+    assert "native launcher: not built (--no-native); the wheel is pure Python\n" in err
+
+
+def test_a_machine_that_cannot_build_it_ships_a_pure_wheel(
+    tmp_path, no_gpu, artifact_cache, real_native, monkeypatch, capsys
+):
+    from cudal2.packaging import native_build
+
+    real = native_build._which
+    monkeypatch.setattr(native_build, "_which", lambda t: None if t == "g++" else real(t))
+    rc, wheels = _package_build(tmp_path, artifact_cache.root)
+    assert rc == 0 and len(real_native) == 1
+    assert [w.name for w in wheels] == ["cudal2_kernels_default-0.1.0-py3-none-any.whl"]
+    err = capsys.readouterr().err
+    assert "native launcher: not built (no g++ on PATH); the wheel is pure Python\n" in err
+
+
+def test_a_launcher_that_does_not_compile_fails_the_build(
+    tmp_path, no_gpu, artifact_cache, real_native, session_native, monkeypatch, capsys
+):
+    from cudal2.packaging import native_build
+
+    if isinstance(session_native, native_build.NativeUnavailable):
+        pytest.skip(session_native.reason)
+    sources = native_build.native_sources()
+    broken = {**sources, "launcher.cpp": b"#error the lead broke it\n"}
+    monkeypatch.setattr(native_build, "native_sources", lambda: broken)
+    rc, wheels = _package_build(tmp_path, artifact_cache.root)
+    assert rc == 1 and wheels == []
+    err = capsys.readouterr().err
+    assert "cudal2-build: error: g++ failed on launcher.cpp" in err
+    assert "the lead broke it" in err and "--no-native" in err

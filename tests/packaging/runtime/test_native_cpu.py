@@ -15,15 +15,15 @@ import torch
 
 from cudal2.packaging.runtime import abi, api, native, ops
 
-pytestmark = pytest.mark.usefixtures("native_build")
+pytestmark = pytest.mark.usefixtures("shipped_native")
 
 
 @pytest.fixture
-def lib(native_build, tmp_path):
-    if native_build is None:
+def lib(shipped_native, tmp_path):
+    if shipped_native is None:
         pytest.skip("the native launcher cannot be built here (no g++ or nvcc)")
     path = tmp_path / native.LIBRARY
-    path.write_bytes(native_build.files[native.LIBRARY])
+    path.write_bytes(shipped_native.files[native.LIBRARY])
     return native._library(str(path))
 
 
@@ -134,12 +134,12 @@ def test_the_python_path_serves_where_the_native_one_cannot(
     reason,
     tmp_path,
     monkeypatch,
-    native_build,
+    shipped_native,
     recorded_table,
     recorded_cubins,
     write_package,
 ):
-    if native_build is None:
+    if shipped_native is None:
         pytest.skip("the native launcher cannot be built here (no g++ or nvcc)")
     name = write_package(tmp_path, recorded_table, recorded_cubins)
     pkg_dir = tmp_path / name
