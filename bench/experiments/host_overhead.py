@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", required=True)
-    args = args_ = ap.parse_args()
+    args = ap.parse_args()
 
     import torch
     import torch.nn.functional as F
@@ -175,15 +175,15 @@ def main() -> int:
         lib, slot = api.native.lib, api.native.slot
         pid = api.native._ids[(str(e.key), 0, None)]
         per_call[NATIVE_FLOOR] = []
-        args = (slot, pid, x.data_ptr(), w.data_ptr(), c.data_ptr(), 1, n, k, k, k, stream)
-        assert lib.cudal2_native_launch_loop(*args, 1) == 0
-        for _ in range(args_.reps):
+        loop = (slot, pid, x.data_ptr(), w.data_ptr(), c.data_ptr(), 1, n, k, k, k, stream)
+        assert lib.cudal2_native_launch_loop(*loop, 1) == 0
+        for _ in range(args.reps):
             torch.cuda._sleep(50_000_000)
             t0 = time.perf_counter_ns()
-            assert lib.cudal2_native_launch_loop(*args, args_.calls) == 0
+            assert lib.cudal2_native_launch_loop(*loop, args.calls) == 0
             t1 = time.perf_counter_ns()
             torch.cuda.synchronize()
-            per_call[NATIVE_FLOOR].append((t1 - t0) / args_.calls / 1000.0)
+            per_call[NATIVE_FLOOR].append((t1 - t0) / args.calls / 1000.0)
     med = {name: round(statistics.median(v), 2) for name, v in per_call.items()}
     base = med["raw_cuLaunchKernel"]
     res = {
