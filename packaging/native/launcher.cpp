@@ -90,6 +90,14 @@ CurrentStreamFn current_stream = nullptr;
 // (looked up at init; absent on older torch, whose shim logs the message instead).
 using ExceptionWhatFn = const char* (*)();
 ExceptionWhatFn exception_what = nullptr;
+// torch's own cuBLAS GEMMs (AOTInductor's C shim, kept across releases), for the calls
+// whose plan is torch's: the same call aten::linear makes, without the dispatcher's
+// lookup by name (~10 us a call). Absent: those calls go through the dispatcher.
+using MmOutFn = AOTITorchError (*)(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle);
+using AddmmOutFn = AOTITorchError (*)(AtenTensorHandle, AtenTensorHandle, AtenTensorHandle,
+                                      AtenTensorHandle, double, double);
+MmOutFn mm_out = nullptr;
+AddmmOutFn addmm_out = nullptr;
 std::mutex init_mu;
 bool initialised = false;
 
@@ -425,6 +433,83 @@ int32_t lookup(Slot& s, int si, const ShapeKey& key, int32_t dtype, const Operan
   return got;
 }
 
+// The output of a call: [..., N] (linear) or [M, N], contiguous, from torch's allocator.
+AtenTensorHandle new_output(bool is_linear, const View& a, const Operands& o) {
+  int64_t out_dim = is_linear ? a.ndim : 2;
+  int64_t sizes[64], strides[64];
+  if (out_dim > 64) fail("cudal2: more than 64 dimensions");
+  for (int64_t i = 0; i + 1 < out_dim; ++i) sizes[i] = is_linear ? a.sizes[i] : o.m;
+  sizes[out_dim - 1] = o.n;
+  int64_t st = 1;
+  for (int64_t i = out_dim - 1; i >= 0; --i) {
+    strides[i] = st;
+    st *= sizes[i];
+  }
+  AtenTensorHandle out = nullptr;
+  if (aoti_torch_empty_strided(out_dim, sizes, strides, a.dtype, kCuda, a.device_index, &out) !=
+      AOTI_TORCH_SUCCESS) {
+    fail(std::string("cudal2: cannot allocate the output for ") + describe(a, "x"));
+  }
+  return out;
+}
+
+bool contiguous(const View& v) {
+  int64_t expected = 1;
+  for (int64_t i = v.ndim - 1; i >= 0; --i) {
+    if (v.sizes[i] != 1 && v.strides[i] != expected) return false;
+    expected *= v.sizes[i];
+  }
+  return true;
+}
+
+// Torch's own GEMM for a call no kernel runs, the one aten::linear / aten::matmul make
+// for these operands (mm, or addmm with the bias), into a new output: true, with the
+// output in stack[0] and the inputs released; false (nothing done) where the shim lacks
+// the functions or refuses, and the caller goes through the dispatcher.
+bool torch_gemm(bool is_linear, const View& a, const View& b, const View* bias, const Operands& o,
+                StableIValue* stack) {
+  if (mm_out == nullptr || addmm_out == nullptr) return false;
+  if (bias != nullptr && a.ndim > 2 && !contiguous(a)) {
+    return false;  // aten::linear: matmul, then add_ (rounded twice): the dispatcher's
+  }
+  // Views of the inputs (the shim's storage offset is added to the tensor's own: 0 keeps
+  // it). A as [M, K] (the leading dims collapsed, row stride lda); B^T as [K, N]
+  int64_t a_sizes[2] = {o.m, o.k}, a_strides[2] = {o.lda, 1};
+  int64_t b_sizes[2] = {o.k, o.n};
+  int64_t b_strides[2] = {o.layout == 0 ? 1 : o.ldb, o.layout == 0 ? o.ldb : 1};
+  int64_t c_sizes[2] = {o.m, o.n}, c_strides[2] = {o.n, 1};
+  AtenTensorHandle a2 = nullptr, bt = nullptr, c2 = nullptr, out = new_output(is_linear, a, o);
+  // 2-D operands are used as they are (a view costs an allocation); linear's weight is
+  // always viewed transposed, and an N-D input and its output collapsed.
+  bool flat = a.ndim == 2;
+  bool ok = (flat || aoti_torch__reinterpret_tensor(a.h, 2, a_sizes, a_strides, 0, &a2) ==
+                         AOTI_TORCH_SUCCESS) &&
+            (!is_linear || aoti_torch__reinterpret_tensor(b.h, 2, b_sizes, b_strides, 0, &bt) ==
+                               AOTI_TORCH_SUCCESS) &&
+            (flat || aoti_torch__reinterpret_tensor(out, 2, c_sizes, c_strides, 0, &c2) ==
+                         AOTI_TORCH_SUCCESS);
+  if (ok) {
+    AtenTensorHandle x = flat ? a.h : a2, y = is_linear ? bt : b.h, c = flat ? out : c2;
+    ok = (bias != nullptr ? addmm_out(c, bias->h, x, y, 1.0, 1.0) : mm_out(c, x, y)) ==
+         AOTI_TORCH_SUCCESS;
+  }
+  for (AtenTensorHandle h : {a2, bt, c2}) {
+    if (h != nullptr) aoti_torch_delete_tensor_object(h);
+  }
+  if (!ok) {
+    aoti_torch_delete_tensor_object(out);
+    return false;
+  }
+  aoti_torch_delete_tensor_object(a.h);
+  aoti_torch_delete_tensor_object(b.h);
+  if (bias != nullptr) {
+    aoti_torch_delete_tensor_object(bias->h);
+    delete reinterpret_cast<StableIValue*>(stack[2]);  // torch 2.11's boxed optional
+  }
+  stack[0] = reinterpret_cast<StableIValue>(out);
+  return true;
+}
+
 // One call of `linear` (is_linear) or `matmul` on slot si. Stack: x, w[, bias?].
 void run(int si, bool is_linear, StableIValue* stack) {
   Slot& s = slots[si];
@@ -457,13 +542,14 @@ void run(int si, bool is_linear, StableIValue* stack) {
     }
   }
   if (reason < 0) {
-    if ((reinterpret_cast<uintptr_t>(a.data) | reinterpret_cast<uintptr_t>(b.data)) % 16) {
-      reason = R_ALIGNMENT;
-    } else if (a.device_type != kCuda || b.device_type != kCuda ||
-               a.device_index != b.device_index) {
+    if (a.device_type != kCuda || b.device_type != kCuda || a.device_index != b.device_index) {
       reason = R_DEVICE;
+    } else if ((reinterpret_cast<uintptr_t>(a.data) | reinterpret_cast<uintptr_t>(b.data)) % 16) {
+      reason = R_ALIGNMENT;
     }
   }
+  // From here on the inputs are well-formed CUDA GEMM operands (o holds them): a call
+  // that does not run a kernel can run torch's cuBLAS GEMM directly (`torch_gemm`).
   int32_t plan_id = -1;
   int dev = a.device_index;
   int32_t dtype = a.dtype == kHalf ? 0 : 1;
@@ -488,27 +574,14 @@ void run(int si, bool is_linear, StableIValue* stack) {
   if (reason < 0 && bias_box != nullptr && p.bias_function == 0) reason = R_BIAS;
   if (reason >= 0) {
     s.fallbacks[reason].fetch_add(1, std::memory_order_relaxed);
-    redispatch(aten, stack, what);
+    bool operands_ok = reason == R_ALIGNMENT || reason >= R_LAUNCH_ERROR;
+    if (!(operands_ok && torch_gemm(is_linear, a, b, bias_box ? &bias : nullptr, o, stack))) {
+      redispatch(aten, stack, what);
+    }
     return;
   }
 
-  // The output, [..., N] (linear) or [M, N], contiguous, from torch's allocator.
-  int64_t out_dim = is_linear ? a.ndim : 2;
-  int64_t sizes[64], strides[64];
-  if (out_dim > 64) fail("cudal2: more than 64 dimensions");
-  for (int64_t i = 0; i + 1 < out_dim; ++i) sizes[i] = is_linear ? a.sizes[i] : o.m;
-  sizes[out_dim - 1] = o.n;
-  int64_t st = 1;
-  for (int64_t i = out_dim - 1; i >= 0; --i) {
-    strides[i] = st;
-    st *= sizes[i];
-  }
-  AtenTensorHandle out = nullptr;
-  if (aoti_torch_empty_strided(out_dim, sizes, strides, a.dtype, kCuda, dev, &out) !=
-      AOTI_TORCH_SUCCESS) {
-    fail(std::string("cudal2: cannot allocate the output of ") + what + " for " +
-         describe(a, "x") + ", " + describe(b, "w"));
-  }
+  AtenTensorHandle out = new_output(is_linear, a, o);
   void* c = nullptr;
   aoti_torch_get_data_ptr(out, &c);
   void* stream_ptr = nullptr;
@@ -582,7 +655,9 @@ void run(int si, bool is_linear, StableIValue* stack) {
       s.event(si, plan_id, R_LAUNCH_ERROR, message.c_str());
     }
     s.fallbacks[reason].fetch_add(1, std::memory_order_relaxed);
-    redispatch(aten, stack, what);
+    if (!torch_gemm(is_linear, a, b, bias_box ? &bias : nullptr, o, stack)) {
+      redispatch(aten, stack, what);
+    }
     return;
   }
   s.hits[plan_id].fetch_add(1, std::memory_order_relaxed);
@@ -657,6 +732,11 @@ CUDAL2_EXPORT int cudal2_native_init(char* err, int err_len) {
   if (torch_cuda == nullptr || !sym(torch_cuda, "aoti_torch_get_current_cuda_stream",
                                     &current_stream)) {
     return why("torch's CUDA library (libtorch_cuda.so) is not loaded: a CPU build of torch");
+  }
+  if (!sym(torch_cuda, "aoti_torch_cuda_mm_out", &mm_out) ||
+      !sym(torch_cuda, "aoti_torch_cuda_addmm_out", &addmm_out)) {
+    mm_out = nullptr;
+    addmm_out = nullptr;
   }
   void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_NOW | RTLD_NOLOAD);
   if (torch_cpu != nullptr) {

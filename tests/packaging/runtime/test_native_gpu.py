@@ -8,13 +8,14 @@ carry it); ``ci/gpu_native.sh`` runs them a second time with ``CUDAL2_NATIVE=0``
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from .test_api_gpu import _check, _inputs, _served
+from .test_api_gpu import _check, _inputs, _served, make_api  # noqa: F401 - a fixture
 
 pytestmark = [
     pytest.mark.gpu,
@@ -154,3 +155,51 @@ def test_disable_switch_and_opcheck_on_the_native_kernel(k, recorded_table, monk
         torch.library.opcheck(op, args)
     hits, _ = _native_counts(api)
     assert sum(hits.values()) > 0, "opcheck's calls did not reach the native kernel"
+
+
+def fallback_table(table):
+    """``table`` with every entry turned into a fallback entry (the baseline won)."""
+    entries = tuple(
+        dataclasses.replace(
+            e,
+            kind="fallback",
+            kernel=None,
+            symbol=None,
+            cubin_sha256=None,
+            launch=None,
+            design_key=None,
+            cublaslt=None,
+            time_us=e.baseline_us or e.time_us,
+            speedup=None,
+            spread=None,
+        )
+        for e in table.entries
+    )
+    return dataclasses.replace(table, entries=entries)
+
+
+def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_table):  # noqa: F811
+    """A fallback entry's call runs torch's own cuBLAS GEMM from the native kernel (mm,
+    or addmm with a bias, as aten::linear would): bitwise aten::linear's result, for 2-D,
+    contiguous 3-D and (through the dispatcher: matmul then add_) strided 3-D inputs."""
+    api = make_api(fallback_table(recorded_table))
+    assert api.launcher == "native", api.native_reason
+    op = getattr(torch.ops, api.native.namespace).linear
+    e = next(e for e in _served(recorded_table, api) if e.layout == "tn")
+    x, w = _inputs(e, e.m_measured, seed=7)
+    bias = torch.randn(e.n, device="cuda").to(x.dtype)
+    wide = torch.randn(1, e.m_measured, 2 * e.k, device="cuda").to(x.dtype)[..., : e.k]
+    cases = [
+        (x, w, None),
+        (x, w, bias),
+        (x.view(1, *x.shape), w, bias),
+        (wide, w, bias),  # rows padded: collapsible, not contiguous
+        (x, w.t().t(), bias),
+    ]
+    _native_counts(api)
+    with torch.inference_mode():
+        for i, args in enumerate(cases):
+            got = op(*args)
+            assert got.shape == F.linear(*args).shape and torch.equal(got, F.linear(*args)), i
+    hits, fallbacks = _native_counts(api)
+    assert not hits and fallbacks == Counter({"fallback_entry": len(cases)}), fallbacks
