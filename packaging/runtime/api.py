@@ -324,7 +324,8 @@ class Api:
         if (_torch is None or type(a) not in _PLAIN_TYPES) and arrays.is_foreign(a):
             return arrays.run(self, "matmul", a, b)
         if self.native is not None and self._native_call(a, b, None):
-            return self._native_matmul(a, b)
+            with _torch._C._AutoDispatchBelowAutograd():
+                return self._native_matmul(a, b)
         return self._matmul(a, b, False)
 
     def linear(self, x: Any, w: Any, bias: Any = None) -> Any:
@@ -335,7 +336,8 @@ class Api:
         if (_torch is None or type(x) not in _PLAIN_TYPES) and arrays.is_foreign(x):
             return arrays.run(self, "linear", x, w, bias)
         if self.native is not None and self._native_call(x, w, bias):
-            return self._native_linear(x, w, bias)
+            with _torch._C._AutoDispatchBelowAutograd():  # nothing to record (see ops)
+                return self._native_linear(x, w, bias)
         return self._linear(x, w, bias, False)
 
     def _native_call(self, x: Any, w: Any, bias: Any) -> bool:
@@ -344,10 +346,12 @@ class Api:
         on; the op's kernel then applies every other rule of the Python path."""
         if type(w) not in _PLAIN_TYPES or not x.is_cuda or _native_off():
             return False
-        if bias is not None and (type(bias) not in _PLAIN_TYPES or bias.requires_grad):
-            return False  # the Python path's "bias" / "grad" rules decide
-        if (x.requires_grad or w.requires_grad) and _torch.is_grad_enabled():
-            return False  # "grad": F.linear records the graph
+        if bias is not None and type(bias) not in _PLAIN_TYPES:
+            return False  # the Python path's "bias" rule decides
+        if (
+            x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
+        ) and _torch.is_grad_enabled():
+            return False  # "grad" / "bias": F.linear records the graph
         if _torch.compiler.is_compiling():
             return False
         if self._native_linear is None:

@@ -163,8 +163,8 @@ class LinearPatch:
         for _, module, cls in self._patched:
             if getattr(type(module), "_cudal2_original", None) is cls:
                 module.__class__ = cls
-                module.__dict__.pop("_cudal2_linear", None)
-                module.__dict__.pop("_cudal2_eager", None)
+                for attr in ("_cudal2_linear", "_cudal2_eager", "_cudal2_api", "_cudal2_torch"):
+                    module.__dict__.pop(attr, None)
         self._patched = []
 
     def __enter__(self) -> LinearPatch:
@@ -178,6 +178,32 @@ class LinearPatch:
 
 
 _PATCHED_CLASSES: dict[tuple[type, bool], type] = {}
+_UNSEEN = object()
+# Reasons that follow from the table and the device alone, for a (device, dtype, M, N, K):
+# the same for every call of that size on a layer, so a patched layer remembers them.
+TABLE_REASONS = frozenset(
+    {"fallback_entry", "no_entry", "align", "fits", "abi", "arch", "gpu", "driver", "table"}
+)
+_F_linear: Any = None  # torch.nn.functional.linear, set by patch_linear
+
+
+def _table_reason(module: Any, input: Any, size: int) -> str | None:
+    """The table's reason to give inputs of ``size`` elements to torch on ``module``
+    (None: the op's kernel serves them, or it depends on the call), remembered on the
+    module: the answer ``Api._prepare`` gives once per shape."""
+    k, n = module.in_features, module.out_features
+    reason = None
+    dtype = dtype_name(module.weight.dtype)
+    if dtype is not None and input.is_cuda and size % k == 0 and size:
+        api = module._cudal2_api
+        got = api._prepare(_torch, (input.get_device(), dtype, "tn", size // k, n, k))
+        if type(got) is str and got in TABLE_REASONS:
+            reason = got
+    if len(module._cudal2_torch) < 4096:  # many distinct sizes: stop remembering
+        module._cudal2_torch[size] = reason
+    return reason
+
+
 _torch: Any = None  # set by patch_linear
 
 
@@ -190,7 +216,22 @@ def _patched_class(cls: type, native_path: bool) -> type:
             # costs less than any Python path (and autograd, torch.compile and CUDA
             # graphs see the op as before). Anything else: the layer's own forward.
             if type(input) is _torch.Tensor:
-                return self._cudal2_linear(input, self.weight, self.bias)
+                if _torch.is_grad_enabled() or _torch.compiler.is_compiling():
+                    return self._cudal2_linear(input, self.weight, self.bias)
+                # A size the table gives to torch: torch's own call, as the op would
+                # make it, without the op's entry (~5 us). Known per input size.
+                size = input.numel()
+                reason = self._cudal2_torch.get(size, _UNSEEN)
+                if reason is _UNSEEN:
+                    reason = _table_reason(self, input, size)
+                if reason is not None:
+                    self._cudal2_api.stats._fallbacks[reason] += 1
+                    return _F_linear(input, self.weight, self.bias)
+                # Nothing to record: straight to the CUDA kernel. The op's autograd
+                # kernel is Python (torch.library), ~10 us a call even when it only
+                # passes the call on, as it would for weights that require grad.
+                with _torch._C._AutoDispatchBelowAutograd():
+                    return self._cudal2_linear(input, self.weight, self.bias)
             return _patched_class(cls, False).forward(self, input)
 
         sub = type(
@@ -220,10 +261,11 @@ def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
     """Route every ``nn.Linear`` of ``model`` (itself included) whose (out_features,
     in_features, dtype) the table covers through ``torch.ops.<namespace>.linear``;
     others are left as they are. Layers already patched are skipped."""
-    global _torch
+    global _torch, _F_linear
     import torch
 
     _torch = torch
+    _F_linear = torch.nn.functional.linear
     op = getattr(torch.ops, namespace).linear
     # The native path, chosen now (CUDAL2_NATIVE=0 at patch time keeps today's Python
     # forward, so both can be measured in one process: patch, restore, patch again).
@@ -241,5 +283,7 @@ def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
         module.__class__ = _patched_class(cls, native_path)
         module._cudal2_linear = op
         module._cudal2_eager = api.linear
+        module._cudal2_api = api
+        module._cudal2_torch = {}  # input size -> the table's reason for torch, or None
         patched.append((name, module, cls))
     return LinearPatch(patched)

@@ -178,10 +178,11 @@ def fallback_table(table):
     return dataclasses.replace(table, entries=entries)
 
 
-def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_table):  # noqa: F811
+def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_table, monkeypatch):  # noqa: F811, E501
     """A fallback entry's call runs torch's own cuBLAS GEMM from the native kernel (mm,
     or addmm with a bias, as aten::linear would): bitwise aten::linear's result, for 2-D,
     contiguous 3-D and (through the dispatcher: matmul then add_) strided 3-D inputs."""
+    monkeypatch.delenv("CUDAL2_NATIVE", raising=False)
     api = make_api(fallback_table(recorded_table))
     assert api.launcher == "native", api.native_reason
     op = getattr(torch.ops, api.native.namespace).linear
@@ -203,3 +204,23 @@ def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_tabl
             assert got.shape == F.linear(*args).shape and torch.equal(got, F.linear(*args)), i
     hits, fallbacks = _native_counts(api)
     assert not hits and fallbacks == Counter({"fallback_entry": len(cases)}), fallbacks
+    # A patched layer remembers which input sizes the table gives to torch, and calls
+    # torch's linear itself for them (counted as the op would count them).
+    lin = torch.nn.Linear(e.k, e.n, bias=True, device="cuda", dtype=x.dtype)
+    want = lin(x)
+    patch = api_patch(api, lin)
+    api.stats.reset()
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(lin(x), want)
+    assert lin._cudal2_torch == {x.numel(): "fallback_entry"}
+    assert _native_counts(api) == (Counter(), Counter())
+    assert api.stats.fallbacks == {"fallback_entry": 3}, api.stats
+    patch.restore()
+
+
+def api_patch(api, module):
+    """``patch_linear`` for the package of ``api`` (make_api gives the Api only)."""
+    import importlib
+
+    return importlib.import_module(api.package).patch_linear(module)
