@@ -197,7 +197,8 @@ def llama_e2e(root: Path) -> str:
     and from an idle GPU, native and Python launch paths)."""
     d = _e2e(root)
     if d.get("launcher") == "native":
-        return _llama_e2e_native(d)
+        repeat = _e2e_repeat(root)
+        return _llama_e2e_native(d) + (f"\n\n{repeat}" if repeat else "")
     lines = [
         "| run | tokens | max err vs fp32, unpatched | patched | eager, unpatched ms "
         "| patched ms | speedup | CUDA graph, unpatched ms | patched ms | speedup |",
@@ -222,7 +223,7 @@ def _llama_e2e_native(d: dict[str, Any]) -> str:
         "| run | tokens | max err vs fp32, unpatched | patched | back to back, unpatched ms "
         "| native | Python | speedup native | Python | from idle, unpatched ms | native "
         "| Python | speedup native | Python | CUDA graph, unpatched ms | patched ms | speedup |",
-        "|---" * 18 + "|",
+        "|---" * 17 + "|",
     ]
     for c in d["cases"]:
         b, e, g = c["back_to_back"], c["eager"], c["graph"]
@@ -239,6 +240,26 @@ def _llama_e2e_native(d: dict[str, Any]) -> str:
             f"| {g['unpatched'] / 1000:.3f} | {g['patched'] / 1000:.3f} | {gs} |"
         )
     return "\n".join(lines)
+
+
+E2E_REPEAT = "bench/results/h100-llama-e2e-repeat.json"  # the same run, repeated before it
+
+
+def _e2e_repeat(root: Path) -> str:
+    """One line: the speedups of the repeated end-to-end run (same code but the
+    fallback shortcut of patched layers), to show how much eager figures move."""
+    path = root / E2E_REPEAT
+    if not path.exists():
+        return ""
+    d = json.loads(path.read_text())
+
+    def col(mode: str) -> str:
+        return ", ".join(f"{c['tokens']}: {c[mode]['speedup']:.3f}" for c in d["cases"])
+
+    return (
+        f"The run before it (`{E2E_REPEAT}`, another lent H100): native speedup back to "
+        f"back {col('back_to_back')}; from idle {col('eager')}; CUDA graph {col('graph')}."
+    )
 
 
 HOST_RESULTS = "bench/results/h100-host-overhead.json"

@@ -204,19 +204,65 @@ def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_tabl
             assert got.shape == F.linear(*args).shape and torch.equal(got, F.linear(*args)), i
     hits, fallbacks = _native_counts(api)
     assert not hits and fallbacks == Counter({"fallback_entry": len(cases)}), fallbacks
-    # A patched layer remembers which input sizes the table gives to torch, and calls
-    # torch's linear itself for them (counted as the op would count them).
-    lin = torch.nn.Linear(e.k, e.n, bias=True, device="cuda", dtype=x.dtype)
-    want = lin(x)
+
+
+def test_a_patched_layer_calls_torch_itself_where_the_table_says_torch(make_api, recorded_table):  # noqa: F811, E501
+    """A patched layer remembers which input sizes the table gives to torch and calls
+    torch's linear itself for them (counted as the op would count them), while the sizes
+    with a kernel still reach the native kernel."""
+    kernels = [e for e in _served(recorded_table, make_api()) if e.layout == "tn"]
+    kernels = [e for e in kernels if e.kind == "kernel"]
+    if not kernels:
+        pytest.skip("no tn kernel entry for this GPU")
+    keep = kernels[0]  # its (N, K) stays covered at its own M range; one M is torch's
+    table = dataclasses.replace(
+        recorded_table,
+        entries=(*recorded_table.entries, *fallback_table_entries(keep)),
+    )
+    api = make_api(table)
+    lin = torch.nn.Linear(keep.k, keep.n, bias=True, device="cuda", dtype=DTYPE[keep.dtype])
+    m_torch = keep.m_max + 1
+    x_torch = torch.randn(m_torch, keep.k, device="cuda", dtype=lin.weight.dtype)
+    x_kernel = torch.randn(keep.m_measured, keep.k, device="cuda", dtype=lin.weight.dtype)
+    want = lin(x_torch)
     patch = api_patch(api, lin)
+    assert patch.names == [""]
     api.stats.reset()
+    _native_counts(api)
     with torch.no_grad():
         for _ in range(3):
-            assert torch.equal(lin(x), want)
-    assert lin._cudal2_torch == {x.numel(): "fallback_entry"}
-    assert _native_counts(api) == (Counter(), Counter())
+            assert torch.equal(lin(x_torch), want)
+        lin(x_kernel)
+    assert lin._cudal2_torch == {x_torch.numel(): "fallback_entry", x_kernel.numel(): None}
+    hits, fallbacks = _native_counts(api)
+    assert sum(hits.values()) == 1 and not fallbacks, (hits, fallbacks)
     assert api.stats.fallbacks == {"fallback_entry": 3}, api.stats
     patch.restore()
+
+
+DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def fallback_table_entries(e):
+    """A fallback entry for ``e``'s (gpu, dtype, layout, N, K) just above its M range."""
+    return (
+        dataclasses.replace(
+            e,
+            kind="fallback",
+            kernel=None,
+            symbol=None,
+            cubin_sha256=None,
+            launch=None,
+            design_key=None,
+            cublaslt=None,
+            time_us=e.baseline_us or e.time_us,
+            speedup=None,
+            spread=None,
+            m_min=e.m_max + 1,
+            m_max=e.m_max + 1,
+            m_measured=e.m_max + 1,
+        ),
+    )
 
 
 def api_patch(api, module):
