@@ -233,7 +233,8 @@ PDL_PREFETCH = {
         "                  false);"
     ),
     ("sm90stream", "tn"): (
-        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, kt0 * BK), ldb, max(0, min(BN, N - n0)),\n"
+        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, kt0 * BK), ldb, "
+        "max(0, min(BN, N - n0)),\n"
         "                  max(0, min(K, (kt0 + nk) * BK) - min(K, kt0 * BK)), false);"
     ),
     ("sm90stream", "nn"): (
@@ -242,7 +243,8 @@ PDL_PREFETCH = {
         "                  max(0, min(BN, N - n0)), true);"
     ),
     ("sm90tma", "tn"): (
-        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, kt0 * BK), ldb, max(0, min(BN, N - n0)),\n"
+        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, kt0 * BK), ldb, "
+        "max(0, min(BN, N - n0)),\n"
         "                  max(0, min(K, (kt0 + nk) * BK) - min(K, kt0 * BK)), false);"
     ),
     # The persistent kernel: the weight rows of the CTA's first tile.
