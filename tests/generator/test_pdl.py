@@ -102,13 +102,18 @@ def test_the_space_offers_pdl_variants_only_when_asked():
     assert [base.pdl_trigger(p) for p in pdl_variants(plain[0])] == TRIGGERS
 
 
-def test_the_policy_spells_a_pdl_design_as_its_tile():
+def test_the_policy_and_cost_model_see_a_pdl_design_as_its_tile():
     """The policy's vocabulary (and its trained checkpoints) are unchanged: a PDL design
     is spelled by its family's required knobs, as its plain design is."""
+    from cudal2.policy.cost_model import predicted_time_s
     from cudal2.policy.tokens import design_tokens
+    from cudal2.records import Target
 
     d = _first("sm90direct")
-    assert design_tokens(base.with_pdl(d, "entry")) == design_tokens(d)
+    p = base.with_pdl(d, "entry")
+    assert design_tokens(p) == design_tokens(d)
+    t = Target("sm_90a", "fp16", "tn", 16, 4096, 4096)
+    assert predicted_time_s(p, t) == predicted_time_s(d, t) > 0  # the cost model sees the tile
 
 
 def _order(src: str, *needles: str) -> list[int]:
