@@ -8,7 +8,7 @@
 #
 # (a) the adversarial fixtures (tests/verify/fixtures/adversarial.cu): fx_pdl_honest
 #     passes the pair check, fx_pdl_early_read and fx_pdl_early_write are rejected;
-# (b) the pair sample (every kernel of every family, each trigger) and the timing set
+# (b) the pair sample (every kernel of every family, triggers in turn) and the timing set
 #     (M 1, 16, 64 on 4096x4096, 14336x4096, 4096x14336 fp16: each target's recorded
 #     best kernel plain and with each trigger), offline (a graph of back-to-back calls).
 # Under $OUT (5 files): pdl-adversarial.txt, pdl-run.txt (the log), pdl-pair.json,
