@@ -23,7 +23,7 @@ timeout 120 $PY -m pytest -q -m gpu tests/verify/test_adversarial_gpu.py -k "pdl
   -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/pdl-adversarial.txt"
 adv=${PIPESTATUS[0]}
 
-step "pair sample and timing ($(jq '.jobs | length' "$JOB/job.json" 2>/dev/null || echo '?') jobs)"
+step "pair sample and timing ($($PY -c "import json, sys; print(len(json.load(open(sys.argv[1]))['jobs']))" "$JOB/job.json") jobs)"
 timeout "${RUN_TIMEOUT:-420}" $PY ci/pdl_job.py run --job "$JOB" --out "$OUT" 2>&1 \
   | noprogress > "$OUT/pdl-run.txt"
 run=${PIPESTATUS[0]}
