@@ -11,7 +11,9 @@ from functools import cache
 import jinja2
 
 from cudal2 import __version__
+from cudal2.generator import tags
 from cudal2.generator.families import family_of
+from cudal2.generator.families.base import pdl_trigger
 from cudal2.generator.space import design_name, legality
 from cudal2.records import KernelDesign
 
@@ -60,6 +62,9 @@ def render(design: KernelDesign) -> str:
         raise IllegalDesignError(f"{_label(design)}: " + "; ".join(reasons))
     fam = family_of(design.family)
     ctx = fam.template_context(design)
+    # The PDL partials (all NONE for a plain design); a family with more than one
+    # kernel (sm90tma's persistent one) names its kernel's prefetch itself.
+    ctx.setdefault("pdl", tags.pdl(design.family, design.layout, pdl_trigger(design)))
     ctx.update(
         name=symbol(design),
         symbol=symbol(design),

@@ -11,14 +11,29 @@ from cudal2.records import KernelDesign
 
 
 def design_space(
-    arch: str, dtype: str, layout: str, families: Sequence[str] | None = None
+    arch: str,
+    dtype: str,
+    layout: str,
+    families: Sequence[str] | None = None,
+    pdl: bool = False,
 ) -> list[KernelDesign]:
     """Every legal design of every family (or of ``families``) for (arch, dtype,
-    layout), in a fixed order."""
+    layout), in a fixed order; with ``pdl``, each followed by its PDL variants (one per
+    trigger point, ``pdl_variants``). Without it, the space is what it was before PDL
+    existed: the policy's grammar and the proposers see plain designs only."""
     out: list[KernelDesign] = []
     for name in sorted(families if families is not None else FAMILIES):
-        out.extend(FAMILIES[name].space(arch, dtype, layout))
+        for d in FAMILIES[name].space(arch, dtype, layout):
+            out.append(d)
+            if pdl:
+                out.extend(pdl_variants(d))
     return out
+
+
+def pdl_variants(design: KernelDesign) -> list[KernelDesign]:
+    """The PDL designs of ``design``'s tile: one per trigger point (``entry``,
+    ``after_mainloop``, ``before_epilogue``), every family alike."""
+    return [base.with_pdl(design, t) for t in base.PDL_TRIGGERS if t != "none"]
 
 
 def legality(design: KernelDesign) -> list[str]:
@@ -36,7 +51,13 @@ def design_name(design: KernelDesign) -> str:
 
 
 def launch_recipe(design: KernelDesign) -> dict[str, Any]:
-    return family_of(design.family).launch_recipe(design)
+    """The family's recipe; a PDL design's says ``"pdl": true`` (the launcher then sets
+    programmatic stream serialization). A plain design's has no ``pdl`` key, so its
+    recipe, and every table that holds it, keeps its bytes."""
+    recipe = family_of(design.family).launch_recipe(design)
+    if base.pdl_trigger(design) != "none":
+        recipe["pdl"] = True
+    return recipe
 
 
 def features(design: KernelDesign) -> base.Features:

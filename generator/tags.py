@@ -197,3 +197,81 @@ def sm90_tma(
         "pair": TMA_PAIR[cluster_m],
         "setmaxnreg": TMA_SETMAXNREG[setmaxnreg],
     }
+
+
+# Programmatic dependent launch (docs/kernels.md, "Programmatic dependent launch"):
+# the points of a kernel where PDL code may stand, each a partial or NONE. ``helpers``
+# (the griddepcontrol wrappers and the L2 prefetch) go before the kernel; ``wait``
+# (an L2 prefetch of the CTA's first weight bytes, then griddepcontrol.wait) before the
+# first read of A and the first write of C or any global scratch; the trigger
+# (griddepcontrol.launch_dependents) at one of ``entry``, ``after_mainloop``,
+# ``before_epilogue``, by the design's ``pdl_trigger``. ``none``: no griddepcontrol at
+# all, and the source of every plain design is what it was before PDL existed.
+PDL_POINTS = ("entry", "after_mainloop", "before_epilogue")
+PDL_HELPERS = "ptx/pdl.cu.j2"
+PDL_WAIT = "ptx/pdl_wait.cu.j2"
+PDL_TRIGGER = "ptx/pdl_trigger.cu.j2"
+# Cache lines (128 bytes) of B a CTA prefetches into L2 before its wait: 16 KiB, the
+# first k of each of its weight rows. Bounded so that the CTAs resident beside the
+# previous kernel (at most a few per SM) stay far below L2 (50 MiB on the H100) and
+# do not evict what that kernel is still reading.
+PDL_PREFETCH_LINES = 128
+# The CTA's slice of B as the prefetch helper takes it (pointer, leading dimension,
+# rows, columns, rows-first), spelled in each kernel's own variables, by kernel and
+# layout. tn: rows are weight rows, each of contiguous k: the first k of every row;
+# nn: rows are k, whole rows in order.
+PDL_PREFETCH = {
+    ("sm80mma", "tn"): (
+        "pdl_prefetch_l2(B + (long long)n0 * ldb, ldb, max(0, min(BN, N - n0)), K, false);"
+    ),
+    ("sm80mma", "nn"): "pdl_prefetch_l2(B + n0, ldb, K, max(0, min(BN, N - n0)), true);",
+    ("sm90direct", "tn"): (
+        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, rank * WARPS_K * per * 32), ldb,\n"
+        "                  max(0, min(BN, N - n0)),\n"
+        "                  max(0, min(K, (rank + 1) * WARPS_K * per * 32) -\n"
+        "                             min(K, rank * WARPS_K * per * 32)),\n"
+        "                  false);"
+    ),
+    ("sm90stream", "tn"): (
+        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, kt0 * BK), ldb, "
+        "max(0, min(BN, N - n0)),\n"
+        "                  max(0, min(K, (kt0 + nk) * BK) - min(K, kt0 * BK)), false);"
+    ),
+    ("sm90stream", "nn"): (
+        "pdl_prefetch_l2(B + (long long)min(K, kt0 * BK) * ldb + n0, ldb,\n"
+        "                  max(0, min(K, (kt0 + nk) * BK) - min(K, kt0 * BK)),\n"
+        "                  max(0, min(BN, N - n0)), true);"
+    ),
+    ("sm90tma", "tn"): (
+        "pdl_prefetch_l2(B + (long long)n0 * ldb + min(K, kt0 * BK), ldb, "
+        "max(0, min(BN, N - n0)),\n"
+        "                  max(0, min(K, (kt0 + nk) * BK) - min(K, kt0 * BK)), false);"
+    ),
+    # The persistent kernel: the weight rows of the CTA's first tile.
+    ("sm90tma_persistent", "tn"): (
+        "pdl_prefetch_l2(B + (long long)(blockIdx.x / tiles_m) * BN * ldb, ldb,\n"
+        "                  max(0, min(BN, N - (int)(blockIdx.x / tiles_m) * BN)), K, false);"
+    ),
+    ("sm90wgmma", "tn"): (
+        "pdl_prefetch_l2(B + (long long)n0 * ldb, ldb, max(0, min(BN, N - n0)), K, false);"
+    ),
+}
+# sm90csk runs the sm80mma main loop on its CTA's share of K (A, B and K rebased).
+PDL_PREFETCH_KERNEL = {"sm90csk": "sm80mma"}
+
+
+def pdl(kernel: str, layout: str, trigger: str) -> dict[str, Any]:
+    """The PDL partials of a design (``pdl.helpers``, ``pdl.wait``, one per trigger
+    point) and its prefetch call (``pdl.prefetch``); every one NONE (and no prefetch)
+    for ``trigger`` ``none``. ``kernel`` is the family, or ``sm90tma_persistent``."""
+    if trigger == "none":
+        return {"helpers": NONE, "wait": NONE, "prefetch": "", **dict.fromkeys(PDL_POINTS, NONE)}
+    if trigger not in PDL_POINTS:
+        raise ValueError(f"pdl trigger {trigger!r} is not one of {PDL_POINTS} or 'none'")
+    return {
+        "helpers": PDL_HELPERS,
+        "wait": PDL_WAIT,
+        "prefetch": PDL_PREFETCH[(PDL_PREFETCH_KERNEL.get(kernel, kernel), layout)],
+        "prefetch_lines": PDL_PREFETCH_LINES,
+        **{p: PDL_TRIGGER if p == trigger else NONE for p in PDL_POINTS},
+    }

@@ -20,7 +20,7 @@ from cudal2.hardware import floor_us
 from cudal2.packaging.runtime import driver
 from cudal2.packaging.runtime.cublaslt import version
 from cudal2.records import Job, JobKind, JobResult, Status
-from cudal2.verify import correctness
+from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.launch import launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available
@@ -46,7 +46,10 @@ def run_job(
         stream = _stream()
         launch_dense(kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device)
 
-    return _check_and_time(job, run, gpu_name, vendor_errors)
+    # A PDL design (its recipe launches it with programmatic stream serialization)
+    # also runs as the second kernel of a pair (verify/pdl_pair.py).
+    pdl = recipe.get("pdl") is True
+    return _check_and_time(job, run, gpu_name, vendor_errors, pdl_pair_check=pdl)
 
 
 def _stream() -> int:
@@ -60,8 +63,10 @@ def _check_and_time(
     run: Callable[[Any, Any, Any], None],
     gpu_name: str,
     vendor_errors: correctness.VendorErrors,
+    pdl_pair_check: bool = False,
 ) -> JobResult:
-    """The correctness suite on ``run(a, b, c)``, then its timing beside torch."""
+    """The correctness suite on ``run(a, b, c)`` (and, for a PDL design, the pair
+    check), then its timing beside torch."""
     import torch
 
     t, cfg = job.target, job.timing
@@ -82,6 +87,10 @@ def _check_and_time(
     )
     if not result.ok:
         return dataclasses.replace(checked, error=result.error)
+    if pdl_pair_check:
+        checked = pdl_pair.recorded(checked, pdl_pair.check(t, run, gen))
+        if checked.error:
+            return checked
     # Time on operand sets rotated past L2 (the same function the benchmarks use).
     nsets = operand_sets(t.min_bytes)
     sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]

@@ -33,6 +33,56 @@ class Knob:
     name: str
     domain: tuple[int, ...]
     label: str
+    # An optional knob (``default`` set) is left out of a design at its default value,
+    # so adding one changes no existing design's key, name or source. ``spellings``
+    # names its values in the design's name (value -> word).
+    default: int | None = None
+    spellings: tuple[tuple[int, str], ...] = ()
+
+    def spell(self, value: int) -> str:
+        """The knob's part of a design's name."""
+        return self.label.format(dict(self.spellings).get(value, value))
+
+
+# Programmatic dependent launch (PDL): where the kernel issues
+# ``griddepcontrol.launch_dependents``. 0 (``none``, the default, left out of the
+# design) is not a PDL design: no griddepcontrol at all. Every PDL design waits
+# (``griddepcontrol.wait``) before it reads A or writes C; the trigger point is the
+# knob. Every family accepts it (``SHARED_KNOBS``); docs/kernels.md, "Programmatic
+# dependent launch".
+PDL_TRIGGERS: tuple[str, ...] = ("none", "entry", "after_mainloop", "before_epilogue")
+PDL_TRIGGER = Knob(
+    "pdl_trigger",
+    tuple(range(len(PDL_TRIGGERS))),
+    "pdl_{}",
+    default=0,
+    spellings=((1, "entry"), (2, "mainloop"), (3, "epilogue")),
+)
+# Optional knobs every family takes, after its own in a design's name. Not in a
+# family's ``KNOBS`` (its required knobs, which the policy's tokens spell).
+SHARED_KNOBS: tuple[Knob, ...] = (PDL_TRIGGER,)
+
+
+def optional_value(d: KernelDesign, knob: Knob) -> int:
+    """An optional knob's value in ``d`` (its default where the design leaves it out)."""
+    assert knob.default is not None, knob.name
+    return d.knobs.as_json().get(knob.name, knob.default)
+
+
+def pdl_trigger(d: KernelDesign) -> str:
+    """The design's PDL trigger point by name (``none``: not a PDL design)."""
+    return PDL_TRIGGERS[optional_value(d, PDL_TRIGGER)]
+
+
+def with_pdl(d: KernelDesign, trigger: str) -> KernelDesign:
+    """``d`` with PDL trigger ``trigger`` (one of ``PDL_TRIGGERS``; ``none`` removes the
+    knob, giving back the plain design and its key)."""
+    if trigger not in PDL_TRIGGERS:
+        raise ValueError(f"pdl trigger {trigger!r} is not one of {PDL_TRIGGERS}")
+    knobs = {k: v for k, v in d.knobs.as_json().items() if k != PDL_TRIGGER.name}
+    if trigger != "none":
+        knobs[PDL_TRIGGER.name] = PDL_TRIGGERS.index(trigger)
+    return KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**knobs))
 
 
 @dataclass(frozen=True)
@@ -66,8 +116,11 @@ class Features:
 
 
 def make(family: str, arch: str, dtype: str, layout: str, **knobs: int) -> KernelDesign:
-    """A design of ``family`` with these knob values (legality is checked separately)."""
-    return KernelDesign(family, arch, dtype, layout, Knobs.of(**knobs))
+    """A design of ``family`` with these knob values (legality is checked separately);
+    an optional knob at its default is left out (one key per design)."""
+    defaults = {k.name: k.default for k in SHARED_KNOBS}
+    kept = {n: v for n, v in knobs.items() if n not in defaults or v != defaults[n]}
+    return KernelDesign(family, arch, dtype, layout, Knobs.of(**kept))
 
 
 def declared_reasons(
@@ -78,7 +131,8 @@ def declared_reasons(
     knobs: tuple[Knob, ...],
 ) -> list[str]:
     """The checks every family's declaration implies: family, arch, dtype and layout
-    among its own, exactly its knobs, and each value in its knob's domain."""
+    among its own, exactly its knobs (and any of the optional ``SHARED_KNOBS``, never
+    at its default: left out), and each value in its knob's domain."""
     reasons: list[str] = []
     if d.family != family:
         reasons.append(f"family {d.family!r} is not {family!r}")
@@ -88,10 +142,15 @@ def declared_reasons(
         reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
     if d.layout not in layouts:
         reasons.append(f"layout {d.layout!r}: family {family!r} takes {layouts}")
-    declared = {k.name: k for k in knobs}
+    declared = {k.name: k for k in (*knobs, *SHARED_KNOBS)}
     given = set(d.knobs.names())
     for name in sorted(given - set(declared)):
         reasons.append(f"{name} is not a knob of family {family!r} (its knobs: {list(declared)})")
+    for k in SHARED_KNOBS:
+        if k.name in given and getattr(d.knobs, k.name) == k.default:
+            reasons.append(
+                f"{k.name}={k.default} is the default: leave it out (one key per design)"
+            )
     for name in [k.name for k in knobs if k.name not in given]:
         reasons.append(f"knob {name} of family {family!r} is missing")
     for name in sorted(given & set(declared)):
@@ -106,18 +165,21 @@ def check(d: KernelDesign, family: ModuleType) -> list[str]:
     checks, then (when the design has exactly the family's knobs, so its rules can read
     each one) the family's own rules."""
     reasons = declared_reasons(d, family.FAMILY, family.ARCHS, family.LAYOUTS, family.KNOBS)
-    if set(d.knobs.names()) == {k.name for k in family.KNOBS}:
+    optional = {k.name for k in SHARED_KNOBS}
+    if set(d.knobs.names()) - optional == {k.name for k in family.KNOBS}:
         reasons += family.rules(d)
     return reasons
 
 
 def name(d: KernelDesign, knobs: tuple[Knob, ...]) -> str:
     """The design's procedural name (also its kernel symbol): family, arch, dtype,
-    layout, then each of the family's knobs by its label, in the declared order."""
+    layout, then each of the family's knobs by its label, in the declared order, then
+    the optional knobs the design sets (a plain design's name has none)."""
     arch = d.arch.replace("sm_", "sm").rstrip("a")
     parts: list[str] = []
-    for k in knobs:
-        label = k.label.format(getattr(d.knobs, k.name))
+    given = set(d.knobs.names())
+    for k in (*knobs, *(s for s in SHARED_KNOBS if s.name in given)):
+        label = k.spell(getattr(d.knobs, k.name))
         if label.startswith("x") and parts:
             parts[-1] += label
         else:

@@ -46,7 +46,14 @@ from typing import Any
 
 from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
+from cudal2.generator.families.base import (
+    Features,
+    Knob,
+    check,
+    gemm_v1_recipe,
+    make,
+    pdl_trigger,
+)
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90tma"
@@ -277,6 +284,9 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
             k.split_k, k.cluster_m, k.persistent, pingpong=pingpong(d), setmaxnreg=k.warpgroups > 1
         )
     )
+    # The persistent kernel prefetches its first tile's weight rows (PDL designs).
+    kernel = "sm90tma_persistent" if k.persistent else FAMILY
+    ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
     return ctx
 
 

@@ -144,10 +144,24 @@ class Kernel:
         args: tuple,
         types: tuple = GEMM_V1_TYPES,
         device: int = 0,
+        pdl: bool = False,
     ) -> None:
-        """Launch on ``stream`` (a raw cudaStream_t handle; 0 is the legacy default)."""
+        """Launch on ``stream`` (a raw cudaStream_t handle; 0 is the legacy default).
+
+        ``pdl``: with programmatic stream serialization (``cuLaunchKernelEx``), so the
+        kernel may start while the previous one on the stream runs; only for kernels
+        that wait (griddepcontrol.wait) before reading inputs or writing outputs. A
+        plain launch stays ``cuLaunchKernel``, its cost unchanged."""
         drv = _driver()
         fn = self.function(device)
+        if pdl:
+            _check(
+                drv.cuLaunchKernelEx(
+                    pdl_config(grid, block, self.smem_bytes, stream), fn, (args, types), 0
+                ),
+                f"cuLaunchKernelEx({self.symbol}, programmatic stream serialization)",
+            )
+            return
         _check(
             drv.cuLaunchKernel(
                 fn,
@@ -164,6 +178,26 @@ class Kernel:
             ),
             f"cuLaunchKernel({self.symbol})",
         )
+
+
+def pdl_config(
+    grid: tuple[int, int, int], block: tuple[int, int, int], smem_bytes: int, stream: int
+) -> Any:
+    """The ``CUlaunchConfig`` of a PDL launch: the grid, block, dynamic shared memory
+    and stream, and one attribute, programmatic stream serialization allowed (inside a
+    stream capture it becomes a programmatic edge of the graph)."""
+    drv = _driver()
+    attr = drv.CUlaunchAttribute()
+    attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = drv.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = smem_bytes
+    config.hStream = drv.CUstream(stream)
+    config.attrs = [attr]
+    config.numAttrs = 1
+    return config
 
 
 _sm_counts: dict[int, int] = {}
@@ -279,4 +313,7 @@ def launch_gemm(
         )
         types = GEMM_V2_TYPES
     grid = gemm_grid(recipe, gemm.m, gemm.n, device)
-    kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device)
+    if recipe.get("pdl") is True:  # the table schema allows only true or false
+        kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device, pdl=True)
+    else:
+        kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device)

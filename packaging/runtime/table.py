@@ -514,6 +514,10 @@ def _positive_int(value: Any) -> bool:
     return _is_int(value) and value >= 1
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool)  # JSON true/false only: never 1, "true" or null
+
+
 def _non_negative_int(value: Any) -> bool:
     return _is_int(value) and value >= 0
 
@@ -540,6 +544,9 @@ _RECIPE_RULES: tuple[tuple[str, bool, Any, str], ...] = (
     ("cluster", False, _positive_ints(3), "a list of 3 positive integers"),
     ("persistent", False, _non_negative_int, "a non-negative integer"),
     ("ctas_per_sm", False, _positive_int, "a positive integer"),
+    # Programmatic dependent launch: the kernel waits (griddepcontrol.wait) before it
+    # reads A or writes C, so the launcher may set programmatic stream serialization.
+    ("pdl", False, _is_bool, "true or false"),
 )
 
 

@@ -182,6 +182,11 @@ CASES: list[Case] = [
     Case("persistent-3", launch(persistent=3), "key 'launch.persistent' must be 0, 1"),
     Case("ctas-per-sm-0", launch(ctas_per_sm=0), "key 'launch.ctas_per_sm' must be a positive"),
     Case("ctas-per-sm-1000", launch(ctas_per_sm=1000), "key 'launch.ctas_per_sm' must be at most"),
+    # programmatic dependent launch: JSON true or false only
+    Case("pdl-1", launch(pdl=1), "key 'launch.pdl' must be true or false, got 1"),
+    Case("pdl-string", launch(pdl="true"), "key 'launch.pdl' must be true or false, got 'true'"),
+    Case("pdl-0", launch(pdl=0), "key 'launch.pdl' must be true or false, got 0"),
+    Case("pdl-list", launch(pdl=[True]), "key 'launch.pdl' must be true or false"),
     Case("grid-y-past-65535", lambda raw: launch(tile_m=1)(entry(m_min=1, m_max=100_000,
          m_measured=100_000)(raw)), "needs a grid of"),
     Case("align-k-0", launch(align={"k": 0}), "key 'launch.align' must map"),

@@ -203,6 +203,34 @@ def test_rendered_source_is_unchanged(args):
     assert hashlib.sha256(src.encode()).hexdigest()[:16] == args[-1], design_name(d)
 
 
+# PDL designs of golden tiles (GOLDEN index, trigger) and their digests, taken when PDL
+# was added (issue 20): every PDL partial is reached, and a change to one shows here.
+GOLDEN_PDL = [
+    (4, "entry", "0498bd1db264ccf5"),
+    (7, "before_epilogue", "6da3cce949c26530"),
+    (9, "after_mainloop", "427d9f2cd00c1cf1"),
+    (10, "entry", "0fe26112435d4980"),
+    (11, "before_epilogue", "fb50f8eca23d050a"),
+    (0, "after_mainloop", "f966d08412215446"),
+    (3, "entry", "3232ca44b433b181"),
+    (12, "before_epilogue", "73e00217d40c9501"),
+]
+
+
+def _golden_pdl(i: int, trigger: str) -> KernelDesign:
+    from cudal2.generator.families.base import with_pdl
+
+    return with_pdl(_golden_design(GOLDEN[i]), trigger)
+
+
+@pytest.mark.parametrize("i, trigger, digest", GOLDEN_PDL)
+def test_rendered_pdl_source_is_unchanged(i, trigger, digest):
+    d = _golden_pdl(i, trigger)
+    src = render(d).replace(f"cudal2 {__version__} ", "cudal2 VERSION ")
+    src = src.replace(design_name(d), "<symbol>").replace(d.key, "<design key>")
+    assert hashlib.sha256(src.encode()).hexdigest()[:16] == digest, design_name(d)
+
+
 def test_golden_designs_use_every_template(monkeypatch):
     env, used = _env(), set()
     for method in ("get_template", "get_or_select_template"):
@@ -215,4 +243,6 @@ def test_golden_designs_use_every_template(monkeypatch):
         monkeypatch.setattr(env, method, tracking)
     for args in GOLDEN:
         render(_golden_design(args))
+    for i, trigger, _ in GOLDEN_PDL:
+        render(_golden_pdl(i, trigger))
     assert sorted(set(ALL) - used) == []

@@ -65,7 +65,7 @@ def runner():
         yield r
 
 
-def _job(cubin: Path, symbol: str, kind: JobKind = JobKind.MEASURE) -> Job:
+def _job(cubin: Path, symbol: str, kind: JobKind = JobKind.MEASURE, recipe: dict = RECIPE) -> Job:
     return Job(
         kind,
         TARGET,
@@ -73,9 +73,12 @@ def _job(cubin: Path, symbol: str, kind: JobKind = JobKind.MEASURE) -> Job:
         toolchain="fixture",
         artifact_key=f"fixture:{symbol}",
         symbol=symbol,
-        recipe=RECIPE,
+        recipe=recipe,
         cubin=str(cubin),
     )
+
+
+PDL_RECIPE = {**RECIPE, "pdl": True}
 
 
 def _run(runner, job: Job) -> JobResult:
@@ -150,3 +153,29 @@ def test_work_on_another_stream_is_below_the_floor():
     )
     errors = below_floor(timings, floor_us(t, current_gpu().name))
     assert [e.split(":")[0] for e in errors] == ["other_stream"]
+
+
+def test_pdl_honest_kernel_passes_the_pair_check(runner, cubin):
+    from cudal2.verify.pdl_pair import PAIR_METRIC
+
+    res = _run(runner, _job(cubin, "fx_pdl_honest", recipe=PDL_RECIPE))
+    assert res.status == Status.OK, res.error
+    assert res.metrics[PAIR_METRIC] == 1.0
+
+
+@pytest.mark.parametrize(
+    "symbol, needle",
+    [
+        ("fx_pdl_early_read", "A was read before griddepcontrol.wait"),
+        ("fx_pdl_early_write", "written while the kernel before it still ran"),
+    ],
+)
+def test_pdl_kernel_that_does_not_wait_is_rejected_by_the_pair_check(runner, cubin, symbol, needle):
+    from cudal2.verify.pdl_pair import PAIR_METRIC
+
+    # Launched plainly it is correct: only the pair check can see the hazard.
+    assert _run(runner, _job(cubin, symbol)).status == Status.OK
+    res = _run(runner, _job(cubin, symbol, recipe=PDL_RECIPE))
+    assert res.status == Status.INCORRECT, res
+    assert "PDL pair check" in res.error and needle in res.error, res.error
+    assert res.metrics[PAIR_METRIC] == 0.0 and res.samples_us == ()

@@ -11,9 +11,10 @@ from cudal2.verify.launch import dense_strides, launch_dense
 
 
 class Recorder:
-    def launch(self, grid, block, stream, args, types=driver.GEMM_V1_TYPES, device=0):
+    def launch(self, grid, block, stream, args, types=driver.GEMM_V1_TYPES, device=0, **kw):
         self.call = (grid, block, stream, args, device)
         self.types = types
+        self.kw = kw
 
 
 @pytest.mark.parametrize("layout, ldb", [("tn", 264), ("nn", 136)])
@@ -27,6 +28,20 @@ def test_dense_launch_arguments(layout, ldb):
     assert grid == (5, 2, 1)  # ceil(136/32), ceil(100/64)
     assert block == (128, 1, 1) and stream == 7 and device == 1
     assert args == (0xA0, 0xB0, 0xC0, 100, 136, 264, 264, ldb, 136)
+
+
+@pytest.mark.parametrize("pdl, kw", [(True, {"pdl": True}), (False, {}), (None, {})])
+def test_a_pdl_recipe_is_launched_with_pdl_by_the_harness(pdl, kw):
+    """The measuring harness launches a PDL design as the runtime does: ``pdl=True``
+    to the kernel's launch (programmatic stream serialization); a plain recipe's launch
+    is the call it always was."""
+    t = Target("sm_90a", "fp16", "tn", 16, 4096, 4096)
+    recipe = {"block": [128, 1, 1], "tile_m": 16, "tile_n": 64, "split_k": 1}
+    if pdl is not None:
+        recipe["pdl"] = pdl
+    k = Recorder()
+    launch_dense(k, recipe, t, 0xA0, 0xB0, 0xC0, stream=7)
+    assert k.kw == kw
 
 
 def test_gemm_v2_launch_appends_tensor_maps_of_the_recipe_boxes(monkeypatch):

@@ -106,6 +106,9 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     ("kernel", "launch.cluster", [1, 2], "key 'launch.cluster' must be a list of 3 positive"),
     ("kernel", "launch.persistent", -1, "key 'launch.persistent' must be a non-negative"),
     ("kernel", "launch.ctas_per_sm", 0, "key 'launch.ctas_per_sm' must be a positive integer"),
+    ("kernel", "launch.pdl", 1, "key 'launch.pdl' must be true or false, got 1"),
+    ("kernel", "launch.pdl", "true", "key 'launch.pdl' must be true or false, got 'true'"),
+    ("kernel", "launch.pdl", None, "key 'launch.pdl' must be true or false, got None"),
     ("kernel", "launch", lambda _, e: dict(e["launch"], abi="gemm_v2"), "key 'launch.tma' must"),
     ("kernel", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),
     ("kernel", "cublaslt", "algo", "only a cublaslt entry has key 'cublaslt'"),
@@ -341,6 +344,18 @@ def test_every_legal_design_recipe_passes_the_launch_limits(recorded_table):
     assert len(recipes) > 1000
     for text in recipes:
         dataclasses.replace(big, launch=json.loads(text))  # checked when made
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_a_pdl_recipe_is_accepted_and_kept(selected_table, pdl):
+    """``launch.pdl`` (programmatic dependent launch) is a JSON boolean the launcher
+    reads; the table keeps it as written."""
+    raw = selected_table.as_json()
+    i = _index(raw, "kernel")
+    raw["entries"][i]["launch"]["pdl"] = pdl
+    table = DispatchTable.from_json(raw, "T")
+    assert table.as_json()["entries"][i]["launch"]["pdl"] is pdl
+    assert DispatchTable.from_json(json.loads(table.to_bytes()), "T") == table
 
 
 def test_launch_limits_are_the_archs():
