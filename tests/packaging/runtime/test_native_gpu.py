@@ -157,25 +157,27 @@ def test_disable_switch_and_opcheck_on_the_native_kernel(k, recorded_table, monk
     assert sum(hits.values()) > 0, "opcheck's calls did not reach the native kernel"
 
 
-def fallback_table(table):
-    """``table`` with every entry turned into a fallback entry (the baseline won)."""
-    entries = tuple(
-        dataclasses.replace(
-            e,
-            kind="fallback",
-            kernel=None,
-            symbol=None,
-            cubin_sha256=None,
-            launch=None,
-            design_key=None,
-            cublaslt=None,
-            time_us=e.baseline_us or e.time_us,
-            speedup=None,
-            spread=None,
-        )
-        for e in table.entries
+def as_fallback(e, **changes):
+    """Entry ``e`` as a fallback entry (the baseline won), with ``changes``."""
+    return dataclasses.replace(
+        e,
+        kind="fallback",
+        kernel=None,
+        symbol=None,
+        cubin_sha256=None,
+        launch=None,
+        design_key=None,
+        cublaslt=None,
+        time_us=e.baseline_us or e.time_us,
+        speedup=None,
+        spread=None,
+        **changes,
     )
-    return dataclasses.replace(table, entries=entries)
+
+
+def fallback_table(table):
+    """``table`` with every entry turned into a fallback entry."""
+    return dataclasses.replace(table, entries=tuple(as_fallback(e) for e in table.entries))
 
 
 def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_table, monkeypatch):  # noqa: F811, E501
@@ -245,24 +247,8 @@ DTYPE = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def fallback_table_entries(e):
     """A fallback entry for ``e``'s (gpu, dtype, layout, N, K) just above its M range."""
-    return (
-        dataclasses.replace(
-            e,
-            kind="fallback",
-            kernel=None,
-            symbol=None,
-            cubin_sha256=None,
-            launch=None,
-            design_key=None,
-            cublaslt=None,
-            time_us=e.baseline_us or e.time_us,
-            speedup=None,
-            spread=None,
-            m_min=e.m_max + 1,
-            m_max=e.m_max + 1,
-            m_measured=e.m_max + 1,
-        ),
-    )
+    m = e.m_max + 1
+    return (as_fallback(e, m_min=m, m_max=m, m_measured=m),)
 
 
 def api_patch(api, module):
