@@ -9,8 +9,9 @@
 #
 # STEPS (default "tests host e2e"): tests = the runtime's GPU tests on the native path,
 # then again with CUDAL2_NATIVE=0 (the Python path); host = host_overhead.py; e2e =
-# llama_e2e.py (LAYERS, default 32). Under $OUT: gpu.txt, gpu-tests-native.txt,
-# gpu-tests-python.txt, host-overhead.json, llama-e2e.json.
+# llama_e2e.py (LAYERS, default 32); trace = eager_trace.py at 16 and 64 decode tokens
+# (not in the default). Under $OUT: gpu.txt, gpu-tests-native.txt, gpu-tests-python.txt,
+# host-overhead.json, llama-e2e.json, trace-16.json, trace-64.json.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STEPS=${STEPS:-tests host e2e}
@@ -47,4 +48,11 @@ fi
 if [[ " $STEPS " == *" e2e "* ]]; then
   step "Llama end to end (${LAYERS:-32} layers), native, Python and unpatched in one process"
   $PY bench/experiments/llama_e2e.py --package "$PKG" --layers "${LAYERS:-32}" --out "$OUT/llama-e2e.json"
+fi
+if [[ " $STEPS " == *" trace "* ]]; then
+  for tokens in 16 64; do
+    step "eager forward traced, $tokens decode tokens, patched and unpatched"
+    $PY bench/experiments/eager_trace.py --package "$PKG" --layers "${LAYERS:-32}" \
+      --tokens "$tokens" --out "$OUT/trace-$tokens.json"
+  done
 fi
