@@ -13,10 +13,13 @@ fp32 is at most ``TOLERANCE`` times the unpatched model's: both are fp16 models 
 fp32-accumulating GEMMs that round differently (tile order, split-K), so the wheel must
 not be further from the exact result than torch's own fp16 model is.
 
-Timing (``cudal2.verify.timing``, patched and unpatched interleaved in one process):
-eager forwards (``time_eager``: L2 flushed, GPU idle, host launches included) and
-CUDA-graph replays (``time_interleaved`` offline: a graph of forwards over two input
-sets). Then ``torch.compile(fullgraph=True)`` of the patched model must run and match.
+Timing (``cudal2.verify.timing``, the models interleaved in one process): eager
+forwards from an idle GPU (``time_eager``: L2 flushed, GPU idle, host launches
+included), eager forwards back to back (10 queued, one synchronise), and CUDA-graph
+replays (``time_interleaved`` offline: a graph of forwards over two input sets). With
+the native launcher, a third model runs the same patch on the Python launch path
+(patched and run with ``CUDAL2_NATIVE=0``). Then ``torch.compile(fullgraph=True)`` of
+the patched model must run and match.
 
     python bench/experiments/llama_e2e.py --package cudal2_kernels_llama_3_1_8b_hf_h100 \\
         --out bench/results/h100-llama-e2e.json

@@ -344,7 +344,9 @@ class Api:
         """Whether ``linear``/``matmul`` hands these inputs to the op (native kernel):
         plain CUDA tensors that autograd does not record, outside tracing, native path
         on; the op's kernel then applies every other rule of the Python path."""
-        if type(w) not in _PLAIN_TYPES or not x.is_cuda or _native_off():
+        if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
+            return False  # torch's own answer (or exception) through the Python path
+        if not x.is_cuda or _native_off():
             return False
         if bias is not None and type(bias) not in _PLAIN_TYPES:
             return False  # the Python path's "bias" rule decides

@@ -63,6 +63,9 @@ def register(api: Any, namespace: str) -> bool:
             reg.natives[namespace] = native.attach(api, reg.apis, namespace, api.package)
         except native.NativeUnavailable as exc:
             reg.natives[namespace] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. a library without a symbol: never
+            # break the import for it; the Python path serves and native_reason says why
+            reg.natives[namespace] = f"the native launcher failed to start ({exc!r})"
     got = reg.natives[namespace]
     if isinstance(got, str):
         api.native_reason = got
