@@ -19,7 +19,9 @@ def main(paths: list[str]) -> int:
     designs = {}
     for path in paths:
         m = load_manifest(path)
-        proposer = make_proposer(m.search.proposer, m.search.seed, m.search.families)
+        proposer = make_proposer(
+            m.search.proposer, m.search.seed, m.search.families, pdl=m.search.pdl
+        )
         for t in m.targets:
             for d in proposer.propose(t, [], m.search.candidates):
                 designs[d.key] = d

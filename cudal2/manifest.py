@@ -57,6 +57,7 @@ _SEARCH_KEYS = (
     "families",
     "cublaslt",
     "policy_updates",
+    "pdl",
 )
 _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
@@ -99,7 +100,8 @@ class SearchSettings:
     GPU-time budget of one build in seconds, the random seed, how many of each
     target's fastest candidates per round get Nsight Compute metrics (0: none), the
     families searched, whether cuBLASLt is autotuned per target as one more
-    candidate, and whether the policy's weights are updated between rounds."""
+    candidate, whether the policy's weights are updated between rounds, and whether
+    each proposed tile is followed by its PDL variants (within ``candidates``)."""
 
     proposer: str = "policy"
     candidates: int = 8
@@ -110,6 +112,7 @@ class SearchSettings:
     families: tuple[str, ...] | None = None  # kernel families searched (None: all)
     cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
+    pdl: bool = False  # each proposed tile followed by its PDL variants (policy/pdl.py)
 
 
 @dataclass(frozen=True)
@@ -441,6 +444,7 @@ def load_manifest(path: str | Path) -> Manifest:
         policy_updates=r.boolean(
             s.get("policy_updates", d.policy_updates), "search.policy_updates"
         ),
+        pdl=r.boolean(s.get("pdl", d.pdl), "search.pdl"),
     )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)

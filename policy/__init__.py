@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from cudal2.policy.base import Proposer, Space
 from cudal2.policy.grid import GridProposer
+from cudal2.policy.pdl import PdlProposer
 from cudal2.policy.random_search import RandomProposer
 from cudal2.policy.sample import SampleProposer
 
@@ -19,11 +20,25 @@ def make_proposer(
     gpu: str | None = None,
     updates: bool = True,
     space: Space | None = None,
+    pdl: bool = False,
 ) -> Proposer:
     """``families``: search only these kernel families (None: all); ``space``: per
     target, the designs to search (None, or a target it gives None for: the legal
     space). The policy also takes the measuring ``gpu``'s model name (its adapter and
-    prompt features) and whether its weights are ``updates``d between rounds."""
+    prompt features) and whether its weights are ``updates``d between rounds. With
+    ``pdl``, each proposed tile is followed by its PDL variants (``policy.pdl``)."""
+    proposer = _plain(name, seed, families, gpu, updates, space)
+    return PdlProposer(proposer) if pdl else proposer
+
+
+def _plain(
+    name: str,
+    seed: int,
+    families: Sequence[str] | None,
+    gpu: str | None,
+    updates: bool,
+    space: Space | None,
+) -> Proposer:
     if name == "grid":
         return GridProposer(families, space)
     if name == "random":
@@ -40,6 +55,7 @@ def make_proposer(
 __all__ = [
     "PROPOSERS",
     "GridProposer",
+    "PdlProposer",
     "Proposer",
     "RandomProposer",
     "SampleProposer",

@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import Protocol
 
 from cudal2.generator import design_space
+from cudal2.generator.families.base import pdl_trigger
 from cudal2.records import KernelDesign, Measurement, Target
 
 # Per target, the designs a proposer may choose from (None: the whole legal space). A
@@ -48,9 +49,11 @@ def search_space(
 ) -> list[KernelDesign]:
     """What a proposer chooses from for ``target``: ``space(target)`` where it gives
     designs, else the legal space of the target's (arch, dtype, layout); either way
-    only ``families``' designs (None: every family), in a fixed order."""
+    only ``families``' plain designs (None: every family), in a fixed order. PDL
+    designs are never in it, even where a replay recorded some: they are proposed only
+    as variants of a proposed tile (``policy.pdl``, manifest ``[search] pdl``)."""
     fams = tuple(families) if families is not None else None
     given = space(target) if space is not None else None
     if given is None:
         return list(_legal_space(target.arch, target.dtype, target.layout, fams))
-    return [d for d in given if fams is None or d.family in fams]
+    return [d for d in given if (fams is None or d.family in fams) and pdl_trigger(d) == "none"]

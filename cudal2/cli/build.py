@@ -352,6 +352,12 @@ def _dry_text(s: dict) -> str:
         f"({s['rounds']} rounds x {s['per_round']} candidates) ~{s['gpu_s_build']:.0f} s, "
         f"at most the budget of {s['budget_s']:.0f} s"
     )
+    if s["pdl"]:
+        lines.append(
+            f"PDL on ([search] pdl): {s['pdl_candidates']} of the next job's "
+            f"{s['candidates']} candidates are PDL designs; up to {s['pdl_per_round']} of "
+            f"each round's {s['per_round']} are PDL variants of its proposed tiles"
+        )
     return "\n".join(lines)
 
 

@@ -303,6 +303,7 @@ class Build:
             gpu=gpu.name,
             updates=m.search.policy_updates,
             space=runner.designs,
+            pdl=m.search.pdl,
         )
         self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)

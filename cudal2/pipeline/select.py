@@ -8,7 +8,12 @@ in different processes, are ranked by their speedup over the torch baseline time
 beside each, which cancels the drift between runs.
 
 A candidate counts when its speedup over torch exceeds the noise of that speedup:
-the p20-p80 width of the per-repetition ratio (``noise``)."""
+the p20-p80 width of the per-repetition ratio (``noise``).
+
+A PDL design counts only with a passed PDL pair check on its record (metric
+``pdl_pair_check`` = 1, ``verify/pdl_pair.py``): a failed check is already status
+``incorrect``, and a record without the metric (a harness that never ran the pair) is
+not trusted to be safe behind a kernel that triggers early."""
 
 from __future__ import annotations
 
@@ -16,7 +21,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from cudal2.generator.families.base import pdl_trigger
 from cudal2.records import Measurement, Target
+from cudal2.verify.pdl_pair import PAIR_METRIC
 from cudal2.verify.timing import paired_spread
 
 
@@ -60,7 +67,7 @@ def select(
     for t in sorted(set(targets)):
         timed_anywhere = False
         for gpu, ms in sorted(by_target.get(t, {}).items()):
-            timed = [m for m in ms if m.status == "ok" and m.median_us]
+            timed = [m for m in ms if m.status == "ok" and m.median_us and pair_checked(m)]
             if not timed:
                 continue
             timed_anywhere = True
@@ -104,6 +111,14 @@ def select(
         if not timed_anywhere:
             missing.append(t)
     return selections, missing
+
+
+def pair_checked(m: Measurement) -> bool:
+    """Whether ``m`` may ship as far as PDL goes: not a PDL design, or one whose record
+    says its pair check passed."""
+    if m.design is None or pdl_trigger(m.design) == "none":
+        return True
+    return m.metrics.get(PAIR_METRIC) == 1.0
 
 
 def _ratio(m: Measurement) -> float:

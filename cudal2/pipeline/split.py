@@ -40,6 +40,7 @@ from cudal2.pipeline.job import (
     write_job,
 )
 from cudal2.pipeline.results import job_for
+from cudal2.policy.pdl import is_pdl, pdl_candidates
 from cudal2.records import (
     BuildResult,
     GpuInfo,
@@ -286,6 +287,9 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
     groups = Counter(f"{t.arch}/{t.dtype}/{t.layout}" for t in manifest.targets)
     s = manifest.search
     per_round = len(report.targets) * s.candidates
+    # With [search] pdl, a round's candidates include each tile's PDL variants (at most
+    # this many per round: fewer where a proposer runs out of tiles).
+    pdl_per_round = len(report.targets) * pdl_candidates(s.candidates) if s.pdl else 0
     gpu_next = len(job.measure) * SECONDS_PER_CANDIDATE + len(job.autotune) * (SECONDS_PER_AUTOTUNE)
     gpu_build = per_round * s.rounds * SECONDS_PER_CANDIDATE + (
         len(report.targets) * SECONDS_PER_AUTOTUNE if s.cublaslt else 0
@@ -304,12 +308,15 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
         "gpu": job.gpu,
         "phase": job.phase,
         "candidates": len(job.measure),
+        "pdl_candidates": sum(1 for kj in job.measure if is_pdl(kj.job.design)),
         "checks": len(job.checks),
         "autotune": len(job.autotune),
         "cubins": report.designs,
         "cubins_to_compile": report.to_compile,
         "rounds": s.rounds,
         "per_round": per_round,
+        "pdl": s.pdl,
+        "pdl_per_round": pdl_per_round,
         "budget_s": s.gpu_budget_s,
         "seconds_per_candidate": SECONDS_PER_CANDIDATE,
         "gpu_s_next": min(gpu_next, s.gpu_budget_s),

@@ -218,6 +218,11 @@ CASES: list[Case] = [
          "true or false"),
     Case("policy-updates-int", OK + "[search]\npolicy_updates = 1\n", "search.policy_updates", 1,
          "true or false"),
+    Case("pdl-string", OK + '[search]\npdl = "true"\n', "search.pdl", "true", "true or false"),
+    Case("pdl-int", OK + "[search]\npdl = 1\n", "search.pdl", 1, "true or false"),
+    Case("pdl-list", OK + "[search]\npdl = [true]\n", "search.pdl", [True], "true or false"),
+    Case("pdl-in-build", OK + "[build]\npdl = true\n", "build.pdl", True,
+         "unknown key"),
     Case("search-unknown-key", OK + "[search]\ncandidate = 8\n", "search.candidate", 8,
          "unknown key"),
     # [timing]

@@ -1,0 +1,71 @@
+"""PDL candidates (manifest ``[search] pdl = true``): every proposer proposes tiles, and
+each proposed tile is followed by its PDL variants, within the candidate budget.
+
+Why expand here rather than offer the PDL variants in each proposer's space: a PDL
+design differs from its tile by one knob, ``pdl_trigger``, that nothing a proposer ranks
+by can see. The analytic cost model predicts the same time for the four (grid search
+would order them by name), the policy's grammar has no token for the knob (it cannot
+propose one, nor read one in its prompt), and a uniform sample of a space four times
+larger would measure random trigger points of random tiles, so no round would compare
+a tile with its own trigger points. Which trigger pays is a matter of how much room the
+previous kernel leaves (docs/kernels.md, "Programmatic dependent launch"): only the
+measurement can tell, so each tile is measured plain and with every trigger, side by
+side, in the same round. The proposer behind sees plain designs only (its space,
+history and observed rounds), so the policy's prompts and online updates stay what they
+were; a round still has exactly the candidates the manifest asks for (``n``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from cudal2.generator.families.base import PDL_TRIGGERS, pdl_trigger
+from cudal2.generator.space import pdl_variants
+from cudal2.policy.base import Proposer, measured_designs
+from cudal2.records import KernelDesign, Measurement, Target
+
+# A tile and its PDL variants: the plain design first, then one per trigger point.
+GROUP = len(PDL_TRIGGERS)
+
+
+def is_pdl(design: KernelDesign | None) -> bool:
+    """Whether ``design`` is a PDL design (launched with programmatic stream
+    serialization); None (a cuBLASLt record) is not."""
+    return design is not None and pdl_trigger(design) != "none"
+
+
+def pdl_candidates(n: int) -> int:
+    """How many of a target's ``n`` candidates per round are PDL designs, when the
+    proposer has tiles enough: ``ceil(n / GROUP)`` tiles, the rest their variants."""
+    return n - math.ceil(n / GROUP)
+
+
+class PdlProposer:
+    """``inner`` proposes ``ceil(n / GROUP)`` plain designs; each is followed by its
+    PDL variants not measured yet, and the round cut at ``n``. The inner proposer's name
+    is recorded in every measurement, PDL ones included: the search is its."""
+
+    def __init__(self, inner: Proposer):
+        self.inner = inner
+        self.name = inner.name
+
+    def describe(self) -> str:
+        describe = getattr(self.inner, "describe", None)
+        base = describe() if describe else self.inner.name
+        return f"{base}; each tile followed by its {GROUP - 1} PDL variants"
+
+    def propose(self, target: Target, history: Sequence[Measurement], n: int) -> list[KernelDesign]:
+        if n <= 0:
+            return []
+        seen = measured_designs(target, history)
+        plain = [m for m in history if not is_pdl(m.design)]
+        out: list[KernelDesign] = []
+        for tile in self.inner.propose(target, plain, math.ceil(n / GROUP)):
+            for d in (tile, *pdl_variants(tile)):
+                if d.key not in seen and len(out) < n:
+                    out.append(d)
+        return out
+
+    def observe(self, measurements: Sequence[Measurement]) -> str | None:
+        return self.inner.observe([m for m in measurements if not is_pdl(m.design)])
