@@ -187,28 +187,35 @@ class ArtifactCache:
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def quarantine(self, key: str, problem: str) -> Path | None:
+    def quarantine(
+        self, key: str, problem: str, *, entry: Path | None = None, kind: str = ""
+    ) -> Path | None:
         """Move the entry of ``key`` to ``quarantine/<key>-<n>/entry`` with the problem
-        in ``reason.txt`` beside it; None if it was gone already."""
+        in ``reason.txt`` beside it; None if it was gone already. ``entry`` and
+        ``kind``: another kind of entry this cache keeps (the native launcher's,
+        ``packaging/native_build.py``), quarantined as ``<kind>-<key>-<n>``."""
         base = self.root / QUARANTINE
         base.mkdir(parents=True, exist_ok=True)
+        prefix = f"{kind}-{key}" if kind else key
         n = 1
         while True:
-            slot = base / f"{key}-{n}"
+            slot = base / f"{prefix}-{n}"
             try:
                 slot.mkdir()
                 break
             except FileExistsError:
                 n += 1
         try:
-            os.rename(self.entry(key), slot / "entry")
+            os.rename(self.entry(key) if entry is None else entry, slot / "entry")
         except FileNotFoundError:  # another reader moved it first
-            slot.rmdir()
+            with contextlib.suppress(OSError):
+                slot.rmdir()
             return None
         (slot / "reason.txt").write_text(problem + "\n")
         with self._lock:
             self.quarantined.append(slot)
-        log.warning("cudal2: cache entry %s quarantined to %s: %s", key, slot, problem)
+        what = f"{kind} cache entry" if kind else "cache entry"
+        log.warning("cudal2: %s %s quarantined to %s: %s", what, key, slot, problem)
         return slot
 
 

@@ -34,7 +34,6 @@ pipeline's imports never load it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.resources
 import json
@@ -49,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cudal2.generator import nvcc
-from cudal2.generator.cache import QUARANTINE, ArtifactCache
+from cudal2.generator.cache import ArtifactCache
 from cudal2.generator.compile import arch_flags, artifact_key, nvcc_version
 from cudal2.records import canonical_json, sha256_hex
 
@@ -475,7 +474,7 @@ def _cached(cache: ArtifactCache, key: str) -> NativeBuild | None:
     try:
         return _check_entry(entry, key)
     except _Broken as broken:
-        _quarantine(cache, key, str(broken))
+        cache.quarantine(key, str(broken), entry=entry, kind="native")
         return None
 
 
@@ -566,27 +565,3 @@ def _store(cache: ArtifactCache, built: NativeBuild, tc: _Toolchain, work: Path)
     except OSError:
         if not os.path.lexists(final):  # lost a race with another build of this key: fine
             raise
-
-
-def _quarantine(cache: ArtifactCache, key: str, problem: str) -> None:
-    """Move a broken entry to ``<cache>/quarantine/native-<key>-<n>/entry`` with the
-    problem in ``reason.txt`` (the layout of ``ArtifactCache.quarantine``)."""
-    base = cache.root / QUARANTINE
-    base.mkdir(parents=True, exist_ok=True)
-    n = 1
-    while True:
-        slot = base / f"native-{key}-{n}"
-        try:
-            slot.mkdir()
-            break
-        except FileExistsError:
-            n += 1
-    try:
-        os.rename(entry_path(cache, key), slot / "entry")
-    except FileNotFoundError:  # another reader moved it first
-        with contextlib.suppress(OSError):
-            slot.rmdir()
-        return
-    (slot / "reason.txt").write_text(problem + "\n")
-    cache.quarantined.append(slot)
-    _log.warning("cudal2: native cache entry %s quarantined to %s: %s", key, slot, problem)
