@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import json
-import logging
 import os
 import platform
 import re
@@ -51,8 +50,6 @@ from cudal2.generator import nvcc
 from cudal2.generator.cache import ArtifactCache
 from cudal2.generator.compile import arch_flags, artifact_key, nvcc_version
 from cudal2.records import canonical_json, sha256_hex
-
-_log = logging.getLogger(__name__)
 
 SO_NAME = "libcudal2_native.so"
 CUBIN_NAME = "bias.cubin"
