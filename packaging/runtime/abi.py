@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 # CUDAL2_DISABLE=1: every call goes to the fallback (torch, or CuPy for arrays).
 DISABLE_ENV = "CUDAL2_DISABLE"
+# CUDAL2_NATIVE=0: every torch call takes the Python launch path, not the native one.
+NATIVE_ENV = "CUDAL2_NATIVE"
 
 # The launch ABIs this runtime can launch; a table entry of another ABI falls back.
 ABIS: tuple[str, ...] = ("gemm_v1", "gemm_v2")
@@ -71,6 +73,12 @@ Operands = tuple[str, int, int, int, int, int]
 def disabled() -> bool:
     """Whether ``CUDAL2_DISABLE=1`` is set (read on every call, so it can be toggled)."""
     return os.environ.get(DISABLE_ENV) == "1"
+
+
+def native_off() -> bool:
+    """Whether ``CUDAL2_NATIVE=0`` is set (read on every call, as the native library
+    reads it)."""
+    return os.environ.get(NATIVE_ENV) == "0"
 
 
 def row_stride(shape: Sequence[int], strides: Sequence[int], k: int) -> int:

@@ -14,17 +14,24 @@ call, so importing this module or calling ``bind`` touches no CUDA and needs no 
 from __future__ import annotations
 
 import importlib.resources
-import os
 import threading
 import warnings
 from collections import Counter
 from typing import Any
 
 from . import arrays, cublaslt, driver
-from .abi import ABIS, GemmArgs, Operands, disabled, linear_operands, matmul_operands, misaligned
+from .abi import (
+    ABIS,
+    GemmArgs,
+    Operands,
+    disabled,
+    linear_operands,
+    matmul_operands,
+    misaligned,
+    native_off,
+)
 from .table import MAX_TABLE_BYTES, CublasLtAlgo, DispatchTable, EntryKey, TableEntry, TableError
 
-_environ = os.environ
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
 _new_tuple = tuple.__new__
 
@@ -272,7 +279,7 @@ class Api:
         """Which path launches a torch CUDA call now: ``"native"`` (the compiled
         launcher registered as the ops' CUDA kernel) or ``"python"`` (it is absent or
         cannot serve: ``native_reason``; or ``CUDAL2_NATIVE=0``)."""
-        return "native" if self.native is not None and not _native_off() else "python"
+        return "native" if self.native is not None and not native_off() else "python"
 
     @property
     def table(self) -> DispatchTable:
@@ -346,7 +353,7 @@ class Api:
         on; the op's kernel then applies every other rule of the Python path."""
         if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
             return False  # torch's own answer (or exception) through the Python path
-        if not x.is_cuda or _native_off():
+        if not x.is_cuda or native_off():
             return False
         if bias is not None and type(bias) not in _PLAIN_TYPES:
             return False  # the Python path's "bias" rule decides
@@ -797,8 +804,3 @@ def bind(package: str, native_sha256: dict[str, str] | None = None) -> Api:
     ``dispatch.json`` and ``cubins/<sha256>.cubin`` (and, with ``native_sha256``, the
     native launcher's ``_native/`` files of those hashes). Reads nothing yet."""
     return Api(package, native_sha256)
-
-
-def _native_off() -> bool:
-    """``CUDAL2_NATIVE=0``: the Python path for every call (``native.NATIVE_ENV``)."""
-    return _environ.get("CUDAL2_NATIVE") == "0"

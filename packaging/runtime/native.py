@@ -34,7 +34,6 @@ from typing import Any
 from . import driver
 from .abi import GemmArgs
 
-NATIVE_ENV = "CUDAL2_NATIVE"  # "0": the Python path for every call
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
 ABI = 1  # cudal2_native_abi() of the library this file drives
@@ -102,11 +101,6 @@ EVENT = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, c
 
 class NativeUnavailable(Exception):
     """Why the native launcher cannot serve this process (one line)."""
-
-
-def native_off() -> bool:
-    """Whether ``CUDAL2_NATIVE=0`` is set (read at each call by the library)."""
-    return os.environ.get(NATIVE_ENV) == "0"
 
 
 def _read_checked(package: str, name: str, expected: str | None) -> tuple[bytes, str]:
@@ -354,8 +348,8 @@ class Native:
             try:
                 kernel = self._bias_kernels.get(dtype)
                 if kernel is None:
-                    data, _ = self._files[BIAS_CUBIN]
-                    sha = hashlib.sha256(data).hexdigest()
+                    data, _ = self._files[BIAS_CUBIN]  # checked against this hash
+                    sha = self.api.native_sha256[BIAS_CUBIN]
                     kernel = driver.Kernel(data, f"cudal2_bias_add_{dtype}", 0, sha)
                     self._bias_kernels[dtype] = kernel
                 fn = int(kernel.function(dev))

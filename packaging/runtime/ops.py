@@ -29,6 +29,7 @@ import types
 from typing import Any
 
 from . import native
+from .abi import native_off
 from .api import dtype_name
 
 _REGISTRY = "_cudal2_torch_ops"  # a process-wide module: the ops' bindings
@@ -272,7 +273,7 @@ def patch_linear(model: Any, api: Any, namespace: str) -> LinearPatch:
     op = getattr(torch.ops, namespace).linear
     # The native path, chosen now (CUDAL2_NATIVE=0 at patch time keeps today's Python
     # forward, so both can be measured in one process: patch, restore, patch again).
-    native_path = getattr(api, "native", None) is not None and not native.native_off()
+    native_path = getattr(api, "native", None) is not None and not native_off()
     if native_path:
         op = op.default  # the overload itself: no overload resolution per call
     patched = []
