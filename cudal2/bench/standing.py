@@ -206,9 +206,7 @@ def llama_e2e(root: Path) -> str:
     ]
     for c in d["cases"]:
         e, g = c["eager"], c["graph"]
-        gs = f"{g['speedup']:.3f}"
-        if g["speedup"] > 1.01:
-            gs = f"**{gs}**"
+        gs = _graph_speedup(g)
         lines.append(
             f"| {c['kind']} | {c['tokens']} | {c['err_unpatched_vs_fp32']:.4f} "
             f"| {c['err_patched_vs_fp32']:.4f} | {e['unpatched'] / 1000:.2f} "
@@ -216,6 +214,12 @@ def llama_e2e(root: Path) -> str:
             f"| {g['patched'] / 1000:.3f} | {gs} |"
         )
     return "\n".join(lines)
+
+
+def _graph_speedup(g: dict[str, Any]) -> str:
+    """A CUDA-graph speedup cell: bold above 1.01."""
+    cell = f"{g['speedup']:.3f}"
+    return f"**{cell}**" if g["speedup"] > 1.01 else cell
 
 
 def _llama_e2e_native(d: dict[str, Any]) -> str:
@@ -228,9 +232,7 @@ def _llama_e2e_native(d: dict[str, Any]) -> str:
     for c in d["cases"]:
         b, e, g = c["back_to_back"], c["eager"], c["graph"]
         ms = b["ms_per_forward"]
-        gs = f"{g['speedup']:.3f}"
-        if g["speedup"] > 1.01:
-            gs = f"**{gs}**"
+        gs = _graph_speedup(g)
         lines.append(
             f"| {c['kind']} | {c['tokens']} | {c['err_unpatched_vs_fp32']:.4f} "
             f"| {c['err_patched_vs_fp32']:.4f} | {ms['unpatched']:.2f} | {ms['patched']:.2f} "
