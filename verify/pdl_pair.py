@@ -6,8 +6,10 @@ is correct only if it waits (``griddepcontrol.wait``) before it reads A and befo
 writes C. The correctness suite cannot see a kernel that does not: launched after
 torch's kernels, which never trigger their dependents early, a PDL kernel starts only
 when they are done. Here the first kernel is a producer that triggers its dependents
-at entry, spins ``SPIN_NS`` (the candidate's CTAs become resident meanwhile), then
-counts the elements of C that changed while it ran (a write of C before the wait:
+at entry, waits at a gate until the host has launched the candidate (a flag in pinned
+host memory: a launch from Python takes 30-130 us, longer than any fixed head start
+measured on the H100), spins ``SPIN_NS`` (the candidate's CTAs become resident
+meanwhile), then counts the elements of C that changed while it ran (a write of C before the wait:
 the WAR hazard) and only then writes A, poisoned with NaN until that moment (a read of
 A before the wait: the RAW hazard, seen as NaN or a wrong value in C). The
 candidate, launched right after it with the PDL attribute, must give bit for bit the
@@ -31,7 +33,8 @@ from cudal2.packaging.runtime import driver
 from cudal2.records import JobResult, Target
 
 PAIR_METRIC = "pdl_pair_check"
-SPIN_NS = 40_000  # the producer's head start for the candidate's CTAs (~20-50 us)
+SPIN_NS = 40_000  # after the gate: the candidate's CTAs become resident (a few us)
+GATE_TIMEOUT_NS = 200_000_000  # a gate the host never opens costs 0.2 s, not a hang
 ROUNDS = 3  # pairs per candidate: whether an early read lands in the window varies
 PRODUCER_CTAS = 8  # few, small CTAs: most SMs stay free for the candidate's
 PRODUCER_THREADS = 256
@@ -39,9 +42,11 @@ POISON = 0x7FFF  # NaN in fp16 and in bf16: A until the producer writes it
 SENTINEL = 0x7FFF  # C before the candidate writes it; the producer counts changes
 SYMBOL = "cudal2_pdl_producer"
 
-# producer(src, dst, n_a, c, n_c, sentinel, flag, spin_ns): launch_dependents at
-# entry; spin spin_ns on %globaltimer; flag += elements of c[0, n_c) != sentinel;
-# then dst[0, n_a) = src[0, n_a) (2-byte elements, grid-stride loops).
+# producer(src, dst, n_a, c, n_c, sentinel, flag, spin_ns, gate, late):
+# launch_dependents at entry; wait until *gate (host memory, read through UVA) is
+# nonzero, or GATE_TIMEOUT_NS (then late += 1 per thread); spin spin_ns on
+# %globaltimer; flag += elements of c[0, n_c) != sentinel; then dst[0, n_a) =
+# src[0, n_a) (2-byte elements, grid-stride loops).
 PRODUCER_PTX = r"""
 .version 8.0
 .target sm_90
@@ -50,12 +55,12 @@ PRODUCER_PTX = r"""
 .visible .entry cudal2_pdl_producer(
     .param .u64 p_src, .param .u64 p_dst, .param .u64 p_na,
     .param .u64 p_c, .param .u64 p_nc, .param .u32 p_sentinel,
-    .param .u64 p_flag, .param .u64 p_spin)
+    .param .u64 p_flag, .param .u64 p_spin, .param .u64 p_gate, .param .u64 p_late)
 {
-    .reg .pred %p<4>;
+    .reg .pred %p<6>;
     .reg .b16 %h<2>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<20>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<24>;
 
     griddepcontrol.launch_dependents;
     ld.param.u64 %rd1, [p_src];
@@ -70,7 +75,22 @@ PRODUCER_PTX = r"""
     cvta.to.global.u64 %rd2, %rd2;
     cvta.to.global.u64 %rd4, %rd4;
     cvta.to.global.u64 %rd6, %rd6;
+    ld.param.u64 %rd17, [p_gate];
+    ld.param.u64 %rd18, [p_late];
+    cvta.to.global.u64 %rd18, %rd18;
 
+    mov.u64 %rd8, %globaltimer;
+GATE:
+    ld.volatile.u32 %r7, [%rd17];
+    setp.ne.u32 %p4, %r7, 0;
+    @%p4 bra SPIN_START;
+    mov.u64 %rd9, %globaltimer;
+    sub.u64 %rd9, %rd9, %rd8;
+    setp.lt.u64 %p5, %rd9, GATE_TIMEOUT_NS;
+    @%p5 bra GATE;
+    red.global.add.u32 [%rd18], 1;
+
+SPIN_START:
     mov.u64 %rd8, %globaltimer;
 SPIN:
     mov.u64 %rd9, %globaltimer;
@@ -117,7 +137,7 @@ COPY:
 DONE:
     ret;
 }
-"""
+""".replace("GATE_TIMEOUT_NS", str(GATE_TIMEOUT_NS))
 PRODUCER_TYPES = (
     ctypes.c_void_p,
     ctypes.c_void_p,
@@ -127,6 +147,8 @@ PRODUCER_TYPES = (
     ctypes.c_uint32,
     ctypes.c_void_p,
     ctypes.c_uint64,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
 )
 
 _producer: driver.Kernel | None = None
@@ -162,24 +184,35 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
     run(a, b, want)
     torch.cuda.synchronize()
     kernel = producer()
+    gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # the producer reads it (UVA)
     for r in range(rounds):
         a_in = torch.empty_like(a)
         a_in.view(torch.int16).fill_(POISON)
         c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
         c.view(torch.int16).fill_(SENTINEL)
-        flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+        flag = torch.zeros(2, dtype=torch.int32, device="cuda")  # changed C elements, late
         torch.cuda.synchronize()  # only the producer runs ahead of the candidate
         stream = torch.cuda.current_stream().cuda_stream
         args = (
             a.data_ptr(), a_in.data_ptr(), a.numel(), c.data_ptr(), c.numel(), SENTINEL,
-            flag.data_ptr(), SPIN_NS,
+            flag.data_ptr(), SPIN_NS, gate.data_ptr(), flag.data_ptr() + 4,
         )  # fmt: skip
-        kernel.launch(
-            (PRODUCER_CTAS, 1, 1), (PRODUCER_THREADS, 1, 1), stream, args, PRODUCER_TYPES, device
-        )
-        run(a_in, b, c)
+        gate[0] = 0
+        try:
+            kernel.launch(
+                (PRODUCER_CTAS, 1, 1), (PRODUCER_THREADS, 1, 1), stream, args, PRODUCER_TYPES,
+                device,
+            )  # fmt: skip
+            run(a_in, b, c)
+        finally:
+            gate[0] = 1  # the candidate is launched: the producer's head start begins
         torch.cuda.synchronize()
-        changed = int(flag.item())
+        changed, late = flag.tolist()
+        if late:
+            raise RuntimeError(
+                f"PDL pair check: the producer's gate did not open within "
+                f"{GATE_TIMEOUT_NS / 1e9:g} s ({late} threads gave up): the check cannot judge"
+            )
         if changed:
             return PairVerdict(
                 False,

@@ -208,10 +208,15 @@ def test_calls_the_table_leaves_to_torch_get_torchs_bits(make_api, recorded_tabl
     assert not hits and fallbacks == Counter({"fallback_entry": len(cases)}), fallbacks
 
 
-def test_a_patched_layer_calls_torch_itself_where_the_table_says_torch(make_api, recorded_table):  # noqa: F811, E501
+def test_a_patched_layer_calls_torch_itself_where_the_table_says_torch(
+    make_api,  # noqa: F811
+    recorded_table,
+    monkeypatch,
+):
     """A patched layer remembers which input sizes the table gives to torch and calls
     torch's linear itself for them (counted as the op would count them), while the sizes
     with a kernel still reach the native kernel."""
+    monkeypatch.delenv("CUDAL2_NATIVE", raising=False)  # gpu_native.sh runs all with =0 too
     kernels = [e for e in _served(recorded_table, make_api()) if e.layout == "tn"]
     kernels = [e for e in kernels if e.kind == "kernel"]
     if not kernels:
@@ -222,6 +227,7 @@ def test_a_patched_layer_calls_torch_itself_where_the_table_says_torch(make_api,
         entries=(*recorded_table.entries, *fallback_table_entries(keep)),
     )
     api = make_api(table)
+    assert api.launcher == "native", api.native_reason
     lin = torch.nn.Linear(keep.k, keep.n, bias=True, device="cuda", dtype=DTYPE[keep.dtype])
     m_torch = keep.m_max + 1
     x_torch = torch.randn(m_torch, keep.k, device="cuda", dtype=lin.weight.dtype)
