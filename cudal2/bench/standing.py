@@ -390,12 +390,59 @@ def policy_eval(root: Path) -> str:
     return "\n".join(lines)
 
 
+PDL_TIMING = "bench/results/h100-pdl-timing.json"
+PDL_PAIR = "bench/results/h100-pdl-pair.json"
+
+
+def pdl_timing(root: Path) -> str:
+    """``docs/kernels.md``'s PDL table: each target's recorded best kernel launched
+    plainly and with each trigger, offline (a graph of back-to-back calls), and the
+    pair sample's outcome (``ci/gpu_pdl.sh``)."""
+    d = json.loads((root / PDL_TIMING).read_text())
+    pairs = json.loads((root / PDL_PAIR).read_text())
+    passed = sum(r["status"] == "ok" and r["pair_check"] == 1.0 for r in pairs)
+    families = sorted({r["family"] for r in pairs})
+    by_target: dict[str, dict[str, Any]] = {}
+    for r in d["rows"]:
+        by_target.setdefault(r["target"], {"plain": r, "triggers": {}})["triggers"][
+            r["trigger"]
+        ] = r
+    triggers = ("entry", "after_mainloop", "before_epilogue")
+    lines = [
+        f"{d['gpu']}; offline timing (a graph of back-to-back calls of one kernel), "
+        f"torch in the same process (`{PDL_TIMING}`). PDL µs, and plain / PDL in brackets.",
+        "",
+        "| target | kernel (plain) | plain µs | " + " | ".join(triggers) + " | torch µs |",
+        "|---|---|---|" + "---|" * len(triggers) + "---|",
+    ]
+    for target, g in by_target.items():
+        p = g["plain"]
+        cells = []
+        for t in triggers:
+            r = g["triggers"].get(t)
+            cells.append(f"{r['pdl_us']:.1f} ({r['plain_over_pdl']:.2f})" if r else "—")
+        lines.append(
+            f"| {target} | `{p['kernel']}` | {p['plain_us']:.1f} | "
+            + " | ".join(cells)
+            + f" | {p['torch_us']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Geomean plain / PDL over every trigger: {d['geomean_plain_over_pdl']:.3f}; with the "
+        f"best trigger per target: {d['geomean_best_trigger']:.3f}. Pair check on the sample "
+        f"(one PDL design per family and trigger, `{PDL_PAIR}`): {passed} of {len(pairs)} "
+        f"passed ({', '.join(families)}).",
+    ]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
     "host-overhead": host_overhead,
     "policy-eval": policy_eval,
     "floor-fractions": floor_fractions,
+    "pdl-timing": pdl_timing,
 }
 
 _BLOCK = re.compile(

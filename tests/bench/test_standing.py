@@ -14,7 +14,13 @@ from cudal2.bench import standing
 from cudal2.cli import bench as bench_cli
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("README.md", "docs/inference.md", "docs/policy.md", "docs/measuring.md")
+GENERATED = (
+    "README.md",
+    "docs/inference.md",
+    "docs/policy.md",
+    "docs/measuring.md",
+    "docs/kernels.md",
+)
 
 needs_nvcc = pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="the selection renders designs to artifact keys"
@@ -50,6 +56,23 @@ def test_each_block_is_made_from_its_results_file(tmp_path):
     (tmp_path / standing.E2E_RESULTS).write_text(json.dumps(e2e))
     table = standing.llama_e2e(tmp_path)
     assert "| **1.234** |" in table and "1.033" not in table
+
+
+def test_the_pdl_table_is_made_from_its_results_files(tmp_path):
+    """The PDL table and its pair-sample line follow the committed H100 results."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    timing = json.loads((ROOT / standing.PDL_TIMING).read_text())
+    pairs = json.loads((ROOT / standing.PDL_PAIR).read_text())
+    assert standing.pdl_timing(ROOT).count("\n| fp16/") == len(
+        {r["target"] for r in timing["rows"]}
+    )
+    timing["rows"][0]["pdl_us"], timing["rows"][0]["plain_over_pdl"] = 99.9, 0.137
+    pairs[0]["status"], pairs[0]["pair_check"] = "incorrect", 0.0
+    (tmp_path / standing.PDL_TIMING).write_text(json.dumps(timing))
+    (tmp_path / standing.PDL_PAIR).write_text(json.dumps(pairs))
+    table = standing.pdl_timing(tmp_path)
+    assert "| 99.9 (0.14) |" in table
+    assert f"{len(pairs) - 1} of {len(pairs)} passed" in table
 
 
 BROKEN = [
