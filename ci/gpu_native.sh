@@ -10,8 +10,10 @@
 # STEPS (default "tests host e2e"): tests = the runtime's GPU tests on the native path,
 # then again with CUDAL2_NATIVE=0 (the Python path); host = host_overhead.py; e2e =
 # llama_e2e.py (LAYERS, default 32); trace = eager_trace.py at 16 and 64 decode tokens
-# (not in the default). Under $OUT: gpu.txt, gpu-tests-native.txt, gpu-tests-python.txt,
-# host-overhead.json, llama-e2e.json, trace-16.json, trace-64.json.
+# (not in the default); eager = eager_host.py (a forward's host time with the GPU held
+# busy, and each linear shape's, at 1/16/64/256 tokens; not in the default). Under $OUT:
+# gpu.txt, gpu-tests-native.txt, gpu-tests-python.txt, host-overhead.json,
+# llama-e2e.json, trace-16.json, trace-64.json, eager-host.json.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STEPS=${STEPS:-tests host e2e}
@@ -55,4 +57,9 @@ if [[ " $STEPS " == *" trace "* ]]; then
     $PY bench/experiments/eager_trace.py --package "$PKG" --layers "${LAYERS:-32}" \
       --tokens "$tokens" --out "$OUT/trace-$tokens.json"
   done
+fi
+if [[ " $STEPS " == *" eager "* ]]; then
+  step "eager forward's host time, patched and unpatched, GPU held busy"
+  $PY bench/experiments/eager_host.py --package "$PKG" --layers "${LAYERS:-32}" \
+    --out "$OUT/eager-host.json"
 fi
