@@ -436,6 +436,58 @@ def pdl_timing(root: Path) -> str:
     return "\n".join(lines)
 
 
+EAGER_HOST = "bench/results/h100-eager-host.json"
+
+
+def eager_host(root: Path) -> str:
+    """``docs/inference.md``'s eager host table: a forward's host time with the GPU held
+    busy (``bench/experiments/eager_host.py``), patched against unpatched, and each
+    linear shape's host µs per call with what the table runs for it."""
+    d = json.loads((root / EAGER_HOST).read_text())
+    tokens = sorted(d["forward"], key=int)
+    lines = [
+        f"{d['gpu']}, torch {d['torch']}, launcher: {d['launcher']}, {d['layers']} layers, "
+        f"{d['reps']} repetitions, models interleaved in random order (`{EAGER_HOST}`).",
+        "",
+        "| tokens | host ms per forward, unpatched | patched | unpatched / patched, paired "
+        "(p20–p80) |",
+        "|---|---|---|---|",
+    ]
+    for t in tokens:
+        f = d["forward"][t]
+        lo, hi = f["paired_p20_p80"]
+        lines.append(
+            f"| {t} | {f['host_ms']['unpatched']:.1f} | {f['host_ms']['patched']:.1f} | "
+            f"{f['paired_unpatched_over_patched']:.3f} ({lo:.3f}–{hi:.3f}) |"
+        )
+    order = ("q_proj", "k_proj", "o_proj", "gate_proj", "down_proj", "lm_head")
+    names = sorted(
+        d["linear"][tokens[0]],
+        key=lambda n: (n not in order, order.index(n) if n in order else 0, n),
+    )
+    lines += [
+        "",
+        "Host µs per call of one layer's linears (200 back to back, GPU held busy), "
+        "unpatched / patched, and what the patched call runs:",
+        "",
+        "| tokens | "
+        + " | ".join(
+            f"{n} ({d['linear'][tokens[0]][n]['n']}×{d['linear'][tokens[0]][n]['k']})"
+            for n in names
+        )
+        + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for t in tokens:
+        cells = []
+        for n in names:
+            r = d["linear"][t][n]
+            what = r["served"].split(" ")[0].replace("fallback:", "torch")
+            cells.append(f"{r['host_us']['unpatched']:.1f} / {r['host_us']['patched']:.1f} {what}")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -443,6 +495,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "policy-eval": policy_eval,
     "floor-fractions": floor_fractions,
     "pdl-timing": pdl_timing,
+    "eager-host": eager_host,
 }
 
 _BLOCK = re.compile(

@@ -75,6 +75,20 @@ def test_the_pdl_table_is_made_from_its_results_files(tmp_path):
     assert f"{len(pairs) - 1} of {len(pairs)} passed" in table
 
 
+def test_the_eager_host_table_is_made_from_its_results_file(tmp_path):
+    """The eager host table follows the committed H100 results: the paired ratio and
+    what a linear call runs are read, not kept."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.EAGER_HOST).read_text())
+    d["forward"]["64"]["paired_unpatched_over_patched"] = 1.234
+    d["linear"]["64"]["q_proj"]["served"] = "cublaslt cublaslt_x"
+    (tmp_path / standing.EAGER_HOST).write_text(json.dumps(d))
+    table = standing.eager_host(tmp_path)
+    assert "| 64 | " in table and " | 1.234 (" in table
+    row = next(line for line in table.splitlines() if line.startswith("| 64 |") and "/" in line)
+    assert row.split(" | ")[1].endswith("cublaslt"), row
+
+
 BROKEN = [
     # (document, what the error names)
     ("<!-- cudal2:begin where-it-stands -->\nx\n", "without its cudal2:end"),
