@@ -70,12 +70,18 @@ def arch_flags(arch: str) -> tuple[str, ...]:
 
 
 def _nvcc() -> str:
+    """nvcc, by its real path. nvcc finds its headers relative to its own folder and
+    ``-lineinfo`` writes their paths into the cubin: run through a symlinked folder
+    (``/usr/local/cuda/bin/nvcc``, as on the GPU machine) it made other bytes from the
+    same source than the real folder (``/usr/local/cuda-13.0``, as here), so a build
+    packaged on one machine shipped cubins that differed from the measured ones in
+    their line table."""
     path = shutil.which("nvcc")
     if path is None:
         raise NvccNotFoundError(
             "nvcc not found on PATH: install the CUDA toolkit (13.0 is used here)"
         )
-    return path
+    return os.path.realpath(path)
 
 
 @cache

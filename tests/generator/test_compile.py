@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +93,24 @@ def test_a_build_sweeps_the_source_folders_killed_builds_left(tmp_path, monkeypa
     (stale / "kernel.cu").write_text("left by a killed build")
     build_all([_d("fp16", "tn")], ArtifactCache(tmp_path / "cache"))
     assert list((tmp_path / "src").iterdir()) == []
+
+
+def test_nvcc_through_a_symlinked_cuda_folder_makes_the_same_bytes(tmp_path, monkeypatch):
+    """The GPU machine finds nvcc as /usr/local/cuda/bin/nvcc (a symlinked folder), this
+    one as /usr/local/cuda-13.0/bin/nvcc: -lineinfo writes the header folder nvcc was
+    run from into the cubin, so both must run it by its real path."""
+    # nvcc's own folder (PATH may hold a wrapper script, as on this machine)
+    (tmp_path / "e.cu").write_text("")
+    dry = subprocess.run(
+        [comp._nvcc(), "-dryrun", "-cubin", str(tmp_path / "e.cu"), "-o", str(tmp_path / "e")],
+        capture_output=True,
+        text=True,
+    )
+    here = next(ln.split("=", 1)[1] for ln in dry.stderr.splitlines() if "_HERE_=" in ln)
+    link = tmp_path / "cuda"
+    link.symlink_to(Path(here).resolve().parent, target_is_directory=True)
+    direct = build(_d("fp16", "tn"), ArtifactCache(tmp_path / "direct"))
+    monkeypatch.setenv("PATH", f"{link / 'bin'}:{os.environ['PATH']}")
+    assert shutil.which("nvcc") == str(link / "bin" / "nvcc")
+    linked = build(_d("fp16", "tn"), ArtifactCache(tmp_path / "linked"))
+    assert linked.cubin_sha256 == direct.cubin_sha256

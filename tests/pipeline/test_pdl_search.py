@@ -280,3 +280,26 @@ def test_the_dry_run_counts_pdl_candidates(tmp_path, artifact_cache, pdl):
     assert ("PDL on" in text) is pdl
     if pdl:
         assert f"{s['pdl_candidates']} of the next job's {s['candidates']} candidates" in text
+
+
+# -- the H100 build ------------------------------------------------------------------------
+
+PDL_BUILD = Path(__file__).resolve().parents[2] / "bench/manifests/pdl-decode-h100.toml"
+
+
+def test_the_h100_pdl_build_ships_pair_checked_pdl_winners():
+    """bench/manifests/pdl-decode-h100.toml was built on the H100 (ci/gpu_pdl_build.sh):
+    its recorded database selects PDL designs for some targets, each with its passed pair
+    check on record, and every record of a PDL design carries the check's outcome."""
+    from cudal2.pipeline.select import select
+
+    m = load_manifest(PDL_BUILD)
+    assert m.search.pdl
+    records = MeasurementDB(build_cli.default_database(PDL_BUILD)).read()
+    pdl_records = [r for r in records if r.design is not None and is_pdl(r.design)]
+    assert pdl_records and all(PAIR_METRIC in r.metrics for r in pdl_records if r.status == "ok")
+    selections, missing = select(m.targets, records, m.timing_mode)
+    assert not missing and len(selections) == len(m.targets)
+    winners = [s.winner for s in selections if s.kind == "kernel" and is_pdl(s.winner.design)]
+    assert winners, "no target of the H100 PDL build selects a PDL design"
+    assert all(w.metrics[PAIR_METRIC] == 1.0 for w in winners)
