@@ -19,7 +19,6 @@ difference; if it issues slower, the host path is.
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import json
 import random
@@ -27,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
+import _llama  # bench/experiments/_llama.py (this folder is on sys.path)
 
 
 def _q(v: list[float], f: float) -> float:
@@ -45,19 +44,11 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     import torch
-    from transformers import AutoConfig, LlamaForCausalLM
 
     pkg = importlib.import_module(args.package)
-    cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
-    cfg.num_hidden_layers = args.layers
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        torch.set_default_dtype(torch.float16)
-        model = LlamaForCausalLM(cfg).eval()
-        torch.set_default_dtype(torch.float32)
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    patched = copy.deepcopy(model, shared)
-    patch = pkg.patch_linear(patched)
+    cfg = _llama.config(args.layers)
+    model = _llama.model(cfg)
+    patched, patch = _llama.patched_copy(model, pkg)
     pkg.warmup()
     kinds = {str(e.key): f"{e.kind} {e.kernel or ''}".strip() for e in pkg._api.table.entries}
     variants = {"unpatched": model, "patched": patched}

@@ -12,14 +12,13 @@ kernels as kernel time.
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
+import _llama  # bench/experiments/_llama.py (this folder is on sys.path)
 
 
 def _summary(prof) -> dict:
@@ -82,19 +81,11 @@ def main() -> int:
     args = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoConfig, LlamaForCausalLM
 
     pkg = importlib.import_module(args.package)
-    cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
-    cfg.num_hidden_layers = args.layers
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        torch.set_default_dtype(torch.float16)
-        model = LlamaForCausalLM(cfg).eval()
-        torch.set_default_dtype(torch.float32)
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    patched = copy.deepcopy(model, shared)
-    patch = pkg.patch_linear(patched)
+    cfg = _llama.config(args.layers)
+    model = _llama.model(cfg)
+    patched, patch = _llama.patched_copy(model, pkg)
     pkg.warmup()
     ids = torch.randint(0, cfg.vocab_size, (args.tokens, 1), device="cuda")
     out: dict = {

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import importlib
 import json
 import os
@@ -39,9 +38,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import _llama  # bench/experiments/_llama.py (this folder is on sys.path)
+
 from cudal2.verify.timing import TimingConfig, time_eager, time_interleaved
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
 TOLERANCE = 2.0
 CASES = (("decode", 1), ("decode", 16), ("decode", 64), ("decode", 256), ("prefill", 2048))
 
@@ -103,29 +103,19 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
-    from transformers import AutoConfig, LlamaForCausalLM
 
     pkg = importlib.import_module(args.package)
-    cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
-    cfg.num_hidden_layers = args.layers
+    cfg = _llama.config(args.layers)
     started = time.monotonic()
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        torch.set_default_dtype(torch.float16)
-        model = LlamaForCausalLM(cfg).eval()
-        torch.set_default_dtype(torch.float32)
-        ref = LlamaForCausalLM(cfg).eval()
+    model = _llama.model(cfg)
+    ref = _llama.model(cfg, torch.float32)
     ref.load_state_dict(model.state_dict())  # fp32 copies of the fp16 weights
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    patched = copy.deepcopy(model, shared)  # new modules, the same parameters
-    assert all(p is q for p, q in zip(model.parameters(), patched.parameters(), strict=True))
-    patch = pkg.patch_linear(patched)
+    patched, patch = _llama.patched_copy(model, pkg)  # new modules, the same parameters
     # The same patch on the Python launch path (patched with CUDAL2_NATIVE=0, run with
     # it set): both launch paths and the unpatched model in one process.
     native = pkg._api.launcher == "native"
-    patched_py = copy.deepcopy(model, shared)
     with _python_path():
-        patch_py = pkg.patch_linear(patched_py)
+        patched_py, patch_py = _llama.patched_copy(model, pkg)
     linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     print(
         f"model: {args.layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B "

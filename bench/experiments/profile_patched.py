@@ -8,15 +8,13 @@ cProfile of a few forwards (2 decoder layers of Llama-3.1-8B's dimensions, fp16,
 from __future__ import annotations
 
 import argparse
-import copy
 import cProfile
 import importlib
 import io
 import pstats
 import time
-from pathlib import Path
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
+import _llama  # bench/experiments/_llama.py (this folder is on sys.path)
 
 
 def main() -> int:
@@ -26,17 +24,11 @@ def main() -> int:
     ap.add_argument("--forwards", type=int, default=20)
     args = ap.parse_args()
     import torch
-    from transformers import AutoConfig, LlamaForCausalLM
 
     pkg = importlib.import_module(args.package)
-    cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
-    cfg.num_hidden_layers = args.layers
-    with torch.device("cuda"):
-        torch.set_default_dtype(torch.float16)
-        model = LlamaForCausalLM(cfg).eval()
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    patched = copy.deepcopy(model, shared)
-    pkg.patch_linear(patched)
+    cfg = _llama.config(args.layers)
+    model = _llama.model(cfg)
+    patched, _ = _llama.patched_copy(model, pkg)
     pkg.warmup()
     ids = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda")
     for name, m in (("unpatched", model), ("patched", patched)):
