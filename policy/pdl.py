@@ -10,7 +10,9 @@ larger would measure random trigger points of random tiles, so no round would co
 a tile with its own trigger points. Which trigger pays is a matter of how much room the
 previous kernel leaves (docs/kernels.md, "Programmatic dependent launch"): only the
 measurement can tell, so each tile is measured plain and with every trigger, side by
-side, in the same round. The proposer behind sees plain designs only (its space,
+side, in the same round. The target's incumbent (its fastest measured plain kernel,
+what ships if nothing beats it) has its trigger points measured first, before any new
+tile. The proposer behind sees plain designs only (its space,
 history and observed rounds), so the policy's prompts and online updates stay what they
 were; a round still has exactly the candidates the manifest asks for (``n``).
 """
@@ -60,12 +62,30 @@ class PdlProposer:
             return []
         seen = measured_designs(target, history)
         plain = [m for m in history if not is_pdl(m.design)]
-        out: list[KernelDesign] = []
-        for tile in self.inner.propose(target, plain, math.ceil(n / GROUP)):
-            for d in (tile, *pdl_variants(tile)):
-                if d.key not in seen and len(out) < n:
-                    out.append(d)
+        # The incumbent first: the target's fastest measured plain kernel is what ships
+        # if nothing beats it, so its own trigger points are the likeliest PDL winners.
+        out = [d for d in incumbent_variants(target, plain) if d.key not in seen][:n]
+        if len(out) < n:
+            budget = n - len(out)
+            for tile in self.inner.propose(target, plain, math.ceil(budget / GROUP)):
+                for d in (tile, *pdl_variants(tile)):
+                    if d.key not in seen and len(out) < n and d not in out:
+                        out.append(d)
         return out
 
     def observe(self, measurements: Sequence[Measurement]) -> str | None:
         return self.inner.observe([m for m in measurements if not is_pdl(m.design)])
+
+
+def incumbent_variants(target: Target, plain: Sequence[Measurement]) -> list[KernelDesign]:
+    """The PDL variants of ``target``'s fastest correct plain kernel in ``plain`` (ties
+    by design key; none when no kernel of it was timed)."""
+    timed = [
+        m
+        for m in plain
+        if m.target == target and m.design is not None and m.status == "ok" and m.median_us
+    ]
+    if not timed:
+        return []
+    best = min(timed, key=lambda m: (m.median_us, m.design_key))
+    return list(pdl_variants(best.design))

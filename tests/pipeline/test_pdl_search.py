@@ -112,6 +112,26 @@ def test_the_proposer_behind_sees_plain_designs_only(recorded):
     assert inner.observed == [[mine[0]]]
 
 
+def test_the_incumbents_trigger_points_come_first(recorded):
+    """With recorded kernels for the target, its fastest correct one (what ships unless
+    beaten) has its PDL variants proposed before any new tile; once measured, not again."""
+    t = recorded[0].target
+    mine = [m for m in recorded if m.target == t and m.design is not None]
+    timed = [m for m in mine if m.status == "ok" and m.median_us]
+    best = min(timed, key=lambda m: (m.median_us, m.design_key))
+    assert best is not mine[0]  # the recorded order is not what picks it
+    fresh = [m.design for m in mine if m.design_key != best.design_key][:5]  # new to it
+    history = [m for m in mine if m.design not in fresh]
+    p = PdlProposer(_Inner(fresh))
+    got = p.propose(t, history, 8)
+    assert got[:3] == list(pdl_variants(best.design))
+    assert len(got) == 8 and got[3] == fresh[0]  # then the proposer's tiles and theirs
+    measured = [dataclasses.replace(best, design=d, design_key=d.key) for d in got[:3]]
+    again = p.propose(t, [*history, *measured], 8)
+    assert not set(d.key for d in again) & set(d.key for d in got[:3])
+    assert again[0] == fresh[0]  # nothing of the incumbent left: a tile leads
+
+
 def test_no_search_space_holds_a_pdl_design_even_where_a_replay_recorded_one(recorded):
     """PDL designs come from the expansion only: a replay that recorded some must not
     make a proposer propose them as tiles (with the switch off, none at all)."""
