@@ -72,10 +72,10 @@ def arch_flags(arch: str) -> tuple[str, ...]:
 def _nvcc() -> str:
     """nvcc, by its real path. nvcc finds its headers relative to its own folder and
     ``-lineinfo`` writes their paths into the cubin: run through a symlinked folder
-    (``/usr/local/cuda/bin/nvcc``, as on the GPU machine) it made other bytes from the
-    same source than the real folder (``/usr/local/cuda-13.0``, as here), so a build
-    packaged on one machine shipped cubins that differed from the measured ones in
-    their line table."""
+    (``/usr/local/cuda/bin/nvcc``, as on the lent GPU machine) it makes other bytes from
+    the same source than run from the real folder (``/usr/local/cuda-13.0``, as here).
+    That was one reason a database measured there packaged here into other cubin bytes;
+    not the only one (docs/contracts.md, "Artifact cache")."""
     path = shutil.which("nvcc")
     if path is None:
         raise NvccNotFoundError(
