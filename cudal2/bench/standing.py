@@ -488,6 +488,41 @@ def eager_host(root: Path) -> str:
     return "\n".join(lines)
 
 
+PDL_PUBLIC = "bench/results/h100-llm-public-pdl.jsonl"
+
+
+def pdl_public(root: Path) -> str:
+    """``docs/kernels.md``'s llm-public-with-PDL table: the wheel of
+    ``bench/manifests/llm-public-pdl-h100.toml`` against every vendor, M <= 256
+    (``ci/gpu_pdl_public.sh``), per dtype and timing mode."""
+    rows = read_results(root / PDL_PUBLIC)
+    lines = [
+        f"{rows[0]['gpu']['name']}, torch {rows[0]['gpu']['torch']} "
+        f"(`{PDL_PUBLIC}`; `cudal2-bench summarize … --m-max 256`):",
+        "",
+        "| dtype | mode | shapes | geomean vs best vendor | vs torch | own kernels (PDL) | "
+        "cuBLASLt | fallback | own kernel beats best vendor beyond spread | min / max vs best "
+        "vendor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for dtype in ("fp16", "bf16"):
+        for mode in ("offline", "server"):
+            f = Filter(mode=mode, dtype=dtype, m_max=256)
+            kept = [r for r in rows if f.keep(r) and r["cudal2"]["median_us"]]
+            s = summarize(rows, f)
+            kinds = [r["cudal2"]["dispatch"]["kind"] for r in kept]
+            pdl = sum("_pdl_" in (r["cudal2"]["dispatch"].get("kernel") or "") for r in kept)
+            x = [r["best_vendor"]["median_us"] / r["cudal2"]["median_us"] for r in kept]
+            g = s["geomean_speedup"]
+            lines.append(
+                f"| {dtype} | {mode} | {s['shapes']} | {g['best_vendor']:.3f} | {g['torch']:.3f} "
+                f"| {kinds.count('kernel')} ({pdl}) | {kinds.count('cublaslt')} | "
+                f"{kinds.count('fallback')} | {s['wins_vs_best_vendor']} | "
+                f"{min(x):.3f} / {max(x):.3f} |"
+            )
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -496,6 +531,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "floor-fractions": floor_fractions,
     "pdl-timing": pdl_timing,
     "eager-host": eager_host,
+    "pdl-public": pdl_public,
 }
 
 _BLOCK = re.compile(

@@ -89,6 +89,20 @@ def test_the_eager_host_table_is_made_from_its_results_file(tmp_path):
     assert row.split(" | ")[1].endswith("cublaslt"), row
 
 
+def test_the_pdl_public_table_is_made_from_its_results_file(tmp_path):
+    """Counts and geomeans of the llm-public-with-PDL table come from the results rows."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    rows = [json.loads(x) for x in (ROOT / standing.PDL_PUBLIC).read_text().splitlines()]
+    before = standing.pdl_public(ROOT)
+    r = next(r for r in rows if r["mode"] == "server" and "_pdl_" in str(r["cudal2"]["dispatch"]))
+    r["cudal2"]["dispatch"] = {"kind": "fallback", "kernel": None}
+    r["cudal2"]["median_us"] = r["best_vendor"]["median_us"] / 3.25
+    (tmp_path / standing.PDL_PUBLIC).write_text("\n".join(json.dumps(x) for x in rows))
+    after = standing.pdl_public(tmp_path)
+    line = next(x for x in after.splitlines() if f"| {r['target']['dtype']} | server |" in x)
+    assert " / 3.250 |" in line and line not in before
+
+
 BROKEN = [
     # (document, what the error names)
     ("<!-- cudal2:begin where-it-stands -->\nx\n", "without its cudal2:end"),
