@@ -167,6 +167,14 @@ def measure_case(
     return case
 
 
+def failed_case(model: str, dtype: str, m: int, exc: BaseException) -> dict[str, Any]:
+    """A case that raised (a kernel error, out of memory): what it was and why, in the
+    shape of a case that failed its check."""
+    why = f"error: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return {"model": model, "dtype": dtype, "m": m, "err": {}, "ok": {}, "dispatch": {},
+            "not_timed": why}  # fmt: skip
+
+
 def results_doc(
     env: Mapping[str, Any], pkg: Any, shapes: list[LayerShape], cases: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -256,7 +264,9 @@ def markdown_table(doc: Mapping[str, Any]) -> str:
     ]
     for c in doc["cases"]:
         err = c["err"]
-        errs = f"{err['vendor']:.2g} / {err['cudal2']:.2g} ({c['bound_abs']:.2g})"
+        errs = "–"
+        if set(VARIANTS) <= set(err):
+            errs = f"{err['vendor']:.2g} / {err['cudal2']:.2g} ({c['bound_abs']:.2g})"
         if "median_us" in c:
             med, sp = c["median_us"], c["spread"]
             vendor = f"{med['vendor']:.1f} ({sp['vendor']:.1%})"
@@ -315,7 +325,10 @@ def run(
     cases = []
     for s, d, m in todo:
         torch.compiler.reset()  # a fresh specialisation of the small functions per case
-        case = measure_case(s, d, m, pkg, timer, seed=seed)
+        try:
+            case = measure_case(s, d, m, pkg, timer, seed=seed)
+        except Exception as e:  # one case's failure is reported; the run goes on
+            case = failed_case(s.model, d, m, e)
         cases.append(case)
         med = case.get("median_us")
         said = (

@@ -234,3 +234,43 @@ def test_a_good_command_line_without_a_gpu_exits_1(tmp_path, fake_wheel, capsys,
     argv = ["layer", "--package", "fake_cudal2_pkg", "--out", str(tmp_path / "l.json")]
     assert bench_cli.main(argv) == 1
     assert "no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_a_case_that_raised_is_a_row_saying_why(results_root):
+    path = results_root / standing.LAYER_RESULTS
+    doc = json.loads(path.read_text())
+    try:
+        raise RuntimeError("CUDA error: an illegal memory access\nwas encountered")
+    except RuntimeError as e:
+        doc["cases"].append(R.failed_case("llama-3.1-8b", "bf16", 64, e))
+    path.write_text(R.results_json(doc))
+    row = standing.layer_bench(results_root).splitlines()[-3]
+    assert row == (
+        "| llama-3.1-8b | bf16 | 64 | – | – | not timed: error: RuntimeError: CUDA error: "
+        "an illegal memory access was encountered | – |  |"
+    )
+
+
+def test_the_run_goes_on_past_a_case_that_raised(monkeypatch, capsys):
+    """``run`` on the CPU: its measuring stood in by CPU cases, one of which raises."""
+    pkg = fake_package()
+    pkg.__name__ = "fake"
+
+    measure_case = R.measure_case
+
+    def measure(shape, dtype, m, pkg, timer, seed):
+        if m == 16:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return measure_case(shape, dtype, m, pkg, cpu_timer, device="cpu", compiled=False, sets=2)
+
+    monkeypatch.setattr(R, "measure_case", measure)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    shape = small_shape(*SMALL[0])
+    doc = R.run(pkg, [shape], ["fp32"], [1, 16, 64], reps=5, log=sys.stdout)
+    assert [c["m"] for c in doc["cases"]] == [1, 16, 64]
+    assert doc["cases"][1]["not_timed"] == "error: OutOfMemoryError: CUDA out of memory"
+    assert "speedup" in doc["cases"][0] and "speedup" in doc["cases"][2]
+    out = capsys.readouterr().out
+    assert "llama-3.1-8b fp32 M=16: error: OutOfMemoryError" in out
+    assert "layer cases: 3/3 cases" in out  # plain progress lines in a log
+    assert R.load_results(R.results_json(doc))["gpu"] == "NVIDIA H100 80GB HBM3"
