@@ -237,7 +237,9 @@ def _gemms(c: Mapping[str, Any]) -> str:
 def shapes_text(doc: Mapping[str, Any]) -> str:
     """One line per model: its per-GPU layer and GEMM shapes (N x K)."""
     lines = []
-    for name, s in doc["shapes"].items():
+    # in the order the cases run them (a results file's keys are sorted)
+    for name in dict.fromkeys([*(c["model"] for c in doc["cases"]), *doc["shapes"]]):
+        s = doc["shapes"][name]
         gemms = ", ".join(f"{g} {s['gemms_nk'][g][0]}x{s['gemms_nk'][g][1]}" for g in GEMMS)
         lines.append(
             f"- `{name}` (tp {s['tp']}, per GPU): hidden {s['hidden']}, {s['heads']} heads, "
@@ -301,9 +303,11 @@ def run(
     reps: int,
     seed: int = 0,
     log: Any = None,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every case on this GPU (progress and one line per case on ``log``, default
-    stderr); the results document."""
+    stderr); the results document. ``save`` is given the document so far after each
+    case, so a run stopped part way (a time limit) leaves the cases it finished."""
     import sys
 
     import torch
@@ -320,9 +324,19 @@ def run(
 
     # Every kernel loaded and every cuBLASLt workspace made before any capture.
     warmed = pkg.warmup() if hasattr(pkg, "warmup") else 0
+    env = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "reps": reps,
+        "seed": seed,
+        "warmed_entries": warmed,
+        "timing": f"{reps} CUDA-graph replays of back-to-back layers, each layer's own "
+        "weights and cache, the variants interleaved",
+    }
     todo = [(s, d, m) for s in shapes for d in dtypes for m in ms]
     bar = progress(len(todo), "layer cases", "case", log)
-    cases = []
+    cases: list[dict[str, Any]] = []
     for s, d, m in todo:
         torch.compiler.reset()  # a fresh specialisation of the small functions per case
         try:
@@ -337,18 +351,13 @@ def run(
             if med
             else case["not_timed"]
         )
-        print(f"{s.model} {d} M={m}: {said}; {_gemms(case)}", file=log, flush=True)
+        gemms = _gemms(case)
+        print(
+            f"{s.model} {d} M={m}: {said}" + (f"; {gemms}" if gemms else ""), file=log, flush=True
+        )
+        if save is not None:
+            save(results_doc(env, pkg, shapes, list(cases)))
         bar.update()
         torch.cuda.empty_cache()
     bar.close()
-    env = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "reps": reps,
-        "seed": seed,
-        "warmed_entries": warmed,
-        "timing": f"{reps} CUDA-graph replays of back-to-back layers, each layer's own "
-        "weights and cache, the variants interleaved",
-    }
     return results_doc(env, pkg, shapes, cases)

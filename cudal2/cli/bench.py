@@ -264,8 +264,14 @@ def layer_main(argv: list[str]) -> int:
     from cudal2.cli.output import write_text
 
     shapes = [layer_shape(m) for m in dict.fromkeys(a.model)]
-    doc = run(pkg, shapes, list(dict.fromkeys(a.dtype)), sorted(set(a.m)), a.reps, a.seed)
-    write_text(a.out, results_json(doc))
+
+    def save(doc: dict) -> None:  # after every case: a run cut short keeps what it took
+        write_text(a.out, results_json(doc))
+
+    doc = run(
+        pkg, shapes, list(dict.fromkeys(a.dtype)), sorted(set(a.m)), a.reps, a.seed, save=save
+    )
+    save(doc)
     table = markdown_table(doc)
     if a.markdown:
         write_text(a.markdown, table + "\n")

@@ -266,7 +266,9 @@ def test_the_run_goes_on_past_a_case_that_raised(monkeypatch, capsys):
     monkeypatch.setattr(R, "measure_case", measure)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
     shape = small_shape(*SMALL[0])
-    doc = R.run(pkg, [shape], ["fp32"], [1, 16, 64], reps=5, log=sys.stdout)
+    saved = []
+    doc = R.run(pkg, [shape], ["fp32"], [1, 16, 64], reps=5, log=sys.stdout, save=saved.append)
+    assert [len(d["cases"]) for d in saved] == [1, 2, 3]  # the document so far, every case
     assert [c["m"] for c in doc["cases"]] == [1, 16, 64]
     assert doc["cases"][1]["not_timed"] == "error: OutOfMemoryError: CUDA out of memory"
     assert "speedup" in doc["cases"][0] and "speedup" in doc["cases"][2]
@@ -274,3 +276,32 @@ def test_the_run_goes_on_past_a_case_that_raised(monkeypatch, capsys):
     assert "llama-3.1-8b fp32 M=16: error: OutOfMemoryError" in out
     assert "layer cases: 3/3 cases" in out  # plain progress lines in a log
     assert R.load_results(R.results_json(doc))["gpu"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_command_writes_the_results_and_the_table(tmp_path, fake_wheel, monkeypatch, capsys):
+    """``cudal2-bench layer`` end to end on the CPU, each case measured on a small
+    layer of its model (the GPU's parts stood in)."""
+    measure_case = R.measure_case
+
+    def measure(shape, dtype, m, pkg, timer, seed):
+        small = dataclasses.replace(small_shape(*SMALL[0]), model=shape.model)
+        return measure_case(small, "fp32", m, pkg, cpu_timer, device="cpu", compiled=False, sets=2)
+
+    monkeypatch.setattr(R, "measure_case", measure)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    out, md = tmp_path / "layer.json", tmp_path / "layer.md"
+    argv = ["layer", "--package", "fake_cudal2_pkg", "--m", "4", "1", "4", "--dtype", "fp16"]
+    assert bench_cli.main([*argv, "--out", str(out), "--markdown", str(md)]) == 0
+    doc = R.load_results(out.read_text(), str(out))
+    assert [(c["model"], c["m"]) for c in doc["cases"]] == [
+        ("llama-3.1-8b", 1),
+        ("llama-3.1-8b", 4),
+        ("llama-3.1-70b-tp8", 1),
+        ("llama-3.1-70b-tp8", 4),
+    ]
+    assert doc["shapes"]["llama-3.1-70b-tp8"]["gemms_nk"]["down"] == [8192, 3584]
+    assert doc["package"] == "fake_cudal2_pkg" and doc["reps"] == 100
+    table = md.read_text()
+    assert table == R.markdown_table(doc) + "\n" and table in capsys.readouterr().out + "\n"
+    assert not list(tmp_path.glob(".layer*"))  # no temporary file left behind
