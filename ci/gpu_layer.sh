@@ -12,8 +12,10 @@
 # Under $OUT (4 files): gpu.txt (GPU, clocks, torch, the package's launcher and fused ops),
 # layer.json (the results: commit as bench/results/h100-layer.json, then add the
 # layer-bench block to docs/inference.md and run cudal2-bench report), layer.md (the
-# table), layer-run.txt (the log). REPS (default 100) sets the timed repetitions; 12
-# cases, mostly torch.compile time: about 3-4 minutes on an H100.
+# table), layer-run.txt (the log). layer.json is rewritten after every case, so a run cut
+# short by RUN_TIMEOUT (default 330 s) keeps the cases it finished. REPS (default 100) sets
+# the timed repetitions (a replay is ~0.5 ms: timing is seconds; the 12 cases' time goes to
+# torch.compile and setup). Not yet run on a GPU: the 3-4 minutes are an estimate.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 [ -n "${WHEEL:-}" ] && [ -f "$WHEEL" ] || { echo "WHEEL=path/to/the/carried.whl is required" >&2; exit 2; }
