@@ -19,6 +19,9 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
 - ``host-overhead``: the host cost per call of every launch path (``docs/inference.md``).
 - ``floor-fractions``: ``docs/measuring.md``'s vendor table (``VENDOR_RUN``).
 - ``policy-eval``: the replay table of ``docs/policy.md`` (``POLICY_EVALS``).
+- ``layer-bench``: the layer benchmark's table (``LAYER_RESULTS``, written by
+  ``cudal2-bench layer``); until that file is committed the block cannot be made
+  (``ResultsMissing``), and no document may hold it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ SHIPPED = ("default", "llm-public-h100", "llama-3.1-8b-hf-h100", "grid-sample-h1
 
 class StaleBlockError(ValueError):
     """A document's markers are broken (an end without a begin, a block twice)."""
+
+
+class ResultsMissing(FileNotFoundError):
+    """A block's results file is not committed (yet): the block cannot be made."""
 
 
 @dataclass(frozen=True)
@@ -523,6 +530,22 @@ def pdl_public(root: Path) -> str:
     return "\n".join(lines)
 
 
+LAYER_RESULTS = "bench/results/h100-layer.json"  # cudal2-bench layer --out, on the H100
+
+
+def layer_bench(root: Path) -> str:
+    """The layer benchmark's table (``cudal2-bench layer``'s markdown of ``LAYER_RESULTS``)."""
+    from cudal2.bench.layer_run import load_results, markdown_table
+
+    path = root / LAYER_RESULTS
+    if not path.exists():
+        raise ResultsMissing(
+            f"{LAYER_RESULTS} is not committed: run ci/gpu_layer.sh on the H100 and commit "
+            "its layer.json there (docs/inference.md, 'The layer benchmark')"
+        )
+    return f"`{LAYER_RESULTS}`: " + markdown_table(load_results(path.read_text(), LAYER_RESULTS))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -532,6 +555,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "pdl-timing": pdl_timing,
     "eager-host": eager_host,
     "pdl-public": pdl_public,
+    "layer-bench": layer_bench,
 }
 
 _BLOCK = re.compile(

@@ -1,0 +1,266 @@
+"""The layer benchmark's math on the CPU (float32, no graphs, no compile): the vendor
+layer, the cudal2 layer (a fake package: ``linear`` = ``F.linear``, and fused ops
+written in torch) and the fp32 reference agree; packing, attention and RoPE are
+checked against independent implementations (a naive loop, transformers' Llama)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import types
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cudal2.bench import layer as L
+
+SMALL = [  # (hidden, heads, kv_heads, head_dim, intermediate): GQA groups 4, 1 (MHA), 8
+    (256, 8, 2, 32, 384),
+    (192, 3, 3, 64, 320),
+    (512, 8, 1, 64, 256),
+]
+
+
+def small_shape(hidden: int, heads: int, kv: int, d: int, inter: int) -> L.LayerShape:
+    return dataclasses.replace(
+        L.layer_shape("llama-3.1-8b"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=d,
+        intermediate=inter,
+    )
+
+
+def inputs(shape: L.LayerShape, m: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        L.make_weights(shape, torch.float32, "cpu", gen),
+        L.make_state(shape, m, torch.float32, "cpu", gen),
+    )
+
+
+class FakeStats:
+    """The package's ``stats`` as the runtime's: hits per entry, fallbacks per reason."""
+
+    def __init__(self) -> None:
+        self.hits, self.fallbacks = Counter(), Counter()
+
+    def reset(self) -> None:
+        self.hits.clear()
+        self.fallbacks.clear()
+
+    def as_dict(self):
+        return {"hits": dict(self.hits), "fallbacks": dict(self.fallbacks)}
+
+
+TILE = 4  # the fake package interleaves gate and up rows by tiles of 4
+
+
+def fake_package(fused: tuple[str, ...] = ()) -> types.SimpleNamespace:
+    """A cudal2 package's surface with torch inside: ``linear`` counts a hit on entry
+    ``e/linear``; the fused ops named in ``fused`` exist, with their packers."""
+    stats = FakeStats()
+
+    def hit(op):
+        def call(*args):
+            stats.hits[f"e/{op.__name__}"] += 1
+            return op(*args)
+
+        return call
+
+    def linear(x, w):
+        return F.linear(x, w)
+
+    def linear_residual(x, w, r):
+        return F.linear(x, w) + r
+
+    def pack_gate_up(gate, up):
+        i, k = gate.shape
+        return torch.stack([gate.view(-1, TILE, k), up.view(-1, TILE, k)], 1).reshape(2 * i, k)
+
+    def linear_gated(x, w, act):
+        assert act == "silu"
+        y = F.linear(x, w).view(x.shape[0], -1, 2, TILE)
+        return (F.silu(y[:, :, 0]) * y[:, :, 1]).reshape(x.shape[0], -1)
+
+    def fold_rmsnorm(w, norm_weight):
+        return w * norm_weight
+
+    def linear_rmsnorm(h, w, eps):
+        return F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps), w)
+
+    pkg = types.SimpleNamespace(linear=hit(linear), stats=stats, warmup=lambda: 0)
+    if "residual" in fused:
+        pkg.linear_residual = hit(linear_residual)
+    if "gated" in fused:
+        pkg.linear_gated, pkg.pack_gate_up = hit(linear_gated), pack_gate_up
+    if "rmsnorm" in fused:
+        pkg.linear_rmsnorm, pkg.fold_rmsnorm = hit(linear_rmsnorm), fold_rmsnorm
+    return pkg
+
+
+def close(a, b, rel=1e-5):
+    return (a - b).abs().max().item() <= rel * b.abs().max().item()
+
+
+@pytest.mark.parametrize("dims", SMALL)
+@pytest.mark.parametrize("m", [1, 5])
+def test_vendor_and_cudal2_layers_equal_the_fp32_reference(dims, m):
+    shape = small_shape(*dims)
+    w, s = inputs(shape, m)
+    ref = L.reference(shape, w, s)
+    pieces = L.Pieces.make(compiled=False)
+    vendor = L.VendorLayer(shape, w, pieces)(s)
+    own = L.Cudal2Layer(shape, w, pieces, fake_package())(s)
+    assert close(vendor, ref) and close(own, ref)
+    assert ref.abs().max().item() > 0.5  # activations of unit size, not vanishing
+
+
+FUSIONS = tuple(L.FUSIONS)
+FUSED = [c for r in range(4) for c in itertools.combinations(FUSIONS, r)]
+
+
+@pytest.mark.parametrize("fused", FUSED, ids=lambda c: "+".join(c) or "none")
+def test_every_set_of_fused_ops_gives_the_reference_layer(fused):
+    shape = small_shape(*SMALL[0])
+    w, s = inputs(shape, 3)
+    pkg = fake_package(fused)
+    layer = L.Cudal2Layer(shape, w, L.Pieces.make(compiled=False), pkg)
+    layer.probe = {}
+    assert close(layer(s), L.reference(shape, w, s))
+    want = L.plan({f: f in fused for f in FUSIONS})
+    assert layer.plan == want
+    ops = {g: p["op"] for g, p in layer.probe.items()}
+    assert ops == {g: ("linear" if how == "none" else f"linear_{how}") for g, how in want.items()}
+    assert all(sum(p["hits"].values()) == 1 for p in layer.probe.values())
+
+
+def test_the_plan_prefers_the_gated_op_for_gate_up_and_folds_the_norm_into_qkv():
+    everything = {f: True for f in L.FUSIONS}
+    assert L.plan(everything) == {
+        "qkv": "rmsnorm",
+        "o_proj": "residual",
+        "gate_up": "gated",
+        "down": "residual",
+    }
+    assert L.plan({**everything, "gated": False})["gate_up"] == "rmsnorm"
+    assert set(L.plan({f: False for f in L.FUSIONS}).values()) == {"none"}
+    # a fused op without its packer is not a capability
+    half = types.SimpleNamespace(linear_gated=1, linear_rmsnorm=1, linear_residual=1)
+    assert L.fusions(half) == {"residual": True, "gated": False, "rmsnorm": False}
+
+
+def test_the_gated_op_gets_the_packages_own_packing():
+    """A layer that packed gate_up itself (gate rows, then up rows) would hand the
+    fake gated op a weight it reads wrongly: the packer's layout must reach it."""
+    shape = small_shape(*SMALL[0])
+    w, s = inputs(shape, 2)
+    pkg = fake_package(("gated",))
+    layer = L.Cudal2Layer(shape, w, L.Pieces.make(compiled=False), pkg)
+    ref = L.reference(shape, w, s)
+    assert close(layer(s), ref)
+    layer.w_gu = w.gate_up()  # the vendor's packing, not the package's
+    assert not close(layer(s), ref, rel=1e-2)
+
+
+def test_packed_weights_are_q_k_v_and_gate_up_stacked_by_rows():
+    shape = small_shape(*SMALL[0])
+    w, s = inputs(shape, 4)
+    h = s.x
+    q, k, v = F.linear(h, w.qkv()).split([w.q.shape[0], w.k.shape[0], w.v.shape[0]], dim=-1)
+    assert torch.equal(q, F.linear(h, w.q)) and torch.equal(v, F.linear(h, w.v))
+    assert torch.equal(k, F.linear(h, w.k))
+    gu = F.linear(h, w.gate_up())
+    want = F.silu(F.linear(h, w.gate)) * F.linear(h, w.up)
+    assert torch.allclose(L.silu_mul(gu), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("heads", "kv"), [(8, 2), (4, 4), (8, 1)])
+def test_kv_cache_attention_equals_a_naive_loop(heads, kv):
+    m, d, t = 3, 16, L.CACHE_TOKENS
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(m, n, d, generator=gen) for n in (heads, kv, kv))
+    kc, vc = (torch.randn(m, kv, t, d, generator=gen) for _ in range(2))
+    before = kc[:, :, :-1].clone()
+    got = L.attention(q, k, v, kc, vc)
+    assert torch.equal(kc[:, :, -1], k) and torch.equal(vc[:, :, -1], v)  # the new slot
+    assert torch.equal(kc[:, :, :-1], before)  # the past untouched
+    want = torch.empty(m, heads, d)
+    for i, h in itertools.product(range(m), range(heads)):
+        j = h // (heads // kv)  # the kv head this query head shares
+        p = torch.softmax(kc[i, j] @ q[i, h] / math.sqrt(d), dim=0)
+        want[i, h] = p @ vc[i, j]
+    assert torch.allclose(got, want.reshape(m, -1), atol=1e-5)
+
+
+@pytest.mark.parametrize("model", list(L.MODELS))
+@pytest.mark.parametrize("position", [0, 1, 1023, 70000])
+def test_rope_equals_transformers_llama(model, position):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import (
+        LlamaRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    config_name, overrides, _ = L.MODELS[model]
+    cfg = LlamaConfig(**{**json.loads((L.CONFIGS / config_name / "config.json").read_text()),
+                         **overrides})  # fmt: skip
+    shape = L.layer_shape(model)
+    x = torch.zeros(1, 1, shape.head_dim)
+    rotary = LlamaRotaryEmbedding(cfg)
+    assert torch.allclose(L.inv_freq(shape), rotary.inv_freq, rtol=1e-6, atol=0)
+    cos_t, sin_t = rotary(x, torch.tensor([[position]]))
+    cos, sin = L.rope_cos_sin(shape, position)
+    # fp32 angles: position x frequency carries the frequencies' 1e-6 relative difference
+    tol = 1e-5 + 1e-6 * position
+    assert torch.allclose(cos, cos_t[0, 0], atol=tol) and torch.allclose(sin, sin_t[0, 0], atol=tol)
+    gen = torch.Generator().manual_seed(2)
+    h, kv = shape.heads, shape.kv_heads
+    qkv = torch.randn(3, (h + 2 * kv) * shape.head_dim, generator=gen)
+    # the rotation itself, on transformers' angles
+    q, k, v = L.rope_split(qkv, cos_t[0, 0], sin_t[0, 0], h, kv)
+    parts = qkv.view(3, h + 2 * kv, -1).split([h, kv, kv], dim=1)
+    q_t, k_t = apply_rotary_pos_emb(parts[0], parts[1], cos_t[0], sin_t[0], unsqueeze_dim=0)
+    assert torch.allclose(q, q_t, atol=1e-4) and torch.allclose(k, k_t, atol=1e-4)
+    assert torch.equal(v, parts[2])
+
+
+def test_the_model_shapes_are_the_published_ones_per_gpu():
+    s8 = L.layer_shape("llama-3.1-8b")
+    assert s8.gemms() == {
+        "qkv": (6144, 4096),
+        "o_proj": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+    }
+    s70 = L.layer_shape("llama-3.1-70b-tp8")
+    assert (s70.tp, s70.hidden, s70.heads, s70.kv_heads, s70.intermediate) == (8, 8192, 8, 1, 3584)
+    assert s70.gemms() == {  # o_proj and down see K / 8
+        "qkv": (1280, 8192),
+        "o_proj": (8192, 1024),
+        "gate_up": (7168, 8192),
+        "down": (8192, 3584),
+    }
+    with pytest.raises(KeyError, match="unknown model 'llama-2'.*llama-3.1-8b"):
+        L.layer_shape("llama-2")
+
+
+def test_the_llm_public_manifest_covers_every_gemm_of_both_layers():
+    """The wheel ci/gpu_layer.sh carries (llm-public-h100) has a target for each GEMM
+    the layers run, at each M and dtype they run it."""
+    from cudal2.manifest import load_manifest
+
+    targets = {
+        (t.dtype, t.m, t.n, t.k)
+        for t in load_manifest(L.CONFIGS.parent / "llm-public-h100.toml").targets
+        if t.layout == "tn"
+    }
+    for model in L.MODELS:
+        for n, k in L.layer_shape(model).gemms().values():
+            for dtype, m in itertools.product(("fp16", "bf16"), (1, 16, 64)):
+                assert (dtype, m, n, k) in targets, (model, dtype, m, n, k)
