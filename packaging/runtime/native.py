@@ -291,6 +291,10 @@ class Native:
             # its own plan id, which the entry's plan names; the library launches it
             # when the stream is not capturing.
             alt = api._eager.get(shape) if plan.eager is not None else None
+            if plan.eager is not None and alt is None and torch.cuda.is_current_stream_capturing():
+                # Not loaded under capture (``Api._prepare``): a plan without it would
+                # be remembered for good; this answer is not, and warmup() avoids it.
+                return self._reason("capture")
             eager = -1 if alt is None else self._plan_id(alt, dev, dtype, None)
             if type(eager) is str:
                 if plan.reason is not None:

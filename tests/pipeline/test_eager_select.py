@@ -143,16 +143,17 @@ class Proposes:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact keys need nvcc")
-def test_a_cpu_build_ships_no_alternative_without_a_clean_check(tmp_path, monkeypatch):
-    """The committed database holds no sanitizer check of the alternatives yet: a CPU
-    build selects them, ships none, and says how many wait (the winners' table is
-    unchanged: ``test_memcheck``)."""
+def test_a_cpu_build_ships_no_alternative_without_a_clean_check(
+    tmp_path, monkeypatch, db_unchecked
+):
+    """Without sanitizer checks on record (the committed database without its check
+    lines), a CPU build ships no alternative and says how many wait."""
     monkeypatch.setattr("cudal2.pipeline.build.gpu_names", lambda: [])
     manifest = load_manifest(default_manifest_path().with_name(f"{EAGER_STEM}.toml"))
     log = io.StringIO()
     b = Build(
         manifest,
-        committed_db(EAGER_STEM),
+        db_unchecked(EAGER_STEM),
         ArtifactCache(tmp_path / "c"),
         tmp_path,
         proposer=Proposes(),

@@ -172,3 +172,94 @@ def test_the_patched_layer_leaves_sizes_with_an_alternative_to_the_op(
     api, be, _ = rig(plain)
     rt_ops = sys.modules[type(api).__module__.rsplit(".", 1)[0] + ".ops"]
     assert _memo(api, rt_ops, f, monkeypatch, be) == ("fallback_entry", "fallback_entry")
+
+
+class FakeLib:
+    """The library's side of ``cudal2_native_set_plan``: each plan record as set."""
+
+    def __init__(self):
+        self.plans = {}
+
+    def cudal2_native_set_plan(self, slot, pid, desc_ref):
+        self.plans[pid] = {
+            name: getattr(desc_ref._obj, name) for name, _ in type(desc_ref._obj)._fields_
+        }
+        return 0
+
+
+def test_the_native_plan_of_a_shape_names_its_alternative(rig, eager_table, monkeypatch):
+    """``Native._answer`` (the library's ``prepare``): a cuBLASLt entry's plan and a
+    fallback entry's torch plan (kind 0) each carry 1 + the id of their alternative's
+    kernel plan (kind 1), which the library launches when the stream is not capturing."""
+    api, be, _ = rig()
+    rt = sys.modules[type(api).__module__]
+    native = sys.modules[type(api).__module__.rsplit(".", 1)[0] + ".native"]
+    lt = SimpleNamespace(
+        desc=SimpleNamespace(op=1, w=2, a=3, c=4, alpha=5, beta=6), algo_ptr=7, workspace_bytes=8
+    )
+    monkeypatch.setattr(api, "_lt_gemm", lambda plan, dev, gemm: lt)
+    api._lt_handles[0] = 0x4A4E
+    monkeypatch.setattr(
+        sys.modules[rt.__name__.rsplit(".", 1)[0] + ".cublaslt"], "matmul_address", lambda: 9
+    )
+    monkeypatch.setattr(rt.driver, "sm_count", lambda dev=0: 132)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    n = object.__new__(native.Native)
+    n.lib, n.slot, n.namespace, n._apis = FakeLib(), 0, "ns", {"ns": api}
+    n._lock, n._ids, n._names, n._plans, n._keep = contextlib.nullcontext(), {}, [], {}, []
+    n._max_plans, n._codes = 1 << 14, {"fits": 14, "capture": 16, "load_error": 17}
+    monkeypatch.setattr(n, "_bias_function", lambda dtype, dev: 0xB1A5)
+    for e in (x for x in eager_table.entries if x.eager is not None):
+        pid = n._answer(0, e.dtype, e.layout, e.m_measured, e.n, e.k, e.k, e.k)
+        main = n.lib.plans[pid]
+        alt = n.lib.plans[main["eager"] - 1]
+        assert main["kind"] == {"cublaslt": 2, "fallback": 0}[e.kind], e.key
+        assert alt["kind"] == 1 and alt["eager"] == 0 and alt["bias_function"] == 0xB1A5
+        assert (alt["tile_m"], alt["tile_n"]) == (
+            e.eager.launch["tile_m"],
+            e.eager.launch["tile_n"],
+        )
+        assert n._names[pid] == str(e.key) and n._names[main["eager"] - 1] == f"{e.key}/eager"
+        # asked again (another lda, say): the same plans, nothing set twice
+        count = len(n.lib.plans)
+        assert n._answer(0, e.dtype, e.layout, e.m_measured, e.n, e.k, e.k, e.k) == pid
+        assert len(n.lib.plans) == count
+
+
+def test_a_native_first_call_under_capture_is_not_remembered_without_its_alternative(
+    rig, eager_table, monkeypatch
+):
+    """The library remembers every answer but a transient one: a shape first seen under
+    capture whose entry is loaded but whose alternative is not (it cannot be loaded
+    then) must not become a plan without the alternative."""
+    api, _, _ = rig()
+    native = sys.modules[type(api).__module__.rsplit(".", 1)[0] + ".native"]
+    rt = sys.modules[type(api).__module__]
+    capturing = [False]
+    lt = SimpleNamespace(
+        desc=SimpleNamespace(op=1, w=2, a=3, c=4, alpha=5, beta=6), algo_ptr=7, workspace_bytes=8
+    )
+    monkeypatch.setattr(api, "_lt_gemm", lambda plan, dev, gemm: lt)
+    api._lt_handles[0] = 0x4A4E
+    monkeypatch.setattr(
+        sys.modules[rt.__name__.rsplit(".", 1)[0] + ".cublaslt"], "matmul_address", lambda: 9
+    )
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    n = object.__new__(native.Native)
+    n.lib, n.slot, n.namespace, n._apis = FakeLib(), 0, "ns", {"ns": api}
+    n._lock, n._ids, n._names, n._plans, n._keep = contextlib.nullcontext(), {}, [], {}, []
+    n._max_plans, n._codes = 1 << 14, {"fits": 14, "capture": 16, "load_error": 17}
+    monkeypatch.setattr(n, "_bias_function", lambda dtype, dev: 0xB1A5)
+    e = next(x for x in eager_table.entries if x.eager is not None and x.kind == "cublaslt")
+    n._answer(0, e.dtype, e.layout, e.m_measured, e.n, e.k, e.k, e.k)
+    api._plans[e.key].eager.loaded.clear()  # the entry is loaded there, its alternative not
+    count = len(n.lib.plans)
+    capturing[0] = True
+    args = (0, e.dtype, e.layout, e.m_measured // 2, e.n, e.k, e.k, e.k)
+    assert n._answer(*args) == -((16 | native._TRANSIENT) + 1)
+    assert len(n.lib.plans) == count
+    capturing[0] = False
+    pid = n._answer(*args)
+    assert n.lib.plans[pid]["kind"] == 2 and n.lib.plans[pid]["eager"] > 0
