@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the H100: compute-sanitizer memcheck of every kernel the committed manifests'
 # CPU-built tables ship (default, llm-public-h100, grid-sample-h100,
-# llama-3.1-8b-hf-h100: 41 kernel entries), the checks appended to copies of their
+# llama-3.1-8b-hf-h100: 41 kernel entries, and llama-3.1-8b-hf-h100's 7 eager
+# alternatives, which ship kernels too), the checks appended to copies of their
 # committed databases. No kernel ships without a clean check on record (docs/measuring.md),
 # and the committed databases hold these checks (H100, 2026-11-24; bench/results/h100-memcheck-2026-11-24.txt).
 #

@@ -36,6 +36,9 @@ MAX_DIM = 2**31 - 1
 MAX_TARGETS = 10_000
 # A manifest file is a page of TOML; anything larger is not one (and /dev/zero never ends).
 MAX_MANIFEST_BYTES = 1 << 20
+# The host time a kernel launch may save over a torch / cuBLASLt call, in us: a few us
+# on an H100 (bench/results/h100-host-overhead.json); far above is not a host saving.
+MAX_HOST_SAVING_US = 1000.0
 # Search counts a GPU build could finish; the seed is what every seeded generator of
 # the build (Python, torch) takes.
 MAX_CANDIDATES = 4096
@@ -46,7 +49,7 @@ _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 _TOP_KEYS = ("package", "build", "search", "timing", "targets", "grid", "model")
 _PACKAGE_KEYS = ("name", "version")
-_BUILD_KEYS = ("gpus", "dtypes", "layouts")
+_BUILD_KEYS = ("gpus", "dtypes", "layouts", "eager_host_saving_us")
 _SEARCH_KEYS = (
     "proposer",
     "candidates",
@@ -134,6 +137,8 @@ class Manifest:
     search: SearchSettings
     timing_mode: str
     targets: tuple[Target, ...]
+    # [build] eager_host_saving_us: 0 = no eager alternatives (pipeline.select)
+    eager_host_saving_us: float = 0.0
 
     @property
     def package(self) -> str:
@@ -419,6 +424,15 @@ def load_manifest(path: str | Path) -> Manifest:
     archs = r.choices(build.get("gpus", ["sm_90a"]), "build.gpus", ARCHS)
     dtypes = r.choices(build.get("dtypes", ["fp16"]), "build.dtypes", DTYPES)
     layouts = r.choices(build.get("layouts", ["tn"]), "build.layouts", LAYOUTS)
+    host_saving = build.get("eager_host_saving_us", 0.0)
+    if isinstance(host_saving, bool) or not isinstance(host_saving, int | float):
+        raise r.fail("build.eager_host_saving_us", host_saving, "must be a number")
+    if not 0 <= host_saving <= MAX_HOST_SAVING_US:  # NaN fails both comparisons
+        raise r.fail(
+            "build.eager_host_saving_us",
+            host_saving,
+            f"must be a number of microseconds from 0 to {MAX_HOST_SAVING_US:g}",
+        )
 
     s = r.table(doc.get("search", {}), "search", _SEARCH_KEYS)
     d = SearchSettings()
@@ -505,6 +519,7 @@ def load_manifest(path: str | Path) -> Manifest:
         search=search,
         timing_mode=timing_mode,
         targets=tuple(targets),
+        eager_host_saving_us=float(host_saving),
     )
 
 

@@ -5,7 +5,8 @@ m_measured). A target only in the new table is *added*, only in the old one *rem
 A matched target is *changed* when its kernel (or cuBLASLt algorithm) was swapped, it
 moved between kernel, cuBLASLt algorithm and fallback, what runs changed under the same
 name (a kernel's cubin bytes or launch recipe, a cuBLASLt algorithm's bytes or library
-version), or what cudal2 controls got slower or faster by more than the noise threshold.
+version), its eager alternative appeared, went or changed, or what cudal2 controls
+got slower or faster by more than the noise threshold.
 
 What cudal2 controls is the shipped entry's time *relative to its own same-run baseline*
 (``time_us / baseline_us``: both medians of one measuring run, so a GPU that is slower
@@ -35,6 +36,11 @@ TO_CUBLASLT = "to_cublaslt"
 CUBIN_CHANGED = "cubin_changed"
 LAUNCH_CHANGED = "launch_changed"
 ALGO_CHANGED = "algo_changed"
+# An entry's eager alternative (``TableEntry.eager``) appeared, went, or is another
+# kernel (or the same name with other cubin bytes or launch recipe).
+EAGER_ADDED = "eager_added"
+EAGER_REMOVED = "eager_removed"
+EAGER_CHANGED = "eager_changed"
 SLOWER = "slower"
 FASTER = "faster"
 # A fallback -> fallback target whose (torch's) time moved past the noise: not a change.
@@ -53,6 +59,9 @@ REASON_LABELS = {
     CUBIN_CHANGED: "cubin changed",
     LAUNCH_CHANGED: "launch changed",
     ALGO_CHANGED: "algorithm changed",
+    EAGER_ADDED: "+eager alternative",
+    EAGER_REMOVED: "-eager alternative",
+    EAGER_CHANGED: "eager alternative changed",
     BASELINE_MOVED: "torch time moved",
 }
 
@@ -187,7 +196,7 @@ def _is_regression(row: dict[str, Any], pct: float) -> bool:
 
 
 def _summary(entry: TableEntry) -> dict[str, Any]:
-    return {
+    out = {
         "kind": entry.kind,
         "kernel": entry.kernel,
         "label": entry.label,
@@ -197,6 +206,13 @@ def _summary(entry: TableEntry) -> dict[str, Any]:
         "baseline_us": entry.baseline_us,
         "speedup": entry.speedup,
     }
+    if entry.eager is not None:  # only where present: older reports stay as they were
+        out["eager"] = {
+            "kernel": entry.eager.kernel,
+            "cubin_sha256": entry.eager.cubin_sha256,
+            "time_us": entry.eager.time_us,
+        }
+    return out
 
 
 def _row(
@@ -254,6 +270,7 @@ def _matched_row(b: TableEntry, a: TableEntry, noise_pct: float) -> dict[str, An
         reasons.append(KERNEL_SWAPPED)
     else:
         reasons.extend(_same_name_changes(b, a))
+    reasons.extend(_eager_changes(b, a))
     time_pct = (a.time_us - b.time_us) / b.time_us * 100.0
     rel_pct = _rel_pct(b, a, time_pct)
     if abs(rel_pct) > noise_pct:
@@ -281,6 +298,22 @@ def _same_name_changes(b: TableEntry, a: TableEntry) -> list[str]:
     if b.kind == "cublaslt" and b.cublaslt != a.cublaslt:
         return [ALGO_CHANGED]
     return []
+
+
+def _eager_changes(b: TableEntry, a: TableEntry) -> list[str]:
+    """How the eager alternative moved between two matched entries (at most one code)."""
+    if b.eager is None and a.eager is None:
+        return []
+    if b.eager is None:
+        return [EAGER_ADDED]
+    if a.eager is None:
+        return [EAGER_REMOVED]
+    same = (b.eager.kernel, b.eager.cubin_sha256, b.eager.launch) == (
+        a.eager.kernel,
+        a.eager.cubin_sha256,
+        a.eager.launch,
+    )
+    return [] if same else [EAGER_CHANGED]
 
 
 def change_label(row: dict[str, Any], short: bool = False) -> str:

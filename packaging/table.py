@@ -13,8 +13,8 @@ A wheel is checked whole before its table is trusted: one ``<package>/dispatch.j
 no member twice, every member listed in ``.dist-info/RECORD`` with the sha256 and size
 of its bytes (streamed, each member at most ``MAX_MEMBER_BYTES``, all of them at most
 ``MAX_WHEEL_BYTES``), every ``cubins/<sha256>.cubin`` holding bytes of that sha256, and
-the cubin of every kernel entry present. So a wheel whose cubin was replaced (RECORD
-left as it was, or rewritten to match) is refused.
+the cubin of every kernel entry and eager alternative present. So a wheel whose cubin
+was replaced (RECORD left as it was, or rewritten to match) is refused.
 """
 
 from __future__ import annotations
@@ -73,6 +73,11 @@ def read_table(path: str | Path) -> DispatchTable:
             if e.kind == "kernel" and e.cubin_sha256 not in cubins:
                 raise TableError(
                     f"{path}: entry {e.key} names cubin {e.cubin_sha256}, which the wheel lacks"
+                )
+            if e.eager is not None and e.eager.cubin_sha256 not in cubins:
+                raise TableError(
+                    f"{path}: entry {e.key}'s eager alternative names cubin "
+                    f"{e.eager.cubin_sha256}, which the wheel lacks"
                 )
     return table
 

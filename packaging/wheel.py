@@ -260,13 +260,17 @@ def _package_members(
 
 
 def _kernel_cubins(table: DispatchTable, cubins: Mapping[str, bytes]) -> dict[str, bytes]:
-    """The cubins that the table's kernel entries need, each checked against its hash."""
-    needed = sorted({e.cubin_sha256 for e in table.entries if e.kind == "kernel"})
+    """The cubins that the table's kernel entries and eager alternatives need, each
+    checked against its hash."""
+    needed = sorted(
+        {e.cubin_sha256 for e in table.entries if e.kind == "kernel"}
+        | {e.eager.cubin_sha256 for e in table.entries if e.eager is not None}
+    )
     missing = [sha for sha in needed if sha not in cubins]
     if missing:
         raise WheelBuildError(
-            f"{len(missing)} cubin(s) referenced by kernel entries were not supplied: "
-            + ", ".join(missing)
+            f"{len(missing)} cubin(s) referenced by kernel entries or eager alternatives "
+            "were not supplied: " + ", ".join(missing)
         )
     out: dict[str, bytes] = {}
     for sha in needed:

@@ -180,6 +180,60 @@ def selected_cubins(_selected_table) -> dict[str, bytes]:
     return dict(_selected_table[1])
 
 
+EAGER_STEM = "llama-3.1-8b-hf-h100"  # the manifest that asks for eager alternatives
+
+
+def eager_selections(m: int | None = 64) -> list[Selection]:
+    """The selection of ``llama-3.1-8b-hf-h100`` from its committed database at token
+    count ``m`` (None: all), with its manifest's ``eager_host_saving_us``, before the
+    sanitizer gate (its eager alternatives have no H100 memcheck on record yet: the
+    build ships them once ``ci/gpu_memcheck.sh`` has recorded clean checks)."""
+    from cudal2.pipeline.build import believable, latest, shippable
+    from cudal2.pipeline.select import select
+
+    manifest = load_manifest(default_manifest_path().with_name(f"{EAGER_STEM}.toml"))
+    history = believable(latest(MeasurementDB(committed_db(EAGER_STEM)).load().measurements))
+    targets = [t for t in manifest.targets if m is None or t.m == m]
+    sels, _ = select(
+        targets, history, manifest.timing_mode, shippable(), manifest.eager_host_saving_us
+    )
+    return sels
+
+
+@pytest.fixture(scope="session")
+def _eager_table(artifact_cache) -> tuple[DispatchTable, dict[str, bytes]]:
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc to rebuild the recorded cubins")
+    from cudal2.pipeline.gate import shipped_kernels
+
+    sels = eager_selections()
+    assert any(s.eager is not None for s in sels), "no eager alternative at M = 64"
+    designs = [w.design for w in shipped_kernels(sels)]
+    built = build_all(designs, artifact_cache)
+    for w in shipped_kernels(sels):  # the cubin we ship must be the one that was measured
+        assert built[w.design_key].artifact_key == w.artifact_key, design_name(w.design)
+    return build_table(
+        name="eager",
+        version="0.0.1",
+        package=package_name("eager"),
+        manifest_sha256="",
+        selections=sels,
+        cubin_of=artifact_cache.cubin,
+    )
+
+
+@pytest.fixture
+def eager_table(_eager_table) -> DispatchTable:
+    """The M = 64 table of llama-3.1-8b-hf-h100 (``eager_selections``): cublaslt and
+    fallback entries with eager alternatives, from recorded H100 measurements."""
+    return _eager_table[0]
+
+
+@pytest.fixture
+def eager_cubins(_eager_table) -> dict[str, bytes]:
+    return dict(_eager_table[1])
+
+
 @pytest.fixture(scope="session")
 def shipped_native(session_native) -> native_build.NativeBuild | None:
     """The native launcher the packages of the runtime tests ship: the session's build

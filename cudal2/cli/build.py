@@ -170,6 +170,17 @@ def _summary(report: BuildReport) -> str:
         f"{kinds.count('cublaslt')} autotuned cuBLASLt algorithms, "
         f"{kinds.count('fallback')} fallbacks"
     )
+    alts = [e for e in report.table.entries if e.eager is not None]
+    if alts:  # only where the manifest asked for them: other summaries are as they were
+        lines.append(
+            f"{len(alts)} eager alternatives (an own kernel launched in the entry's place "
+            "when no CUDA graph is being captured):"
+        )
+        lines += [
+            f"  {e.gpu.replace('NVIDIA ', '')} {e.dtype}/{e.layout} M {e.m_range} N {e.n} "
+            f"K {e.k}: {e.label} {e.time_us:.2f} us -> {e.eager.kernel} {e.eager.time_us:.2f} us"
+            for e in alts
+        ]
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ from cudal2.packaging.native_build import NativeBuild, build_native
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.dispatch import build_table
-from cudal2.pipeline.gate import SanitizerGate, ledger_of
+from cudal2.pipeline.gate import SanitizerGate, ledger_of, shipped_kernels
 from cudal2.pipeline.profiling import profile_round
 from cudal2.pipeline.progress import progress
 from cudal2.pipeline.results import (
@@ -163,11 +163,7 @@ def shipped_cubins(selections: Sequence[Selection], cache: ArtifactCache) -> Cal
     """``build_table``'s ``cubin_of``: a winner's cubin by its measured artifact key, its
     bytes checked against the sha256 its compile recorded (a broken cache entry is
     quarantined and compiled again), so the wheel never gets bytes nobody checked."""
-    designs = {
-        s.winner.artifact_key: s.winner.design
-        for s in selections
-        if s.kind == "kernel" and s.winner is not None and s.winner.design is not None
-    }
+    designs = {w.artifact_key: w.design for w in shipped_kernels(selections) if w.design}
     return lambda key: checked_cubin(designs[key], cache, key)
 
 
@@ -499,6 +495,7 @@ class Build:
             gpu=gpu,
             cubins=None if runner is None else lambda ms: self._cubins(runner, ms),
             recheck=recheck,
+            host_saving_us=self.manifest.eager_host_saving_us,
         )
 
     def measure_and_select(self) -> tuple[list[Selection], list[Target]]:
@@ -557,11 +554,7 @@ class Build:
     def run(self) -> BuildReport:
         """The whole build: measure, select, compile the winners, write the wheel."""
         selections, missing = self.measure_and_select()
-        winners = [
-            s.winner.design
-            for s in selections
-            if s.kind == "kernel" and s.winner and s.winner.design
-        ]
+        winners = [w.design for w in shipped_kernels(selections) if w.design]
         self._compile(winners, "compile winners")
         m = self.manifest
         table, cubins = build_table(

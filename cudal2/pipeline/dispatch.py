@@ -12,6 +12,7 @@ from cudal2.packaging.runtime.table import (
     KERNEL_ONLY_KEYS,
     CublasLtAlgo,
     DispatchTable,
+    EagerAlt,
     TableEntry,
 )
 from cudal2.pipeline.select import Selection
@@ -75,6 +76,22 @@ def build_table(
                         config=dict(w.vendor.get("config") or {}),
                     ),
                 )
+            if s.eager is not None:  # a kernel to launch eagerly (pipeline.select)
+                alt = s.eager
+                assert alt.design is not None and s.kind != "kernel"
+                blob = cubin_of(alt.artifact_key)
+                sha = sha256_hex(blob)
+                cubins[sha] = blob
+                own["eager"] = EagerAlt(
+                    kernel=design_name(alt.design),
+                    symbol=design_name(alt.design),
+                    cubin_sha256=sha,
+                    launch=launch_recipe(alt.design),
+                    design_key=alt.design_key,
+                    time_us=_r(alt.median_us),
+                )
+                gpus["drivers"].add(alt.gpu.driver)
+                gpus["cuda_versions"].add(_cuda_version(alt.gpu.cuda_runtime))
             entries.append(
                 TableEntry(
                     gpu=gpu,

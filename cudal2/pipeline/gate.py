@@ -40,6 +40,18 @@ if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
 
 
+def shipped_kernels(selections: Iterable[Selection]) -> list[Measurement]:
+    """The kernel measurements whose cubins ``selections`` ship: each kernel winner
+    and each eager alternative."""
+    out = []
+    for s in selections:
+        if s.kind == "kernel" and s.winner is not None:
+            out.append(s.winner)
+        if s.eager is not None:
+            out.append(s.eager)
+    return out
+
+
 def check_key(m: Measurement) -> CheckKey:
     """The key of the check a kernel measurement needs to ship."""
     return CheckKey(m.gpu.name, m.toolchain, m.artifact_key, m.target.key)
@@ -61,6 +73,8 @@ class SanitizerGate:
         self.checked: set[CheckKey] = set()
         self.failed: set[CheckKey] = set()
         self.waiting: set[tuple[str, Target]] = set()  # (GPU model, target) whose kernel waits
+        # (GPU model, target) whose eager alternative waits for a check
+        self.eager_waiting: set[tuple[str, Target]] = set()
 
     def select(
         self,
@@ -72,12 +86,14 @@ class SanitizerGate:
         gpu: GpuInfo | None = None,
         cubins: Callable[[Sequence[Measurement]], dict[str, str]] | None = None,
         recheck: bool = False,
+        host_saving_us: float = 0.0,
     ) -> tuple[list[Selection], list[Target]]:
         """The selection with the gate. ``runner``: where would-be winners are checked
         (None: nowhere; they wait), on ``gpu``, with ``cubins(measurements)`` giving
         each artifact's cubin path on the runner's host. ``recheck``: check every
         would-be winner once in this build, whatever its record says (a failure too:
-        a clean check recorded after it lifts its veto)."""
+        a clean check recorded after it lifts its veto). ``host_saving_us``: eager
+        alternatives (``select``), gated as winners are: they ship kernels too."""
         targets = list(targets)
         here = gpu.name if runner is not None and gpu is not None else None
         waiting: dict[CheckKey, Measurement] = {}  # would-be winners that cannot ship yet
@@ -99,12 +115,8 @@ class SanitizerGate:
             ):
                 waiting[check_key(s.winner)] = s.winner
         while here is not None:
-            selections, _ = select(targets, history, mode, contender)
-            todo = {
-                check_key(s.winner): s.winner
-                for s in selections
-                if s.kind == "kernel" and s.winner is not None and self._needs(s.winner, recheck)
-            }
+            selections, _ = select(targets, history, mode, contender, host_saving_us)
+            todo = {check_key(w): w for w in shipped_kernels(selections) if self._needs(w, recheck)}
             if not todo:
                 break
             fresh = {k: w for k, w in todo.items() if k not in self.checked}
@@ -132,7 +144,39 @@ class SanitizerGate:
         def gated(x: Measurement) -> bool:
             return shippable(x) and self.ledger.clear(check_key(x))
 
-        return select(targets, history, mode, gated)
+        got = select(targets, history, mode, gated, host_saving_us)
+        if host_saving_us > 0:
+            self._eager_waiting(targets, history, mode, shippable, host_saving_us, got[0])
+        return got
+
+    def _eager_waiting(
+        self,
+        targets: Sequence[Target],
+        history: Sequence[Measurement],
+        mode: str,
+        shippable: Callable[[Measurement], bool],
+        host_saving_us: float,
+        selections: Sequence[Selection],
+    ) -> None:
+        """Say how many eager alternatives a clean check would ship (kept apart from
+        the winners that wait: an alternative only saves host time)."""
+
+        def contender(x: Measurement) -> bool:
+            return shippable(x) and not self.ledger.vetoed(x.artifact_key)
+
+        shipped = {(s.gpu, s.target) for s in selections if s.eager is not None}
+        unchecked = {
+            (s.gpu, s.target)
+            for s in select(targets, history, mode, contender, host_saving_us)[0]
+            if s.eager is not None and not self.ledger.clear(check_key(s.eager))
+        } - shipped
+        self.eager_waiting |= unchecked
+        if unchecked:
+            self.say(
+                f"{len(unchecked)} eager alternatives are not shipped until compute-sanitizer "
+                "has checked them on a GPU (bash ci/gpu_memcheck.sh): no clean memcheck of "
+                "their artifact at their target is recorded"
+            )
 
     def _optimistic(
         self,

@@ -13,10 +13,21 @@ the p20-p80 width of the per-repetition ratio (``noise``).
 A PDL design counts only with a passed PDL pair check on its record (metric
 ``pdl_pair_check`` = 1, ``verify/pdl_pair.py``): a failed check is already status
 ``incorrect``, and a record without the metric (a harness that never ran the pair) is
-not trusted to be safe behind a kernel that triggers early."""
+not trusted to be safe behind a kernel that triggers early.
+
+Eager alternatives (``host_saving_us`` > 0, the manifest's ``[build]
+eager_host_saving_us``): the selection ranks GPU time, which is all that counts under
+CUDA-graph capture. Called eagerly, host time counts too, and a launch of cudal2's own
+kernel costs less host time than torch's or cuBLASLt's call. So beside a selection of
+kind ``cublaslt`` or ``fallback``, the fastest usable kernel of that target (same GPU
+model and mode, timed, PDL pair-checked) becomes its ``eager`` alternative when its
+median exceeds the selection's time by less than ``host_saving_us``: the runtime
+launches it when the stream is not capturing, the selection's own choice under
+capture."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +49,8 @@ class Selection:
     spread: float
     measured_at: str
     candidates: int  # measurements considered (all statuses)
+    # kind cublaslt / fallback only: the kernel to launch eagerly (module docstring)
+    eager: Measurement | None = None
 
     @property
     def speedup(self) -> float:
@@ -49,6 +62,7 @@ def select(
     measurements: Sequence[Measurement],
     mode: str,
     usable: Callable[[Measurement], bool] = lambda m: True,
+    host_saving_us: float = 0.0,
 ) -> tuple[list[Selection], list[Target]]:
     """Returns the selections and the targets without a timed measurement on any GPU
     (no measurement at all, or only failed ones): those get no entry, and the runtime
@@ -57,6 +71,9 @@ def select(
     ``usable`` says whether a kernel measurement's artifact can ship (its cubin is
     available with the measured artifact key); unusable ones are not selected, but
     their baseline timings still price the fallback.
+
+    ``host_saving_us``: the host time a kernel launch saves over a torch or cuBLASLt
+    call; 0 gives no eager alternatives (module docstring).
     """
     by_target: dict[Target, dict[str, list[Measurement]]] = defaultdict(lambda: defaultdict(list))
     for m in measurements:
@@ -107,6 +124,10 @@ def select(
                 sel = Selection(
                     gpu, t, "fallback", None, base, base, spread, ref.measured_at, len(ms)
                 )
+            if sel.kind != "kernel" and ok and host_saving_us > 0:
+                alt = min(ok, key=lambda m: (m.median_us, m.design_key))
+                if alt.median_us - sel.time_us < host_saving_us:
+                    sel = dataclasses.replace(sel, eager=alt)
             selections.append(sel)
         if not timed_anywhere:
             missing.append(t)

@@ -44,7 +44,7 @@
 
 namespace {
 
-constexpr int kAbi = 1;  // cudal2_native_abi(): bumped when the C interface changes
+constexpr int kAbi = 2;  // cudal2_native_abi(): bumped when the C interface changes
 constexpr int kSlots = 8;  // op namespaces one copy of this library can serve
 constexpr int kMaxPlans = 1 << 14;
 constexpr size_t kReadyMax = 1 << 16;  // remembered shapes, as the Python runtime
@@ -82,6 +82,7 @@ struct Driver {
   decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
   decltype(&::cuDeviceGet) device_get = nullptr;
   decltype(&::cuGetErrorName) error_name = nullptr;
+  decltype(&::cuStreamIsCapturing) is_capturing = nullptr;
 };
 Driver drv;
 using CurrentStreamFn = AOTITorchError (*)(int32_t, void**);
@@ -108,7 +109,7 @@ using LtMatmulFn = int (*)(void*, void*, const void*, const void*, void*, const 
 
 // One table entry as it runs on one device (filled by Python: `cudal2_native_set_plan`).
 struct PlanDesc {
-  int32_t kind;  // 1 kernel, 2 cuBLASLt
+  int32_t kind;  // 1 kernel, 2 cuBLASLt, 0 torch's GEMM (a fallback entry with an eager plan)
   int32_t abi;  // 1 gemm_v1, 2 gemm_v2 (two tensor maps appended)
   uint64_t function;  // CUfunction, loaded by Python in the device's primary context
   int32_t block[3];
@@ -118,7 +119,9 @@ struct PlanDesc {
   int32_t persistent, ctas_per_sm, sm_count;
   int32_t box_a[2], box_b[2];
   int32_t pdl;  // launch with programmatic stream serialization
-  int32_t pad;
+  // 1 + the id of the entry's eager alternative (an own kernel), launched in this plan's
+  // place when the current stream is not capturing a CUDA graph; 0: none
+  int32_t eager;
   // cuBLASLt (kind 2): the call prepared for one (M, N, K, lda, ldb)
   uint64_t lt_matmul, lt_handle, lt_desc, lt_w, lt_a, lt_c, lt_algo, lt_alpha, lt_beta;
   uint64_t lt_workspace_bytes;
@@ -298,6 +301,18 @@ struct CtxGuard {  // the device's primary context current for the launch
     }
   }
 };
+
+// Whether the current stream of `dev` is capturing a CUDA graph (true where it cannot be
+// told: the entry's own choice is right under capture and merely slower eagerly).
+bool capturing(int32_t dev) {
+  void* stream = nullptr;
+  if (current_stream(dev, &stream) != AOTI_TORCH_SUCCESS) return true;
+  CtxGuard guard(dev);
+  if (guard.status != CUDA_SUCCESS) return true;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return drv.is_capturing(static_cast<CUstream>(stream), &status) != CUDA_SUCCESS ||
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
 
 CUresult tensor_map(CUtensorMap* out, uint64_t ptr, uint64_t rows, uint64_t k, uint64_t ld,
                     const int32_t* box) {
@@ -571,6 +586,17 @@ void run(int si, bool is_linear, StableIValue* stack) {
       p = s.plans[plan_id];
     }
   }
+  // Eagerly, an entry's eager alternative runs in its place (cheaper to launch); under
+  // capture only GPU time counts, and the entry's own choice runs.
+  if (reason < 0 && p.eager > 0 && !capturing(dev)) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    int32_t alt = p.eager - 1;
+    if (alt < static_cast<int32_t>(s.plans.size()) && !s.dead[alt]) {
+      plan_id = alt;
+      p = s.plans[alt];
+    }
+  }
+  if (reason < 0 && p.kind == 0) reason = R_FALLBACK_ENTRY;  // torch's GEMM, as the table says
   if (reason < 0 && bias_box != nullptr && p.bias_function == 0) reason = R_BIAS;
   if (reason >= 0) {
     s.fallbacks[reason].fetch_add(1, std::memory_order_relaxed);
@@ -725,7 +751,8 @@ CUDAL2_EXPORT int cudal2_native_init(char* err, int err_len) {
       !sym(cuda, "cuCtxPopCurrent_v2", &drv.ctx_pop) ||
       !sym(cuda, "cuDevicePrimaryCtxRetain", &drv.primary_retain) ||
       !sym(cuda, "cuDeviceGet", &drv.device_get) ||
-      !sym(cuda, "cuGetErrorName", &drv.error_name)) {
+      !sym(cuda, "cuGetErrorName", &drv.error_name) ||
+      !sym(cuda, "cuStreamIsCapturing", &drv.is_capturing)) {
     return why("libcuda.so.1 lacks a function the launcher needs (a driver older than CUDA 12)");
   }
   void* torch_cuda = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);

@@ -30,7 +30,15 @@ from .abi import (
     misaligned,
     native_off,
 )
-from .table import MAX_TABLE_BYTES, CublasLtAlgo, DispatchTable, EntryKey, TableEntry, TableError
+from .table import (
+    MAX_TABLE_BYTES,
+    CublasLtAlgo,
+    DispatchTable,
+    EagerAlt,
+    EntryKey,
+    TableEntry,
+    TableError,
+)
 
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
 _new_tuple = tuple.__new__
@@ -68,7 +76,9 @@ def _import_torch(package: str = "cudal2_kernels_<name>") -> Any:
 class Stats:
     """Counters of one ``Api``.
 
-    ``hits[entry]`` counts kernel launches per table entry (named ``str(entry.key)``);
+    ``hits[entry]`` counts kernel launches per table entry (named ``str(entry.key)``;
+    an entry's eager alternative, launched when no CUDA graph is being captured, counts
+    under ``str(entry.key) + "/eager"``);
     ``fallbacks[reason]`` counts calls served by torch, by the first reason found:
     ``disabled`` (CUDAL2_DISABLE=1), ``tensor_type`` (not a plain tensor; through the
     op, not a tensor at all), ``compiling``
@@ -137,11 +147,15 @@ class _Device:
 
 class _Plan:
     """How to run one table entry: its recipe and kernel (kind ``kernel``) or its
-    cuBLASLt algorithm (kind ``cublaslt``), and where it is loaded."""
+    cuBLASLt algorithm (kind ``cublaslt``), and where it is loaded. ``eager``: the
+    plan of the entry's eager alternative (``TableEntry.eager``), run in its place
+    when the caller's stream is not capturing; that plan (``alt=True``) is named
+    ``<entry>/eager`` in the stats."""
 
     __slots__ = (
         "align",
         "dtype",
+        "eager",
         "gemms",
         "kernel",
         "layout",
@@ -152,13 +166,14 @@ class _Plan:
         "recipe",
     )
 
-    def __init__(self, entry: TableEntry):
-        self.name = str(entry.key)  # for stats and warnings
+    def __init__(self, entry: TableEntry, alt: bool = False):
+        self.name = str(entry.key) + ("/eager" if alt else "")  # for stats and warnings
         self.dtype = entry.dtype
         self.layout = entry.layout
-        kind = entry.kind
+        kind = "kernel" if alt else entry.kind
+        launch = entry.eager.launch if alt and entry.eager is not None else entry.launch
         # A plain dict: the launcher reads it on every call (a read-only view costs more).
-        self.recipe: dict[str, Any] = dict(entry.launch or {})
+        self.recipe: dict[str, Any] = dict(launch or {})
         # (index into (m, n, k), required multiple), checked on every call
         dims = {"m": 0, "n": 1, "k": 2}
         self.align = tuple(
@@ -166,7 +181,8 @@ class _Plan:
         )
         self.kernel: driver.Kernel | None = None
         self.loaded: set[int] = set()  # device indices where the kernel (or cuBLASLt) is ready
-        self.lt: CublasLtAlgo | None = entry.cublaslt
+        self.lt: CublasLtAlgo | None = None if alt else entry.cublaslt
+        self.eager: _Plan | None = None  # set by Api._plan where the entry has one
         # (device, m, n, k, lda, ldb) -> the cuBLASLt call checked for that shape
         self.gemms: dict[tuple, cublaslt.LtGemm] = {}
         self.reason: str | None = None if kind in ("kernel", "cublaslt") else "fallback_entry"
@@ -261,8 +277,11 @@ class Api:
         self._devices: dict[int, _Device] = {}
         self._plans: dict[EntryKey, _Plan] = {}  # entry identity -> plan
         self._kernels: dict[tuple[str, str], driver.Kernel] = {}
-        # (device, dtype, layout, m, n, k) -> a plan that passed every check there
+        # (device, dtype, layout, m, n, k) -> a plan that passed every check there (or
+        # a fallback entry's plan whose eager alternative did)
         self._ready: dict[tuple, _Plan] = {}
+        # the same shapes -> the entry's eager alternative, where it passed them too
+        self._eager: dict[tuple, _Plan] = {}
         self._warned: set[str] = set()
         self._lt_handles: dict[int, int] = {}  # device -> cuBLASLt handle
         self._lt_workspaces: dict[tuple[int, int], Any] = {}  # (device, stream) -> workspace
@@ -427,14 +446,15 @@ class Api:
         return torch.nn.functional.linear(x, w, bias)
 
     def covers(self, n: int, k: int, dtype: str, layout: str = "tn") -> bool:
-        """Whether the table has a kernel or cuBLASLt entry for (dtype, layout, N, K) on
-        any of its GPU models (the op still checks the GPU at each call)."""
+        """Whether the table has a kernel or cuBLASLt entry, or an eager alternative,
+        for (dtype, layout, N, K) on any of its GPU models (the op still checks the GPU
+        at each call)."""
         covered = self._covered
         if covered is None:
             covered = {
                 (e.dtype, e.layout, e.n, e.k)
                 for e in self.table.entries
-                if e.kind in ("kernel", "cublaslt")
+                if e.kind in ("kernel", "cublaslt") or e.eager is not None
             }
             self._covered = covered
         return (dtype, layout, n, k) in covered
@@ -461,6 +481,9 @@ class Api:
         loaded = 0
         for entry in self.table.entries_for(info.gpu, info.arch):
             plan = self._plans.get(entry.key) or self._plan(entry)
+            alt = plan.eager
+            if alt is not None and alt.reason is None and dev not in alt.loaded:
+                self._load(torch, alt, dev)  # counted with its entry; a failure warns
             load = self._load if plan.lt is None else self._load_cublaslt
             if plan.reason is None and (dev in plan.loaded or load(torch, plan, dev) is None):
                 loaded += 1
@@ -509,10 +532,18 @@ class Api:
         is torch, or the CuPy stand-in of ``arrays``; ``stream_of(device)`` the
         caller's current stream there."""
         plan = self._ready.get(shape)
-        if plan is None or plan.reason is not None:
+        if plan is None:
             plan = self._prepare(be, shape)
             if type(plan) is str:
                 return plan
+        if plan.eager is not None and not be.cuda.is_current_stream_capturing():
+            # Eager: the alternative's launch costs less host time than the entry's
+            # call; under capture only GPU time counts, and the entry's choice runs.
+            alt = self._eager.get(shape)
+            if alt is not None and alt.reason is None:
+                plan = alt
+        if plan.reason is not None:  # a fallback entry, or a launch that failed
+            return plan.reason
         dev, _, _, m, n, k = shape
         c = alloc()
         # GemmArgs(...) runs a Python-level __new__; tuple's own is the same record at
@@ -549,8 +580,33 @@ class Api:
         if entry is None:
             return "no_entry"
         plan = self._plans.get(entry.key) or self._plan(entry)
-        if plan.reason is not None:
+        alt, remember = plan.eager, True
+        if alt is not None:
+            why = alt.reason or self._ready_on(torch, alt, dev, m, n, k)
+            if why == "capture" and plan.reason is None:
+                alt, remember = None, False  # loaded by the next call outside capture
+            elif why == "capture":
+                return why
+            elif why is not None:
+                alt = None  # the alternative cannot take this shape: the entry's choice
+        if plan.reason is not None and alt is None:
             return plan.reason
+        if plan.reason is None:
+            reason = self._ready_on(torch, plan, dev, m, n, k)
+            if reason is not None:
+                return reason
+        if remember:
+            if len(self._ready) >= _READY_MAX:
+                self._ready.clear()  # many distinct M values: start over rather than grow
+                self._eager.clear()
+            self._ready[shape] = plan
+            if alt is not None:
+                self._eager[shape] = alt
+        return plan
+
+    def _ready_on(self, torch: Any, plan: _Plan, dev: int, m: int, n: int, k: int) -> str | None:
+        """Whether ``plan`` can run (m, n, k) on ``dev``, loading it there first: None,
+        or the fallback reason."""
         mnk = (m, n, k)
         for dim, multiple in plan.align:
             if mnk[dim] % multiple:
@@ -559,13 +615,8 @@ class Api:
             return "fits"
         if dev not in plan.loaded:
             load = self._load if plan.lt is None else self._load_cublaslt
-            reason = load(torch, plan, dev)
-            if reason is not None:
-                return reason
-        if len(self._ready) >= _READY_MAX:
-            self._ready.clear()  # many distinct M values: start over rather than grow
-        self._ready[shape] = plan
-        return plan
+            return load(torch, plan, dev)
+        return None
 
     def _launch(self, be: Any, plan: _Plan, dev: int, gemm: GemmArgs, stream_of: Any) -> str | None:
         """Queue the plan's kernel (or cuBLASLt algorithm) on the caller's current
@@ -730,19 +781,28 @@ class Api:
                 return plan
             plan = _Plan(entry)
             if plan.reason is None and plan.lt is None:
-                try:
-                    plan.kernel = self._kernel(entry)
-                except OSError as exc:
-                    plan.reason = "load_error"
-                    self._warn_once(
-                        f"load:{plan.name}",
-                        f"{self.package}: cannot read the cubin of {plan.name} ({exc}); "
-                        "using torch for it",
-                    )
+                self._read_kernel(plan, entry)
+            if entry.eager is not None:
+                alt = _Plan(entry, alt=True)
+                if alt.reason is None:
+                    self._read_kernel(alt, entry.eager)
+                plan.eager = alt
             self._plans[entry.key] = plan
             return plan
 
-    def _kernel(self, entry: TableEntry) -> driver.Kernel:
+    def _read_kernel(self, plan: _Plan, source: TableEntry | EagerAlt) -> None:
+        """Give ``plan`` the kernel of ``source`` (an entry or its eager alternative), or
+        the reason ``load_error`` where its cubin cannot be read."""
+        try:
+            plan.kernel = self._kernel(source)
+        except OSError as exc:
+            plan.reason = "load_error"
+            self._warn_once(
+                f"load:{plan.name}",
+                f"{self.package}: cannot read the cubin of {plan.name} ({exc}); using torch for it",
+            )
+
+    def _kernel(self, entry: TableEntry | EagerAlt) -> driver.Kernel:
         sha, symbol = entry.cubin_sha256, entry.symbol
         kernel = self._kernels.get((sha, symbol))
         if kernel is None:

@@ -36,7 +36,7 @@ from .abi import GemmArgs
 
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
-ABI = 1  # cudal2_native_abi() of the library this file drives
+ABI = 2  # cudal2_native_abi() of the library this file drives
 DTYPES = ("fp16", "bf16")  # the library's dtype codes
 LAYOUTS = ("tn", "nn")
 _TRANSIENT = 1 << 20  # a reason the library must not remember (see launcher.cpp)
@@ -61,7 +61,7 @@ class PlanDesc(ctypes.Structure):
         ("box_a", ctypes.c_int32 * 2),
         ("box_b", ctypes.c_int32 * 2),
         ("pdl", ctypes.c_int32),
-        ("pad", ctypes.c_int32),
+        ("eager", ctypes.c_int32),
         ("lt_matmul", ctypes.c_uint64),
         ("lt_handle", ctypes.c_uint64),
         ("lt_desc", ctypes.c_uint64),
@@ -283,32 +283,62 @@ class Native:
         import torch
 
         with self._lock, torch.cuda.device(dev):
-            plan = api._prepare(torch, (dev, dtype, layout, m, n, k))
+            shape = (dev, dtype, layout, m, n, k)
+            plan = api._prepare(torch, shape)
             if type(plan) is str:
                 return self._reason(plan)
+            # The entry's eager alternative where it passed this shape (``Api._prepare``):
+            # its own plan id, which the entry's plan names; the library launches it
+            # when the stream is not capturing.
+            alt = api._eager.get(shape) if plan.eager is not None else None
+            if plan.eager is not None and alt is None and torch.cuda.is_current_stream_capturing():
+                # Not loaded under capture (``Api._prepare``): a plan without it would
+                # be remembered for good; this answer is not, and warmup() avoids it.
+                return self._reason("capture")
+            eager = -1 if alt is None else self._plan_id(alt, dev, dtype, None)
+            if type(eager) is str:
+                if plan.reason is not None:
+                    return self._reason(eager)
+                eager = -1
+            if plan.reason is not None and eager < 0:
+                return self._reason(plan.reason)
             lt_key = None if plan.lt is None else (m, n, k, lda, ldb)
-            key = (plan.name, dev, lt_key)
-            pid = self._ids.get(key)
-            if pid is not None:
-                return pid
-            if len(self._names) >= self._max_plans:
-                return self._reason("fits")
-            desc = PlanDesc()
-            desc.bias_function = self._bias_function(dtype, dev)
-            if plan.lt is None:
-                self._kernel_plan(desc, plan, dev)
-            else:
-                lt = api._lt_gemm(plan, dev, GemmArgs(0, 0, 0, m, n, k, lda, ldb, n))
-                if type(lt) is str:
-                    return self._reason(lt)
-                self._lt_plan(desc, api, dev, lt)
-            pid = len(self._names)
-            if self.lib.cudal2_native_set_plan(self.slot, pid, ctypes.byref(desc)) != 0:
-                return self._reason("fits")
-            self._ids[key] = pid
-            self._names.append(plan.name)
-            self._plans[pid] = plan
+            got = self._plan_id(plan, dev, dtype, lt_key, eager)
+            return self._reason(got) if type(got) is str else got
+
+    def _plan_id(
+        self, plan: Any, dev: int, dtype: str, lt_key: tuple | None, eager: int = -1
+    ) -> int | str:
+        """The library's id of ``plan`` on ``dev`` (set there on first use), or a
+        fallback reason. ``eager``: the id of the plan to launch in its place when the
+        stream is not capturing (-1: none); a plan with a reason (a fallback entry) is
+        then torch's GEMM under capture (kind 0)."""
+        key = (plan.name, dev, lt_key, eager)
+        pid = self._ids.get(key)
+        if pid is not None:
             return pid
+        if len(self._names) >= self._max_plans:
+            return "fits"
+        desc = PlanDesc()
+        desc.bias_function = self._bias_function(dtype, dev)
+        desc.eager = eager + 1  # 0: none (a zeroed record)
+        if plan.reason is not None:
+            desc.kind = 0
+        elif plan.lt is None:
+            self._kernel_plan(desc, plan, dev)
+        else:
+            m, n, k, lda, ldb = lt_key
+            lt = self.api._lt_gemm(plan, dev, GemmArgs(0, 0, 0, m, n, k, lda, ldb, n))
+            if type(lt) is str:
+                return lt
+            self._lt_plan(desc, self.api, dev, lt)
+        pid = len(self._names)
+        if self.lib.cudal2_native_set_plan(self.slot, pid, ctypes.byref(desc)) != 0:
+            return "fits"
+        self._ids[key] = pid
+        self._names.append(plan.name)
+        self._plans[pid] = plan
+        return pid
 
     def _kernel_plan(self, desc: PlanDesc, plan: Any, dev: int) -> None:
         r = plan.recipe

@@ -194,7 +194,10 @@ _F_linear: Any = None  # torch.nn.functional.linear, set by patch_linear
 def _table_reason(module: Any, input: Any, size: int) -> str | None:
     """The table's reason to give inputs of ``size`` elements to torch on ``module``
     (None: the op's kernel serves them, or it depends on the call), remembered on the
-    module: the answer ``Api._prepare`` gives once per shape."""
+    module: the answer ``Api._prepare`` gives once per shape. A fallback entry with an
+    eager alternative is not torch's: ``_prepare`` answers its plan, and the op decides
+    per call by the stream's capture state (the alternative eagerly, torch under
+    capture), so such a size is remembered as the op's (None)."""
     k, n = module.in_features, module.out_features
     reason = None
     dtype = dtype_name(module.weight.dtype)

@@ -114,6 +114,69 @@ class CublasLtAlgo:
         return out
 
 
+# The keys of an entry's ``eager`` object (all required, none null).
+EAGER_KEYS: tuple[str, ...] = (*KERNEL_ONLY_KEYS, "time_us")
+
+
+@dataclass(frozen=True)
+class EagerAlt:
+    """The ``eager`` object of an entry of kind ``cublaslt`` or ``fallback``: a cudal2
+    kernel (the keys of a kernel entry: ``kernel``, ``symbol``, ``cubin_sha256``,
+    ``launch``, ``design_key``, and its median ``time_us``) that the runtime launches
+    in place of the entry when the caller's stream is not capturing a CUDA graph. Its
+    GPU time is within the build's host saving of the entry's (``[build]
+    eager_host_saving_us``): eagerly, its cheaper launch wins; under capture, the
+    entry's own choice runs. Its launch recipe is checked as a kernel entry's, at the
+    entry's shape, when the entry is made."""
+
+    kernel: str
+    symbol: str
+    cubin_sha256: str
+    launch: Mapping[str, Any]
+    design_key: str
+    time_us: float
+
+    def __post_init__(self) -> None:
+        for key in ("kernel", "symbol", "design_key"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value:
+                raise TableError(f"key 'eager.{key}' must be a non-empty string, got {value!r}")
+        if not _SYMBOL_RE.fullmatch(self.symbol):
+            raise TableError(
+                f"key 'eager.symbol' must be a C identifier (a kernel name), got {self.symbol!r}"
+            )
+        if not isinstance(self.cubin_sha256, str) or not _SHA256_RE.fullmatch(self.cubin_sha256):
+            raise TableError(
+                "key 'eager.cubin_sha256' must be 64 lowercase hex digits, "
+                f"got {self.cubin_sha256!r}"
+            )
+        if not _is_number(self.time_us) or not 0 < self.time_us < math.inf:
+            raise TableError(
+                f"key 'eager.time_us' must be a positive finite number, got {self.time_us!r}"
+            )
+        if not isinstance(self.launch, Mapping):
+            raise TableError(f"key 'eager.launch' must be an object, got {self.launch!r}")
+        object.__setattr__(self, "launch", _frozen(self.launch))
+
+    def __hash__(self) -> int:
+        return hash((self.cubin_sha256, self.symbol))  # ``launch`` is a mapping
+
+    @classmethod
+    def from_json(cls, obj: Any) -> EagerAlt:
+        """From the entry's ``eager`` object; ``TableError`` names the key at fault."""
+        if not isinstance(obj, dict):
+            raise TableError(f"key 'eager' must be an object or absent, got {obj!r}")
+        for key in EAGER_KEYS:
+            if key not in obj:
+                raise TableError(f"missing key 'eager.{key}'")
+        return cls(**{key: obj[key] for key in EAGER_KEYS})
+
+    def as_json(self) -> dict[str, Any]:
+        out = {key: getattr(self, key) for key in EAGER_KEYS}
+        out["launch"] = _plain(self.launch)
+        return out
+
+
 @dataclass(frozen=True)
 class TableEntry:
     """One entry of format 1: what runs one (gpu, arch, dtype, layout, n, k) at the
@@ -125,8 +188,10 @@ class TableEntry:
     ``cublaslt`` the algorithm); ``fallback``: the baseline is best (``time_us`` is then
     the baseline's). ``speedup`` / ``spread``: the winner's median speedup over the
     baseline and the noise it had to exceed. ``candidates``: how many measurements
-    the build weighed (absent in tables of older builds). Checked when made
-    (``TableError``); ``key`` is its identity.
+    the build weighed (absent in tables of older builds). ``eager``: on a ``cublaslt``
+    or ``fallback`` entry, the kernel launched instead when no CUDA graph is being
+    captured (``EagerAlt``; absent unless the build asked for alternatives). Checked
+    when made (``TableError``); ``key`` is its identity.
     """
 
     gpu: str
@@ -152,6 +217,7 @@ class TableEntry:
     measured_at: str
     candidates: int | None = None
     cublaslt: CublasLtAlgo | None = None
+    eager: EagerAlt | None = None
     key: EntryKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -219,10 +285,12 @@ class TableEntry:
                 if obj["kind"] == "cublaslt"
                 else "only a cublaslt entry has key 'cublaslt'"
             )
+        eager = obj.get("eager")
         return cls(
             **{key: obj[key] for key in ENTRY_KEYS},
             candidates=obj.get("candidates"),
             cublaslt=None if lt is None else CublasLtAlgo.from_json(lt),
+            eager=None if eager is None else EagerAlt.from_json(eager),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -234,6 +302,8 @@ class TableEntry:
             out["candidates"] = self.candidates
         if self.cublaslt is not None:
             out["cublaslt"] = self.cublaslt.as_json()
+        if self.eager is not None:
+            out["eager"] = self.eager.as_json()
         return out
 
 
@@ -508,6 +578,15 @@ def _check_entry(e: TableEntry) -> None:
         raise TableError("a cublaslt entry needs an object 'cublaslt'")
     if e.kind != "cublaslt" and e.cublaslt is not None:
         raise TableError("only a cublaslt entry has key 'cublaslt'")
+    if e.eager is not None:
+        if not isinstance(e.eager, EagerAlt):
+            raise TableError(f"key 'eager' must be an EagerAlt, got {e.eager!r}")
+        if e.kind == "kernel":
+            raise TableError("only a cublaslt or fallback entry has key 'eager'")
+        try:
+            _check_launch(e.eager.launch, e)
+        except TableError as exc:  # the same rules, named under 'eager'
+            raise TableError(str(exc).replace("'launch", "'eager.launch")) from None
 
 
 def _positive_int(value: Any) -> bool:

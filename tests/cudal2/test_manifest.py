@@ -30,6 +30,7 @@ LLAMA_70B_TP8_NK = [(1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584)]
 
 PACKAGE = '[package]\nname = "t"\nversion = "0.1.0"\n'
 ONE_TARGET = "[[targets]]\nshapes = [[64, 4096, 4096]]\n"
+INF = float("inf")
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -286,6 +287,12 @@ BAD: list[tuple[str, str, Any]] = [
     ("[targets]\nshapes = [[1, 2, 3]]\n", "targets", {"shapes": [[1, 2, 3]]}),
     ("[build]\ndtypes = 'fp16'\n" + ONE_TARGET, "build.dtypes", "fp16"),
     ("[build]\ndtypes = []\n" + ONE_TARGET, "build.dtypes", []),
+    ("[build]\neager_host_saving_us = -1.0\n" + ONE_TARGET, "build.eager_host_saving_us", -1.0),
+    ("[build]\neager_host_saving_us = inf\n" + ONE_TARGET, "build.eager_host_saving_us", INF),
+    ("[build]\neager_host_saving_us = 1e9\n" + ONE_TARGET, "build.eager_host_saving_us", 1e9),
+    ("[build]\neager_host_saving_us = true\n" + ONE_TARGET, "build.eager_host_saving_us", True),
+    ("[build]\neager_host_saving_us = '4.3'\n" + ONE_TARGET, "build.eager_host_saving_us", "4.3"),
+    ("[build]\neager_host_saving_us = [4.3]\n" + ONE_TARGET, "build.eager_host_saving_us", [4.3]),
     # dimensions and shapes
     ("[[targets]]\nshapes = [[1, 2, 3], [4, 5, 6], [7, 0, 9]]\n", "targets[0].shapes[2][1]", 0),
     ("[[targets]]\nshapes = [[1, 2, 3], [4, 5, 6], [7, -8, 9]]\n", "targets[0].shapes[2][1]", -8),
