@@ -251,12 +251,13 @@ def _llama_e2e_native(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-E2E_REPEAT = "bench/results/h100-llama-e2e-repeat.json"  # the same run, repeated before it
+# the run before it: the same wheel less its eager alternatives (another lent H100)
+E2E_REPEAT = "bench/results/h100-llama-e2e-before-eager-alt.json"
 
 
 def _e2e_repeat(root: Path) -> str:
-    """One line: the speedups of the repeated end-to-end run (same code but the
-    fallback shortcut of patched layers), to show how much eager figures move."""
+    """One line: the speedups of the run before (the same wheel without its eager
+    alternatives), to show what they changed and how much eager figures move."""
     path = root / E2E_REPEAT
     if not path.exists():
         return ""
@@ -266,8 +267,9 @@ def _e2e_repeat(root: Path) -> str:
         return ", ".join(f"{c['tokens']}: {c[mode]['speedup']:.3f}" for c in d["cases"])
 
     return (
-        f"The run before it (`{E2E_REPEAT}`, another lent H100): native speedup back to "
-        f"back {col('back_to_back')}; from idle {col('eager')}; CUDA graph {col('graph')}."
+        f"The run before it, without eager alternatives (`{E2E_REPEAT}`, another lent "
+        f"H100): native speedup back to back {col('back_to_back')}; from idle "
+        f"{col('eager')}; CUDA graph {col('graph')}."
     )
 
 
@@ -444,17 +446,30 @@ def pdl_timing(root: Path) -> str:
 
 
 EAGER_HOST = "bench/results/h100-eager-host.json"
+EAGER_HOST_BEFORE = "bench/results/h100-eager-host-before-eager-alt.json"
 
 
 def eager_host(root: Path) -> str:
-    """``docs/inference.md``'s eager host table: a forward's host time with the GPU held
+    """``docs/inference.md``'s eager host tables: a forward's host time with the GPU held
     busy (``bench/experiments/eager_host.py``), patched against unpatched, and each
-    linear shape's host µs per call with what the table runs for it."""
-    d = json.loads((root / EAGER_HOST).read_text())
+    linear shape's host µs per call with what the table runs for it; the wheel before
+    its eager alternatives, then with them."""
+    return "\n\n".join(
+        f"**{what}**\n\n" + _eager_host_tables(root, path)
+        for what, path in (
+            ("Before eager alternatives", EAGER_HOST_BEFORE),
+            ("With eager alternatives", EAGER_HOST),
+        )
+        if (root / path).exists()
+    )
+
+
+def _eager_host_tables(root: Path, path: str) -> str:
+    d = json.loads((root / path).read_text())
     tokens = sorted(d["forward"], key=int)
     lines = [
         f"{d['gpu']}, torch {d['torch']}, launcher: {d['launcher']}, {d['layers']} layers, "
-        f"{d['reps']} repetitions, models interleaved in random order (`{EAGER_HOST}`).",
+        f"{d['reps']} repetitions, models interleaved in random order (`{path}`).",
         "",
         "| tokens | host ms per forward, unpatched | patched | unpatched / patched, paired "
         "(p20–p80) |",
@@ -489,10 +504,18 @@ def eager_host(root: Path) -> str:
         cells = []
         for n in names:
             r = d["linear"][t][n]
-            what = r["served"].split(" ")[0].replace("fallback:", "torch")
+            what = _served_label(r["served"])
             cells.append(f"{r['host_us']['unpatched']:.1f} / {r['host_us']['patched']:.1f} {what}")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _served_label(served: str) -> str:
+    """What a linear call ran, short: kernel, cublaslt, torch, or eager (an eager
+    alternative's hit, counted under its entry's key + ``/eager``)."""
+    if served.endswith("/eager"):
+        return "eager"
+    return served.split(" ")[0].replace("fallback:", "torch")
 
 
 PDL_PUBLIC = "bench/results/h100-llm-public-pdl.jsonl"
