@@ -37,6 +37,8 @@ from .abi import GemmArgs
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
 ABI = 1  # cudal2_native_abi() of the library this file drives
+# The kernel ABIs the C launcher passes parameters for (not gemm_v3's epilogue operands)
+NATIVE_ABIS = ("gemm_v1", "gemm_v2")
 DTYPES = ("fp16", "bf16")  # the library's dtype codes
 LAYOUTS = ("tn", "nn")
 _TRANSIENT = 1 << 20  # a reason the library must not remember (see launcher.cpp)
@@ -286,6 +288,11 @@ class Native:
             plan = api._prepare(torch, (dev, dtype, layout, m, n, k))
             if type(plan) is str:
                 return self._reason(plan)
+            if plan.lt is None and plan.recipe.get("abi", "gemm_v1") not in NATIVE_ABIS:
+                # A gemm_v3 (fused epilogue) kernel: the C launcher passes no epilogue
+                # operands. A plain call's lookup never finds one (the dispatch key
+                # carries the epilogue); this keeps it so if that ever changes.
+                return self._reason("abi")
             lt_key = None if plan.lt is None else (m, n, k, lda, ldb)
             key = (plan.name, dev, lt_key)
             pid = self._ids.get(key)
