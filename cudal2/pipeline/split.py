@@ -216,7 +216,8 @@ def export_job(
     timing = TimingConfig(mode=manifest.timing_mode, seed=manifest.search.seed)
     tuned = {x.target for x in history if x.is_vendor and x.gpu.name == info.name}
     autotune = (
-        tuple(t for t in targets if t not in tuned)
+        # plain GEMMs only: a fused epilogue's baseline is torch's unfused op
+        tuple(t for t in targets if t not in tuned and t.epilogue == "none")
         if manifest.search.cublaslt and (measure or checks)
         else ()
     )
