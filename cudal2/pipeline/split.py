@@ -301,7 +301,15 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
         "targets": len(manifest.targets),
         "groups": dict(sorted(groups.items())),
         "target_list": [
-            {"arch": t.arch, "dtype": t.dtype, "layout": t.layout, "m": t.m, "n": t.n, "k": t.k}
+            {
+                "arch": t.arch,
+                "dtype": t.dtype,
+                "layout": t.layout,
+                "m": t.m,
+                "n": t.n,
+                "k": t.k,
+                **({"epilogue": t.epilogue} if t.epilogue != "none" else {}),
+            }
             for t in manifest.targets
         ],
         "database": str(db),
