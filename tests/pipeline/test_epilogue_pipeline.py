@@ -61,3 +61,45 @@ def test_the_exported_job_measures_epilogue_designs_for_epilogue_targets(tmp_pat
         assert (out / "cubins" / f"{j.artifact_key}.cubin").is_file()
     assert {a.job.target.epilogue for a in job.measure} == {"none", "residual", "bias_residual"}
     assert all(t.epilogue == "none" for t in job.autotune)
+
+
+def _epilogue_job():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "ci" / "epilogue_job.py"
+    spec = importlib.util.spec_from_file_location("epilogue_job", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_ci_epilogue_job_plans_each_design_plain_and_fused():
+    from cudal2.generator.families.base import epilogue, with_epilogue
+
+    job = _epilogue_job()
+    plan = job.plan()
+    assert len(plan) == 3 * 2 * 2 * 4  # M x shapes x designs x (plain + 3 epilogues)
+    assert {(t.n, t.k) for t, _ in plan} == {(4096, 4096), (4096, 14336)}
+    assert {t.m for t, _ in plan} == {1, 16, 64}
+    tiles = {}
+    for t, d in plan:
+        assert d.family == "sm90tma" and epilogue(d) == t.epilogue
+        tiles.setdefault((t.m, t.n, t.k), set()).add(with_epilogue(d, "none"))
+    assert all(len(v) == 2 for v in tiles.values())
+
+
+def test_the_ci_epilogue_summary_takes_the_fastest_correct_fused_kernel():
+    job = _epilogue_job()
+
+    def row(e, tile, us, status="ok", torch_us=20.0):
+        return {"m": 16, "n": 4096, "k": 4096, "epilogue": e, "kernel": f"{tile}_{e}",
+                "tile": tile, "status": status, "median_us": us, "torch_us": torch_us,
+                "max_abs_err": 0.01, "bound_from": 0.02}  # fmt: skip
+
+    rows = [row("none", "a", 9.0), row("none", "b", 8.0), row("residual", "a", 10.0),
+            row("residual", "b", 5.0, status="incorrect"), row("residual", "b", 11.0)]  # fmt: skip
+    s = job.summarize(rows)
+    (r,) = s["rows"]
+    assert r["kernel"] == "a_residual" and r["fused_us"] == 10.0
+    assert r["plain_kernel_us"] == 9.0 and r["unfused_over_fused"] == 2.0
+    assert s["geomean_unfused_over_fused"] == 2.0
