@@ -66,3 +66,45 @@ def test_a_bad_epilogue_is_a_clear_error_when_read(change, error):
     d = {**Target("sm_90a", "fp16", "tn", 1, 64, 64).as_json(), **change}
     with pytest.raises(ValueError, match=error):
         Target.from_json(d)
+
+
+def _fused_record(recorded_measurements, epilogue: str = "residual"):
+    """A recorded sm90tma measurement as if it had been of a fused epilogue (a schema
+    case: its numbers are the plain kernel's)."""
+    import dataclasses
+
+    from cudal2.generator.families.base import with_epilogue
+
+    m = next(x for x in recorded_measurements if x.design and x.design.family == "sm90tma")
+    t = dataclasses.replace(m.target, epilogue=epilogue)
+    d = with_epilogue(m.design, epilogue)
+    return dataclasses.replace(m, target=t, design=d, design_key=d.key)
+
+
+def test_a_fused_record_passes_the_database_schema(tmp_path, recorded_measurements):
+    rec = _fused_record(recorded_measurements)
+    db = MeasurementDB(tmp_path / "db.jsonl")
+    db.append([rec])
+    (back,) = db.load().measurements
+    assert back.target.epilogue == "residual" and back == rec
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda d: d["target"].update(epilogue="none"), "key 'target.epilogue'"),
+        (lambda d: d["target"].update(epilogue="gelu"), "key 'target.epilogue'"),
+        (lambda d: d["target"].update(epilogue=2), "key 'target.epilogue'"),
+        (lambda d: d["design"]["knobs"].update(epilogue=1), "key 'design.knobs.epilogue'"),
+        (lambda d: d["design"]["knobs"].pop("epilogue"), "key 'design.knobs.epilogue'"),
+        (lambda d: d["target"].pop("epilogue"), "key 'design.knobs.epilogue'"),
+    ],
+)
+def test_a_fused_record_that_does_not_agree_is_refused(recorded_measurements, edit, needle):
+    from cudal2.schema import RecordError, parse_measurement
+
+    d = json.loads(json.dumps(_fused_record(recorded_measurements).as_json()))
+    edit(d)
+    d.pop("design_key", None)
+    with pytest.raises(RecordError, match=needle.replace(".", "\\.")):
+        parse_measurement({**d, "design_key": "0" * 64})
