@@ -559,7 +559,7 @@ class Api:
             }
         if not got or w.dim() != 2:
             return False
-        return (_DTYPE_NAMES.get(dtype), w.shape[0], w.shape[1], epilogue) in got
+        return (dtype_name(dtype), w.shape[0], w.shape[1], epilogue) in got
 
     def covers(self, n: int, k: int, dtype: str, layout: str = "tn") -> bool:
         """Whether the table has a kernel or cuBLASLt entry for (dtype, layout, N, K) on
