@@ -23,7 +23,7 @@ from cudal2 import models
 from cudal2.generator.families import FAMILIES
 from cudal2.packaging.wheel import name_problem, package_name, wheel_version
 from cudal2.policy import PROPOSERS
-from cudal2.records import ARCHS, DTYPES, LAYOUTS, Target
+from cudal2.records import ARCHS, DTYPES, EPILOGUES, LAYOUTS, Target
 
 TIMING_MODES: tuple[str, ...] = ("offline", "server")
 
@@ -66,7 +66,11 @@ _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
 _TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
 _GRID_KEYS = ("m", "n", "k", *_OVERRIDE_KEYS)
-_MODEL_KEYS = ("config", "tokens", "tp", "fused", "lm_head", *_OVERRIDE_KEYS)
+_MODEL_KEYS = ("config", "tokens", "tp", "fused", "lm_head", "epilogues", *_OVERRIDE_KEYS)
+# The fused epilogues a [[model]] may ask for a projection (every projection also gets
+# its plain target), and the layout they are built for (sm90tma: tn only).
+FUSED_EPILOGUES = tuple(e for e in EPILOGUES if e != "none")
+EPILOGUE_LAYOUTS = ("tn",)
 
 _MISSING = object()
 
@@ -326,7 +330,7 @@ def _config_path(r: _Reader, config: str, key_path: str, manifest_dir: Path) -> 
 
 def _expand_model(
     r: _Reader, entry: dict[str, Any], key_path: str, manifest_dir: Path
-) -> list[tuple[int, int, int]]:
+) -> list[tuple[int, int, int, str]]:
     config_key = f"{key_path}.config"
     config = r.string(r.required(entry, "config", config_key), config_key)
     tokens = r.dims(r.required(entry, "tokens", f"{key_path}.tokens"), f"{key_path}.tokens")
@@ -351,7 +355,34 @@ def _expand_model(
                     f"projection {proj!r} gives {dim} = {shown(value)}: a dimension must be "
                     f"an integer in [1, {MAX_DIM}]",
                 )
-    return [(m, n, k) for m in tokens for _, n, k in projections]
+    fused = _model_epilogues(r, entry, key_path, [proj for proj, _, _ in projections])
+    return [
+        (m, n, k, epilogue)
+        for m in tokens
+        for proj, n, k in projections
+        for epilogue in ("none", *fused.get(proj, ()))
+    ]
+
+
+def _model_epilogues(
+    r: _Reader, entry: dict[str, Any], key_path: str, projections: list[str]
+) -> dict[str, tuple[str, ...]]:
+    """``epilogues = { o = ["residual"], down = ["residual"], qkv = ["bias"] }``: per
+    projection of this model, the fused epilogues its linears need (each a target of its
+    own beside the plain one)."""
+    kp = f"{key_path}.epilogues"
+    value = entry.get("epilogues", {})
+    if not isinstance(value, dict):
+        raise r.fail(kp, value, "must be a table of projection = [epilogues]")
+    out = {}
+    for proj, names in value.items():
+        if proj not in projections:
+            raise r.fail(
+                f"{kp}.{proj}", names, f"not a projection of this model (its projections: "
+                f"{projections})",
+            )  # fmt: skip
+        out[proj] = r.choices(names, f"{kp}.{proj}", FUSED_EPILOGUES)
+    return out
 
 
 def _group_overrides(
@@ -467,14 +498,15 @@ def load_manifest(path: str | Path) -> Manifest:
     # Each group yields (shapes, dtypes, layouts); the product with archs is taken once
     # below, after every group's count has passed the budget.
     budget = _Budget(r, archs)
-    groups: list[tuple[list[tuple[int, int, int]], tuple[str, ...], tuple[str, ...]]] = []
+    # shapes are (m, n, k, epilogue): a [[model]]'s may carry a fused epilogue
+    groups: list[tuple[list[tuple[int, int, int, str]], tuple[str, ...], tuple[str, ...]]] = []
     for i, entry in enumerate(r.array_of_tables(doc, "targets", _TARGETS_KEYS)):
         kp = f"targets[{i}]"
         shapes_value = r.nonempty_list(r.required(entry, "shapes", f"{kp}.shapes"), f"{kp}.shapes")
         group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
         n = len(shapes_value)
         budget.take(kp, n, len(group_dtypes), len(group_layouts), f"{n} shapes")
-        shapes = [r.shape(v, f"{kp}.shapes[{j}]") for j, v in enumerate(shapes_value)]
+        shapes = [(*r.shape(v, f"{kp}.shapes[{j}]"), "none") for j, v in enumerate(shapes_value)]
         groups.append((shapes, group_dtypes, group_layouts))
     for i, entry in enumerate(r.array_of_tables(doc, "grid", _GRID_KEYS)):
         kp = f"grid[{i}]"
@@ -482,7 +514,7 @@ def load_manifest(path: str | Path) -> Manifest:
         group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
         what = f"{len(ms)} x {len(ns)} x {len(ks)} shapes"
         budget.take(kp, len(ms) * len(ns) * len(ks), len(group_dtypes), len(group_layouts), what)
-        shapes = [(m, n, k) for m in ms for n in ns for k in ks]
+        shapes = [(m, n, k, "none") for m in ms for n in ns for k in ks]
         groups.append((shapes, group_dtypes, group_layouts))
     for i, entry in enumerate(r.array_of_tables(doc, "model", _MODEL_KEYS)):
         kp = f"model[{i}]"
@@ -495,12 +527,14 @@ def load_manifest(path: str | Path) -> Manifest:
 
     targets = sorted(
         {
-            Target(arch=arch, dtype=dt, layout=lay, m=m, n=n, k=k)
+            Target(arch=arch, dtype=dt, layout=lay, m=m, n=n, k=k, epilogue=epilogue)
             for shapes, group_dtypes, group_layouts in groups
             for arch in archs
             for dt in group_dtypes
             for lay in group_layouts
-            for m, n, k in shapes
+            for m, n, k, epilogue in shapes
+            # a fused epilogue only where a family renders it (layout tn)
+            if epilogue == "none" or lay in EPILOGUE_LAYOUTS
         }
     )
     if not targets:

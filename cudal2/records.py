@@ -38,6 +38,20 @@ DTYPES: tuple[str, ...] = ("fp16", "bf16")
 LAYOUTS: tuple[str, ...] = ("tn", "nn")
 ARCHS: tuple[str, ...] = ("sm_90a",)
 ACCUMULATORS: tuple[str, ...] = ("fp32",)
+# Fused epilogues: what the kernel adds to the fp32 accumulator before its single
+# rounding to the output dtype. ``none``: a plain GEMM (the field is left out of a
+# target's JSON, so every record written before epilogues existed keeps its key);
+# ``bias``: + b[N] broadcast over the rows; ``residual``: + r[M, N] (row-major, unit
+# inner stride, the output's dtype; the output may alias it); ``bias_residual``: both.
+# The index of a name is its value as a design knob (``epilogue``, sm90tma).
+EPILOGUES: tuple[str, ...] = ("none", "bias", "residual", "bias_residual")
+# Which operands an epilogue reads, by name (the ABI gemm_v3 pointers it sets).
+EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "bias": ("bias",),
+    "residual": ("residual",),
+    "bias_residual": ("bias", "residual"),
+}
 STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
 
 
@@ -80,6 +94,10 @@ class Target:
     layout ``tn``: C[M,N] = A[M,K] @ B[N,K]^T, B row-major (nn.Linear: x @ W^T).
     layout ``nn``: C[M,N] = A[M,K] @ B[K,N], both row-major (torch.matmul).
     All operands and the output are row-major with unit inner stride.
+
+    ``epilogue`` (one of ``EPILOGUES``): the fused op after the GEMM, e.g. ``residual``
+    is C = A @ B^T + R. Left out of the JSON (and so of the key) when ``none``: a plain
+    target's JSON and key are what they were before epilogues existed.
     """
 
     arch: str
@@ -89,14 +107,25 @@ class Target:
     n: int
     k: int
     accumulator: str = "fp32"
+    epilogue: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue {self.epilogue!r} is not one of {EPILOGUES}")
 
     def as_json(self) -> dict[str, Any]:
         # Every field is a str or an int: no need for asdict's recursive deep copy,
         # which dominated the proposers' cost (keys are hashed over whole spaces).
-        return {f: getattr(self, f) for f in _TARGET_FIELDS}
+        d = {f: getattr(self, f) for f in _TARGET_FIELDS}
+        if self.epilogue == "none":
+            del d["epilogue"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Target:
+        extra = set(d) - set(_TARGET_FIELDS)
+        if extra:
+            raise ValueError(f"unknown target fields {sorted(extra)}: {str(d)[:160]}")
         return cls(**d)
 
     @property
@@ -105,7 +134,13 @@ class Target:
 
     @property
     def label(self) -> str:
-        return f"{self.dtype}/{self.layout} {self.m}x{self.n}x{self.k}"
+        tail = "" if self.epilogue == "none" else f" +{self.epilogue}"
+        return f"{self.dtype}/{self.layout} {self.m}x{self.n}x{self.k}{tail}"
+
+    @property
+    def plain(self) -> Target:
+        """The same GEMM without its epilogue (what the vendor baseline computes)."""
+        return dataclasses.replace(self, epilogue="none")
 
     @property
     def flops(self) -> int:
@@ -113,8 +148,11 @@ class Target:
 
     @property
     def min_bytes(self) -> int:
-        """Each operand read once and the output written once (2-byte elements)."""
-        return 2 * (self.m * self.k + self.n * self.k + self.m * self.n)
+        """Each operand read once and the output written once (2-byte elements), and
+        the epilogue's operands read once (bias [N], residual [M, N])."""
+        extra = {"bias": self.n, "residual": self.m * self.n}
+        epi = sum(extra[o] for o in EPILOGUE_OPERANDS[self.epilogue])
+        return 2 * (self.m * self.k + self.n * self.k + self.m * self.n + epi)
 
 
 @dataclass(frozen=True, order=True)

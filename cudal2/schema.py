@@ -26,6 +26,7 @@ from cudal2.records import (
     ACCUMULATORS,
     CHECK_RECORD,
     DTYPES,
+    EPILOGUES,
     LAYOUTS,
     SCHEMA_VERSION,
     CheckEvent,
@@ -174,8 +175,13 @@ def _samples(v: Any, path: str) -> tuple[float, ...]:
     return tuple(_num(x, f"{path}[{i}]", positive=True) for i, x in enumerate(v))
 
 
+# A fused epilogue is spelled only when there is one (a plain target leaves it out)
+_FUSED = tuple(e for e in EPILOGUES if e != "none")
+
+
 def _target(v: Any, path: str) -> Target:
-    d = _obj(v, path, ("arch", "dtype", "layout", "m", "n", "k", "accumulator"))
+    d = _obj(v, path, ("arch", "dtype", "layout", "m", "n", "k", "accumulator"), ("epilogue",))
+    epilogue = _choice(d["epilogue"], f"{path}.epilogue", _FUSED) if "epilogue" in d else "none"
     return Target(
         _match(d["arch"], f"{path}.arch", _ARCH, "an arch name as sm_90a"),
         _choice(d["dtype"], f"{path}.dtype", DTYPES),
@@ -184,6 +190,7 @@ def _target(v: Any, path: str) -> Target:
         _int(d["n"], f"{path}.n", 1, MAX_DIM),
         _int(d["k"], f"{path}.k", 1, MAX_DIM),
         _choice(d["accumulator"], f"{path}.accumulator", ACCUMULATORS),
+        epilogue,
     )
 
 
@@ -207,6 +214,15 @@ def _design(v: Any, path: str, target: Target) -> KernelDesign:
             raise _fail(
                 f"{path}.{field}", f"must be the target's ({getattr(target, field)})", d[field]
             )
+    # The design's epilogue knob (an index into EPILOGUES, absent for none) is the target's
+    fused = knobs.get("epilogue", 0)
+    if fused not in range(len(EPILOGUES)) or EPILOGUES[fused] != target.epilogue:
+        raise _fail(
+            f"{path}.knobs.epilogue",
+            f"must be the target's epilogue ({target.epilogue}: "
+            f"{EPILOGUES.index(target.epilogue) or 'absent'})",
+            fused,
+        )
     return design
 
 

@@ -275,3 +275,48 @@ def pdl(kernel: str, layout: str, trigger: str) -> dict[str, Any]:
         "prefetch_lines": PDL_PREFETCH_LINES,
         **{p: PDL_TRIGGER if p == trigger else NONE for p in PDL_POINTS},
     }
+
+
+# sm90tma, fused epilogues (``records.EPILOGUES``, the design's ``epilogue`` knob):
+# the kernel's extra parameters (ABI gemm_v3: bias, residual, ldr, after gemm_v2's),
+# the header's note, and the partial that adds the epilogue operands to the fp32
+# accumulator before the single rounding to fp16 / bf16: ``add4`` for the one-tile
+# kernel (four split-K-summed columns v of row m, by the rank that stores them: once
+# per element), ``add2`` for the persistent one (an accumulator pair before its store).
+# ``none``: no parameters and NONE partials, so a plain design's source is unchanged.
+# A later epilogue (gated activation, RMSNorm row scale) is a row here with its own
+# partials and operands; the docs/contracts.md "Fused epilogues" note says how.
+EPILOGUE_PARAMS = ",\n    const T* __restrict__ bias, const T* residual, long long ldr"
+TMA_EPILOGUE: dict[str, dict[str, str]] = {
+    "none": {"params": "", "about": NONE, "add4": NONE, "add2": NONE, "formula": ""},
+    "bias": {
+        "params": EPILOGUE_PARAMS,
+        "about": "sm90_tma/epilogue/about.cu.j2",
+        "add4": "sm90_tma/epilogue/bias4.cu.j2",
+        "add2": "sm90_tma/epilogue/bias2.cu.j2",
+        "formula": "C = A B^T + bias[N] (broadcast over rows)",
+    },
+    "residual": {
+        "params": EPILOGUE_PARAMS,
+        "about": "sm90_tma/epilogue/about.cu.j2",
+        "add4": "sm90_tma/epilogue/residual4.cu.j2",
+        "add2": "sm90_tma/epilogue/residual2.cu.j2",
+        "formula": "C = A B^T + R[M,N] (row stride ldr)",
+    },
+    "bias_residual": {
+        "params": EPILOGUE_PARAMS,
+        "about": "sm90_tma/epilogue/about.cu.j2",
+        "add4": "sm90_tma/epilogue/bias_residual4.cu.j2",
+        "add2": "sm90_tma/epilogue/bias_residual2.cu.j2",
+        "formula": "C = A B^T + bias[N] + R[M,N], summed in that order",
+    },
+}
+# An epilogue operand element to fp32, by dtype.
+TO_FLOAT = {"fp16": "__half2float", "bf16": "__bfloat162float"}
+
+
+def tma_epilogue(epilogue: str, dtype: str) -> dict[str, str]:
+    """sm90tma's epilogue partials and spellings (``epilogue.*`` in its templates)."""
+    if epilogue not in TMA_EPILOGUE:
+        raise ValueError(f"epilogue {epilogue!r}: sm90tma renders {list(TMA_EPILOGUE)}")
+    return {**TMA_EPILOGUE[epilogue], "name": epilogue, "to_float": TO_FLOAT[dtype]}

@@ -7,7 +7,8 @@ from functools import lru_cache
 from typing import Protocol
 
 from cudal2.generator import design_space
-from cudal2.generator.families.base import pdl_trigger
+from cudal2.generator.families import FAMILIES
+from cudal2.generator.families.base import epilogue, family_epilogues, pdl_trigger, with_epilogue
 from cudal2.records import KernelDesign, Measurement, Target
 
 # Per target, the designs a proposer may choose from (None: the whole legal space). A
@@ -44,6 +45,16 @@ def _legal_space(
     return tuple(design_space(arch, dtype, layout, families))
 
 
+@lru_cache(maxsize=32)
+def _epilogue_space(
+    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None, name: str
+) -> tuple[KernelDesign, ...]:
+    """The legal space of a fused epilogue: each plain design of a family that renders
+    ``name``, with that epilogue (the others have none to offer)."""
+    fams = tuple(f for f in (families or sorted(FAMILIES)) if name in family_epilogues(FAMILIES[f]))
+    return tuple(with_epilogue(d, name) for d in _legal_space(arch, dtype, layout, fams or ()))
+
+
 def search_space(
     target: Target, families: Sequence[str] | None, space: Space | None = None
 ) -> list[KernelDesign]:
@@ -51,9 +62,21 @@ def search_space(
     designs, else the legal space of the target's (arch, dtype, layout); either way
     only ``families``' plain designs (None: every family), in a fixed order. PDL
     designs are never in it, even where a replay recorded some: they are proposed only
-    as variants of a proposed tile (``policy.pdl``, manifest ``[search] pdl``)."""
+    as variants of a proposed tile (``policy.pdl``, manifest ``[search] pdl``). A target
+    with a fused epilogue gets the designs with that epilogue, of the families that
+    render it (sm90tma): never a plain design, and a plain target never an epilogue one."""
     fams = tuple(families) if families is not None else None
     given = space(target) if space is not None else None
     if given is None:
+        if target.epilogue != "none":
+            return list(
+                _epilogue_space(target.arch, target.dtype, target.layout, fams, target.epilogue)
+            )
         return list(_legal_space(target.arch, target.dtype, target.layout, fams))
-    return [d for d in given if (fams is None or d.family in fams) and pdl_trigger(d) == "none"]
+    return [
+        d
+        for d in given
+        if (fams is None or d.family in fams)
+        and pdl_trigger(d) == "none"
+        and epilogue(d) == target.epilogue
+    ]

@@ -8,6 +8,13 @@
 - exact trial: {0,1} inputs whose every dot product is an integer <= 2048 (fp16) or
   256 (bf16), hence exactly representable: the output must equal the reference bit
   for bit. Each row of A has at most that many ones, so this holds for every K.
+- fused epilogues (``Target.epilogue``): each trial also draws the epilogue's operands
+  (bias [N], residual [M, N]: uniform(-1, 1), or {0,1} in the exact trial, whose dot
+  products are then kept 2 below the exact limit), ``run(a, b, c, epi)`` gets them,
+  the reference is the fp32 fused op (A B^T in fp32, + bias, + residual, in that
+  order) and the bound is torch's unfused op's deviation from it (the vendor GEMM in
+  the working dtype, then torch's add: what a user runs without cudal2), ``bound``'s
+  rule; the other checks are a plain GEMM's.
 - repeats: the first random trial's inputs run ``repeats`` more times, each into a
   fresh NaN-filled output, which must equal the first output bit for bit. Every
   family reduces in a fixed order (no atomics), so a difference is a race: an
@@ -21,8 +28,10 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from cudal2.records import Target
+from cudal2.records import EPILOGUE_OPERANDS, Target
 
+# Where operands are made: the GPU (a CPU test of the suite's logic sets "cpu").
+DEVICE = "cuda"
 EXACT_LIMIT = {"fp16": 2048, "bf16": 256}
 # Unit round-off of the output type: the rounding of a correct fp32 result.
 OUT_EPS = {"fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -53,35 +62,64 @@ def operands(t: Target, kind: str, gen):
     dt = torch_dtype(t.dtype)
     b_shape = (t.n, t.k) if t.layout == "tn" else (t.k, t.n)
     if kind == "random":
-        a = torch.rand((t.m, t.k), generator=gen, device="cuda") * 2 - 1
-        b = torch.rand(b_shape, generator=gen, device="cuda") * 2 - 1
+        a = torch.rand((t.m, t.k), generator=gen, device=DEVICE) * 2 - 1
+        b = torch.rand(b_shape, generator=gen, device=DEVICE) * 2 - 1
         return a.to(dt), b.to(dt)
-    limit = min(t.k, EXACT_LIMIT[t.dtype])
-    order = torch.rand((t.m, t.k), generator=gen, device="cuda").argsort(dim=1)[:, :limit]
-    a = torch.zeros((t.m, t.k), device="cuda").scatter_(1, order, 1.0)
-    b = (torch.rand(b_shape, generator=gen, device="cuda") < 0.5).float()
+    # An epilogue adds up to 2 (a {0,1} bias and residual): keep the sum exact.
+    limit = min(t.k, EXACT_LIMIT[t.dtype] - (2 if t.epilogue != "none" else 0))
+    order = torch.rand((t.m, t.k), generator=gen, device=DEVICE).argsort(dim=1)[:, :limit]
+    a = torch.zeros((t.m, t.k), device=DEVICE).scatter_(1, order, 1.0)
+    b = (torch.rand(b_shape, generator=gen, device=DEVICE) < 0.5).float()
     return a.to(dt), b.to(dt)
 
 
-def reference(t: Target, a, b):
-    """The one reference: fp32 product of the upcast operands, TF32 off."""
+def epilogue_operands(t: Target, kind: str, gen) -> dict:
+    """The fused epilogue's operands on the GPU, fresh from ``gen`` (none for a plain
+    target): ``bias`` [N] and ``residual`` [M, N] (contiguous: ldr = N), uniform(-1, 1)
+    for a random trial, {0,1} for the exact one."""
+    import torch
+
+    shapes = {"bias": (t.n,), "residual": (t.m, t.n)}
+    out = {}
+    for name in EPILOGUE_OPERANDS[t.epilogue]:
+        u = torch.rand(shapes[name], generator=gen, device=DEVICE)
+        out[name] = (u * 2 - 1 if kind == "random" else (u < 0.5).float()).to(torch_dtype(t.dtype))
+    return out
+
+
+def reference(t: Target, a, b, epi=None):
+    """The one reference: fp32 product of the upcast operands, TF32 off; for a fused
+    epilogue, its operands added in fp32 (bias, then residual) before any rounding."""
     import torch
 
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         bb = b.float().t() if t.layout == "tn" else b.float()
-        return a.float() @ bb
+        ref = a.float() @ bb
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
+    for name in ("bias", "residual"):
+        if epi and name in epi:
+            ref = ref + epi[name].float()
+    return ref
 
 
-def vendor(t: Target, a, b, out=None):
-    """torch.matmul on the same operands (cuBLAS): the baseline, and the error yardstick."""
+def vendor(t: Target, a, b, out=None, epi=None):
+    """torch on the same operands: the baseline, and the error yardstick. A plain
+    target: torch.matmul (cuBLAS). A fused epilogue: what a user runs without cudal2,
+    the vendor GEMM (torch.addmm with the bias, torch.matmul without) in the working
+    dtype, then torch's in-place add of the residual (a second rounding)."""
     import torch
 
     bb = b.t() if t.layout == "tn" else b
-    return torch.matmul(a, bb, out=out)
+    if epi and "bias" in epi:
+        out = torch.addmm(epi["bias"], a, bb, out=out)
+    else:
+        out = torch.matmul(a, bb, out=out)
+    if epi and "residual" in epi:
+        out.add_(epi["residual"])
+    return out
 
 
 def max_abs_error(out, ref) -> float:
@@ -91,6 +129,13 @@ def max_abs_error(out, ref) -> float:
 def torch_error(t: Target, a, b, ref) -> dict[str, float]:
     """The vendor spread when no other library is at hand: torch.matmul's error alone."""
     return {"torch": max_abs_error(vendor(t, a, b), ref)}
+
+
+def unfused_error(t: Target, a, b, epi, ref) -> dict[str, float]:
+    """A fused epilogue's yardstick: the deviation of torch's unfused op (the vendor
+    GEMM, then torch's add, each rounded to the working dtype) from the fp32 fused
+    reference, named ``torch+<epilogue>``."""
+    return {f"torch+{t.epilogue}": max_abs_error(vendor(t, a, b, epi=epi), ref)}
 
 
 def bound(vendor_errors: Mapping[str, float], scale: float, dtype: str) -> float:
@@ -113,19 +158,23 @@ def check(
     vendor_errors: VendorErrors = torch_error,
     repeats: int = 2,
 ) -> CheckResult:
-    """``run(a, b, c)`` launches the kernel writing c; returns after queueing it.
-    ``vendor_errors(t, a, b, ref)`` gives each vendor baseline's max |error|."""
+    """``run(a, b, c)`` launches the kernel writing c (``run(a, b, c, epi)`` for a fused
+    epilogue, ``epi`` its operands by name); returns after queueing it.
+    ``vendor_errors(t, a, b, ref)`` gives each vendor baseline's max |error| (for a
+    fused epilogue, torch's unfused op's is the yardstick instead: ``unfused_error``)."""
     import torch
 
+    fused = t.epilogue != "none"
     worst_abs = worst_rel = worst_vendor = 0.0
     names: tuple[str, ...] = ()
     for trial in range(random_trials + 1):
         kind = "random" if trial < random_trials else "exact"
         a, b = operands(t, kind, gen)
-        c = torch.full((t.m, t.n), float("nan"), dtype=a.dtype, device="cuda")
-        run(a, b, c)
-        torch.cuda.synchronize()
-        ref = reference(t, a, b)
+        epi = epilogue_operands(t, kind, gen) if fused else {}
+        c = torch.full((t.m, t.n), float("nan"), dtype=a.dtype, device=DEVICE)
+        _call(run, a, b, c, epi)
+        _synchronize()
+        ref = reference(t, a, b, epi)
         unwritten = int(torch.isnan(c).sum())
         if unwritten:
             return CheckResult(
@@ -150,7 +199,7 @@ def check(
                     names,
                 )
             continue
-        errs = vendor_errors(t, a, b, ref)
+        errs = unfused_error(t, a, b, epi, ref) if fused else vendor_errors(t, a, b, ref)
         names = tuple(sorted(errs))
         worst_name = max(errs, key=lambda n: errs[n] if math.isfinite(errs[n]) else -1.0)
         worst_vendor = max(worst_vendor, errs[worst_name])
@@ -168,8 +217,8 @@ def check(
             )
         for r in range(repeats if trial == 0 else 0):
             again = torch.full_like(c, float("nan"))
-            run(a, b, again)
-            torch.cuda.synchronize()
+            _call(run, a, b, again, epi)
+            _synchronize()
             differ = int((again.view(torch.int16) != c.view(torch.int16)).sum())
             if differ:
                 return CheckResult(
@@ -182,3 +231,19 @@ def check(
                     names,
                 )
     return CheckResult(True, "", worst_abs, worst_rel, worst_vendor, names)
+
+
+def _call(run: Callable, a, b, c, epi: Mapping) -> None:
+    """``run(a, b, c)``, or ``run(a, b, c, epi)`` when there are epilogue operands (a
+    plain target's ``run`` keeps its three parameters)."""
+    if epi:
+        run(a, b, c, epi)
+    else:
+        run(a, b, c)
+
+
+def _synchronize() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()

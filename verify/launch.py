@@ -1,5 +1,6 @@
-"""Launching a gemm_v1 kernel on a target's dense row-major operands: the one place
-that derives the leading dimensions from the layout."""
+"""Launching a kernel on a target's dense row-major operands: the one place that
+derives the leading dimensions from the layout (and, for a fused epilogue, the
+residual's: contiguous [M, N], ldr = N)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cudal2.packaging.runtime import driver
-from cudal2.packaging.runtime.abi import GemmArgs
+from cudal2.packaging.runtime.abi import EpilogueArgs, GemmArgs
 from cudal2.records import Target
 
 
@@ -21,6 +22,14 @@ def dense_gemm(t: Target, a_ptr: int, b_ptr: int, c_ptr: int) -> GemmArgs:
     return GemmArgs(a_ptr, b_ptr, c_ptr, t.m, t.n, t.k, *dense_strides(t))
 
 
+def dense_epilogue(t: Target, bias_ptr: int = 0, residual_ptr: int = 0) -> EpilogueArgs | None:
+    """gemm_v3's epilogue operands of ``t`` (None for a plain target): the residual
+    contiguous [M, N], so ldr = N."""
+    if t.epilogue == "none":
+        return None
+    return EpilogueArgs(bias_ptr, residual_ptr, t.n)
+
+
 def launch_dense(
     kernel: driver.Kernel,
     recipe: Mapping[str, Any],
@@ -30,5 +39,6 @@ def launch_dense(
     c_ptr: int,
     stream: int,
     device: int = 0,
+    epilogue: EpilogueArgs | None = None,
 ) -> None:
-    driver.launch_gemm(kernel, recipe, dense_gemm(t, a_ptr, b_ptr, c_ptr), stream, device)
+    driver.launch_gemm(kernel, recipe, dense_gemm(t, a_ptr, b_ptr, c_ptr), stream, device, epilogue)

@@ -15,6 +15,10 @@ A before the wait: the RAW hazard, seen as NaN or a wrong value in C). The
 candidate, launched right after it with the PDL attribute, must give bit for bit the
 output of a plain run on the same operands (every family reduces in a fixed order).
 
+A fused epilogue's operands (bias, residual) are activations too: the producer writes
+them with A, poisoned until then (one buffer, A then each operand, each starting on a
+16-byte boundary), so an epilogue that reads them before the wait fails the same way.
+
 The producer is a fixed PTX string JIT-compiled by the driver (``cuModuleLoadData``):
 nothing on the measuring side runs nvcc. Its outcome is recorded in the measurement's
 metrics (``PAIR_METRIC``: 1 passed, 0 failed); a failure is status ``incorrect`` with
@@ -170,31 +174,65 @@ class PairVerdict:
     error: str = ""
 
 
+def packed_offsets(numels: list[int]) -> tuple[list[int], int]:
+    """Where each of the activations (A, then each epilogue operand) starts in the one
+    buffer the producer copies, in elements, each on a 16-byte boundary (8 two-byte
+    elements), and the buffer's size."""
+    offsets, at = [], 0
+    for n in numels:
+        offsets.append(at)
+        at += -(-n // 8) * 8
+    return offsets, at
+
+
+def _views(buf, shapes: list, offsets: list[int]) -> list:
+    """The activations as views of ``buf`` (see ``packed_offsets``)."""
+    out = []
+    for shape, at in zip(shapes, offsets, strict=True):
+        n = 1
+        for d in shape:
+            n *= d
+        out.append(buf[at : at + n].view(shape))
+    return out
+
+
 def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) -> PairVerdict:
     """``run(a, b, c)`` launches the PDL candidate on the current stream (with the
-    PDL attribute, as its recipe says); it runs after the producer, ``rounds`` times,
-    and must give the plain run's output bit for bit with C untouched while the
-    producer ran."""
+    PDL attribute, as its recipe says); ``run(a, b, c, epi)`` for a fused epilogue. It
+    runs after the producer, ``rounds`` times, and must give the plain run's output
+    bit for bit with C untouched while the producer ran."""
     import torch
 
     from cudal2.verify import correctness
 
     a, b = correctness.operands(t, "random", gen)
+    epi = correctness.epilogue_operands(t, "random", gen)
+    # What the producer copies: A and the epilogue's operands, in one buffer
+    parts = [a, *epi.values()]
+    shapes = [tuple(x.shape) for x in parts]
+    offsets, total = packed_offsets([x.numel() for x in parts])
+    src = torch.zeros(total, dtype=a.dtype, device="cuda")
+    for view, x in zip(_views(src, shapes, offsets), parts, strict=True):
+        view.copy_(x)
+    a, *ops = _views(src, shapes, offsets)
+    epi = dict(zip(epi, ops, strict=True))
     want = torch.full((t.m, t.n), float("nan"), dtype=a.dtype, device="cuda")
-    run(a, b, want)
+    _run(run, a, b, want, epi)
     torch.cuda.synchronize()
     kernel = producer()
     gate = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # the producer reads it (UVA)
     for r in range(rounds):
-        a_in = torch.empty_like(a)
-        a_in.view(torch.int16).fill_(POISON)
+        dst = torch.empty_like(src)
+        dst.view(torch.int16).fill_(POISON)
+        a_in, *ops_in = _views(dst, shapes, offsets)
+        epi_in = dict(zip(epi, ops_in, strict=True))
         c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
         c.view(torch.int16).fill_(SENTINEL)
         flag = torch.zeros(2, dtype=torch.int32, device="cuda")  # changed C elements, late
         torch.cuda.synchronize()  # only the producer runs ahead of the candidate
         stream = torch.cuda.current_stream().cuda_stream
         args = (
-            a.data_ptr(), a_in.data_ptr(), a.numel(), c.data_ptr(), c.numel(), SENTINEL,
+            src.data_ptr(), dst.data_ptr(), src.numel(), c.data_ptr(), c.numel(), SENTINEL,
             flag.data_ptr(), SPIN_NS, gate.data_ptr(), flag.data_ptr() + 4,
         )  # fmt: skip
         gate[0] = 0
@@ -203,7 +241,7 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
                 (PRODUCER_CTAS, 1, 1), (PRODUCER_THREADS, 1, 1), stream, args, PRODUCER_TYPES,
                 device,
             )  # fmt: skip
-            run(a_in, b, c)
+            _run(run, a_in, b, c, epi_in)
         finally:
             gate[0] = 1  # the candidate is launched: the producer's head start begins
         torch.cuda.synchronize()
@@ -226,9 +264,18 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
                 False,
                 f"PDL pair check, round {r + 1}: {differ} of {c.numel()} output elements differ "
                 f"from a plain run's ({nan} NaN): A was read before griddepcontrol.wait (the "
-                "kernel before it writes A, NaN until then)",
+                "kernel before it writes A, NaN until then)"
+                + (f", or an epilogue operand ({', '.join(epi)})" if epi else ""),
             )
     return PairVerdict(True)
+
+
+def _run(run: Callable, a, b, c, epi: dict) -> None:
+    """``run(a, b, c)``, with the epilogue's operands where there are some."""
+    if epi:
+        run(a, b, c, epi)
+    else:
+        run(a, b, c)
 
 
 def recorded(checked: JobResult, verdict: PairVerdict) -> JobResult:

@@ -22,7 +22,7 @@ from cudal2.packaging.runtime.cublaslt import version
 from cudal2.records import Job, JobKind, JobResult, Status
 from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
-from cudal2.verify.launch import launch_dense
+from cudal2.verify.launch import dense_epilogue, launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available
 from cudal2.verify.timing import operand_sets, time_interleaved
 from cudal2.verify.vendor import algo_name, autotune
@@ -42,9 +42,14 @@ def run_job(
     t, recipe = job.target, job.recipe
     kernel = driver.Kernel(Path(job.cubin).read_bytes(), job.symbol, recipe["smem_bytes"])
 
-    def run(a, b, c) -> None:
+    def run(a, b, c, epi=None) -> None:
+        # A fused epilogue's operands (fresh per trial: correctness.epilogue_operands)
+        ptrs = {name: x.data_ptr() for name, x in (epi or {}).items()}
+        ops = dense_epilogue(t, ptrs.get("bias", 0), ptrs.get("residual", 0))
         stream = _stream()
-        launch_dense(kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device)
+        launch_dense(
+            kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device, ops
+        )
 
     # A PDL design (its recipe launches it with programmatic stream serialization)
     # also runs as the second kernel of a pair (verify/pdl_pair.py).
@@ -91,14 +96,28 @@ def _check_and_time(
         checked = pdl_pair.recorded(checked, pdl_pair.check(t, run, gen))
         if checked.error:
             return checked
-    # Time on operand sets rotated past L2 (the same function the benchmarks use).
+    # Time on operand sets rotated past L2 (the same function the benchmarks use). A
+    # fused epilogue's baseline is torch's unfused op (the vendor GEMM, then the add).
     nsets = operand_sets(t.min_bytes)
     sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]
+    epis = [correctness.epilogue_operands(t, "random", gen) for _ in range(nsets)]
     outs = [torch.empty((t.m, t.n), dtype=a.dtype, device="cuda") for a, _ in sets]
+    if t.epilogue == "none":
+
+        def candidate(j: int) -> None:
+            run(sets[j][0], sets[j][1], outs[j])
+
+    else:
+
+        def candidate(j: int) -> None:
+            run(sets[j][0], sets[j][1], outs[j], epis[j])
+
     timings = time_interleaved(
         {
-            "candidate": lambda j: run(sets[j][0], sets[j][1], outs[j]),
-            "torch": lambda j: correctness.vendor(t, sets[j][0], sets[j][1], out=outs[j]),
+            "candidate": candidate,
+            "torch": lambda j: correctness.vendor(
+                t, sets[j][0], sets[j][1], out=outs[j], epi=epis[j]
+            ),
         },
         nsets,
         cfg,

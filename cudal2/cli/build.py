@@ -218,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     db = args.measurements or default_database(path)
     if args.list_targets:
         for t in manifest.targets:
-            print(f"{t.arch} {t.dtype} {t.layout} {t.m} {t.n} {t.k}")
+            fused = "" if t.epilogue == "none" else f" {t.epilogue}"
+            print(f"{t.arch} {t.dtype} {t.layout} {t.m} {t.n} {t.k}{fused}")
         return 0
     if args.dry_run or args.export_job is not None:
         return _export(args, manifest, db)

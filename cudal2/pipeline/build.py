@@ -359,7 +359,10 @@ class Build:
             if learned:
                 self.say(learned)
         if m.search.cublaslt:
-            self._autotune_vendor(runner, gpu, targets, history, timing, started)
+            # cuBLASLt autotunes plain GEMMs only: a fused epilogue's baseline is torch's
+            # unfused op, measured beside every candidate.
+            plain = [t for t in targets if t.epilogue == "none"]
+            self._autotune_vendor(runner, gpu, plain, history, timing, started)
 
     def _builds(
         self, runner: Runner, designs: Sequence[KernelDesign], desc: str

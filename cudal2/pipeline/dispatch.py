@@ -34,17 +34,18 @@ def build_table(
 ) -> tuple[DispatchTable, dict[str, bytes]]:
     """The table and {sha256: cubin bytes}. ``cubin_of(artifact_key)`` reads the cache.
 
-    M ranges: per (gpu, dtype, layout, n, k) the entries measured at M1 < M2 < ...
-    serve [1, M1], [M1+1, M2], ...; larger M is not covered (runtime falls back).
+    M ranges: per (gpu, dtype, layout, n, k, epilogue) the entries measured at M1 < M2
+    < ... serve [1, M1], [M1+1, M2], ...; larger M is not covered (runtime falls back).
+    A fused epilogue's targets make entries of their own (``TableEntry.epilogue``).
     """
     groups: dict[tuple, list[Selection]] = defaultdict(list)
     for s in selections:
         t = s.target
-        groups[(s.gpu, t.arch, t.dtype, t.layout, t.n, t.k)].append(s)
+        groups[(s.gpu, t.arch, t.dtype, t.layout, t.n, t.k, t.epilogue)].append(s)
     entries: list[TableEntry] = []
     cubins: dict[str, bytes] = {}
     gpus: dict[str, set[str]] = defaultdict(set)  # field -> values, from the winners' GPUs
-    for (gpu, arch, dtype, layout, n, k), sels in sorted(groups.items()):
+    for (gpu, arch, dtype, layout, n, k, epilogue), sels in sorted(groups.items()):
         prev = 0
         for s in sorted(sels, key=lambda s: s.target.m):
             own: dict[str, Any] = dict.fromkeys(KERNEL_ONLY_KEYS)  # what the winner fills
@@ -111,6 +112,7 @@ def build_table(
                     spread=_r(s.spread, 4),
                     measured_at=s.measured_at,
                     candidates=s.candidates,
+                    epilogue=epilogue,
                     **own,
                 )
             )

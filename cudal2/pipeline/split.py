@@ -216,7 +216,8 @@ def export_job(
     timing = TimingConfig(mode=manifest.timing_mode, seed=manifest.search.seed)
     tuned = {x.target for x in history if x.is_vendor and x.gpu.name == info.name}
     autotune = (
-        tuple(t for t in targets if t not in tuned)
+        # plain GEMMs only: a fused epilogue's baseline is torch's unfused op
+        tuple(t for t in targets if t not in tuned and t.epilogue == "none")
         if manifest.search.cublaslt and (measure or checks)
         else ()
     )
@@ -300,7 +301,15 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
         "targets": len(manifest.targets),
         "groups": dict(sorted(groups.items())),
         "target_list": [
-            {"arch": t.arch, "dtype": t.dtype, "layout": t.layout, "m": t.m, "n": t.n, "k": t.k}
+            {
+                "arch": t.arch,
+                "dtype": t.dtype,
+                "layout": t.layout,
+                "m": t.m,
+                "n": t.n,
+                "k": t.k,
+                **({"epilogue": t.epilogue} if t.epilogue != "none" else {}),
+            }
             for t in manifest.targets
         ],
         "database": str(db),

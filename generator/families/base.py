@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from cudal2.records import DTYPES, KernelDesign, Knobs
+from cudal2.records import DTYPES, EPILOGUES, KernelDesign, Knobs
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,23 @@ PDL_TRIGGER = Knob(
     default=0,
     spellings=((1, "entry"), (2, "mainloop"), (3, "epilogue")),
 )
+# The fused epilogue the kernel renders (an index into ``records.EPILOGUES``): what it
+# adds to the fp32 accumulator before the single rounding to the output dtype. 0
+# (``none``, the default, left out of the design) is a plain GEMM. Every family declares
+# which it renders (``EPILOGUES`` in its module, ``("none",)`` where it has none): the
+# knob is shared so that every family's names and checks treat it alike, but only a
+# family that renders an epilogue accepts a value other than ``none``. A design with an
+# epilogue serves only targets with that epilogue (``for_target``).
+EPILOGUE = Knob(
+    "epilogue",
+    tuple(range(len(EPILOGUES))),
+    "epi_{}",
+    default=0,
+    spellings=tuple((i, e) for i, e in enumerate(EPILOGUES) if e != "none"),
+)
 # Optional knobs every family takes, after its own in a design's name. Not in a
 # family's ``KNOBS`` (its required knobs, which the policy's tokens spell).
-SHARED_KNOBS: tuple[Knob, ...] = (PDL_TRIGGER,)
+SHARED_KNOBS: tuple[Knob, ...] = (PDL_TRIGGER, EPILOGUE)
 
 
 def optional_value(d: KernelDesign, knob: Knob) -> int:
@@ -82,6 +96,28 @@ def with_pdl(d: KernelDesign, trigger: str) -> KernelDesign:
     knobs = {k: v for k, v in d.knobs.as_json().items() if k != PDL_TRIGGER.name}
     if trigger != "none":
         knobs[PDL_TRIGGER.name] = PDL_TRIGGERS.index(trigger)
+    return KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**knobs))
+
+
+def epilogue(d: KernelDesign) -> str:
+    """The design's fused epilogue by name (``none``: a plain GEMM)."""
+    return EPILOGUES[optional_value(d, EPILOGUE)]
+
+
+def family_epilogues(family: ModuleType) -> tuple[str, ...]:
+    """The epilogues a family renders (``none`` only unless it declares more)."""
+    return getattr(family, "EPILOGUES", ("none",))
+
+
+def with_epilogue(d: KernelDesign, name: str) -> KernelDesign:
+    """``d`` with epilogue ``name`` (one of ``records.EPILOGUES``; ``none`` removes the
+    knob, giving back the plain design and its key). Legality (whether ``d``'s family
+    renders it) is checked separately."""
+    if name not in EPILOGUES:
+        raise ValueError(f"epilogue {name!r} is not one of {EPILOGUES}")
+    knobs = {k: v for k, v in d.knobs.as_json().items() if k != EPILOGUE.name}
+    if name != "none":
+        knobs[EPILOGUE.name] = EPILOGUES.index(name)
     return KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**knobs))
 
 
@@ -165,6 +201,12 @@ def check(d: KernelDesign, family: ModuleType) -> list[str]:
     checks, then (when the design has exactly the family's knobs, so its rules can read
     each one) the family's own rules."""
     reasons = declared_reasons(d, family.FAMILY, family.ARCHS, family.LAYOUTS, family.KNOBS)
+    given = d.knobs.as_json().get(EPILOGUE.name, EPILOGUE.default)
+    if given in EPILOGUE.domain and EPILOGUES[given] not in family_epilogues(family):
+        reasons.append(
+            f"epilogue {EPILOGUES[given]!r}: family {family.FAMILY!r} renders "
+            f"{list(family_epilogues(family))}"
+        )
     optional = {k.name for k in SHARED_KNOBS}
     if set(d.knobs.names()) - optional == {k.name for k in family.KNOBS}:
         reasons += family.rules(d)

@@ -50,16 +50,20 @@ from cudal2.generator.families.base import (
     Features,
     Knob,
     check,
+    epilogue,
     gemm_v1_recipe,
     make,
     pdl_trigger,
 )
+from cudal2.records import EPILOGUES as ALL_EPILOGUES
 from cudal2.records import KernelDesign
 
 FAMILY = "sm90tma"
 TEMPLATE = "sm90_tma.cu.j2"
 ARCHS = ("sm_90a",)  # wgmma, setmaxnreg, TMA: sm_90a only
 LAYOUTS = ("tn",)  # TMA tiles are K-major for both operands
+# Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none)
+EPILOGUES = ALL_EPILOGUES
 
 WARPGROUPS = (1, 2)
 M_BLOCKS = (1, 2)  # 64-row wgmma M blocks per consumer warpgroup
@@ -257,6 +261,9 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
     if k.persistent:
         recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
+    if epilogue(d) != "none":
+        # ABI gemm_v3: gemm_v2's parameters, then bias, residual, ldr (null / 0 unused)
+        recipe.update(abi="gemm_v3", epilogue=epilogue(d))
     return recipe
 
 
@@ -287,6 +294,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
+    ctx.update(epilogue=tags.tma_epilogue(epilogue(d), d.dtype))
     return ctx
 
 

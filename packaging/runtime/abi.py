@@ -21,7 +21,18 @@ DISABLE_ENV = "CUDAL2_DISABLE"
 NATIVE_ENV = "CUDAL2_NATIVE"
 
 # The launch ABIs this runtime can launch; a table entry of another ABI falls back.
-ABIS: tuple[str, ...] = ("gemm_v1", "gemm_v2")
+ABIS: tuple[str, ...] = ("gemm_v1", "gemm_v2", "gemm_v3")
+# gemm_v3: gemm_v2's parameters, then a fused epilogue's operands (``EpilogueArgs``).
+# Its kernels compute C = A B^T + (bias, residual as the recipe's ``epilogue`` says).
+EPILOGUE_ABI = "gemm_v3"
+# Which operands each epilogue reads (records.EPILOGUE_OPERANDS, repeated: the runtime
+# imports nothing of the build; a test checks the two agree).
+EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "bias": ("bias",),
+    "residual": ("residual",),
+    "bias_residual": ("bias", "residual"),
+}
 
 
 class LaunchLimits(NamedTuple):
@@ -63,6 +74,20 @@ class GemmArgs(NamedTuple):
     lda: int
     ldb: int
     ldc: int
+
+
+class EpilogueArgs(NamedTuple):
+    """ABI gemm_v3's parameters after gemm_v2's: device pointers of bias [N] and of the
+    residual R [M, N] (0 where the epilogue does not read it) and R's row stride in
+    elements (unit inner stride). R may be C itself (in place)."""
+
+    bias: int = 0
+    residual: int = 0
+    ldr: int = 0
+
+    def missing(self, epilogue: str) -> list[str]:
+        """The operands ``epilogue`` reads that are null here (empty: launchable)."""
+        return [o for o in EPILOGUE_OPERANDS[epilogue] if not getattr(self, o)]
 
 
 # (layout, m, n, k, lda, ldb): a GEMM whose shape and strides a kernel can take;

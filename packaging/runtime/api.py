@@ -22,6 +22,7 @@ from typing import Any
 from . import arrays, cublaslt, driver
 from .abi import (
     ABIS,
+    EpilogueArgs,
     GemmArgs,
     Operands,
     disabled,
@@ -232,6 +233,57 @@ def _bias_reason(torch: Any, x: Any, n: int, bias: Any, in_op: bool) -> str | No
     return None
 
 
+def _residual_ld(torch: Any, x: Any, n: int, residual: Any, in_op: bool) -> int | str:
+    """The row stride (elements) of a residual for ``linear_residual``: a strided tensor
+    of x's dtype and device, shaped as the output (x's leading dims, then N), with unit
+    inner stride, and rows at one stride (2-D), or contiguous; else the reason
+    ``residual``."""
+    if (
+        residual.layout is not torch.strided
+        or residual.dtype is not x.dtype
+        or residual.device != x.device
+        or tuple(residual.shape) != (*x.shape[:-1], n)
+        or (not in_op and residual.requires_grad and torch.is_grad_enabled())
+    ):
+        return "residual"
+    if residual.dim() == 2 and residual.stride(1) == 1 and residual.stride(0) >= n:
+        return residual.stride(0)
+    if residual.is_contiguous():
+        return n
+    return "residual"
+
+
+def _span(t: Any) -> tuple[int, int]:
+    """The bytes [start, end) a strided tensor may touch."""
+    start = t.data_ptr()
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return start, start + (extent + 1) * t.element_size() if t.numel() else start
+
+
+def _out_reason(torch: Any, x: Any, w: Any, bias: Any, residual: Any, out: Any) -> str | None:
+    """``out`` for ``linear_residual``: contiguous, the residual's shape, dtype and
+    device, and either the residual itself (in place: each element is read, then
+    written, by one thread) or touching none of its bytes, nor x's, w's or bias's (the
+    kernel reads those while other CTAs write)."""
+    if (
+        type(out) not in _PLAIN_TYPES
+        or out.layout is not torch.strided
+        or out.dtype is not residual.dtype
+        or out.device != residual.device
+        or tuple(out.shape) != tuple(residual.shape)
+        or not out.is_contiguous()
+    ):
+        return "residual"
+    lo, hi = _span(out)
+    same = out.data_ptr() == residual.data_ptr() and out.stride() == residual.stride()
+    others = [x, w] + ([] if bias is None else [bias]) + ([] if same else [residual])
+    for t in others:
+        a, b = _span(t)
+        if a < hi and lo < b:
+            return "residual"
+    return None
+
+
 def _nested_reason(a: Any, b: Any, exc: RuntimeError) -> str:
     """The reason ``not_strided`` for a nested tensor (strided layout, but no one shape
     or stride: asking raises ``exc``); any other error is re-raised. Called from an
@@ -288,6 +340,8 @@ class Api:
         self._driver_reason: str | None = None
         self._driver_checked = False
         self._covered: set[tuple[str, str, int, int]] | None = None
+        # (dtype, n, k, epilogue) of the table's fused-epilogue entries (None: not read)
+        self._epilogues: set[tuple[str, int, int, str]] | None = None
         self._table_reason: str | None = None  # "table": dispatch.json cannot be trusted
 
     def __repr__(self) -> str:
@@ -376,6 +430,8 @@ class Api:
             return False
         if bias is not None and type(bias) not in _PLAIN_TYPES:
             return False  # the Python path's "bias" rule decides
+        if bias is not None and self._fuses(x.dtype, w, "bias"):
+            return False  # a fused-bias kernel (gemm_v3) only the Python path launches
         if (
             x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
         ) and _torch.is_grad_enabled():
@@ -435,6 +491,11 @@ class Api:
             got = _nested_reason(x, w, exc)
         if bias is not None and type(got) is tuple:
             got = _bias_reason(torch, x, got[2], bias, in_op) or got
+        if bias is not None and type(got) is tuple and self._fuses(x.dtype, w, "bias"):
+            # A fused-bias entry where the table has one for this M; else today's path
+            fused = self._run(torch, x, w, got, "bias", (bias, None))
+            if type(fused) is not str:
+                return fused if x.dim() == 2 else fused.view(*x.shape[:-1], got[2])
         if type(got) is tuple:
             n = got[2]
             got = self._run(torch, x, w, got)
@@ -445,6 +506,80 @@ class Api:
         self.stats._fallbacks[got] += 1
         return torch.nn.functional.linear(x, w, bias)
 
+    def linear_residual(
+        self, x: Any, w: Any, residual: Any, bias: Any = None, out: Any = None
+    ) -> Any:
+        """``F.linear(x, w, bias) + residual`` (x [..., K], w [N, K], residual [..., N]
+        of the output's shape): one kernel of a fused epilogue (``residual`` or
+        ``bias_residual``: A W^T + bias + R summed in fp32, rounded once) where the table
+        has one for the shape; else torch's own ops, bit for bit what
+        ``F.linear(x, w, bias) + residual`` gives. ``out`` (optional): where the result
+        goes (it may be ``residual`` itself: in place; not x, w or bias)."""
+        got = self._linear_residual(x, w, residual, bias, out, False)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            torch = _torch
+            y = torch.nn.functional.linear(x, w, bias)
+            return torch.add(y, residual) if out is None else torch.add(y, residual, out=out)
+        return got
+
+    def op_linear_residual(self, x: Any, w: Any, residual: Any, bias: Any = None) -> Any:
+        """``linear_residual`` as the torch op's kernel (no ``out``: the op is functional)."""
+        got = self._linear_residual(x, w, residual, bias, None, True)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            return _torch.nn.functional.linear(x, w, bias) + residual
+        return got
+
+    def _linear_residual(
+        self, x: Any, w: Any, residual: Any, bias: Any, out: Any, in_op: bool
+    ) -> Any:
+        """The fused result, or the reason to fall back (``residual``: the residual or
+        ``out`` cannot be taken; ``no_entry``...: as ``linear``)."""
+        torch = _torch or _import_torch(self.package)
+        if not in_op and type(residual) not in _PLAIN_TYPES:
+            return "tensor_type"
+        try:
+            got = _common_checks(torch, x, w, in_op) or linear_operands(
+                x.shape, x.stride(), w.shape, w.stride()
+            )
+        except RuntimeError as exc:
+            got = _nested_reason(x, w, exc)
+        if type(got) is not tuple:
+            return got
+        n = got[2]
+        if bias is not None:
+            reason = _bias_reason(torch, x, n, bias, in_op)
+            if reason is not None:
+                return reason
+        ldr = _residual_ld(torch, x, n, residual, in_op)
+        if type(ldr) is str:
+            return ldr
+        if out is not None and _out_reason(torch, x, w, bias, residual, out) is not None:
+            return "residual"
+        epilogue = "residual" if bias is None else "bias_residual"
+        if not self._fuses(x.dtype, w, epilogue):
+            return "no_entry"
+        c = self._run(torch, x, w, got, epilogue, (bias, residual), ldr, out)
+        if type(c) is str:
+            return c
+        return c if x.dim() == 2 or out is not None else c.view(*x.shape[:-1], n)
+
+    def _fuses(self, dtype: Any, w: Any, epilogue: str) -> bool:
+        """Whether the table has an entry of ``epilogue`` for w's (N, K) and this dtype
+        (on any GPU model; the lookup then decides for the call's M and device). A
+        table without epilogue entries answers from an empty set."""
+        got = self._epilogues
+        if got is None:
+            got = self._epilogues = {
+                (e.dtype, e.n, e.k, e.epilogue)
+                for e in self.table.entries
+                if e.epilogue != "none" and e.kind == "kernel"
+            }
+        if not got or w.dim() != 2:
+            return False
+        return (dtype_name(dtype), w.shape[0], w.shape[1], epilogue) in got
+
     def covers(self, n: int, k: int, dtype: str, layout: str = "tn") -> bool:
         """Whether the table has a kernel or cuBLASLt entry, or an eager alternative,
         for (dtype, layout, N, K) on any of its GPU models (the op still checks the GPU
@@ -454,7 +589,8 @@ class Api:
             covered = {
                 (e.dtype, e.layout, e.n, e.k)
                 for e in self.table.entries
-                if e.kind in ("kernel", "cublaslt") or e.eager is not None
+                if (e.kind in ("kernel", "cublaslt") or e.eager is not None)
+                and e.epilogue == "none"
             }
             self._covered = covered
         return (dtype, layout, n, k) in covered
@@ -493,9 +629,21 @@ class Api:
 
     # -- the dispatch path -------------------------------------------------------
 
-    def _run(self, torch: Any, a: Any, b: Any, operands: Operands) -> Any:
+    def _run(
+        self,
+        torch: Any,
+        a: Any,
+        b: Any,
+        operands: Operands,
+        epilogue: str = "none",
+        epi: tuple = (None, None),
+        ldr: int = 0,
+        out: Any = None,
+    ) -> Any:
         """Launch the table's kernel for ``a`` and ``b`` (their ``operands``); the
-        [M, N] output, or a reason."""
+        [M, N] output (``out`` where given), or a reason. ``epilogue``: the fused op's
+        entry, its operands ``epi`` = (bias, residual) (checked by the caller; the
+        residual's row stride ``ldr``)."""
         a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
         if misaligned(a_ptr, b_ptr):
             return "alignment"
@@ -505,15 +653,30 @@ class Api:
         if b.get_device() != dev:
             return "device"
         layout, m, n, k, lda, ldb = operands
+        ops = None
+        shape = (dev, _DTYPE_NAMES[a.dtype], layout, m, n, k)
+        if epilogue != "none":
+            bias, residual = epi
+            ops = EpilogueArgs(
+                0 if bias is None else bias.data_ptr(),
+                0 if residual is None else residual.data_ptr(),
+                ldr,
+            )
+            shape = (*shape, epilogue)
+        if out is not None:
+            return self._dispatch(
+                torch, shape, a_ptr, b_ptr, lda, ldb, lambda: out, _raw_stream, ops
+            )
         return self._dispatch(
             torch,
-            (dev, _DTYPE_NAMES[a.dtype], layout, m, n, k),
+            shape,
             a_ptr,
             b_ptr,
             lda,
             ldb,
             lambda: torch.empty((m, n), dtype=a.dtype, device=a.device),
             _raw_stream,
+            ops,
         )
 
     def _dispatch(
@@ -526,11 +689,13 @@ class Api:
         ldb: int,
         alloc: Any,
         stream_of: Any,
+        epilogue: EpilogueArgs | None = None,
     ) -> Any:
-        """Run the plan for ``shape`` = (device, dtype, layout, m, n, k) on operands at
-        ``a_ptr`` / ``b_ptr``: the output ``alloc()`` made, or a fallback reason. ``be``
-        is torch, or the CuPy stand-in of ``arrays``; ``stream_of(device)`` the
-        caller's current stream there."""
+        """Run the plan for ``shape`` = (device, dtype, layout, m, n, k), with a fused
+        epilogue's name appended for its entry, on operands at ``a_ptr`` / ``b_ptr``
+        (and the epilogue's, ``epilogue``): the output ``alloc()`` made, or a fallback
+        reason. ``be`` is torch, or the CuPy stand-in of ``arrays``;
+        ``stream_of(device)`` the caller's current stream there."""
         plan = self._ready.get(shape)
         if plan is None:
             plan = self._prepare(be, shape)
@@ -544,18 +709,18 @@ class Api:
                 plan = alt
         if plan.reason is not None:  # a fallback entry, or a launch that failed
             return plan.reason
-        dev, _, _, m, n, k = shape
+        dev, _, _, m, n, k = shape[:6]
         c = alloc()
         # GemmArgs(...) runs a Python-level __new__; tuple's own is the same record at
         # half the cost, and this line runs on every call.
         gemm = _new_tuple(GemmArgs, (a_ptr, b_ptr, c.data_ptr(), m, n, k, lda, ldb, n))
         try:
             if be.cuda.current_device() == dev:
-                reason = self._launch(be, plan, dev, gemm, stream_of)
+                reason = self._launch(be, plan, dev, gemm, stream_of, epilogue)
             else:
                 # The driver launches in the current context: make it the device's.
                 with be.cuda.device(dev):
-                    reason = self._launch(be, plan, dev, gemm, stream_of)
+                    reason = self._launch(be, plan, dev, gemm, stream_of, epilogue)
         except (driver.CudaDriverError, cublaslt.LtError) as exc:
             plan.reason = "launch_error"
             self._warn_once(
@@ -569,14 +734,15 @@ class Api:
         return c
 
     def _prepare(self, torch: Any, shape: tuple) -> _Plan | str:
-        """The plan for (device, dtype, layout, m, n, k), loaded on the device and
-        remembered so the next call of this shape skips every check below; or a
-        fallback reason."""
-        dev, dtype, layout, m, n, k = shape
+        """The plan for (device, dtype, layout, m, n, k) (and a fused epilogue's name,
+        appended: its own entries), loaded on the device and remembered so the next
+        call of this shape skips every check below; or a fallback reason."""
+        dev, dtype, layout, m, n, k = shape[:6]
+        epilogue = shape[6] if len(shape) > 6 else "none"
         info = self._devices.get(dev) or self._device_info(torch, dev)
         if info.reason is not None:
             return info.reason
-        entry = self.table.lookup_exact(info.gpu, info.arch, dtype, layout, m, n, k)
+        entry = self.table.lookup_exact(info.gpu, info.arch, dtype, layout, m, n, k, epilogue)
         if entry is None:
             return "no_entry"
         plan = self._plans.get(entry.key) or self._plan(entry)
@@ -618,13 +784,21 @@ class Api:
             return load(torch, plan, dev)
         return None
 
-    def _launch(self, be: Any, plan: _Plan, dev: int, gemm: GemmArgs, stream_of: Any) -> str | None:
+    def _launch(
+        self,
+        be: Any,
+        plan: _Plan,
+        dev: int,
+        gemm: GemmArgs,
+        stream_of: Any,
+        epilogue: EpilogueArgs | None = None,
+    ) -> str | None:
         """Queue the plan's kernel (or cuBLASLt algorithm) on the caller's current
         stream, never synchronising: ordering is the stream's. A fallback reason when
         cuBLASLt refuses this shape (checked once per shape and leading dims)."""
         stream = stream_of(dev)
         if plan.lt is None:
-            driver.launch_gemm(plan.kernel, plan.recipe, gemm, stream, dev)
+            driver.launch_gemm(plan.kernel, plan.recipe, gemm, stream, dev, epilogue)
             return None
         lt = plan.gemms.get((dev, *gemm[3:8]))
         if lt is None:

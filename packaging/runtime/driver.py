@@ -1,4 +1,4 @@
-"""Load cubins and launch `gemm_v1` / `gemm_v2` kernels through the CUDA driver API
+"""Load cubins and launch `gemm_v1` / `gemm_v2` / `gemm_v3` kernels through the CUDA driver API
 (cuda-python).
 
 Self-contained: this file ships inside generated wheels, so it imports nothing from
@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .abi import INT_MAX, LIMITS, GemmArgs
+from .abi import EPILOGUE_ABI, INT_MAX, LIMITS, EpilogueArgs, GemmArgs
 
 # Parameter types of ABI gemm_v1, in GemmArgs' order: (A, B, C, M, N, K, lda, ldb, ldc).
 GEMM_V1_TYPES = (
@@ -31,6 +31,8 @@ GEMM_V1_TYPES = (
 )
 # ABI gemm_v2 appends two tensor maps (CUtensorMap, passed by pointer: type None).
 GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
+# ABI gemm_v3 appends a fused epilogue's operands: bias, residual (null when unused), ldr.
+GEMM_V3_TYPES = (*GEMM_V2_TYPES, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong)
 
 
 class CudaDriverError(RuntimeError):
@@ -299,12 +301,16 @@ def launch_gemm(
     gemm: GemmArgs,
     stream: int,
     device: int = 0,
+    epilogue: EpilogueArgs | None = None,
 ) -> None:
-    """Launch a gemm_v1 or gemm_v2 kernel by its recipe (grid from the tile shape;
-    gemm_v2's tensor maps from the recipe's boxes); never synchronises."""
+    """Launch a gemm_v1, gemm_v2 or gemm_v3 kernel by its recipe (grid from the tile
+    shape; the tensor maps from the recipe's boxes; gemm_v3's epilogue operands from
+    ``epilogue``, which must give every operand the recipe's ``epilogue`` reads);
+    never synchronises."""
     args: tuple = gemm  # gemm_v1's parameter block as it stands
     types = GEMM_V1_TYPES
-    if recipe.get("abi") == "gemm_v2":
+    abi = recipe.get("abi")
+    if abi in ("gemm_v2", EPILOGUE_ABI):
         boxes = recipe["tma"]
         args = (
             *gemm,
@@ -312,6 +318,16 @@ def launch_gemm(
             tensor_map(gemm.b, gemm.n, gemm.k, gemm.ldb, tuple(boxes["b"])),
         )
         types = GEMM_V2_TYPES
+    if abi == EPILOGUE_ABI:
+        name = recipe.get("epilogue", "none")
+        missing = epilogue.missing(name) if epilogue is not None else [name]
+        if missing:
+            # A kernel that adds an operand it was not given would read address 0.
+            raise ValueError(f"a {EPILOGUE_ABI} kernel of epilogue {name!r} needs {missing}")
+        args = (*args, *epilogue)
+        types = GEMM_V3_TYPES
+    elif epilogue is not None and any(epilogue):
+        raise ValueError(f"an {abi or 'gemm_v1'} kernel takes no epilogue operands")
     grid = gemm_grid(recipe, gemm.m, gemm.n, device)
     if recipe.get("pdl") is True:  # the table schema allows only true or false
         kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device, pdl=True)

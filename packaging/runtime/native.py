@@ -37,6 +37,8 @@ from .abi import GemmArgs
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
 ABI = 2  # cudal2_native_abi() of the library this file drives
+# The kernel ABIs the C launcher passes parameters for (not gemm_v3's epilogue operands)
+NATIVE_ABIS = ("gemm_v1", "gemm_v2")
 DTYPES = ("fp16", "bf16")  # the library's dtype codes
 LAYOUTS = ("tn", "nn")
 _TRANSIENT = 1 << 20  # a reason the library must not remember (see launcher.cpp)
@@ -287,6 +289,15 @@ class Native:
             plan = api._prepare(torch, shape)
             if type(plan) is str:
                 return self._reason(plan)
+            if (
+                plan.reason is None
+                and plan.lt is None
+                and plan.recipe.get("abi", "gemm_v1") not in NATIVE_ABIS
+            ):
+                # A gemm_v3 (fused epilogue) kernel: the C launcher passes no epilogue
+                # operands. A plain call's lookup never finds one (the dispatch key
+                # carries the epilogue); this keeps it so if that ever changes.
+                return self._reason("abi")
             # The entry's eager alternative where it passed this shape (``Api._prepare``):
             # its own plan id, which the entry's plan names; the library launches it
             # when the stream is not capturing.

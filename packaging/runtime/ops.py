@@ -1,7 +1,10 @@
 """The package's torch custom ops, and routing a model's ``nn.Linear`` layers to them.
 
-``register(api, namespace)`` defines ``torch.ops.<namespace>.linear(x, w, bias=None)``
-and ``torch.ops.<namespace>.matmul(a, b)`` (namespace ``cudal2_<manifest name>``):
+``register(api, namespace)`` defines ``torch.ops.<namespace>.linear(x, w, bias=None)``,
+``torch.ops.<namespace>.matmul(a, b)`` and ``torch.ops.<namespace>.linear_residual(x, w,
+residual, bias=None)`` (= linear + residual: a fused-epilogue kernel where the table has
+one, else torch's two ops; Python kernel only, never the native launcher) (namespace
+``cudal2_<manifest name>``):
 
 - the CPU and CUDA kernels are ``Api.op_linear`` / ``Api.op_matmul``: dispatch by shape
   inside the op, torch's own result for whatever the table does not cover or the
@@ -85,6 +88,7 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     lib = torch.library.Library(ns, "DEF")
     lib.define("linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
     lib.define("matmul(Tensor a, Tensor b) -> Tensor")
+    lib.define("linear_residual(Tensor x, Tensor w, Tensor residual, Tensor? bias=None) -> Tensor")
     # The Python kernels under their own names: the native CUDA kernel hands a call to
     # them when CUDAL2_NATIVE=0 (``native``), so both paths run in one process.
     lib.define("_linear_py(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
@@ -96,6 +100,9 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     def matmul(a: Any, b: Any) -> Any:
         return apis[ns].op_matmul(a, b)
 
+    def linear_residual(x: Any, w: Any, residual: Any, bias: Any = None) -> Any:
+        return apis[ns].op_linear_residual(x, w, residual, bias)
+
     # One kernel for every backend (CPU, CUDA, sparse, quantized, ...), and for nested
     # tensors, which that alias leaves out: the runtime's own checks send whatever its
     # kernels cannot take to torch, so a sparse weight gets torch's answer (or torch's
@@ -103,6 +110,9 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     for key in ("CompositeExplicitAutograd", "NestedTensorCPU", "NestedTensorCUDA"):
         lib.impl("linear", linear, key)
         lib.impl("matmul", matmul, key)
+    # linear_residual has only this Python kernel: the native launcher passes no
+    # epilogue operands (gemm_v3), so it never serves a fused-epilogue entry.
+    lib.impl("linear_residual", linear_residual, "CompositeExplicitAutograd")
     lib.impl("_linear_py", linear, "CompositeExplicitAutograd")
     lib.impl("_matmul_py", matmul, "CompositeExplicitAutograd")
 
@@ -118,7 +128,17 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
         torch._check(a.dtype == b.dtype, lambda: "matmul: a and b differ in dtype")
         return a.new_empty((a.shape[0], b.shape[1]))
 
+    def linear_residual_fake(x: Any, w: Any, residual: Any, bias: Any = None) -> Any:
+        out = linear_fake(x, w, bias)
+        torch._check(
+            tuple(residual.shape) == tuple(out.shape),
+            lambda: "linear_residual: the residual is not the output's shape",
+        )
+        torch._check(residual.dtype == x.dtype, lambda: "linear_residual: residual dtype")
+        return out
+
     torch.library.register_fake(f"{ns}::linear", linear_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::linear_residual", linear_residual_fake, lib=lib)
     torch.library.register_fake(f"{ns}::matmul", matmul_fake, lib=lib)
 
     def linear_setup(ctx: Any, inputs: tuple, output: Any) -> None:
@@ -134,6 +154,21 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
         gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb
 
+    def linear_residual_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+        x, w, _, bias = inputs
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = bias is not None
+
+    def linear_residual_backward(ctx: Any, grad: Any) -> tuple:
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad  # x, w, residual, bias
+        g2 = grad.reshape(-1, grad.shape[-1])
+        gx = grad @ w if need[0] else None
+        gw = g2.t() @ x.reshape(-1, x.shape[-1]) if need[1] else None
+        gr = grad if need[2] else None
+        gb = g2.sum(0) if ctx.has_bias and need[3] else None
+        return gx, gw, gr, gb
+
     def matmul_setup(ctx: Any, inputs: tuple, output: Any) -> None:
         ctx.save_for_backward(*inputs)
 
@@ -148,6 +183,12 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     )
     torch.library.register_autograd(
         f"{ns}::matmul", matmul_backward, setup_context=matmul_setup, lib=lib
+    )
+    torch.library.register_autograd(
+        f"{ns}::linear_residual",
+        linear_residual_backward,
+        setup_context=linear_residual_setup,
+        lib=lib,
     )
     return lib
 

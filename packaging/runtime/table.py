@@ -30,7 +30,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .abi import ABIS, LIMITS
+from .abi import ABIS, EPILOGUE_ABI, EPILOGUE_OPERANDS, LIMITS
 
 FORMAT = 1
 # A table of 10,000 targets on a few GPU models is a few megabytes; a file far larger
@@ -54,7 +54,9 @@ class TableError(ValueError):
 
 class EntryKey(NamedTuple):
     """What identifies one entry, in a table and across tables: one measured target
-    on one GPU model. ``str()`` is its short readable name (the runtime's stats)."""
+    on one GPU model. ``str()`` is its short readable name (the runtime's stats).
+    ``epilogue``: the fused op the entry serves (``none``: a plain GEMM; the dispatch
+    key carries it, so a ``bias`` entry never serves a plain call, nor the reverse)."""
 
     gpu: str
     arch: str
@@ -63,11 +65,13 @@ class EntryKey(NamedTuple):
     n: int
     k: int
     m_measured: int
+    epilogue: str = "none"
 
     def __str__(self) -> str:
+        tail = "" if self.epilogue == "none" else f"/{self.epilogue}"
         return (
             f"{self.gpu}/{self.arch}/{self.dtype}/{self.layout}"
-            f"/n{self.n}/k{self.k}/m{self.m_measured}"
+            f"/n{self.n}/k{self.k}/m{self.m_measured}{tail}"
         )
 
 
@@ -186,7 +190,9 @@ class TableEntry:
     extern "C" name, ``cubin_sha256`` its cubin, ``launch`` its recipe, read-only);
     ``cublaslt``: an autotuned cuBLASLt algorithm (``kernel`` its readable name,
     ``cublaslt`` the algorithm); ``fallback``: the baseline is best (``time_us`` is then
-    the baseline's). ``speedup`` / ``spread``: the winner's median speedup over the
+    the baseline's). ``epilogue`` (left out of the JSON when ``none``): the fused op the
+    entry serves, a kernel of ABI gemm_v3 whose recipe names it, or a fallback (the
+    vendor GEMM then torch's op). ``speedup`` / ``spread``: the winner's median speedup over the
     baseline and the noise it had to exceed. ``candidates``: how many measurements
     the build weighed (absent in tables of older builds). ``eager``: on a ``cublaslt``
     or ``fallback`` entry, the kernel launched instead when no CUDA graph is being
@@ -218,6 +224,7 @@ class TableEntry:
     candidates: int | None = None
     cublaslt: CublasLtAlgo | None = None
     eager: EagerAlt | None = None
+    epilogue: str = "none"
     key: EntryKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -225,7 +232,14 @@ class TableEntry:
         if self.launch is not None:
             object.__setattr__(self, "launch", _frozen(self.launch))
         key = EntryKey(
-            self.gpu, self.arch, self.dtype, self.layout, self.n, self.k, self.m_measured
+            self.gpu,
+            self.arch,
+            self.dtype,
+            self.layout,
+            self.n,
+            self.k,
+            self.m_measured,
+            self.epilogue,
         )
         object.__setattr__(self, "key", key)
 
@@ -291,6 +305,7 @@ class TableEntry:
             candidates=obj.get("candidates"),
             cublaslt=None if lt is None else CublasLtAlgo.from_json(lt),
             eager=None if eager is None else EagerAlt.from_json(eager),
+            epilogue=obj.get("epilogue", "none"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -304,6 +319,8 @@ class TableEntry:
             out["cublaslt"] = self.cublaslt.as_json()
         if self.eager is not None:
             out["eager"] = self.eager.as_json()
+        if self.epilogue != "none":  # a plain entry's JSON is what it was before epilogues
+            out["epilogue"] = self.epilogue
         return out
 
 
@@ -313,11 +330,11 @@ class _Index:
     __slots__ = ("axes", "models", "resolved", "stand_in")
 
     def __init__(self, entries: tuple[TableEntry, ...]):
-        # (gpu, arch, dtype, layout, n, k) -> (sorted m_measured, entries in that order)
+        # (gpu, arch, dtype, layout, n, k, epilogue) -> (sorted m_measured, entries)
         self.axes: dict[tuple, tuple[list[int], list[TableEntry]]] = {}
         self.models: dict[tuple[str, str], list[TableEntry]] = {}
         for e in entries:
-            axis = (e.gpu, e.arch, e.dtype, e.layout, e.n, e.k)
+            axis = (e.gpu, e.arch, e.dtype, e.layout, e.n, e.k, e.epilogue)
             self.axes.setdefault(axis, ([], []))[1].append(e)
             self.models.setdefault((e.gpu, e.arch), []).append(e)
         for ms, group in self.axes.values():
@@ -382,7 +399,8 @@ class DispatchTable:
             if entry.key in seen:
                 raise TableError(
                     f"entries[{i}] repeats the target of entries[{seen[entry.key]}] "
-                    f"(gpu, arch, dtype, layout, n, k, m_measured) = {tuple(entry.key)}"
+                    f"(gpu, arch, dtype, layout, n, k, m_measured) = {tuple(entry.key)[:7]}"
+                    + ("" if entry.epilogue == "none" else f", epilogue {entry.epilogue!r}")
                 )
             seen[entry.key] = i
         # The runtime picks an arch and a stand-in model from these: they must be the
@@ -482,21 +500,37 @@ class DispatchTable:
         return got
 
     def lookup(
-        self, gpu: str, arch: str, dtype: str, layout: str, m: int, n: int, k: int
+        self,
+        gpu: str,
+        arch: str,
+        dtype: str,
+        layout: str,
+        m: int,
+        n: int,
+        k: int,
+        epilogue: str = "none",
     ) -> TableEntry | None:
-        """The entry serving this GEMM on ``gpu`` (stand-in models allowed; see
-        ``resolve_gpu``), or None when it is not covered. The entry may be of kind
-        ``fallback``: then the table says the baseline is the best choice."""
+        """The entry serving this GEMM (with fused ``epilogue``) on ``gpu`` (stand-in
+        models allowed; see ``resolve_gpu``), or None when it is not covered. The entry
+        may be of kind ``fallback``: then the table says the baseline is the best choice."""
         model, _ = self.resolve_gpu(gpu, arch)
         if model is None:
             return None
-        return self.lookup_exact(model, arch, dtype, layout, m, n, k)
+        return self.lookup_exact(model, arch, dtype, layout, m, n, k, epilogue)
 
     def lookup_exact(
-        self, gpu: str, arch: str, dtype: str, layout: str, m: int, n: int, k: int
+        self,
+        gpu: str,
+        arch: str,
+        dtype: str,
+        layout: str,
+        m: int,
+        n: int,
+        k: int,
+        epilogue: str = "none",
     ) -> TableEntry | None:
         """Like ``lookup`` but for a model already resolved (no stand-in search)."""
-        found = self._index.axes.get((gpu, arch, dtype, layout, n, k))
+        found = self._index.axes.get((gpu, arch, dtype, layout, n, k, epilogue))
         if found is None or m < 1:
             return None
         ms, group = found
@@ -574,6 +608,7 @@ def _check_entry(e: TableEntry) -> None:
         )
     if e.launch is not None:
         _check_launch(e.launch, e)
+    _check_epilogue(e)
     if e.kind == "cublaslt" and not isinstance(e.cublaslt, CublasLtAlgo):
         raise TableError("a cublaslt entry needs an object 'cublaslt'")
     if e.kind != "cublaslt" and e.cublaslt is not None:
@@ -587,6 +622,28 @@ def _check_entry(e: TableEntry) -> None:
             _check_launch(e.eager.launch, e)
         except TableError as exc:  # the same rules, named under 'eager'
             raise TableError(str(exc).replace("'launch", "'eager.launch")) from None
+
+
+def _check_epilogue(e: TableEntry) -> None:
+    """An epilogue entry is a gemm_v3 kernel of that epilogue or a fallback, and a
+    gemm_v3 kernel serves only the epilogue its recipe names."""
+    if not isinstance(e.epilogue, str) or e.epilogue not in EPILOGUE_OPERANDS:
+        raise TableError(
+            f"key 'epilogue' must be one of {list(EPILOGUE_OPERANDS)}, got {e.epilogue!r}"
+        )
+    if e.kind == "cublaslt" and e.epilogue != "none":
+        raise TableError(f"a cublaslt entry serves no epilogue, got {e.epilogue!r}")
+    if e.kind != "kernel" or not isinstance(e.launch, Mapping):
+        return
+    abi, named = e.launch.get("abi", "gemm_v1"), e.launch.get("epilogue", "none")
+    if abi not in ABIS:
+        return  # a newer runtime's kernel: this one falls back for it
+    if (abi == EPILOGUE_ABI) != (e.epilogue != "none") or named != e.epilogue:
+        raise TableError(
+            f"key 'epilogue' {e.epilogue!r}: its kernel must be of ABI {EPILOGUE_ABI} with "
+            f"'launch.epilogue' {e.epilogue!r} (a plain entry's: gemm_v1 or gemm_v2 and none), "
+            f"got ABI {abi!r} and 'launch.epilogue' {named!r}"
+        )
 
 
 def _positive_int(value: Any) -> bool:
@@ -650,7 +707,7 @@ def _check_launch(recipe: Any, e: TableEntry) -> None:
         if (required or key in recipe) and not check(recipe.get(key)):
             raise TableError(f"key 'launch.{key}' must be {what}, got {recipe.get(key)!r}")
     _check_limits(recipe, e)
-    if abi == "gemm_v2":
+    if abi in ("gemm_v2", EPILOGUE_ABI):
         _check_tma(recipe.get("tma"))
 
 

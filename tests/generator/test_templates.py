@@ -231,6 +231,31 @@ def test_rendered_pdl_source_is_unchanged(i, trigger, digest):
     assert hashlib.sha256(src.encode()).hexdigest()[:16] == digest, design_name(d)
 
 
+# Fused-epilogue designs of golden sm90tma tiles (GOLDEN index, epilogue, PDL trigger)
+# and their digests, taken when epilogues were added (issue 20): every epilogue
+# partial is reached (the one-tile and the persistent kernel), and a change shows here.
+GOLDEN_EPILOGUE = [
+    (8, "bias_residual", "none", "d176ed91099880b2"),
+    (10, "bias_residual", "entry", "ed16d73a90fa186e"),
+    (11, "residual", "none", "0f8793577e3d7d63"),
+    (9, "bias", "before_epilogue", "ccf215552d9a799a"),
+]
+
+
+def _golden_epilogue(i: int, epilogue: str, trigger: str) -> KernelDesign:
+    from cudal2.generator.families.base import with_epilogue, with_pdl
+
+    return with_pdl(with_epilogue(_golden_design(GOLDEN[i]), epilogue), trigger)
+
+
+@pytest.mark.parametrize("i, epilogue, trigger, digest", GOLDEN_EPILOGUE)
+def test_rendered_epilogue_source_is_unchanged(i, epilogue, trigger, digest):
+    d = _golden_epilogue(i, epilogue, trigger)
+    src = render(d).replace(f"cudal2 {__version__} ", "cudal2 VERSION ")
+    src = src.replace(design_name(d), "<symbol>").replace(d.key, "<design key>")
+    assert hashlib.sha256(src.encode()).hexdigest()[:16] == digest, design_name(d)
+
+
 def test_golden_designs_use_every_template(monkeypatch):
     env, used = _env(), set()
     for method in ("get_template", "get_or_select_template"):
@@ -245,4 +270,6 @@ def test_golden_designs_use_every_template(monkeypatch):
         render(_golden_design(args))
     for i, trigger, _ in GOLDEN_PDL:
         render(_golden_pdl(i, trigger))
+    for i, epilogue, trigger, _ in GOLDEN_EPILOGUE:
+        render(_golden_epilogue(i, epilogue, trigger))
     assert sorted(set(ALL) - used) == []

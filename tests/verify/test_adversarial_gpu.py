@@ -179,3 +179,42 @@ def test_pdl_kernel_that_does_not_wait_is_rejected_by_the_pair_check(runner, cub
     assert res.status == Status.INCORRECT, res
     assert "PDL pair check" in res.error and needle in res.error, res.error
     assert res.metrics[PAIR_METRIC] == 0.0 and res.samples_us == ()
+
+
+# A fused-epilogue (gemm_v3, residual) PDL fixture: its target carries the epilogue, its
+# recipe the ABI and boxes (the fixture ignores the tensor maps the launcher encodes).
+RESIDUAL_TARGET = Target("sm_90a", "fp16", "tn", 100, 136, 264, epilogue="residual")
+RESIDUAL_RECIPE = {
+    **PDL_RECIPE,
+    "abi": "gemm_v3",
+    "epilogue": "residual",
+    "tma": {"a": [64, 16], "b": [64, 16]},
+}
+
+
+def _residual_job(cubin: Path, symbol: str, pdl: bool = True) -> Job:
+    import dataclasses
+
+    job = dataclasses.replace(_job(cubin, symbol), target=RESIDUAL_TARGET)
+    return dataclasses.replace(job, recipe={**RESIDUAL_RECIPE, "pdl": pdl})
+
+
+def test_pdl_residual_honest_kernel_passes_the_pair_check(runner, cubin):
+    from cudal2.verify.pdl_pair import PAIR_METRIC
+
+    res = _run(runner, _residual_job(cubin, "fx_pdl_residual_honest"))
+    assert res.status == Status.OK, res.error
+    assert res.metrics[PAIR_METRIC] == 1.0
+    assert set(res.baseline_samples_us) == {"torch"}
+
+
+def test_pdl_kernel_reading_the_residual_before_the_wait_is_rejected(runner, cubin):
+    from cudal2.verify.pdl_pair import PAIR_METRIC
+
+    # Launched plainly it is correct (the fused op's bound): only the pair check sees it.
+    plain = _run(runner, _residual_job(cubin, "fx_pdl_residual_early_read", pdl=False))
+    assert plain.status == Status.OK, plain.error
+    res = _run(runner, _residual_job(cubin, "fx_pdl_residual_early_read"))
+    assert res.status == Status.INCORRECT, res
+    assert "PDL pair check" in res.error and "an epilogue operand (residual)" in res.error
+    assert res.metrics[PAIR_METRIC] == 0.0 and res.samples_us == ()

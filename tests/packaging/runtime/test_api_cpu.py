@@ -274,13 +274,18 @@ def test_warmup_without_a_usable_gpu_loads_nothing(api):
 
 def test_an_entry_of_an_unknown_launch_abi_falls_back(recorded_table):
     """A table entry whose recipe names an ABI this runtime cannot launch is never
-    launched (reason ``abi``); both known ABIs are launchable."""
-    from cudal2.packaging.runtime.abi import ABIS
+    launched (reason ``abi``); every known ABI is launchable (gemm_v3 by an entry of
+    the epilogue its recipe names)."""
+    from cudal2.packaging.runtime.abi import ABIS, EPILOGUE_ABI
     from cudal2.packaging.runtime.api import _Plan
 
     kernel = next(e for e in recorded_table.entries if e.kind == "kernel")
     boxes = {"a": [64, kernel.launch["tile_m"]], "b": [64, kernel.launch["tile_n"]]}
     for abi in ABIS:
-        entry = dataclasses.replace(kernel, launch={**kernel.launch, "abi": abi, "tma": boxes})
+        launch = {**kernel.launch, "abi": abi, "tma": boxes}
+        epilogue = "none"
+        if abi == EPILOGUE_ABI:
+            epilogue = launch["epilogue"] = "residual"
+        entry = dataclasses.replace(kernel, launch=launch, epilogue=epilogue)
         assert _Plan(entry).reason is None
     assert _Plan(dataclasses.replace(kernel, launch={"abi": "gemm_v9"})).reason == "abi"

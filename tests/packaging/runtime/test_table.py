@@ -124,6 +124,20 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     ("cublaslt", "cublaslt.version", "13.1", "key 'cublaslt.version' must be a non-negative"),
     ("cublaslt", "cublaslt.workspace_bytes", -1, "key 'cublaslt.workspace_bytes' must be"),
     ("cublaslt", "cublaslt.config", [], "key 'cublaslt.config' must be an object, got []"),
+    ("kernel", "epilogue", "gelu", "key 'epilogue' must be one of ['none', 'bias',"),
+    ("kernel", "epilogue", 1, "key 'epilogue' must be one of"),
+    # a plain (gemm_v1/v2) kernel entry claiming an epilogue, and a gemm_v3 kernel
+    # serving a plain target or another epilogue than its recipe's
+    ("kernel", "epilogue", "bias", "key 'epilogue' 'bias': its kernel must be of ABI gemm_v3"),
+    (
+        "kernel",
+        "launch",
+        lambda _, e: dict(
+            e["launch"], abi="gemm_v3", epilogue="bias", tma={"a": [64, 16], "b": [64, 64]}
+        ),
+        "key 'epilogue' 'none': its kernel must be of ABI",
+    ),
+    ("cublaslt", "epilogue", "residual", "a cublaslt entry serves no epilogue"),
     ("fallback", "kernel", "hgemm", "a fallback entry must have 'kernel' null"),
     ("fallback", "design_key", "abc", "a fallback entry must have 'design_key' null"),
     ("fallback", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),

@@ -1,0 +1,175 @@
+"""Fused epilogues in sm90tma: the optional ``epilogue`` knob (left out at ``none``, so
+no existing design's key, name, recipe or source moves), other families refusing it,
+the recipe's ABI gemm_v3, the rendered epilogue (from the tag table, after the PDL
+wait, once per element under split-K) and, with nvcc, compiled cubins whose SASS reads
+nothing global before griddepcontrol.wait."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from cudal2.generator import FAMILIES, design_name, design_space, launch_recipe, legality, tags
+from cudal2.generator import sass as sass_mod
+from cudal2.generator.compile import BASE_FLAGS, arch_flags
+from cudal2.generator.families import base
+from cudal2.generator.render import render, symbol
+from cudal2.records import EPILOGUES, KernelDesign, Knobs
+
+FUSED = [e for e in EPILOGUES if e != "none"]
+
+
+def _first(family: str = "sm90tma", layout: str = "tn", **knobs: int) -> KernelDesign:
+    return next(
+        d
+        for d in design_space("sm_90a", "fp16", layout, [family])
+        if all(getattr(d.knobs, k) == v for k, v in knobs.items())
+    )
+
+
+# One design per sm90tma kernel shape: one tile (split 1, split-K, swapped, multicast
+# pair), persistent cooperative, ping-pong (both orientations).
+SAMPLE = [
+    {"persistent": 0, "split_k": 1, "swap": 0},
+    {"persistent": 0, "split_k": 2, "swap": 1},
+    {"persistent": 0, "cluster_m": 2},
+    {"persistent": 1, "swap": 0},
+    {"persistent": 2, "swap": 1},
+    {"persistent": 2, "swap": 0},
+]
+IDS = ["-".join(f"{k}{v}" for k, v in c.items()) for c in SAMPLE]
+
+
+def test_a_plain_design_keeps_its_key_name_recipe_and_source():
+    d = _first()
+    assert base.with_epilogue(d, "none") == d
+    assert "epilogue" not in d.knobs.names() and base.epilogue(d) == "none"
+    assert "epi_" not in design_name(d)
+    assert launch_recipe(d)["abi"] == "gemm_v2" and "epilogue" not in launch_recipe(d)
+    src = render(d)
+    assert "bias" not in src and "residual" not in src
+
+
+@pytest.mark.parametrize("epilogue", FUSED)
+def test_an_epilogue_design_is_legal_named_and_launched_as_gemm_v3(epilogue):
+    d = base.with_epilogue(_first(), epilogue)
+    assert legality(d) == []
+    assert base.epilogue(d) == epilogue
+    assert design_name(d).endswith(f"_epi_{epilogue}")
+    recipe = launch_recipe(d)
+    assert recipe["abi"] == "gemm_v3" and recipe["epilogue"] == epilogue
+    assert base.with_epilogue(d, "none") == _first()
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"sm90tma"}))
+def test_other_families_refuse_an_epilogue(family):
+    layout = "tn" if "tn" in FAMILIES[family].LAYOUTS else "nn"
+    d = base.with_epilogue(_first(family, layout), "residual")
+    assert any("renders ['none']" in r for r in legality(d)), legality(d)
+    assert all(base.epilogue(x) == "none" for x in design_space("sm_90a", "fp16", layout))
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [(0, "is the default: leave it out"), (4, "epilogue=4 is not one of"), (-1, "not one of")],
+)
+def test_a_bad_epilogue_value_is_illegal(value, needle):
+    d = _first()
+    bad = KernelDesign(
+        d.family, d.arch, d.dtype, d.layout, Knobs.of(**d.knobs.as_json(), epilogue=value)
+    )
+    assert any(needle in r for r in legality(bad)), legality(bad)
+
+
+def test_an_unknown_epilogue_name_is_refused():
+    with pytest.raises(ValueError, match="epilogue 'gelu' is not one of"):
+        base.with_epilogue(_first(), "gelu")
+    with pytest.raises(ValueError, match="sm90tma renders"):
+        tags.tma_epilogue("gelu", "fp16")
+
+
+def _kernel_body(src: str) -> str:
+    return src[src.index('extern "C" __global__') :]
+
+
+# What each epilogue reads, in the rendered kernel body
+READS = {"bias": "bias[", "residual": "residual"}
+
+
+@pytest.mark.parametrize("epilogue", FUSED)
+@pytest.mark.parametrize("case", SAMPLE, ids=IDS)
+def test_the_source_adds_the_epilogue_after_the_wait(case, epilogue):
+    d = base.with_pdl(base.with_epilogue(_first(**case), epilogue), "entry")
+    body = _kernel_body(render(d))
+    assert "const T* __restrict__ bias, const T* residual, long long ldr)" in body
+    wait = body.index("pdl_wait();")
+    uses = [body.index(READS[o], body.index(") {")) for o in READS if o in epilogue]
+    assert uses and min(uses) > wait
+    for other in set(READS) - set(epilogue.split("_")):
+        assert READS[other] not in body[body.index(") {") :]
+    # the epilogue adds to fp32 (v / the accumulators), then the store rounds once
+    to_float = tags.TO_FLOAT["fp16"]
+    assert f"+= {to_float}(" in body
+
+
+def test_split_k_adds_the_epilogue_once_after_the_rank_sum():
+    d = base.with_epilogue(_first(persistent=0, split_k=4), "bias_residual")
+    body = _kernel_body(render(d))
+    rank_sum = body.index("for (int r = 0; r < SPLIT_K; ++r)")
+    add = body.index("+= __half2float(bias[n])")
+    store = body.index("T* dst = C + (long long)m * ldc + n;")
+    assert rank_sum < add < store  # after the sum, outside the rank loop, before the store
+    assert body.count("+= __half2float(bias[n])") == 1
+    # bias before residual: the fp32 reference's order
+    assert add < body.index("const T* r = residual + (long long)m * ldr + n;")
+
+
+def test_plain_sources_are_unchanged_by_the_epilogue_table():
+    """A plain design renders no epilogue partial (the table's ``none`` row is empty)."""
+    for case in SAMPLE:
+        src = render(_first(**case))
+        assert "ldr" not in src and "Fused epilogue" not in src
+    assert all(v in ("", tags.NONE) for k, v in tags.TMA_EPILOGUE["none"].items())
+
+
+def _compiled_sass(d: KernelDesign, tmp_path) -> str:
+    cu, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
+    cu.write_text(render(d))
+    cmd = ["nvcc", *BASE_FLAGS, *arch_flags(d.arch), "-o", str(cubin), str(cu)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return sass_mod.sass(cubin.read_bytes(), symbol(d))
+
+
+# A handful of compiles (~1 s each on 2 cores): every epilogue, every kernel shape once,
+# PDL triggers rotated, fp16 and bf16.
+COMPILED = [
+    (SAMPLE[1], "bias_residual", "entry", "fp16"),
+    (SAMPLE[0], "bias", "after_mainloop", "bf16"),
+    (SAMPLE[3], "residual", "before_epilogue", "fp16"),
+    (SAMPLE[4], "bias_residual", "entry", "bf16"),
+    (SAMPLE[2], "residual", "entry", "fp16"),
+]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.skipif(sass_mod.tool_dir() is None, reason="needs cuobjdump")
+@pytest.mark.parametrize(
+    ("case", "epilogue", "trigger", "dtype"),
+    COMPILED,
+    ids=[f"{e}-{t}-{dt}" for _, e, t, dt in COMPILED],
+)
+def test_compiled_epilogue_reads_nothing_global_before_the_wait(
+    case, epilogue, trigger, dtype, tmp_path
+):
+    plain = next(
+        d for d in design_space("sm_90a", dtype, "tn", ["sm90tma"])
+        if all(getattr(d.knobs, k) == v for k, v in case.items())
+    )  # fmt: skip
+    d = base.with_pdl(base.with_epilogue(plain, epilogue), trigger)
+    listing = _compiled_sass(d, tmp_path)
+    assert sass_mod.pdl_violations(listing, trigger) == []
+    # the epilogue's loads are in the code (LDG), all after the wait
+    assert "LDG" in {op for _, op in sass_mod.opcodes(listing)}

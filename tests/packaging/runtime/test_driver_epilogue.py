@@ -1,0 +1,105 @@
+"""ABI gemm_v3 on CPU: gemm_v2's parameters (the block, two tensor maps) then the fused
+epilogue's operands (bias, residual, ldr); a launch without an operand the recipe's
+epilogue reads is refused before the driver is called, and a gemm_v1/v2 kernel takes
+none (the driver binding records the calls, never makes them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cudal2.packaging.runtime import abi, driver
+from cudal2.packaging.runtime.abi import EpilogueArgs, GemmArgs
+from cudal2.records import EPILOGUE_OPERANDS
+
+drv = pytest.importorskip("cuda.bindings.driver")
+
+RECIPE = {
+    "abi": "gemm_v3",
+    "epilogue": "bias_residual",
+    "block": [384, 1, 1],
+    "tile_m": 16,
+    "tile_n": 128,
+    "split_k": 1,
+    "cluster": [1, 1, 1],
+    "smem_bytes": 70_000,
+    "align": {"k": 8},
+    "tma": {"a": [64, 16], "b": [64, 128]},
+}
+GEMM = GemmArgs(0x1000, 0x2000, 0x3000, 40, 300, 512, 512, 512, 300)
+
+
+class RecordingDriver:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(drv, name)
+
+    def cuLaunchKernel(self, *args: Any) -> tuple[Any]:
+        self.calls.append(("cuLaunchKernel", args))
+        return (drv.CUresult.CUDA_SUCCESS,)
+
+    def cuLaunchKernelEx(self, *args: Any) -> tuple[Any]:
+        self.calls.append(("cuLaunchKernelEx", args))
+        return (drv.CUresult.CUDA_SUCCESS,)
+
+
+@pytest.fixture
+def recorded(monkeypatch) -> RecordingDriver:
+    fake = RecordingDriver()
+    monkeypatch.setattr(driver, "_driver", lambda: fake)
+    monkeypatch.setattr(driver.Kernel, "function", lambda self, device=0: "FN")
+    monkeypatch.setattr(driver, "tensor_map", lambda ptr, rows, k, ld, box: ("TMAP", ptr, box))
+    return fake
+
+
+def _launch(recipe: dict[str, Any], epilogue: EpilogueArgs | None) -> None:
+    kernel = driver.Kernel(b"", "hgemm_x", recipe["smem_bytes"])
+    driver.launch_gemm(kernel, recipe, GEMM, stream=0xABC, epilogue=epilogue)
+
+
+def test_the_runtime_knows_the_records_epilogues():
+    assert abi.EPILOGUE_OPERANDS == EPILOGUE_OPERANDS
+    assert abi.EPILOGUE_ABI in abi.ABIS
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gemm_v3_appends_the_epilogue_operands(recorded, pdl):
+    ops = EpilogueArgs(bias=0x4000, residual=0x3000, ldr=300)  # residual is C: in place
+    _launch({**RECIPE, "pdl": pdl}, ops)
+    ((name, call),) = recorded.calls
+    assert name == ("cuLaunchKernelEx" if pdl else "cuLaunchKernel")
+    args, types = call[2] if pdl else call[9]
+    assert types == driver.GEMM_V3_TYPES
+    assert tuple(args[:9]) == tuple(GEMM)
+    assert args[9] == ("TMAP", GEMM.a, (64, 16)) and args[10] == ("TMAP", GEMM.b, (64, 128))
+    assert tuple(args[11:]) == (0x4000, 0x3000, 300)
+    assert len(args) == len(types) == 14
+
+
+@pytest.mark.parametrize(
+    ("epilogue", "ops", "needle"),
+    [
+        ("bias", None, "needs \\['bias'\\]"),
+        ("bias", EpilogueArgs(residual=0x3000, ldr=300), "needs \\['bias'\\]"),
+        ("residual", EpilogueArgs(bias=0x4000), "needs \\['residual'\\]"),
+        ("bias_residual", EpilogueArgs(), "needs \\['bias', 'residual'\\]"),
+    ],
+)
+def test_a_missing_epilogue_operand_is_refused_before_the_launch(recorded, epilogue, ops, needle):
+    with pytest.raises(ValueError, match=needle):
+        _launch({**RECIPE, "epilogue": epilogue}, ops)
+    assert recorded.calls == []
+
+
+@pytest.mark.parametrize("old", ["gemm_v1", "gemm_v2"])
+def test_older_abis_take_no_epilogue_operands(recorded, old):
+    recipe = {**RECIPE, "abi": old}
+    del recipe["epilogue"]
+    with pytest.raises(ValueError, match="takes no epilogue operands"):
+        _launch(recipe, EpilogueArgs(bias=0x4000))
+    _launch(recipe, None)
+    (_, call) = recorded.calls[0]
+    assert call[9][1] == (driver.GEMM_V2_TYPES if old == "gemm_v2" else driver.GEMM_V1_TYPES)

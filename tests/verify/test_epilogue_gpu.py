@@ -1,0 +1,123 @@
+"""On a GPU: sm90tma with fused epilogues (bias, residual, bias_residual) is correct
+against the fp32 fused reference within torch's unfused op's deviation (the suite of
+``verify/correctness.py``: fresh operands per trial, NaN-poisoned output, exact {0,1}
+trial, repeats), for every kernel shape (one tile, split-K, swapped, multicast pair,
+persistent, ping-pong), in place (the residual is C), and a PDL epilogue design passes
+the pair check (its producer poisons the residual and bias with A)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal2.generator.compile import ArtifactCache, build
+from cudal2.generator.families import base, sm90_tma
+from cudal2.generator.space import design_name, launch_recipe
+from cudal2.records import KernelDesign, Target
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+EPILOGUES = ["bias", "residual", "bias_residual"]
+# Residue shapes (M, N, K tails; odd N, so an odd ldr; tiles past M and N; K % 8 == 0
+# for the tensor maps), and one where persistent CTAs walk several tiles.
+SHAPES = [(1, 8, 8), (17, 40, 24), (130, 264, 72), (257, 129, 2056), (2100, 2056, 200)]
+# (the design's knobs as sm90_tma.design takes them), one per kernel shape
+DESIGNS = {
+    "tile": dict(wgs=1, mp=1, swap=False, n=64, stages=4, split=1),
+    "split4": dict(wgs=2, mp=1, swap=False, n=128, stages=6, split=4),
+    "swap_split8": dict(wgs=1, mp=1, swap=True, n=16, stages=8, split=8),
+    "pair": dict(wgs=2, mp=1, swap=False, n=128, stages=4, split=1, cluster=2),
+    "persistent_swap": dict(wgs=2, mp=1, swap=True, n=128, stages=6, split=1, pers=1),
+    "pingpong": dict(wgs=2, mp=2, swap=False, n=128, stages=4, split=1, pers=2),
+}
+
+
+def _kernel(tmp_path, d: KernelDesign):
+    from cudal2.packaging.runtime import driver
+
+    cache = ArtifactCache(tmp_path)
+    b = build(d, cache)
+    assert b.ok, b.error
+    assert b.spill_bytes == 0, design_name(d)
+    return driver.Kernel(cache.cubin(b.artifact_key), b.symbol, launch_recipe(d)["smem_bytes"])
+
+
+def _runner(kernel, d: KernelDesign, t: Target):
+    from cudal2.verify.launch import dense_epilogue, launch_dense
+
+    def run(a, b, c, epi):
+        ops = dense_epilogue(
+            t,
+            epi["bias"].data_ptr() if "bias" in epi else 0,
+            epi["residual"].data_ptr() if "residual" in epi else 0,
+        )
+        stream = torch.cuda.current_stream().cuda_stream
+        launch_dense(
+            kernel, launch_recipe(d), t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream,
+            epilogue=ops,
+        )  # fmt: skip
+
+    return run
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+@pytest.mark.parametrize("shape", list(DESIGNS))
+def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
+    from cudal2.verify import correctness
+
+    d = base.with_epilogue(sm90_tma.design(dtype, **DESIGNS[shape]), epilogue)
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(3)
+    for m, n, k in SHAPES:
+        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
+        res = correctness.check(t, _runner(kernel, d, t), gen)
+        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
+        assert res.vendors == (f"torch+{epilogue}",)
+
+
+@pytest.mark.parametrize("shape", ["split4", "persistent_swap", "pingpong"])
+def test_residual_in_place(tmp_path, shape):
+    """C = A B^T + C: the output is the residual (each element read, then written)."""
+    from cudal2.verify import correctness
+
+    d = base.with_epilogue(sm90_tma.design("fp16", **DESIGNS[shape]), "bias_residual")
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(4)
+    for m, n, k in SHAPES:
+        t = Target("sm_90a", "fp16", "tn", m, n, k, epilogue="bias_residual")
+        a, b = correctness.operands(t, "random", gen)
+        epi = correctness.epilogue_operands(t, "random", gen)
+        ref = correctness.reference(t, a, b, epi)
+        apart = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")
+        _runner(kernel, d, t)(a, b, apart, epi)
+        c = epi["residual"].clone()
+        _runner(kernel, d, t)(a, b, c, {"bias": epi["bias"], "residual": c})
+        torch.cuda.synchronize()
+        assert torch.equal(c, apart), f"{design_name(d)} {t.label}: in place differs"
+        limit = correctness.bound(
+            correctness.unfused_error(t, a, b, epi, ref), float(ref.abs().max()), "fp16"
+        )
+        assert correctness.max_abs_error(c, ref) <= limit
+
+
+@pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
+@pytest.mark.parametrize("shape", ["split4", "persistent_swap"])
+def test_pdl_epilogue_design_passes_the_pair_check(tmp_path, shape, trigger):
+    from cudal2.verify import pdl_pair
+
+    d = base.with_pdl(
+        base.with_epilogue(sm90_tma.design("fp16", **DESIGNS[shape]), "bias_residual"), trigger
+    )
+    assert launch_recipe(d)["pdl"] is True
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    t = Target("sm_90a", "fp16", "tn", 16, 4096, 4096, epilogue="bias_residual")
+    verdict = pdl_pair.check(t, _runner(kernel, d, t), gen)
+    assert verdict.ok, verdict.error
