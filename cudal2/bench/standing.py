@@ -569,6 +569,37 @@ def layer_bench(root: Path) -> str:
     return f"`{LAYER_RESULTS}`: " + markdown_table(load_results(path.read_text(), LAYER_RESULTS))
 
 
+EPILOGUE_TIMING = "bench/results/h100-epilogue-timing.json"
+
+
+def epilogue_timing(root: Path) -> str:
+    """``docs/kernels.md``'s fused-epilogue table (``ci/gpu_epilogue.sh``): per target and
+    epilogue, the faster of the job's two designs fused, the same tile plain, and
+    torch's unfused op (GEMM, then the adds), offline, in one process."""
+    d = json.loads((root / EPILOGUE_TIMING).read_text())
+    best: dict[tuple, dict[str, Any]] = {}
+    for r in d["rows"]:
+        key = (r["m"], r["n"], r["k"], r["epilogue"])
+        if key not in best or r["fused_us"] < best[key]["fused_us"]:
+            best[key] = r
+    ok = sum(j["status"] == "ok" for j in d["jobs"])
+    lines = [
+        f"{d['gpu']}, fp16 tn, offline (`{EPILOGUE_TIMING}`): {ok} of {len(d['jobs'])} "
+        "jobs passed the correctness suite (fp32 fused reference, bounded by torch's "
+        "unfused op).",
+        "",
+        "| M×N×K | epilogue | fused µs | the tile plain µs | torch unfused µs | unfused / fused |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (m, n, k, epi), r in sorted(best.items()):
+        lines.append(
+            f"| {m}×{n}×{k} | {epi} | {r['fused_us']:.1f} | {r['plain_kernel_us']:.1f} | "
+            f"{r['unfused_torch_us']:.1f} | {r['unfused_over_fused']:.3f} |"
+        )
+    lines += ["", f"Geomean unfused / fused over every row: {d['geomean_unfused_over_fused']:.3f}."]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -579,6 +610,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "eager-host": eager_host,
     "pdl-public": pdl_public,
     "layer-bench": layer_bench,
+    "epilogue-timing": epilogue_timing,
 }
 
 _BLOCK = re.compile(
