@@ -103,18 +103,17 @@ def test_the_pdl_public_table_is_made_from_its_results_file(tmp_path):
     assert " / 3.250 |" in line and line not in before
 
 
-def test_the_epilogue_table_takes_the_faster_design_and_counts_failures(tmp_path):
-    """One row per target and epilogue, the faster design's; a failed job is counted."""
+def test_the_epilogue_table_is_made_from_its_results_file(tmp_path):
+    """A row's figures and the count of jobs that passed come from the results file."""
     (tmp_path / "bench" / "results").mkdir(parents=True)
     d = json.loads((ROOT / standing.EPILOGUE_TIMING).read_text())
-    rows = [r for r in d["rows"] if (r["m"], r["epilogue"]) == (1, "residual") and r["n"] == 4096]
-    slow = max(rows, key=lambda r: r["fused_us"])
-    slow["fused_us"], slow["unfused_over_fused"] = 0.5, 9.999  # now the faster of the two
+    r = d["rows"][0]
+    r["fused_us"], r["unfused_over_fused"] = 0.5, 9.999
     d["jobs"][0]["status"] = "incorrect"
     (tmp_path / standing.EPILOGUE_TIMING).write_text(json.dumps(d))
     table = standing.epilogue_timing(tmp_path)
     assert f"{len(d['jobs']) - 1} of {len(d['jobs'])} jobs passed" in table
-    assert f"| {slow['m']}×{slow['n']}×{slow['k']} | residual | 0.5 |" in table
+    assert f"| {r['m']}×{r['n']}×{r['k']} | {r['epilogue']} | 0.5 |" in table
     assert table.count("| 9.999 |") == 1
 
 
