@@ -23,7 +23,10 @@ kind ``cublaslt`` or ``fallback``, the fastest usable kernel of that target (sam
 model and mode, timed, PDL pair-checked) becomes its ``eager`` alternative when its
 median exceeds the selection's time by less than ``host_saving_us``: the runtime
 launches it when the stream is not capturing, the selection's own choice under
-capture."""
+capture. Only for decode-sized targets (M <= ``EAGER_MAX_M``): a prefill-sized call
+keeps the GPU busy longer than the host takes to issue the next (the 2,048-token
+Llama-3.1-8B forward runs as fast eagerly as under graphs), so GPU time is all that
+counts there too, and an alternative's extra GPU time would be a pure loss."""
 
 from __future__ import annotations
 
@@ -36,6 +39,9 @@ from cudal2.generator.families.base import pdl_trigger
 from cudal2.records import Measurement, Target
 from cudal2.verify.pdl_pair import PAIR_METRIC
 from cudal2.verify.timing import paired_spread
+
+# The largest M given an eager alternative (module docstring): decode batches.
+EAGER_MAX_M = 256
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,7 @@ def select(
                 sel = Selection(
                     gpu, t, "fallback", None, base, base, spread, ref.measured_at, len(ms)
                 )
-            if sel.kind != "kernel" and ok and host_saving_us > 0:
+            if sel.kind != "kernel" and ok and host_saving_us > 0 and t.m <= EAGER_MAX_M:
                 alt = min(ok, key=lambda m: (m.median_us, m.design_key))
                 if alt.median_us - sel.time_us < host_saving_us:
                     sel = dataclasses.replace(sel, eager=alt)

@@ -28,7 +28,20 @@ def test_repo_copies_match_shared_when_present():
     if not shared.exists():
         pytest.skip("the shape lists bench/shapes copies are not in this checkout")
     for f in SHAPES.glob("*.toml"):
+        if f.name in SUBSETS:  # the repository's own slice of a shared list
+            continue
         assert load_shapes(f) == load_shapes(shared / f.name)
+
+
+# repository shape files that slice a shared one: (the shared list, the M range kept)
+SUBSETS = {"llm-public-decode.toml": ("llm-public.toml", (1, 256))}
+
+
+@pytest.mark.parametrize("name", sorted(SUBSETS))
+def test_a_slice_is_its_lists_shapes_in_its_m_range(name):
+    whole, (lo, hi) = SUBSETS[name]
+    want = [s for s in load_shapes(SHAPES / whole) if lo <= s[0] <= hi]
+    assert load_shapes(SHAPES / name) == want and want
 
 
 @pytest.mark.parametrize(

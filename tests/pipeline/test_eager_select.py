@@ -18,7 +18,7 @@ from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.pipeline.build import Build, believable, latest, shippable
 from cudal2.pipeline.gate import shipped_kernels
-from cudal2.pipeline.select import pair_checked, select
+from cudal2.pipeline.select import EAGER_MAX_M, pair_checked, select
 
 from ..conftest import EAGER_STEM, committed_db, eager_selections
 
@@ -94,7 +94,12 @@ def test_the_rule_at_the_manifest_setting(llama):
     got = 0
     for s in sels:
         best = _best_kernel(history, s, usable)
-        wanted = s.kind != "kernel" and best is not None and best.median_us - s.time_us < saving
+        wanted = (
+            s.kind != "kernel"
+            and best is not None
+            and best.median_us - s.time_us < saving
+            and s.target.m <= EAGER_MAX_M  # decode-sized only: prefill is GPU-bound
+        )
         assert (s.eager is not None) == wanted, s.target
         if s.eager is not None:
             assert s.eager == best and s.eager.design is not None
@@ -109,6 +114,19 @@ def test_the_rule_at_the_manifest_setting(llama):
     for (n, k), row in sorted(at64.items()):
         print(f"  {n}x{k}: {row}")
     assert set(at64) == {(1024, 4096), (4096, 4096), (4096, 14336), (14336, 4096)}
+
+
+def test_a_prefill_target_within_the_saving_gets_no_alternative(llama):
+    """The 2,048-token 4096x4096 target's fastest kernel is within the saving of its
+    fallback (recorded), yet prefill is GPU-bound: no alternative above EAGER_MAX_M."""
+    manifest, history = llama
+    usable = shippable()
+    saving = manifest.eager_host_saving_us
+    sels, _ = select(manifest.targets, history, "offline", usable, saving)
+    (s,) = [x for x in sels if (x.target.m, x.target.n, x.target.k) == (2048, 4096, 4096)]
+    best = _best_kernel(history, s, usable)
+    assert s.kind != "kernel" and best.median_us - s.time_us < saving and s.target.m > EAGER_MAX_M
+    assert s.eager is None
 
 
 def test_no_saving_means_no_alternative_anywhere(llama):
