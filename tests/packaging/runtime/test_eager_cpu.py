@@ -68,7 +68,9 @@ def rig(tmp_path, monkeypatch, write_package, eager_table, eager_cubins):
         launched = []
         monkeypatch.setattr(api, "_load_cublaslt", load_lt)
         monkeypatch.setattr(
-            api, "_launch", lambda be_, plan, dev, gemm, stream_of: launched.append(plan.name)
+            api,
+            "_launch",
+            lambda be_, plan, dev, gemm, stream_of, epi=None: launched.append(plan.name),
         )
         return api, be, launched
 
