@@ -49,7 +49,8 @@ if [[ " $STEPS " == *" host "* ]]; then
 fi
 if [[ " $STEPS " == *" e2e "* ]]; then
   step "Llama end to end (${LAYERS:-32} layers), native, Python and unpatched in one process"
-  $PY bench/experiments/llama_e2e.py --package "$PKG" --layers "${LAYERS:-32}" --out "$OUT/llama-e2e.json"
+  $PY bench/experiments/llama_e2e.py --package "$PKG" --layers "${LAYERS:-32}" --out "$OUT/llama-e2e.json" \
+    ${E2E_ARGS:-}
 fi
 if [[ " $STEPS " == *" trace "* ]]; then
   for tokens in 16 64; do

@@ -205,7 +205,12 @@ def llama_e2e(root: Path) -> str:
     d = _e2e(root)
     if d.get("launcher") == "native":
         repeat = _e2e_repeat(root)
-        return _llama_e2e_native(d) + (f"\n\n{repeat}" if repeat else "")
+        paired = _prefill_paired(root)
+        return (
+            _llama_e2e_native(d)
+            + (f"\n\n{repeat}" if repeat else "")
+            + (f"\n\n{paired}" if paired else "")
+        )
     lines = [
         "| run | tokens | max err vs fp32, unpatched | patched | eager, unpatched ms "
         "| patched ms | speedup | CUDA graph, unpatched ms | patched ms | speedup |",
@@ -271,6 +276,30 @@ def _e2e_repeat(root: Path) -> str:
         f"H100): native speedup back to back {col('back_to_back')}; from idle "
         f"{col('eager')}; CUDA graph {col('graph')}."
     )
+
+
+# the 2,048-token prefill alone, many repetitions, speedups paired per repetition
+PREFILL_PAIRED = "bench/results/h100-llama-e2e-prefill-paired.json"
+
+
+def _prefill_paired(root: Path) -> str:
+    """One line: the prefill case measured alone with paired per-repetition ratios."""
+    path = root / PREFILL_PAIRED
+    if not path.exists():
+        return ""
+    d = json.loads(path.read_text())
+    lines = []
+    for c in d["cases"]:
+        b = c["back_to_back"]
+        lo, hi = b["paired_p20_p80"]
+        lines.append(
+            f"The {c['tokens']}-token {c['kind']} alone (`{PREFILL_PAIRED}`): back to "
+            "back, unpatched / native "
+            f"patched paired per repetition {b['paired_speedup']:.4f} (p20–p80 {lo:.4f}–"
+            f"{hi:.4f}); from idle {c['eager']['speedup']:.3f}; CUDA graph "
+            f"{c['graph']['speedup']:.3f}."
+        )
+    return "\n".join(lines)
 
 
 HOST_RESULTS = "bench/results/h100-host-overhead.json"

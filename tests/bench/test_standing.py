@@ -184,3 +184,14 @@ def test_a_target_without_measurements_counts_as_a_fallback(tmp_path):
     assert grown.targets == committed.targets + 4  # 2 dtypes x 2 layouts
     assert grown.fallback == committed.fallback + 4
     assert (grown.kernel_targets, grown.cublaslt) == (committed.kernel_targets, committed.cublaslt)
+
+
+def test_the_paired_prefill_line_is_made_from_its_results_file(tmp_path):
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for name in (standing.E2E_RESULTS, standing.PREFILL_PAIRED):
+        d = json.loads((ROOT / name).read_text())
+        if name == standing.PREFILL_PAIRED:
+            d["cases"][0]["back_to_back"]["paired_speedup"] = 1.2345
+        (tmp_path / name).write_text(json.dumps(d))
+    table = standing.llama_e2e(tmp_path)
+    assert "paired per repetition 1.2345 (p20–p80" in table
