@@ -38,20 +38,64 @@ DTYPES: tuple[str, ...] = ("fp16", "bf16")
 LAYOUTS: tuple[str, ...] = ("tn", "nn")
 ARCHS: tuple[str, ...] = ("sm_90a",)
 ACCUMULATORS: tuple[str, ...] = ("fp32",)
-# Fused epilogues: what the kernel adds to the fp32 accumulator before its single
+# Fused epilogues: what the kernel does to the fp32 accumulator before its single
 # rounding to the output dtype. ``none``: a plain GEMM (the field is left out of a
 # target's JSON, so every record written before epilogues existed keeps its key);
 # ``bias``: + b[N] broadcast over the rows; ``residual``: + r[M, N] (row-major, unit
 # inner stride, the output's dtype; the output may alias it); ``bias_residual``: both.
-# The index of a name is its value as a design knob (``epilogue``, sm90tma).
-EPILOGUES: tuple[str, ...] = ("none", "bias", "residual", "bias_residual")
+# Gated activations (``silu``, ``gelu_tanh``): B is a packed gate_up weight [N, K]
+# whose rows alternate gate, up (row 2j is gate row j, row 2j + 1 up row j), and the
+# output is [M, N / 2]: C[m, j] = act(acc[m, 2j]) * acc[m, 2j + 1]. RMSNorm row scale
+# (``rmsnorm``...): A is the un-normalised activation h and B the weight with the
+# norm's weight folded in (W[n, k] * g[k]); every accumulator of row m is multiplied by
+# rsqrt(sum_k h[m, k]^2 / K + eps) (``eps``: a launch parameter), before the bias
+# (``rmsnorm_bias``) or the gated activation (``rmsnorm_silu``, ``rmsnorm_gelu_tanh``).
+# The index of a name is its value as a design knob (``epilogue``, sm90tma): new names
+# are appended, never inserted.
+EPILOGUES: tuple[str, ...] = (
+    "none",
+    "bias",
+    "residual",
+    "bias_residual",
+    "silu",
+    "gelu_tanh",
+    "rmsnorm",
+    "rmsnorm_bias",
+    "rmsnorm_silu",
+    "rmsnorm_gelu_tanh",
+)
 # Which operands an epilogue reads, by name (the ABI gemm_v3 pointers it sets).
 EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
     "none": (),
     "bias": ("bias",),
     "residual": ("residual",),
     "bias_residual": ("bias", "residual"),
+    "silu": (),
+    "gelu_tanh": (),
+    "rmsnorm": (),
+    "rmsnorm_bias": ("bias",),
+    "rmsnorm_silu": (),
+    "rmsnorm_gelu_tanh": (),
 }
+# The gated activation an epilogue applies (absent: none; its output has N / 2 columns).
+EPILOGUE_ACTIVATION: dict[str, str] = {
+    "silu": "silu",
+    "gelu_tanh": "gelu_tanh",
+    "rmsnorm_silu": "silu",
+    "rmsnorm_gelu_tanh": "gelu_tanh",
+}
+# The epilogues with the RMSNorm row scale (their gemm_v3 kernels take ``float eps``).
+ROW_SCALED: frozenset[str] = frozenset(
+    ("rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh")
+)
+
+
+def out_columns(epilogue: str, n: int) -> int:
+    """The output's columns of a GEMM of N = ``n`` with ``epilogue`` (half for a gated
+    activation: one per gate, up pair)."""
+    return n // 2 if epilogue in EPILOGUE_ACTIVATION else n
+
+
 STATUSES: tuple[str, ...] = tuple(s.value for s in Status)
 
 
@@ -112,6 +156,10 @@ class Target:
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
             raise ValueError(f"epilogue {self.epilogue!r} is not one of {EPILOGUES}")
+        if self.epilogue in EPILOGUE_ACTIVATION and self.n % 2:
+            raise ValueError(
+                f"epilogue {self.epilogue!r} needs an even N (gate, up row pairs), got {self.n}"
+            )
 
     def as_json(self) -> dict[str, Any]:
         # Every field is a str or an int: no need for asdict's recursive deep copy,
@@ -147,12 +195,17 @@ class Target:
         return 2 * self.m * self.n * self.k
 
     @property
+    def out_n(self) -> int:
+        """The output's columns: N, or N / 2 after a gated activation."""
+        return out_columns(self.epilogue, self.n)
+
+    @property
     def min_bytes(self) -> int:
-        """Each operand read once and the output written once (2-byte elements), and
-        the epilogue's operands read once (bias [N], residual [M, N])."""
+        """Each operand read once and the output ([M, out_n]) written once (2-byte
+        elements), and the epilogue's operands read once (bias [N], residual [M, N])."""
         extra = {"bias": self.n, "residual": self.m * self.n}
         epi = sum(extra[o] for o in EPILOGUE_OPERANDS[self.epilogue])
-        return 2 * (self.m * self.k + self.n * self.k + self.m * self.n + epi)
+        return 2 * (self.m * self.k + self.n * self.k + self.m * self.out_n + epi)
 
 
 @dataclass(frozen=True, order=True)

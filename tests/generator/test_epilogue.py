@@ -73,7 +73,7 @@ def test_other_families_refuse_an_epilogue(family):
 
 @pytest.mark.parametrize(
     ("value", "needle"),
-    [(0, "is the default: leave it out"), (4, "epilogue=4 is not one of"), (-1, "not one of")],
+    [(0, "is the default: leave it out"), (10, "epilogue=10 is not one of"), (-1, "not one of")],
 )
 def test_a_bad_epilogue_value_is_illegal(value, needle):
     d = _first()
