@@ -84,6 +84,7 @@ class EpilogueArgs(NamedTuple):
     bias: int = 0
     residual: int = 0
     ldr: int = 0
+    eps: float = 0.0
 
     def missing(self, epilogue: str) -> list[str]:
         """The operands ``epilogue`` reads that are null here (empty: launchable)."""
