@@ -212,3 +212,21 @@ def test_the_launch_gives_ldc_out_n_and_eps(epilogue):
         return
     assert ops.eps == (correctness.EPS if epilogue in ROW_SCALED else 0.0)
     assert (ops.bias, ops.residual, ops.ldr) == (4, 5, t.out_n)
+
+
+@pytest.mark.parametrize("k", [96, 4096, 8192, 28672])
+@pytest.mark.parametrize("epilogue", ["silu", "rmsnorm_silu", "rmsnorm_gelu_tanh"])
+def test_a_gated_random_trial_stays_far_from_fp16s_range(epilogue, k):
+    """B scaled by a power of two near 1/sqrt(K): the gated outputs stay below 2^10
+    (unscaled, at K = 8192 they reach 25,829, within 3x of fp16's 65,504), the
+    activation sees values near unit size, and the scaling is exact (every B value is
+    a uniform draw times a power of two)."""
+    t = Target("sm_90a", "fp16", "tn", 16, 1024, k, epilogue=epilogue)
+    a, b = correctness.operands(t, "random", _gen())
+    s = correctness.gated_b_scale(t)
+    assert s == 2.0 ** -int(math.log2(math.sqrt(k))) and 1 / math.sqrt(k) <= s < 2 / math.sqrt(k)
+    assert float(b.float().abs().max()) <= s
+    ref = correctness.reference(t, a, b)
+    assert 0.5 < float(ref.abs().max()) < 2.0**10
+    plain = Target("sm_90a", "fp16", "tn", 16, 1024, k, epilogue="rmsnorm")
+    assert correctness.gated_b_scale(plain) == 1.0
