@@ -278,45 +278,151 @@ def pdl(kernel: str, layout: str, trigger: str) -> dict[str, Any]:
 
 
 # sm90tma, fused epilogues (``records.EPILOGUES``, the design's ``epilogue`` knob):
-# the kernel's extra parameters (ABI gemm_v3: bias, residual, ldr, after gemm_v2's),
-# the header's note, and the partial that adds the epilogue operands to the fp32
-# accumulator before the single rounding to fp16 / bf16: ``add4`` for the one-tile
-# kernel (four split-K-summed columns v of row m, by the rank that stores them: once
-# per element), ``add2`` for the persistent one (an accumulator pair before its store).
-# ``none``: no parameters and NONE partials, so a plain design's source is unchanged.
-# A later epilogue (gated activation, RMSNorm row scale) is a row here with its own
-# partials and operands; the docs/contracts.md "Fused epilogues" note says how.
+# the kernel's extra parameters (ABI gemm_v3: bias, residual, ldr, after gemm_v2's;
+# then eps for the RMSNorm row scale), the header's note, and the partials: ``add4``
+# changes the one-tile kernel's four split-K-summed columns v of row m (by the rank
+# that stores them: once per element) and ``store4`` stores them; ``add2`` is the
+# persistent kernel's (an accumulator pair before its store: bias and residual only,
+# the others are legal in the one-tile kernel alone). The row scale's sums of squares
+# are taken from A's tiles in shared memory during the main loop (``rowsq_*``, their
+# constants ``consts``); the gated activations are device functions (``helpers``).
+# ``none``: no parameters and NONE partials, so a plain design's source is unchanged,
+# and bias / residual designs' source is what it was before the later epilogues.
 EPILOGUE_PARAMS = ",\n    const T* __restrict__ bias, const T* residual, long long ldr"
+EPS_PARAM = ",\n    float eps"
+STORE4 = "splitk/store4.cu.j2"
+_EPI = "sm90_tma/epilogue/"
+_PLAIN_PARTS = {
+    "helpers": NONE,
+    "consts": NONE,
+    "rowsq_init": NONE,
+    "rowsq_acc": NONE,
+    "rowsq_park": NONE,
+    "store4": STORE4,
+    "act": "",
+    "eps_note": "",
+}
+_ROW_SCALE_PARTS = {
+    "eps_note": ", then eps",
+    "consts": _EPI + "rowsq_consts.cu.j2",
+    "rowsq_init": _EPI + "rowsq_init.cu.j2",
+    "rowsq_acc": _EPI + "rowsq_acc.cu.j2",
+    "rowsq_park": _EPI + "rowsq_park.cu.j2",
+}
+
+
+def _gated(act: str) -> dict[str, str]:
+    return {
+        "helpers": _EPI + "act.cu.j2",
+        "store4": _EPI + "gated_store.cu.j2",
+        "act": f"act_{act}",
+    }
+
+
+_ADD_ABOUT = _EPI + "about.cu.j2"
+_GATED_ABOUT = _EPI + "about_scaled_gated.cu.j2"
 TMA_EPILOGUE: dict[str, dict[str, str]] = {
-    "none": {"params": "", "about": NONE, "add4": NONE, "add2": NONE, "formula": ""},
+    "none": {
+        "params": "",
+        "about": NONE,
+        "add4": NONE,
+        "add2": NONE,
+        "formula": "",
+        **_PLAIN_PARTS,
+    },
     "bias": {
+        **_PLAIN_PARTS,
         "params": EPILOGUE_PARAMS,
-        "about": "sm90_tma/epilogue/about.cu.j2",
-        "add4": "sm90_tma/epilogue/bias4.cu.j2",
-        "add2": "sm90_tma/epilogue/bias2.cu.j2",
+        "about": _ADD_ABOUT,
+        "add4": _EPI + "bias4.cu.j2",
+        "add2": _EPI + "bias2.cu.j2",
         "formula": "C = A B^T + bias[N] (broadcast over rows)",
     },
     "residual": {
+        **_PLAIN_PARTS,
         "params": EPILOGUE_PARAMS,
-        "about": "sm90_tma/epilogue/about.cu.j2",
-        "add4": "sm90_tma/epilogue/residual4.cu.j2",
-        "add2": "sm90_tma/epilogue/residual2.cu.j2",
+        "about": _ADD_ABOUT,
+        "add4": _EPI + "residual4.cu.j2",
+        "add2": _EPI + "residual2.cu.j2",
         "formula": "C = A B^T + R[M,N] (row stride ldr)",
     },
     "bias_residual": {
+        **_PLAIN_PARTS,
         "params": EPILOGUE_PARAMS,
-        "about": "sm90_tma/epilogue/about.cu.j2",
-        "add4": "sm90_tma/epilogue/bias_residual4.cu.j2",
-        "add2": "sm90_tma/epilogue/bias_residual2.cu.j2",
+        "about": _ADD_ABOUT,
+        "add4": _EPI + "bias_residual4.cu.j2",
+        "add2": _EPI + "bias_residual2.cu.j2",
         "formula": "C = A B^T + bias[N] + R[M,N], summed in that order",
     },
+    "silu": {
+        **_PLAIN_PARTS,
+        **_gated("silu"),
+        "params": EPILOGUE_PARAMS,
+        "about": _GATED_ABOUT,
+        "add4": NONE,
+        "add2": NONE,
+        "formula": "C[M,N/2], C[m,j] = silu(acc[m,2j]) * acc[m,2j+1], acc = A B^T",
+    },
+    "gelu_tanh": {
+        **_PLAIN_PARTS,
+        **_gated("gelu_tanh"),
+        "params": EPILOGUE_PARAMS,
+        "about": _GATED_ABOUT,
+        "add4": NONE,
+        "add2": NONE,
+        "formula": "C[M,N/2], C[m,j] = gelu_tanh(acc[m,2j]) * acc[m,2j+1], acc = A B^T",
+    },
+    "rmsnorm": {
+        **_PLAIN_PARTS,
+        **_ROW_SCALE_PARTS,
+        "params": EPILOGUE_PARAMS + EPS_PARAM,
+        "about": _GATED_ABOUT,
+        "add4": _EPI + "rmsnorm4.cu.j2",
+        "add2": NONE,
+        "formula": "C = rs[M] * A B^T, rs[m] = rsqrt(sum_k A[m,k]^2 / K + eps)",
+    },
+    "rmsnorm_bias": {
+        **_PLAIN_PARTS,
+        **_ROW_SCALE_PARTS,
+        "params": EPILOGUE_PARAMS + EPS_PARAM,
+        "about": _GATED_ABOUT,
+        "add4": _EPI + "rmsnorm_bias4.cu.j2",
+        "add2": NONE,
+        "formula": "C = rs[M] * A B^T + bias[N], rs[m] = rsqrt(sum_k A[m,k]^2 / K + eps)",
+    },
+    "rmsnorm_silu": {
+        **_PLAIN_PARTS,
+        **_ROW_SCALE_PARTS,
+        **_gated("silu"),
+        "params": EPILOGUE_PARAMS + EPS_PARAM,
+        "about": _GATED_ABOUT,
+        "add4": _EPI + "rmsnorm4.cu.j2",
+        "add2": NONE,
+        "formula": "C[M,N/2], C[m,j] = silu(acc[m,2j]) * acc[m,2j+1], acc = rs[M] * A B^T",
+    },
+    "rmsnorm_gelu_tanh": {
+        **_PLAIN_PARTS,
+        **_ROW_SCALE_PARTS,
+        **_gated("gelu_tanh"),
+        "params": EPILOGUE_PARAMS + EPS_PARAM,
+        "about": _GATED_ABOUT,
+        "add4": _EPI + "rmsnorm4.cu.j2",
+        "add2": NONE,
+        "formula": "C[M,N/2], C[m,j] = gelu_tanh(acc[m,2j]) * acc[m,2j+1], acc = rs[M] * A B^T",
+    },
 }
-# An epilogue operand element to fp32, by dtype.
+# An epilogue operand element to fp32, and a pair of them to a float2, by dtype.
 TO_FLOAT = {"fp16": "__half2float", "bf16": "__bfloat162float"}
+UNPACK2 = {"fp16": "__half22float2", "bf16": "__bfloat1622float2"}
 
 
 def tma_epilogue(epilogue: str, dtype: str) -> dict[str, str]:
     """sm90tma's epilogue partials and spellings (``epilogue.*`` in its templates)."""
     if epilogue not in TMA_EPILOGUE:
         raise ValueError(f"epilogue {epilogue!r}: sm90tma renders {list(TMA_EPILOGUE)}")
-    return {**TMA_EPILOGUE[epilogue], "name": epilogue, "to_float": TO_FLOAT[dtype]}
+    return {
+        **TMA_EPILOGUE[epilogue],
+        "name": epilogue,
+        "to_float": TO_FLOAT[dtype],
+        "unpack2": UNPACK2[dtype],
+    }

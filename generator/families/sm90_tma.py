@@ -55,8 +55,8 @@ from cudal2.generator.families.base import (
     make,
     pdl_trigger,
 )
+from cudal2.records import EPILOGUE_ACTIVATION, ROW_SCALED, KernelDesign
 from cudal2.records import EPILOGUES as ALL_EPILOGUES
-from cudal2.records import KernelDesign
 
 FAMILY = "sm90tma"
 TEMPLATE = "sm90_tma.cu.j2"
@@ -80,6 +80,10 @@ SPLIT_K = (1, 2, 4, 8)
 BK = 64
 ALIGN_SLACK = 1024  # the kernel aligns its dynamic shared memory to the swizzle atom
 BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
+# The epilogues only the one-tile kernel renders: the gated activation pairs columns
+# 2j, 2j + 1 inside its four-column store groups, and the row scale parks its sums of
+# squares beside the fp32 tile (the persistent kernels store from their accumulators).
+ONE_TILE_EPILOGUES = frozenset((*EPILOGUE_ACTIVATION, *ROW_SCALED))
 PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
 # (the register file over three warpgroups); the producer gives back down to 56, the
@@ -173,11 +177,19 @@ def ring_bytes(d: KernelDesign) -> int:
     return d.knobs.stages * (p + q) * BK * 2
 
 
+def _epilogue_or_none(d: KernelDesign) -> str:
+    """The design's epilogue, ``none`` where its knob is out of the domain (the declared
+    checks report that; the rules must still run on such a design)."""
+    value = d.knobs.as_json().get("epilogue", 0)
+    return ALL_EPILOGUES[value] if value in range(len(ALL_EPILOGUES)) else "none"
+
+
 def smem_bytes(d: KernelDesign) -> int:
     """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
     and the alignment slack."""
     bm, bn = tile_mn(d)
-    return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + ALIGN_SLACK
+    rowsq = 4 * bm if _epilogue_or_none(d) in ROW_SCALED else 0  # fp32 sums of squares of A's rows
+    return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + rowsq + ALIGN_SLACK
 
 
 def min_blocks(d: KernelDesign) -> int:
@@ -201,6 +213,10 @@ def rules(d: KernelDesign) -> list[str]:
             reasons.append("ping-pong designs have two consumer warpgroups")
         if k.stages > PINGPONG_MAX_STAGES:
             reasons.append(f"stages={k.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
+    if k.persistent and _epilogue_or_none(d) in ONE_TILE_EPILOGUES:
+        reasons.append(
+            f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0)"
+        )
     if k.cluster_m > 1 and (k.split_k != 1 or k.persistent):
         reasons.append("a multicast cluster along M has one tile per CTA and split 1")
     reasons += mma_sync.smem_reason(smem_bytes(d))
@@ -262,7 +278,8 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     if k.persistent:
         recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
     if epilogue(d) != "none":
-        # ABI gemm_v3: gemm_v2's parameters, then bias, residual, ldr (null / 0 unused)
+        # ABI gemm_v3: gemm_v2's parameters, then bias, residual, ldr (null / 0 unused),
+        # then eps where the epilogue has the RMSNorm row scale
         recipe.update(abi="gemm_v3", epilogue=epilogue(d))
     return recipe
 
@@ -294,7 +311,8 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
-    ctx.update(epilogue=tags.tma_epilogue(epilogue(d), d.dtype))
+    # the row scale parks its sums after the barriers' bytes
+    ctx.update(epilogue=tags.tma_epilogue(epilogue(d), d.dtype), barrier_bytes=BARRIER_BYTES)
     return ctx
 
 

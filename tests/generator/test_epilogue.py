@@ -14,11 +14,22 @@ import pytest
 from cudal2.generator import FAMILIES, design_name, design_space, launch_recipe, legality, tags
 from cudal2.generator import sass as sass_mod
 from cudal2.generator.compile import BASE_FLAGS, arch_flags
-from cudal2.generator.families import base
+from cudal2.generator.families import base, sm90_tma
 from cudal2.generator.render import render, symbol
-from cudal2.records import EPILOGUES, KernelDesign, Knobs
+from cudal2.records import (
+    EPILOGUE_ACTIVATION,
+    EPILOGUE_OPERANDS,
+    EPILOGUES,
+    ROW_SCALED,
+    KernelDesign,
+    Knobs,
+)
 
 FUSED = [e for e in EPILOGUES if e != "none"]
+# The epilogues that add operands (every sm90tma kernel shape renders them), and the
+# ones only the one-tile kernel renders (gated activation, RMSNorm row scale).
+ADDED = ["bias", "residual", "bias_residual"]
+ONE_TILE = [e for e in FUSED if e not in ADDED]
 
 
 def _first(family: str = "sm90tma", layout: str = "tn", **knobs: int) -> KernelDesign:
@@ -98,7 +109,7 @@ def _kernel_body(src: str) -> str:
 READS = {"bias": "bias[", "residual": "residual"}
 
 
-@pytest.mark.parametrize("epilogue", FUSED)
+@pytest.mark.parametrize("epilogue", ADDED)
 @pytest.mark.parametrize("case", SAMPLE, ids=IDS)
 def test_the_source_adds_the_epilogue_after_the_wait(case, epilogue):
     d = base.with_pdl(base.with_epilogue(_first(**case), epilogue), "entry")
@@ -131,7 +142,55 @@ def test_plain_sources_are_unchanged_by_the_epilogue_table():
     for case in SAMPLE:
         src = render(_first(**case))
         assert "ldr" not in src and "Fused epilogue" not in src
-    assert all(v in ("", tags.NONE) for k, v in tags.TMA_EPILOGUE["none"].items())
+    row = tags.TMA_EPILOGUE["none"]
+    assert row["store4"] == tags.STORE4  # the plain store, as before epilogues existed
+    assert all(v in ("", tags.NONE) for k, v in row.items() if k != "store4")
+
+
+@pytest.mark.parametrize("epilogue", ONE_TILE)
+def test_gated_and_row_scaled_epilogues_are_one_tile_kernels_only(epilogue):
+    one = base.with_epilogue(_first(persistent=0, split_k=2, swap=1), epilogue)
+    assert legality(one) == []
+    assert launch_recipe(one)["abi"] == "gemm_v3" and launch_recipe(one)["epilogue"] == epilogue
+    for case in (SAMPLE[3], SAMPLE[4]):  # persistent cooperative, ping-pong
+        d = base.with_epilogue(_first(**case), epilogue)
+        assert any("the one-tile kernel only" in r for r in legality(d)), legality(d)
+
+
+@pytest.mark.parametrize("epilogue", ONE_TILE)
+@pytest.mark.parametrize("case", SAMPLE[:3], ids=IDS[:3])
+def test_the_row_scale_and_the_gated_store_are_rendered_where_they_belong(case, epilogue):
+    d = base.with_pdl(base.with_epilogue(_first(**case), epilogue), "entry")
+    body = _kernel_body(render(d))
+    scaled, act = epilogue in ROW_SCALED, EPILOGUE_ACTIVATION.get(epilogue)
+    assert body.startswith('extern "C"') and ("long long ldr,\n    float eps)" in body) == scaled
+    wait, loop = body.index("pdl_wait();"), body.index("for (int t = 0; t < nk; ++t)")
+    rank_sum = body.index("const float4 p = *reinterpret_cast<const float4*>(")
+    store = body.index("T* dst = C + (long long)m * ldc + ")
+    if scaled:
+        # the squares are read from the ring's A tile inside the main loop (after the
+        # wait: A is an activation), parked after it, applied after the rank sum
+        squares = body.index("sq[i] = fmaf(f.x, f.x")
+        park = body.index("rowsq[row] = v;")
+        scale = body.index("const float rs = rsqrtf(ss / (float)K + eps);")
+        assert wait < loop < squares < park < rank_sum < scale < store
+    else:
+        assert "rsqrtf" not in body and "eps" not in body
+    if act:
+        assert f"act_{act}(v.x) * v.y" in body and "ldc + (n >> 1)" in body
+        assert f"float act_{act}(float g)" in render(d)
+    else:
+        assert "(n >> 1)" not in body and "act_" not in body
+
+
+def test_the_row_scale_parks_its_sums_where_smem_bytes_counts_them():
+    d = base.with_epilogue(_first(persistent=0, split_k=2, swap=1), "rmsnorm")
+    bm, _ = sm90_tma.tile_mn(d)
+    plain = base.with_epilogue(d, "none")
+    assert sm90_tma.smem_bytes(d) == sm90_tma.smem_bytes(plain) + 4 * bm
+    src = render(d)
+    assert f"ROWSQ_OFFSET = DATA_BYTES + {sm90_tma.BARRIER_BYTES};" in src
+    assert sm90_tma.BARRIER_BYTES >= 16 * 16  # full + empty mbarriers of the deepest ring
 
 
 def _compiled_sass(d: KernelDesign, tmp_path) -> str:
@@ -146,6 +205,9 @@ def _compiled_sass(d: KernelDesign, tmp_path) -> str:
 # A handful of compiles (~1 s each on 2 cores): every epilogue, every kernel shape once,
 # PDL triggers rotated, fp16 and bf16.
 COMPILED = [
+    (SAMPLE[1], "rmsnorm_silu", "entry", "fp16"),
+    (SAMPLE[0], "rmsnorm_bias", "after_mainloop", "bf16"),
+    (SAMPLE[2], "gelu_tanh", "entry", "bf16"),
     (SAMPLE[1], "bias_residual", "entry", "fp16"),
     (SAMPLE[0], "bias", "after_mainloop", "bf16"),
     (SAMPLE[3], "residual", "before_epilogue", "fp16"),
@@ -171,5 +233,9 @@ def test_compiled_epilogue_reads_nothing_global_before_the_wait(
     d = base.with_pdl(base.with_epilogue(plain, epilogue), trigger)
     listing = _compiled_sass(d, tmp_path)
     assert sass_mod.pdl_violations(listing, trigger) == []
-    # the epilogue's loads are in the code (LDG), all after the wait
-    assert "LDG" in {op for _, op in sass_mod.opcodes(listing)}
+    # the epilogue's operand loads are in the code (LDG), all after the wait; the row
+    # scale and the gated activation read no global operand (A's squares come from
+    # shared memory)
+    assert ("LDG" in {op for _, op in sass_mod.opcodes(listing)}) == bool(
+        EPILOGUE_OPERANDS[epilogue]
+    )

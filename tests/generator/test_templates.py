@@ -239,6 +239,11 @@ GOLDEN_EPILOGUE = [
     (10, "bias_residual", "entry", "ed16d73a90fa186e"),
     (11, "residual", "none", "0f8793577e3d7d63"),
     (9, "bias", "before_epilogue", "ccf215552d9a799a"),
+    # the gated activation and RMSNorm row scale (one-tile kernel only), their digests
+    # taken when they were added
+    (8, "rmsnorm_silu", "entry", "32e2853a2a155adf"),
+    (9, "gelu_tanh", "none", "b3ad6de3fb87d048"),
+    (8, "rmsnorm_bias", "after_mainloop", "9b552153274cbedd"),
 ]
 
 
