@@ -469,3 +469,24 @@ def test_a_built_wheels_package_exports_the_fused_ops(synthetic_package, package
                 assert attr in pkg.__all__
         assert pkg.linear_gated == pkg._api.linear_gated
         assert pkg.pack_gate_up is sys.modules[pkg.__name__ + "._runtime.fused"].pack_gate_up
+
+
+@pytest.mark.parametrize(("ldc", "want"), [(0, 4096), (2048, 2048)])
+def test_dispatch_passes_ldc_to_the_kernel(ldc, want, monkeypatch):
+    """``_dispatch`` puts the output's row stride (``ldc``, N / 2 for a gated epilogue;
+    0: N) into the kernel's GemmArgs (the launch stubbed: no GPU)."""
+    from types import SimpleNamespace
+
+    api = api_mod.Api("nothing")
+    shape = (0, "fp16", "tn", 4, 4096, 1024, "silu")
+    api._ready[shape] = SimpleNamespace(eager=None, reason=None, name="p")
+    seen = []
+    monkeypatch.setattr(api, "_launch", lambda be, plan, dev, gemm, so, epi: seen.append(gemm))
+    be = SimpleNamespace(
+        cuda=SimpleNamespace(is_current_stream_capturing=lambda: False, current_device=lambda: 0)
+    )
+    c = torch.empty(4, 2048, dtype=torch.float16)
+    got = api._dispatch(be, shape, 16, 32, 1024, 1024, lambda: c, None, None, ldc)
+    assert got is c
+    ((gemm,),) = [seen]
+    assert (gemm.m, gemm.n, gemm.k, gemm.ldc) == (4, 4096, 1024, want)
