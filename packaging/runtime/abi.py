@@ -32,7 +32,32 @@ EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
     "bias": ("bias",),
     "residual": ("residual",),
     "bias_residual": ("bias", "residual"),
+    "silu": (),
+    "gelu_tanh": (),
+    "rmsnorm": (),
+    "rmsnorm_bias": ("bias",),
+    "rmsnorm_silu": (),
+    "rmsnorm_gelu_tanh": (),
 }
+# The gated activation an epilogue applies (records.EPILOGUE_ACTIVATION, repeated): B is
+# a packed gate_up weight [N, K] (rows gate, up alternating) and the output [M, N / 2].
+EPILOGUE_ACTIVATION: dict[str, str] = {
+    "silu": "silu",
+    "gelu_tanh": "gelu_tanh",
+    "rmsnorm_silu": "silu",
+    "rmsnorm_gelu_tanh": "gelu_tanh",
+}
+# The epilogues with the RMSNorm row scale (records.ROW_SCALED, repeated): their gemm_v3
+# kernels take a trailing ``float eps`` (``EpilogueArgs.eps``).
+ROW_SCALED: frozenset[str] = frozenset(
+    ("rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh")
+)
+
+
+def out_columns(epilogue: str, n: int) -> int:
+    """The output's columns of a GEMM of N = ``n`` with ``epilogue`` (half for a gated
+    activation: one per gate, up pair); records.out_columns, repeated."""
+    return n // 2 if epilogue in EPILOGUE_ACTIVATION else n
 
 
 class LaunchLimits(NamedTuple):
@@ -79,7 +104,9 @@ class GemmArgs(NamedTuple):
 class EpilogueArgs(NamedTuple):
     """ABI gemm_v3's parameters after gemm_v2's: device pointers of bias [N] and of the
     residual R [M, N] (0 where the epilogue does not read it) and R's row stride in
-    elements (unit inner stride). R may be C itself (in place)."""
+    elements (unit inner stride). R may be C itself (in place). ``eps``: the RMSNorm's
+    epsilon, a trailing ``float`` parameter of the ROW_SCALED epilogues' kernels only
+    (the launcher leaves it out for every other epilogue)."""
 
     bias: int = 0
     residual: int = 0

@@ -19,9 +19,10 @@ import warnings
 from collections import Counter
 from typing import Any
 
-from . import arrays, cublaslt, driver
+from . import arrays, cublaslt, driver, fused
 from .abi import (
     ABIS,
+    ROW_SCALED,
     EpilogueArgs,
     GemmArgs,
     Operands,
@@ -30,6 +31,7 @@ from .abi import (
     matmul_operands,
     misaligned,
     native_off,
+    out_columns,
 )
 from .table import (
     MAX_TABLE_BYTES,
@@ -565,6 +567,97 @@ class Api:
             return c
         return c if x.dim() == 2 or out is not None else c.view(*x.shape[:-1], n)
 
+    def linear_gated(self, x: Any, w: Any, act: str, eps: float | None = None) -> Any:
+        """``act(g) * u`` over the (gate, up) pairs of ``F.linear(x, w)``: x [..., K], w
+        a packed gate_up weight [2I, K] (``pack_gate_up``) -> [..., I]; ``act``
+        ``"silu"`` or ``"gelu_tanh"``. With ``eps``, x is the un-normalised h and w a
+        weight with the norm's folded in (``fold_rmsnorm``): RMSNorm(h) first. One kernel
+        of epilogue ``act`` / ``rmsnorm_<act>`` where the table has one for (dtype, N, K),
+        else torch's unfused ops (``fused.unfused_gated``), exactly. Inputs torch could
+        not compute either raise (TypeError / ValueError naming the tensor)."""
+        got = self._linear_gated(x, w, act, eps, False)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            return fused.unfused_gated(x, w, act, None if eps is None else float(eps))
+        return got
+
+    def op_linear_gated(self, x: Any, w: Any, act: str, eps: float | None = None) -> Any:
+        """``linear_gated`` as the torch op's kernel."""
+        got = self._linear_gated(x, w, act, eps, True)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            return fused.unfused_gated(x, w, act, None if eps is None else float(eps))
+        return got
+
+    def linear_rmsnorm(self, x: Any, w: Any, eps: float, bias: Any = None) -> Any:
+        """``F.linear(RMSNorm(x), w, bias)``: x [..., K] the un-normalised h, w [N, K]
+        with the norm's weight folded in (``fold_rmsnorm``) -> [..., N]. One kernel of
+        epilogue ``rmsnorm`` / ``rmsnorm_bias`` (the per-row rsqrt(mean(h^2) + eps) as a
+        row scale) where the table has one, else torch's unfused ops
+        (``fused.unfused_rmsnorm``), exactly. Errors as ``linear_gated``."""
+        got = self._linear_rmsnorm(x, w, eps, bias, False)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            return fused.unfused_rmsnorm(x, w, float(eps), bias)
+        return got
+
+    def op_linear_rmsnorm(self, x: Any, w: Any, eps: float, bias: Any = None) -> Any:
+        """``linear_rmsnorm`` as the torch op's kernel."""
+        got = self._linear_rmsnorm(x, w, eps, bias, True)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            return fused.unfused_rmsnorm(x, w, float(eps), bias)
+        return got
+
+    def _linear_gated(self, x: Any, w: Any, act: str, eps: Any, in_op: bool) -> Any:
+        """The fused result, or the reason to fall back (errors raise first)."""
+        torch = _torch or _import_torch(self.package)
+        fused.check_act("linear_gated", act)
+        value = 0.0 if eps is None else fused.check_eps("linear_gated", eps)
+        fused.check_inputs("linear_gated", x, w, None, gated=True)
+        epilogue = act if eps is None else f"rmsnorm_{act}"
+        return self._fused_call(torch, x, w, None, epilogue, value, in_op)
+
+    def _linear_rmsnorm(self, x: Any, w: Any, eps: Any, bias: Any, in_op: bool) -> Any:
+        """The fused result, or the reason to fall back (errors raise first)."""
+        torch = _torch or _import_torch(self.package)
+        value = fused.check_eps("linear_rmsnorm", eps)
+        fused.check_inputs("linear_rmsnorm", x, w, bias)
+        epilogue = "rmsnorm" if bias is None else "rmsnorm_bias"
+        return self._fused_call(torch, x, w, bias, epilogue, value, in_op)
+
+    def _fused_call(
+        self, torch: Any, x: Any, w: Any, bias: Any, epilogue: str, eps: float, in_op: bool
+    ) -> Any:
+        """Launch the table's kernel of ``epilogue`` (gated or ROW_SCALED) for x, w (and
+        bias): the output [..., out_columns(epilogue, N)], or a fallback reason: as
+        ``linear``'s, and ``stride`` where the output's row (N / 2 when gated) is not a
+        multiple of 8 elements (the ABI's ``ldc`` rule)."""
+        if not in_op and (type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES):
+            return "tensor_type"
+        try:
+            got = _common_checks(torch, x, w, in_op) or linear_operands(
+                x.shape, x.stride(), w.shape, w.stride()
+            )
+        except RuntimeError as exc:
+            got = _nested_reason(x, w, exc)
+        if type(got) is not tuple:
+            return got
+        n = got[2]
+        if bias is not None:
+            reason = _bias_reason(torch, x, n, bias, in_op)
+            if reason is not None:
+                return reason
+        out_n = out_columns(epilogue, n)
+        if out_n % 8:
+            return "stride"
+        if not self._fuses(x.dtype, w, epilogue):
+            return "no_entry"
+        c = self._run(torch, x, w, got, epilogue, (bias, None), 0, None, eps)
+        if type(c) is str:
+            return c
+        return c if x.dim() == 2 else c.view(*x.shape[:-1], out_n)
+
     def _fuses(self, dtype: Any, w: Any, epilogue: str) -> bool:
         """Whether the table has an entry of ``epilogue`` for w's (N, K) and this dtype
         (on any GPU model; the lookup then decides for the call's M and device). A
@@ -639,11 +732,13 @@ class Api:
         epi: tuple = (None, None),
         ldr: int = 0,
         out: Any = None,
+        eps: float = 0.0,
     ) -> Any:
         """Launch the table's kernel for ``a`` and ``b`` (their ``operands``); the
-        [M, N] output (``out`` where given), or a reason. ``epilogue``: the fused op's
-        entry, its operands ``epi`` = (bias, residual) (checked by the caller; the
-        residual's row stride ``ldr``)."""
+        [M, N] output (``out`` where given; [M, N / 2] after a gated epilogue), or a
+        reason. ``epilogue``: the fused op's entry, its operands ``epi`` = (bias,
+        residual) (checked by the caller; the residual's row stride ``ldr``; ``eps``
+        for a ROW_SCALED one)."""
         a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
         if misaligned(a_ptr, b_ptr):
             return "alignment"
@@ -654,6 +749,7 @@ class Api:
             return "device"
         layout, m, n, k, lda, ldb = operands
         ops = None
+        ldc = 0  # N
         shape = (dev, _DTYPE_NAMES[a.dtype], layout, m, n, k)
         if epilogue != "none":
             bias, residual = epi
@@ -661,11 +757,13 @@ class Api:
                 0 if bias is None else bias.data_ptr(),
                 0 if residual is None else residual.data_ptr(),
                 ldr,
+                eps if epilogue in ROW_SCALED else 0.0,
             )
             shape = (*shape, epilogue)
+            ldc = out_columns(epilogue, n)
         if out is not None:
             return self._dispatch(
-                torch, shape, a_ptr, b_ptr, lda, ldb, lambda: out, _raw_stream, ops
+                torch, shape, a_ptr, b_ptr, lda, ldb, lambda: out, _raw_stream, ops, ldc
             )
         return self._dispatch(
             torch,
@@ -674,9 +772,10 @@ class Api:
             b_ptr,
             lda,
             ldb,
-            lambda: torch.empty((m, n), dtype=a.dtype, device=a.device),
+            lambda: torch.empty((m, ldc or n), dtype=a.dtype, device=a.device),
             _raw_stream,
             ops,
+            ldc,
         )
 
     def _dispatch(
@@ -690,12 +789,14 @@ class Api:
         alloc: Any,
         stream_of: Any,
         epilogue: EpilogueArgs | None = None,
+        ldc: int = 0,
     ) -> Any:
         """Run the plan for ``shape`` = (device, dtype, layout, m, n, k), with a fused
         epilogue's name appended for its entry, on operands at ``a_ptr`` / ``b_ptr``
         (and the epilogue's, ``epilogue``): the output ``alloc()`` made, or a fallback
         reason. ``be`` is torch, or the CuPy stand-in of ``arrays``;
-        ``stream_of(device)`` the caller's current stream there."""
+        ``stream_of(device)`` the caller's current stream there. ``ldc``: the output's
+        row stride where it is not N (a gated epilogue's N / 2)."""
         plan = self._ready.get(shape)
         if plan is None:
             plan = self._prepare(be, shape)
@@ -713,7 +814,7 @@ class Api:
         c = alloc()
         # GemmArgs(...) runs a Python-level __new__; tuple's own is the same record at
         # half the cost, and this line runs on every call.
-        gemm = _new_tuple(GemmArgs, (a_ptr, b_ptr, c.data_ptr(), m, n, k, lda, ldb, n))
+        gemm = _new_tuple(GemmArgs, (a_ptr, b_ptr, c.data_ptr(), m, n, k, lda, ldb, ldc or n))
         try:
             if be.cuda.current_device() == dev:
                 reason = self._launch(be, plan, dev, gemm, stream_of, epilogue)

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .abi import EPILOGUE_ABI, INT_MAX, LIMITS, EpilogueArgs, GemmArgs
+from .abi import EPILOGUE_ABI, INT_MAX, LIMITS, ROW_SCALED, EpilogueArgs, GemmArgs
 
 # Parameter types of ABI gemm_v1, in GemmArgs' order: (A, B, C, M, N, K, lda, ldb, ldc).
 GEMM_V1_TYPES = (
@@ -33,6 +33,8 @@ GEMM_V1_TYPES = (
 GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
 # ABI gemm_v3 appends a fused epilogue's operands: bias, residual (null when unused), ldr.
 GEMM_V3_TYPES = (*GEMM_V2_TYPES, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong)
+# ... and, for an RMSNorm row-scale epilogue (abi.ROW_SCALED) only, the norm's eps.
+GEMM_V3_ROW_SCALED_TYPES = (*GEMM_V3_TYPES, ctypes.c_float)
 
 
 class CudaDriverError(RuntimeError):
@@ -305,8 +307,10 @@ def launch_gemm(
 ) -> None:
     """Launch a gemm_v1, gemm_v2 or gemm_v3 kernel by its recipe (grid from the tile
     shape; the tensor maps from the recipe's boxes; gemm_v3's epilogue operands from
-    ``epilogue``, which must give every operand the recipe's ``epilogue`` reads);
-    never synchronises."""
+    ``epilogue``, which must give every operand the recipe's ``epilogue`` reads, and
+    its ``eps`` only where that epilogue is ROW_SCALED); never synchronises. The grid
+    tiles the GEMM's N (the packed 2I of a gated epilogue); ``gemm.ldc`` is the output's
+    row stride (N / 2 for a gated one)."""
     args: tuple = gemm  # gemm_v1's parameter block as it stands
     types = GEMM_V1_TYPES
     abi = recipe.get("abi")
@@ -324,8 +328,12 @@ def launch_gemm(
         if missing:
             # A kernel that adds an operand it was not given would read address 0.
             raise ValueError(f"a {EPILOGUE_ABI} kernel of epilogue {name!r} needs {missing}")
-        args = (*args, *epilogue)
-        types = GEMM_V3_TYPES
+        if name in ROW_SCALED:
+            args = (*args, *epilogue)  # bias, residual, ldr, then the float eps
+            types = GEMM_V3_ROW_SCALED_TYPES
+        else:
+            args = (*args, *epilogue[:3])  # no eps: the kernel has no such parameter
+            types = GEMM_V3_TYPES
     elif epilogue is not None and any(epilogue):
         raise ValueError(f"an {abi or 'gemm_v1'} kernel takes no epilogue operands")
     grid = gemm_grid(recipe, gemm.m, gemm.n, device)

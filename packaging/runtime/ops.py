@@ -3,16 +3,20 @@
 ``register(api, namespace)`` defines ``torch.ops.<namespace>.linear(x, w, bias=None)``,
 ``torch.ops.<namespace>.matmul(a, b)`` and ``torch.ops.<namespace>.linear_residual(x, w,
 residual, bias=None)`` (= linear + residual: a fused-epilogue kernel where the table has
-one, else torch's two ops; Python kernel only, never the native launcher) (namespace
-``cudal2_<manifest name>``):
+one, else torch's two ops; Python kernel only, never the native launcher), and likewise
+``torch.ops.<namespace>.linear_gated(x, w, act, eps=None)`` and
+``torch.ops.<namespace>.linear_rmsnorm(x, w, eps, bias=None)`` (``Api.linear_gated`` /
+``Api.linear_rmsnorm``) (namespace ``cudal2_<manifest name>``):
 
 - the CPU and CUDA kernels are ``Api.op_linear`` / ``Api.op_matmul``: dispatch by shape
   inside the op, torch's own result for whatever the table does not cover or the
   kernels cannot take (so CPU tensors work, through torch);
 - a fake implementation (output shape, dtype and device only), so the ops trace under
   ``torch.compile(fullgraph=True)`` and export;
-- a backward (torch's GEMMs), so the ops can sit in a model that trains: the forward
-  runs the kernel even when inputs require grad.
+- a backward (torch's GEMMs; for linear_gated / linear_rmsnorm the unfused math's
+  formulas in fp32, ``fused.gated_backward`` / ``fused.rmsnorm_backward``), so the ops
+  can sit in a model that trains: the forward runs the kernel even when inputs require
+  grad.
 
 Registration needs torch but no GPU, and touches no CUDA. The op definitions live for
 the process; importing the package again (or a second copy of it) re-binds the
@@ -31,7 +35,7 @@ import sys
 import types
 from typing import Any
 
-from . import native
+from . import fused, native
 from .abi import native_off
 from .api import dtype_name
 
@@ -89,6 +93,8 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     lib.define("linear(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
     lib.define("matmul(Tensor a, Tensor b) -> Tensor")
     lib.define("linear_residual(Tensor x, Tensor w, Tensor residual, Tensor? bias=None) -> Tensor")
+    lib.define("linear_gated(Tensor x, Tensor w, str act, float? eps=None) -> Tensor")
+    lib.define("linear_rmsnorm(Tensor x, Tensor w, float eps, Tensor? bias=None) -> Tensor")
     # The Python kernels under their own names: the native CUDA kernel hands a call to
     # them when CUDAL2_NATIVE=0 (``native``), so both paths run in one process.
     lib.define("_linear_py(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
@@ -103,6 +109,12 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     def linear_residual(x: Any, w: Any, residual: Any, bias: Any = None) -> Any:
         return apis[ns].op_linear_residual(x, w, residual, bias)
 
+    def linear_gated(x: Any, w: Any, act: str, eps: float | None = None) -> Any:
+        return apis[ns].op_linear_gated(x, w, act, eps)
+
+    def linear_rmsnorm(x: Any, w: Any, eps: float, bias: Any = None) -> Any:
+        return apis[ns].op_linear_rmsnorm(x, w, eps, bias)
+
     # One kernel for every backend (CPU, CUDA, sparse, quantized, ...), and for nested
     # tensors, which that alias leaves out: the runtime's own checks send whatever its
     # kernels cannot take to torch, so a sparse weight gets torch's answer (or torch's
@@ -113,6 +125,9 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     # linear_residual has only this Python kernel: the native launcher passes no
     # epilogue operands (gemm_v3), so it never serves a fused-epilogue entry.
     lib.impl("linear_residual", linear_residual, "CompositeExplicitAutograd")
+    # ... nor these: Python kernels only (the native launcher has no eps either).
+    lib.impl("linear_gated", linear_gated, "CompositeExplicitAutograd")
+    lib.impl("linear_rmsnorm", linear_rmsnorm, "CompositeExplicitAutograd")
     lib.impl("_linear_py", linear, "CompositeExplicitAutograd")
     lib.impl("_matmul_py", matmul, "CompositeExplicitAutograd")
 
@@ -137,7 +152,23 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
         torch._check(residual.dtype == x.dtype, lambda: "linear_residual: residual dtype")
         return out
 
+    def linear_gated_fake(x: Any, w: Any, act: str, eps: float | None = None) -> Any:
+        # The Python kernel's own errors (a wrong act, eps, K, dtype, an odd N), raised
+        # while tracing too.
+        fused.check_act("linear_gated", act)
+        if eps is not None:
+            fused.check_eps("linear_gated", eps)
+        fused.check_inputs("linear_gated", x, w, None, gated=True)
+        return x.new_empty((*x.shape[:-1], w.shape[0] // 2))
+
+    def linear_rmsnorm_fake(x: Any, w: Any, eps: float, bias: Any = None) -> Any:
+        fused.check_eps("linear_rmsnorm", eps)
+        fused.check_inputs("linear_rmsnorm", x, w, bias)
+        return x.new_empty((*x.shape[:-1], w.shape[0]))
+
     torch.library.register_fake(f"{ns}::linear", linear_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::linear_gated", linear_gated_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::linear_rmsnorm", linear_rmsnorm_fake, lib=lib)
     torch.library.register_fake(f"{ns}::linear_residual", linear_residual_fake, lib=lib)
     torch.library.register_fake(f"{ns}::matmul", matmul_fake, lib=lib)
 
@@ -169,6 +200,28 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
         gb = g2.sum(0) if ctx.has_bias and need[3] else None
         return gx, gw, gr, gb
 
+    def linear_gated_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+        x, w, ctx.act, ctx.eps = inputs
+        ctx.save_for_backward(x, w)
+
+    def linear_gated_backward(ctx: Any, grad: Any) -> tuple:
+        x, w = ctx.saved_tensors
+        need = ctx.needs_input_grad[:2]
+        gx, gw = fused.gated_backward(x, w, ctx.act, ctx.eps, grad, need)
+        return gx, gw, None, None
+
+    def linear_rmsnorm_setup(ctx: Any, inputs: tuple, output: Any) -> None:
+        x, w, ctx.eps, bias = inputs
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = bias is not None
+
+    def linear_rmsnorm_backward(ctx: Any, grad: Any) -> tuple:
+        x, w = ctx.saved_tensors
+        n = ctx.needs_input_grad  # x, w, eps (, bias: left out when it is None)
+        need = (n[0], n[1], ctx.has_bias and n[3])
+        gx, gw, gb = fused.rmsnorm_backward(x, w, ctx.eps, ctx.has_bias, grad, need)
+        return gx, gw, None, gb
+
     def matmul_setup(ctx: Any, inputs: tuple, output: Any) -> None:
         ctx.save_for_backward(*inputs)
 
@@ -188,6 +241,15 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
         f"{ns}::linear_residual",
         linear_residual_backward,
         setup_context=linear_residual_setup,
+        lib=lib,
+    )
+    torch.library.register_autograd(
+        f"{ns}::linear_gated", linear_gated_backward, setup_context=linear_gated_setup, lib=lib
+    )
+    torch.library.register_autograd(
+        f"{ns}::linear_rmsnorm",
+        linear_rmsnorm_backward,
+        setup_context=linear_rmsnorm_setup,
         lib=lib,
     )
     return lib

@@ -30,7 +30,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .abi import ABIS, EPILOGUE_ABI, EPILOGUE_OPERANDS, LIMITS
+from .abi import ABIS, EPILOGUE_ABI, EPILOGUE_ACTIVATION, EPILOGUE_OPERANDS, LIMITS, ROW_SCALED
 
 FORMAT = 1
 # A table of 10,000 targets on a few GPU models is a few megabytes; a file far larger
@@ -633,6 +633,10 @@ def _check_epilogue(e: TableEntry) -> None:
         )
     if e.kind == "cublaslt" and e.epilogue != "none":
         raise TableError(f"a cublaslt entry serves no epilogue, got {e.epilogue!r}")
+    if e.epilogue in EPILOGUE_ACTIVATION and (not _is_int(e.n) or e.n % 2):
+        raise TableError(
+            f"key 'epilogue' {e.epilogue!r} gates (gate, up) row pairs: N must be even, got {e.n!r}"
+        )
     if e.kind != "kernel" or not isinstance(e.launch, Mapping):
         return
     abi, named = e.launch.get("abi", "gemm_v1"), e.launch.get("epilogue", "none")
@@ -644,6 +648,11 @@ def _check_epilogue(e: TableEntry) -> None:
             f"'launch.epilogue' {e.epilogue!r} (a plain entry's: gemm_v1 or gemm_v2 and none), "
             f"got ABI {abi!r} and 'launch.epilogue' {named!r}"
         )
+    if (e.epilogue in EPILOGUE_ACTIVATION or e.epilogue in ROW_SCALED) and e.launch.get(
+        "persistent"
+    ):
+        # Only the one-tile kernel renders them: a persistent one is not a design.
+        raise TableError(f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent")
 
 
 def _positive_int(value: Any) -> bool:

@@ -5,13 +5,20 @@ none (the driver binding records the calls, never makes them)."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pytest
 
 from cudal2.packaging.runtime import abi, driver
 from cudal2.packaging.runtime.abi import EpilogueArgs, GemmArgs
-from cudal2.records import EPILOGUE_OPERANDS
+from cudal2.records import (
+    EPILOGUE_ACTIVATION,
+    EPILOGUE_OPERANDS,
+    EPILOGUES,
+    ROW_SCALED,
+    out_columns,
+)
 
 drv = pytest.importorskip("cuda.bindings.driver")
 
@@ -62,6 +69,12 @@ def _launch(recipe: dict[str, Any], epilogue: EpilogueArgs | None) -> None:
 
 def test_the_runtime_knows_the_records_epilogues():
     assert abi.EPILOGUE_OPERANDS == EPILOGUE_OPERANDS
+    assert list(abi.EPILOGUE_OPERANDS) == list(EPILOGUES)  # the knob's order too
+    assert abi.EPILOGUE_ACTIVATION == EPILOGUE_ACTIVATION
+    assert abi.ROW_SCALED == ROW_SCALED
+    for name in EPILOGUES:
+        for n in (1, 2, 7, 4096, 28672):
+            assert abi.out_columns(name, n) == out_columns(name, n), (name, n)
     assert abi.EPILOGUE_ABI in abi.ABIS
 
 
@@ -103,3 +116,40 @@ def test_older_abis_take_no_epilogue_operands(recorded, old):
     _launch(recipe, None)
     (_, call) = recorded.calls[0]
     assert call[9][1] == (driver.GEMM_V2_TYPES if old == "gemm_v2" else driver.GEMM_V1_TYPES)
+
+
+# The epilogues of the gemm_v3 kernels: a ROW_SCALED one's takes a trailing float eps,
+# every other one exactly bias, residual, ldr (a kernel would read garbage past them).
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("epilogue", EPILOGUES[1:])
+def test_only_a_row_scaled_kernel_takes_eps(recorded, epilogue, pdl):
+    bias = 0x4000 if "bias" in EPILOGUE_OPERANDS[epilogue] else 0
+    residual = 0x3000 if "residual" in EPILOGUE_OPERANDS[epilogue] else 0
+    ops = EpilogueArgs(bias=bias, residual=residual, ldr=300 if residual else 0, eps=1e-5)
+    _launch({**RECIPE, "epilogue": epilogue, "pdl": pdl}, ops)
+    ((_, call),) = recorded.calls
+    args, types = call[2] if pdl else call[9]
+    assert tuple(args[11:14]) == (bias, residual, ops.ldr)
+    if epilogue in ROW_SCALED:
+        assert types == driver.GEMM_V3_ROW_SCALED_TYPES
+        assert types[-1] is ctypes.c_float and args[14] == 1e-5
+        assert len(args) == len(types) == 15
+    else:
+        assert types == driver.GEMM_V3_TYPES
+        assert len(args) == len(types) == 14
+
+
+def test_a_gated_launch_tiles_the_gemms_n_and_keeps_ldc(recorded):
+    # N = 300 packed columns (150 gate, up pairs): the grid tiles 300, ldc is the output's.
+    gemm = GEMM._replace(ldc=150)
+    kernel = driver.Kernel(b"", "hgemm_x", RECIPE["smem_bytes"])
+    driver.launch_gemm(kernel, {**RECIPE, "epilogue": "silu"}, gemm, 0xABC, epilogue=EpilogueArgs())
+    ((_, call),) = recorded.calls
+    assert call[1:4] == (3, 3, 1)  # ceil(300 / 128) x ceil(40 / 16)
+    args, _ = call[9]
+    assert args[4] == 300 and args[8] == 150
+
+
+def test_eps_is_the_last_field_and_zero_by_default():
+    assert EpilogueArgs._fields[-1] == "eps" and EpilogueArgs().eps == 0.0
+    assert not any(EpilogueArgs())  # a plain kernel's "no operands" check still holds

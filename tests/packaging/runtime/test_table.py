@@ -138,6 +138,8 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
         "key 'epilogue' 'none': its kernel must be of ABI",
     ),
     ("cublaslt", "epilogue", "residual", "a cublaslt entry serves no epilogue"),
+    ("cublaslt", "epilogue", "silu", "a cublaslt entry serves no epilogue"),
+    ("cublaslt", "epilogue", "rmsnorm_bias", "a cublaslt entry serves no epilogue"),
     ("fallback", "kernel", "hgemm", "a fallback entry must have 'kernel' null"),
     ("fallback", "design_key", "abc", "a fallback entry must have 'design_key' null"),
     ("fallback", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),
