@@ -188,7 +188,8 @@ def smem_bytes(d: KernelDesign) -> int:
     """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
     and the alignment slack."""
     bm, bn = tile_mn(d)
-    rowsq = 4 * bm if _epilogue_or_none(d) in ROW_SCALED else 0  # fp32 sums of squares of A's rows
+    # the row scale's fp32 sums of squares of A's rows and their rs, [bm] each
+    rowsq = 8 * bm if _epilogue_or_none(d) in ROW_SCALED else 0
     return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + rowsq + ALIGN_SLACK
 
 
@@ -311,8 +312,11 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
-    # the row scale parks its sums after the barriers' bytes
+    # the row scale parks its sums after the barriers' bytes; its helper warps release
+    # ring slots too
     ctx.update(epilogue=tags.tma_epilogue(epilogue(d), d.dtype), barrier_bytes=BARRIER_BYTES)
+    if epilogue(d) in ROW_SCALED:
+        ctx["pair"] = {**ctx["pair"], **tags.TMA_ROWSQ_PAIR[k.cluster_m]}
     return ctx
 
 

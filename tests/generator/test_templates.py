@@ -241,9 +241,10 @@ GOLDEN_EPILOGUE = [
     (9, "bias", "before_epilogue", "ccf215552d9a799a"),
     # the gated activation and RMSNorm row scale (one-tile kernel only), their digests
     # taken when they were added
-    (8, "rmsnorm_silu", "entry", "32e2853a2a155adf"),
+    (8, "rmsnorm_silu", "entry", "8a8d51cdde45b93d"),
     (9, "gelu_tanh", "none", "b3ad6de3fb87d048"),
-    (8, "rmsnorm_bias", "after_mainloop", "9b552153274cbedd"),
+    (8, "rmsnorm_bias", "after_mainloop", "246ac8fe3d9e425d"),
+    (9, "rmsnorm_gelu_tanh", "entry", "cfbd2d76775712fd"),
 ]
 
 
