@@ -302,9 +302,13 @@ _PLAIN_PARTS = {
     "store4": STORE4,
     "act": "",
     "eps_note": "",
+    "ring_readers": "",
 }
 _ROW_SCALE_PARTS = {
     "eps_note": ", then eps",
+    # the helper warps read the ring too: the consumers wait for them before the fp32
+    # tile overwrites it
+    "ring_readers": " + 32 * ROWSQ_WARPS",
     "consts": _EPI + "rowsq_consts.cu.j2",
     "rowsq_helper": _EPI + "rowsq_helper.cu.j2",
     "rs_rows": _EPI + "rs_rows.cu.j2",

@@ -84,6 +84,12 @@ BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
 # 2j, 2j + 1 inside its four-column store groups, and the row scale parks its sums of
 # squares beside the fp32 tile (the persistent kernels store from their accumulators).
 ONE_TILE_EPILOGUES = frozenset((*EPILOGUE_ACTIVATION, *ROW_SCALED))
+# The row scale's sums of squares are taken by the producer warpgroup's three idle
+# warps, one register per 16-byte chunk they own: at most 64 rows (6 registers each,
+# within the producer's budget after setmaxnreg). Measured on the H100: the sums taken
+# by the consumers cost up to +70% at M = 64, by the helper warps in a latency-bound
+# loop (shuffles and a shared-memory sum per k tile) more.
+ROWSQ_MAX_BM = 64
 PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
 # (the register file over three warpgroups); the producer gives back down to 56, the
@@ -214,6 +220,11 @@ def rules(d: KernelDesign) -> list[str]:
             reasons.append("ping-pong designs have two consumer warpgroups")
         if k.stages > PINGPONG_MAX_STAGES:
             reasons.append(f"stages={k.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
+    if _epilogue_or_none(d) in ROW_SCALED and tile_mn(d)[0] > ROWSQ_MAX_BM:
+        reasons.append(
+            f"epilogue {_epilogue_or_none(d)!r}: the row scale's helper warps take tiles of "
+            f"at most {ROWSQ_MAX_BM} rows (bm={tile_mn(d)[0]})"
+        )
     if k.persistent and _epilogue_or_none(d) in ONE_TILE_EPILOGUES:
         reasons.append(
             f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0)"

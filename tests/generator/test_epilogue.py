@@ -174,19 +174,29 @@ def test_the_row_scale_and_the_gated_store_are_rendered_where_they_belong(case, 
         # main loop is the plain one); one rs per row after the split-K barrier; the
         # sums applied after the rank sum, before the store
         helper = body.index("if (tid >= WGS * 128 + 32) {")
-        squares = body.index("v = fmaf(f.x, f.x, fmaf(f.y, f.y, v));")
+        squares = body.index("sq[i] += s01 + s23;")
         rs = body.index("rs_row[ml] = rsqrtf(ss / (float)K + eps);")
         scale = body.index("const float rs = rs_row[ml];")
         assert wait < helper < squares < consumers < rs < rank_sum < scale < store
         assert "fmaf(f.x" not in body[consumers:]
         assert "4 * WGS + ROWSQ_WARPS" in body  # the empty barrier counts the helpers
+        # and the consumers wait for them before the fp32 tile overwrites the ring
+        assert '"n"(128 * WGS + 32 * ROWSQ_WARPS)' in body
     else:
         assert "rsqrtf" not in body and "eps" not in body and "ROWSQ_WARPS" not in body
+        assert '"n"(128 * WGS)' in body
     if act:
         assert f"act_{act}(v.x) * v.y" in body and "ldc + (n >> 1)" in body
         assert f"float act_{act}(float g)" in render(d)
     else:
         assert "(n >> 1)" not in body and "act_" not in body
+
+
+def test_the_row_scale_takes_tiles_of_at_most_64_rows():
+    wide = base.with_epilogue(_first(persistent=0, warpgroups=2, swap=0), "rmsnorm")
+    assert sm90_tma.tile_mn(wide)[0] > sm90_tma.ROWSQ_MAX_BM
+    assert any("tiles of at most 64 rows" in r for r in legality(wide)), legality(wide)
+    assert legality(base.with_epilogue(wide, "silu")) == []  # the gated store has no limit
 
 
 def test_the_row_scale_parks_its_sums_where_smem_bytes_counts_them():

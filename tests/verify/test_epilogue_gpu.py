@@ -31,6 +31,12 @@ DESIGNS = {
     "swap_split8": dict(wgs=1, mp=1, swap=True, n=16, stages=8, split=8),
     "pair": dict(wgs=2, mp=1, swap=False, n=128, stages=4, split=1, cluster=2),
     "persistent_swap": dict(wgs=2, mp=1, swap=True, n=128, stages=6, split=1, pers=1),
+    # tiles of at most 64 rows (the row scale's helper warps): split-K, a multicast
+    # pair, two consumer warpgroups (setmaxnreg: the helpers run on the producer's
+    # registers)
+    "split4_bm64": dict(wgs=1, mp=1, swap=False, n=128, stages=6, split=4),
+    "pair_bm64": dict(wgs=1, mp=1, swap=False, n=64, stages=4, split=1, cluster=2),
+    "swap_wg2": dict(wgs=2, mp=1, swap=True, n=64, stages=8, split=1),
     "pingpong": dict(wgs=2, mp=2, swap=False, n=128, stages=4, split=1, pers=2),
 }
 
@@ -128,7 +134,7 @@ def test_pdl_epilogue_design_passes_the_pair_check(tmp_path, shape, trigger):
 # The gated-activation and RMSNorm row-scale epilogues: the one-tile kernel only.
 ONE_TILE_EPILOGUES = ["silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias", "rmsnorm_silu",
                       "rmsnorm_gelu_tanh"]  # fmt: skip
-ONE_TILE_DESIGNS = ["tile", "split4", "swap_split8", "pair"]
+ONE_TILE_DESIGNS = ["tile", "split4_bm64", "swap_split8", "pair_bm64", "swap_wg2"]
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
@@ -161,7 +167,7 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
     from cudal2.verify import pdl_pair
 
     d = base.with_pdl(
-        base.with_epilogue(sm90_tma.design("fp16", **DESIGNS["split4"]), epilogue), trigger
+        base.with_epilogue(sm90_tma.design("fp16", **DESIGNS["split4_bm64"]), epilogue), trigger
     )
     kernel = _kernel(tmp_path, d)
     gen = torch.Generator(device="cuda")
