@@ -326,7 +326,7 @@ TMA_ROWSQ_PAIR = {
 
 def _gated(act: str) -> dict[str, str]:
     return {
-        "helpers": _EPI + "act.cu.j2",
+        "helpers": f"{_EPI}act_{act}.cu.j2",
         "store4": _EPI + "gated_store.cu.j2",
         "act": f"act_{act}",
     }

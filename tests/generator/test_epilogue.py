@@ -188,6 +188,8 @@ def test_the_row_scale_and_the_gated_store_are_rendered_where_they_belong(case, 
     if act:
         assert f"act_{act}(v.x) * v.y" in body and "ldc + (n >> 1)" in body
         assert f"float act_{act}(float g)" in render(d)
+        other = ({"silu", "gelu_tanh"} - {act}).pop()
+        assert f"act_{other}" not in render(d)  # only the activation it applies
     else:
         assert "(n >> 1)" not in body and "act_" not in body
 
