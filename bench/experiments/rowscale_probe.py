@@ -48,7 +48,7 @@ def main() -> None:
         c = torch.empty(a.m, t.out_n, dtype=torch.float16, device="cuda")
         stream = torch.cuda.current_stream().cuda_stream
 
-        def run() -> None:
+        def run(kernel=kernel, recipe=recipe, t=t, c=c, stream=stream) -> None:
             launch_dense(kernel, recipe, t, x.data_ptr(), w.data_ptr(), c.data_ptr(), stream,
                          epilogue=dense_epilogue(t))  # fmt: skip
 
