@@ -43,6 +43,11 @@ CLUSTER_NOTE = {
 # distributed shared memory in a cluster, its own copy without one), and the barriers
 # around the reduction, keyed by split_k > 1.
 RANK_SMEM = {True: "cluster.map_shared_rank({0}, {1})", False: "{0}"}
+# The same before the split-K barrier has named the cluster (sm90tma's row-scale warps).
+RANK_SMEM_EARLY = {
+    True: "cooperative_groups::this_cluster().map_shared_rank({0}, {1})",
+    False: "{0}",
+}
 SPLITK_WAIT = {True: "splitk/wait_cluster.cu.j2", False: "splitk/wait_cta.cu.j2"}
 SPLITK_RELEASE = {True: "splitk/release_cluster.cu.j2", False: NONE}
 # Each family's part of the epilogue: what a rank parked (for the wait's comment) and
@@ -166,6 +171,7 @@ def splitk_tags(family: str, split_k: int) -> dict[str, str]:
         "splitk_wait": SPLITK_WAIT[split],
         "splitk_release": SPLITK_RELEASE[split],
         "rank_smem": RANK_SMEM[split],
+        "rank_smem_early": RANK_SMEM_EARLY[split],
         **SPLITK_FAMILY[family],
     }
 

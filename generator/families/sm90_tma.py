@@ -194,8 +194,8 @@ def smem_bytes(d: KernelDesign) -> int:
     """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
     and the alignment slack."""
     bm, bn = tile_mn(d)
-    # the row scale's fp32 sums of squares of A's rows and their rs, [bm] each
-    rowsq = 8 * bm if _epilogue_or_none(d) in ROW_SCALED else 0
+    # the row scale's fp32 sums of squares of A's rows, [split_k][bm]
+    rowsq = 4 * bm * d.knobs.split_k if _epilogue_or_none(d) in ROW_SCALED else 0
     return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + rowsq + ALIGN_SLACK
 
 

@@ -175,9 +175,13 @@ def test_the_row_scale_and_the_gated_store_are_rendered_where_they_belong(case, 
         # sums applied after the rank sum, before the store
         helper = body.index("if (tid >= WGS * 128 + 32) {")
         squares = body.index("sq[i] += s01 + s23;")
-        rs = body.index("rs_row[ml] = rsqrtf(ss / (float)K + eps);")
-        scale = body.index("const float rs = rs_row[ml];")
-        assert wait < helper < squares < consumers < rs < rank_sum < scale < store
+        # each rank's sums stored into every rank's [rank][row] slot before the split-K
+        # barrier; the scale takes them in rank order after the rank sum of the tile
+        park = body.index(
+            "+ row, r)) = v;" if case.get("split_k", 1) > 1 else "*(rowsq + row) = v;"
+        )
+        scale = body.index("const float rs = rsqrtf(ss * inv_k + eps);")
+        assert wait < helper < squares < park < consumers < rank_sum < scale < store
         assert "fmaf(f.x" not in body[consumers:]
         assert "4 * WGS + ROWSQ_WARPS" in body  # the empty barrier counts the helpers
         # and the consumers wait for them before the fp32 tile overwrites the ring
@@ -205,7 +209,8 @@ def test_the_row_scale_parks_its_sums_where_smem_bytes_counts_them():
     d = base.with_epilogue(_first(persistent=0, split_k=2, swap=1), "rmsnorm")
     bm, _ = sm90_tma.tile_mn(d)
     plain = base.with_epilogue(d, "none")
-    assert sm90_tma.smem_bytes(d) == sm90_tma.smem_bytes(plain) + 8 * bm  # sums, then rs
+    # the sums of squares of A's rows, a row of them per split-K rank
+    assert sm90_tma.smem_bytes(d) == sm90_tma.smem_bytes(plain) + 4 * bm * 2
     src = render(d)
     assert f"ROWSQ_OFFSET = DATA_BYTES + {sm90_tma.BARRIER_BYTES};" in src
     assert sm90_tma.BARRIER_BYTES >= 16 * 16  # full + empty mbarriers of the deepest ring
