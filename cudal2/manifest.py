@@ -23,7 +23,7 @@ from cudal2 import models
 from cudal2.generator.families import FAMILIES
 from cudal2.packaging.wheel import name_problem, package_name, wheel_version
 from cudal2.policy import PROPOSERS
-from cudal2.records import ARCHS, DTYPES, EPILOGUES, LAYOUTS, Target
+from cudal2.records import ARCHS, DTYPES, EPILOGUE_ACTIVATION, EPILOGUES, LAYOUTS, Target
 
 TIMING_MODES: tuple[str, ...] = ("offline", "server")
 
@@ -355,7 +355,7 @@ def _expand_model(
                     f"projection {proj!r} gives {dim} = {shown(value)}: a dimension must be "
                     f"an integer in [1, {MAX_DIM}]",
                 )
-    fused = _model_epilogues(r, entry, key_path, [proj for proj, _, _ in projections])
+    fused = _model_epilogues(r, entry, key_path, {proj: n for proj, n, _ in projections})
     return [
         (m, n, k, epilogue)
         for m in tokens
@@ -365,11 +365,13 @@ def _expand_model(
 
 
 def _model_epilogues(
-    r: _Reader, entry: dict[str, Any], key_path: str, projections: list[str]
+    r: _Reader, entry: dict[str, Any], key_path: str, projections: dict[str, int]
 ) -> dict[str, tuple[str, ...]]:
-    """``epilogues = { o = ["residual"], down = ["residual"], qkv = ["bias"] }``: per
-    projection of this model, the fused epilogues its linears need (each a target of its
-    own beside the plain one)."""
+    """``epilogues = { qkv = ["rmsnorm"], gate_up = ["rmsnorm_silu"], o = ["residual"],
+    down = ["residual"] }``: per projection of this model (``projections``: name -> N on
+    one rank), the fused epilogues its linears need (each a target of its own beside
+    the plain one). A gated epilogue (``silu``, ``rmsnorm_gelu_tanh``, ...) needs an
+    even N: its weight is gate and up rows packed in pairs."""
     kp = f"{key_path}.epilogues"
     value = entry.get("epilogues", {})
     if not isinstance(value, dict):
@@ -379,9 +381,16 @@ def _model_epilogues(
         if proj not in projections:
             raise r.fail(
                 f"{kp}.{proj}", names, f"not a projection of this model (its projections: "
-                f"{projections})",
+                f"{list(projections)})",
             )  # fmt: skip
         out[proj] = r.choices(names, f"{kp}.{proj}", FUSED_EPILOGUES)
+        n = projections[proj]
+        for i, name in enumerate(names):
+            if name in EPILOGUE_ACTIVATION and n % 2:
+                raise r.fail(
+                    f"{kp}.{proj}[{i}]", name, f"a gated epilogue needs an even N (gate and "
+                    f"up rows packed in pairs): projection {proj!r} has N = {n} here",
+                )  # fmt: skip
     return out
 
 

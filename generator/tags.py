@@ -284,8 +284,10 @@ def pdl(kernel: str, layout: str, trigger: str) -> dict[str, Any]:
 # that stores them: once per element) and ``store4`` stores them; ``add2`` is the
 # persistent kernel's (an accumulator pair before its store: bias and residual only,
 # the others are legal in the one-tile kernel alone). The row scale's sums of squares
-# are taken from A's tiles in shared memory during the main loop (``rowsq_*``, their
-# constants ``consts``); the gated activations are device functions (``helpers``).
+# are taken from A's tiles in the ring by the producer warpgroup's idle warps
+# (``rowsq_helper``, their constants ``consts``, ``TMA_ROWSQ_PAIR``) and turned into one
+# rs per row before the stores (``rs_rows``); the gated activations are device
+# functions (``helpers``).
 # ``none``: no parameters and NONE partials, so a plain design's source is unchanged,
 # and bias / residual designs' source is what it was before the later epilogues.
 EPILOGUE_PARAMS = ",\n    const T* __restrict__ bias, const T* residual, long long ldr"
@@ -295,19 +297,30 @@ _EPI = "sm90_tma/epilogue/"
 _PLAIN_PARTS = {
     "helpers": NONE,
     "consts": NONE,
-    "rowsq_init": NONE,
-    "rowsq_acc": NONE,
-    "rowsq_park": NONE,
+    "rowsq_helper": NONE,
+    "rs_rows": NONE,
     "store4": STORE4,
     "act": "",
     "eps_note": "",
+    "ring_readers": "",
 }
 _ROW_SCALE_PARTS = {
     "eps_note": ", then eps",
+    # the helper warps read the ring too: the consumers wait for them before the fp32
+    # tile overwrites it
+    "ring_readers": " + 32 * ROWSQ_WARPS",
     "consts": _EPI + "rowsq_consts.cu.j2",
-    "rowsq_init": _EPI + "rowsq_init.cu.j2",
-    "rowsq_acc": _EPI + "rowsq_acc.cu.j2",
-    "rowsq_park": _EPI + "rowsq_park.cu.j2",
+    "rowsq_helper": _EPI + "rowsq_helper.cu.j2",
+    "rs_rows": _EPI + "rs_rows.cu.j2",
+}
+# The row scale's helper warps release ring slots too: the empty barrier counts them,
+# and a multicast pair's release both CTAs' slots (``pair`` blocks, by cluster_m).
+TMA_ROWSQ_PAIR = {
+    cm: {
+        "empty_init": f"{_EPI}rowsq_empty_init{cm}.cu.j2",
+        "rowsq_release": f"{_EPI}rowsq_release{cm}.cu.j2",
+    }
+    for cm in (1, 2)
 }
 
 

@@ -67,6 +67,8 @@ def _features(d: KernelDesign) -> Features:
 
 def predicted_time_s(d: KernelDesign, t: Target) -> float:
     f = _features(d)
+    # Tiles cover the GEMM's N (a gated epilogue's packed gate_up rows); the bytes
+    # written are the output's, ``t.out_n`` wide (N/2 when gated), in ``t.min_bytes``.
     tiles = math.ceil(t.m / f.bm) * math.ceil(t.n / f.bn)
     # Split-K: ``split_k`` blocks per output tile, each with its share of K's tiles.
     blocks = tiles * f.split_k

@@ -15,6 +15,19 @@
   order) and the bound is torch's unfused op's deviation from it (the vendor GEMM in
   the working dtype, then torch's add: what a user runs without cudal2), ``bound``'s
   rule; the other checks are a plain GEMM's.
+- gated activation and RMSNorm row-scale epilogues (``EPILOGUE_ACTIVATION``,
+  ``ROW_SCALED``): a gated one's random B is scaled by a power of two near 1/sqrt(K)
+  (``gated_b_scale``); the output is C [M, out_n] (N/2 for a gated one), NaN-filled and
+  every element checked like a plain GEMM's; the reference is the fp32 fused op of
+  the spec (rs[m] = rsqrt(sum_k A[m,k]^2 / K + EPS) from A's 16-bit values, rs * acc,
+  + bias, then act(acc[:, 2j]) * acc[:, 2j+1] over the pair interleave), B taken as
+  the already folded / packed weight; the yardstick is torch's unfused op (the norm
+  in the working dtype, the vendor GEMM, + bias, the activation in the working
+  dtype). The kernel gets ``EPS`` = 1e-5 (``launch.dense_epilogue``). The exact
+  {0,1} trial cannot be exact after rsqrt or exp: for these epilogues it is compared
+  with its fp32 reference under the random trials' rule (``bound`` of torch's unfused
+  op's deviation on the same {0,1} inputs), and its number of ones per row is kept
+  small enough that the gated product stays finite in fp16 (``exact_ones``).
 - repeats: the first random trial's inputs run ``repeats`` more times, each into a
   fresh NaN-filled output, which must equal the first output bit for bit. Every
   family reduces in a fixed order (no atomics), so a difference is a race: an
@@ -28,13 +41,20 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from cudal2.records import EPILOGUE_OPERANDS, Target
+from cudal2.records import EPILOGUE_ACTIVATION, EPILOGUE_OPERANDS, ROW_SCALED, Target
 
 # Where operands are made: the GPU (a CPU test of the suite's logic sets "cpu").
 DEVICE = "cuda"
 EXACT_LIMIT = {"fp16": 2048, "bf16": 256}
 # Unit round-off of the output type: the rounding of a correct fp32 result.
 OUT_EPS = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+# The RMSNorm epsilon every row-scaled epilogue is verified with (Llama's 1e-5): the
+# kernel gets it through ``launch.dense_epilogue``, the reference and the yardstick
+# here.
+EPS = 1e-5
+# The largest |value| whose square (a gated product act(g) * u with g ~ u) stays
+# finite in fp16 with room to spare: 181^2 = 32761 < 65504.
+GATED_EXACT_MAX = 181
 
 
 @dataclass(frozen=True)
@@ -64,13 +84,38 @@ def operands(t: Target, kind: str, gen):
     if kind == "random":
         a = torch.rand((t.m, t.k), generator=gen, device=DEVICE) * 2 - 1
         b = torch.rand(b_shape, generator=gen, device=DEVICE) * 2 - 1
-        return a.to(dt), b.to(dt)
-    # An epilogue adds up to 2 (a {0,1} bias and residual): keep the sum exact.
-    limit = min(t.k, EXACT_LIMIT[t.dtype] - (2 if t.epilogue != "none" else 0))
+        return a.to(dt), (b * gated_b_scale(t)).to(dt)
+    limit = exact_ones(t)
     order = torch.rand((t.m, t.k), generator=gen, device=DEVICE).argsort(dim=1)[:, :limit]
     a = torch.zeros((t.m, t.k), device=DEVICE).scatter_(1, order, 1.0)
     b = (torch.rand(b_shape, generator=gen, device=DEVICE) < 0.5).float()
     return a.to(dt), b.to(dt)
+
+
+def gated_b_scale(t: Target) -> float:
+    """The power of two a gated epilogue's random B is scaled by (1 otherwise): about
+    1/sqrt(K), so the dot products stay near unit size as in a model (weights ~
+    1/sqrt(K)) and the activation is exercised where it bends (unscaled, |g| is tens,
+    where silu(g) is g or 0), and the product of two of them stays far from fp16's
+    range (unscaled, rmsnorm_silu at 64 x 7168 x 8192 reaches 25,829, within 3x of
+    65,504); a power of two, so the scaling itself is exact."""
+    if t.epilogue not in EPILOGUE_ACTIVATION:
+        return 1.0
+    return 2.0 ** -math.floor(math.log2(math.sqrt(t.k)))
+
+
+def exact_ones(t: Target) -> int:
+    """The ones per row of A in the exact {0,1} trial. A plain GEMM: the exact limit
+    (every dot product an exactly representable integer); an adding epilogue: 2 below
+    it (+ a {0,1} bias and residual stays exact). A gated one: few enough that the
+    product act(g) * u of two dot products stays finite in fp16: g, u <= ones, and
+    with the row scale rs = sqrt(K / ones) (every row has that many ones), rs * g <=
+    sqrt(K * ones); both kept <= ``GATED_EXACT_MAX`` (at least one one per row)."""
+    limit = min(t.k, EXACT_LIMIT[t.dtype] - (2 if t.epilogue != "none" else 0))
+    if t.epilogue in EPILOGUE_ACTIVATION:
+        cap = GATED_EXACT_MAX**2 // t.k if t.epilogue in ROW_SCALED else GATED_EXACT_MAX
+        limit = max(1, min(limit, cap))
+    return limit
 
 
 def epilogue_operands(t: Target, kind: str, gen) -> dict:
@@ -89,7 +134,9 @@ def epilogue_operands(t: Target, kind: str, gen) -> dict:
 
 def reference(t: Target, a, b, epi=None):
     """The one reference: fp32 product of the upcast operands, TF32 off; for a fused
-    epilogue, its operands added in fp32 (bias, then residual) before any rounding."""
+    epilogue, the fused op in fp32 before any rounding: the row scale (row-scaled
+    epilogues), its operands added (bias, then residual), then the gated activation
+    over the pair interleave (gated epilogues: [M, N/2])."""
     import torch
 
     prev = torch.backends.cuda.matmul.allow_tf32
@@ -99,27 +146,64 @@ def reference(t: Target, a, b, epi=None):
         ref = a.float() @ bb
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
+    if t.epilogue in ROW_SCALED:
+        # sum_k h^2 / K in fp32 from A's 16-bit values, then rsqrt(. + eps) per row
+        ref = ref * torch.rsqrt(a.float().pow(2).sum(dim=1, keepdim=True) / t.k + EPS)
     for name in ("bias", "residual"):
         if epi and name in epi:
             ref = ref + epi[name].float()
+    if t.epilogue in EPILOGUE_ACTIVATION:
+        ref = gated(ref, EPILOGUE_ACTIVATION[t.epilogue])
     return ref
+
+
+def gated(y, act: str, out=None):
+    """act(y[..., 2j]) * y[..., 2j+1]: the gated activation over the pair interleave
+    of a packed gate_up product (gate row j at 2j, up row j at 2j+1), in y's dtype:
+    torch's kernels on the strided halves, what a user runs on a packed output."""
+    import torch
+    import torch.nn.functional as F
+
+    g, u = y.unflatten(-1, (-1, 2)).unbind(-1)
+    if act == "silu":
+        return torch.mul(F.silu(g), u, out=out)
+    if act == "gelu_tanh":
+        return torch.mul(F.gelu(g, approximate="tanh"), u, out=out)
+    raise ValueError(f"unknown gated activation {act!r}")
+
+
+def rmsnorm(a, eps: float = EPS):
+    """torch's RMSNorm without a weight (it is folded into B), in A's dtype: the fp32
+    row scale, one rounding; what the runtime's unfused fallback runs."""
+    import torch
+
+    x = a.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(a.dtype)
 
 
 def vendor(t: Target, a, b, out=None, epi=None):
     """torch on the same operands: the baseline, and the error yardstick. A plain
     target: torch.matmul (cuBLAS). A fused epilogue: what a user runs without cudal2,
-    the vendor GEMM (torch.addmm with the bias, torch.matmul without) in the working
-    dtype, then torch's in-place add of the residual (a second rounding)."""
+    in the working dtype, each step rounded: torch's RMSNorm of A (row-scaled
+    epilogues), the vendor GEMM (torch.addmm with the bias, torch.matmul without),
+    torch's in-place add of the residual, the gated activation (gated epilogues: into
+    ``out`` [M, N/2])."""
     import torch
 
     bb = b.t() if t.layout == "tn" else b
+    if t.epilogue in ROW_SCALED:
+        a = rmsnorm(a)
+    gate = EPILOGUE_ACTIVATION.get(t.epilogue)
+    y = None if gate else out  # a gated product needs its own [M, N] buffer
     if epi and "bias" in epi:
-        out = torch.addmm(epi["bias"], a, bb, out=out)
+        y = torch.addmm(epi["bias"], a, bb, out=y)
     else:
-        out = torch.matmul(a, bb, out=out)
+        y = torch.matmul(a, bb, out=y)
     if epi and "residual" in epi:
-        out.add_(epi["residual"])
-    return out
+        y.add_(epi["residual"])
+    if gate:
+        return gated(y, gate, out=out)
+    return y
 
 
 def max_abs_error(out, ref) -> float:
@@ -165,13 +249,15 @@ def check(
     import torch
 
     fused = t.epilogue != "none"
+    # rsqrt or exp in the epilogue: the {0,1} trial is bounded, not exact
+    inexact = t.epilogue in ROW_SCALED or t.epilogue in EPILOGUE_ACTIVATION
     worst_abs = worst_rel = worst_vendor = 0.0
     names: tuple[str, ...] = ()
     for trial in range(random_trials + 1):
         kind = "random" if trial < random_trials else "exact"
         a, b = operands(t, kind, gen)
         epi = epilogue_operands(t, kind, gen) if fused else {}
-        c = torch.full((t.m, t.n), float("nan"), dtype=a.dtype, device=DEVICE)
+        c = torch.full((t.m, t.out_n), float("nan"), dtype=a.dtype, device=DEVICE)
         _call(run, a, b, c, epi)
         _synchronize()
         ref = reference(t, a, b, epi)
@@ -188,7 +274,7 @@ def check(
         scale = float(ref.abs().max()) if ref.numel() else 0.0
         worst_abs = max(worst_abs, max_abs)
         worst_rel = max(worst_rel, max_abs / scale if scale else max_abs)
-        if kind == "exact":
+        if kind == "exact" and not inexact:
             if max_abs != 0.0:
                 return CheckResult(
                     False,
@@ -207,7 +293,8 @@ def check(
         if max_abs > limit:
             return CheckResult(
                 False,
-                f"random trial {trial}: max |error| {max_abs:.3g} > bound {limit:.3g} "
+                f"{'exact {0,1}' if kind == 'exact' else 'random'} trial "
+                f"{trial}: max |error| {max_abs:.3g} > bound {limit:.3g} "
                 f"(worst of {len(errs)} vendor baselines: {worst_name} {errs[worst_name]:.3g}; "
                 f"max |ref| {scale:.3g})",
                 worst_abs,

@@ -1,6 +1,7 @@
 """Launching a kernel on a target's dense row-major operands: the one place that
-derives the leading dimensions from the layout (and, for a fused epilogue, the
-residual's: contiguous [M, N], ldr = N)."""
+derives the leading dimensions from the layout (C contiguous [M, out_n]: N/2 columns
+for a gated epilogue; for a fused epilogue, the residual's: contiguous [M, N], ldr =
+N) and gives a row-scaled epilogue its eps (``correctness.EPS``)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import Any
 
 from cudal2.packaging.runtime import driver
 from cudal2.packaging.runtime.abi import EpilogueArgs, GemmArgs
-from cudal2.records import Target
+from cudal2.records import ROW_SCALED, Target
+from cudal2.verify.correctness import EPS
 
 
 def dense_strides(t: Target) -> tuple[int, int, int]:
-    """(lda, ldb, ldc) of contiguous A [M,K], B ([N,K] for tn, [K,N] for nn), C [M,N]."""
-    return t.k, (t.k if t.layout == "tn" else t.n), t.n
+    """(lda, ldb, ldc) of contiguous A [M,K], B ([N,K] for tn, [K,N] for nn), C [M,
+    out_n] (ldc is the output's row stride: N/2 for a gated epilogue)."""
+    return t.k, (t.k if t.layout == "tn" else t.n), t.out_n
 
 
 def dense_gemm(t: Target, a_ptr: int, b_ptr: int, c_ptr: int) -> GemmArgs:
@@ -24,10 +27,11 @@ def dense_gemm(t: Target, a_ptr: int, b_ptr: int, c_ptr: int) -> GemmArgs:
 
 def dense_epilogue(t: Target, bias_ptr: int = 0, residual_ptr: int = 0) -> EpilogueArgs | None:
     """gemm_v3's epilogue operands of ``t`` (None for a plain target): the residual
-    contiguous [M, N], so ldr = N."""
+    contiguous [M, N], so ldr = N; a row-scaled epilogue's eps ``correctness.EPS``
+    (0.0 for the others, which take no eps parameter)."""
     if t.epilogue == "none":
         return None
-    return EpilogueArgs(bias_ptr, residual_ptr, t.n)
+    return EpilogueArgs(bias_ptr, residual_ptr, t.out_n, EPS if t.epilogue in ROW_SCALED else 0.0)
 
 
 def launch_dense(

@@ -18,6 +18,9 @@ output of a plain run on the same operands (every family reduces in a fixed orde
 A fused epilogue's operands (bias, residual) are activations too: the producer writes
 them with A, poisoned until then (one buffer, A then each operand, each starting on a
 16-byte boundary), so an epilogue that reads them before the wait fails the same way.
+The gated and row-scaled epilogues read no operand but A (``rmsnorm_bias`` also the
+bias): a row scale computed from A before the wait reads the poison too. Their C is
+[M, out_n] (N/2 for a gated one).
 
 The producer is a fixed PTX string JIT-compiled by the driver (``cuModuleLoadData``):
 nothing on the measuring side runs nvcc. Its outcome is recorded in the measurement's
@@ -216,7 +219,7 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
         view.copy_(x)
     a, *ops = _views(src, shapes, offsets)
     epi = dict(zip(epi, ops, strict=True))
-    want = torch.full((t.m, t.n), float("nan"), dtype=a.dtype, device="cuda")
+    want = torch.full((t.m, t.out_n), float("nan"), dtype=a.dtype, device="cuda")
     _run(run, a, b, want, epi)
     torch.cuda.synchronize()
     kernel = producer()
@@ -226,7 +229,7 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
         dst.view(torch.int16).fill_(POISON)
         a_in, *ops_in = _views(dst, shapes, offsets)
         epi_in = dict(zip(epi, ops_in, strict=True))
-        c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
+        c = torch.empty((t.m, t.out_n), dtype=a.dtype, device="cuda")
         c.view(torch.int16).fill_(SENTINEL)
         flag = torch.zeros(2, dtype=torch.int32, device="cuda")  # changed C elements, late
         torch.cuda.synchronize()  # only the producer runs ahead of the candidate

@@ -180,8 +180,8 @@ def _child(job_path: str) -> None:
     import torch
 
     from cudal2.packaging.runtime import driver
-    from cudal2.verify.correctness import operands
-    from cudal2.verify.launch import launch_dense
+    from cudal2.verify.correctness import epilogue_operands, operands
+    from cudal2.verify.launch import dense_epilogue, launch_dense
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -189,11 +189,17 @@ def _child(job_path: str) -> None:
     for job in json.loads(Path(job_path).read_text()):
         t = Target.from_json(job["target"])
         a, b = operands(t, "random", gen)
-        c = torch.empty((t.m, t.n), dtype=a.dtype, device="cuda")
+        epi = epilogue_operands(t, "random", gen)
+        ptrs = {name: x.data_ptr() for name, x in epi.items()}
+        ops = dense_epilogue(t, ptrs.get("bias", 0), ptrs.get("residual", 0))
+        c = torch.empty((t.m, t.out_n), dtype=a.dtype, device="cuda")
         kernel = driver.Kernel(
             Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
         )
-        launch_dense(kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream)
+        launch_dense(
+            kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream,
+            epilogue=ops,
+        )  # fmt: skip
         torch.cuda.synchronize()
 
 

@@ -90,23 +90,28 @@ def _child(job_path: str) -> None:
     from cuda.bindings import driver as cu
 
     from cudal2.packaging.runtime import driver
-    from cudal2.verify.correctness import operands
-    from cudal2.verify.launch import launch_dense
+    from cudal2.verify.correctness import epilogue_operands, operands
+    from cudal2.verify.launch import dense_epilogue, launch_dense
 
     job = json.loads(Path(job_path).read_text())
     t = Target.from_json(job["target"])
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     a, b = operands(t, "random", gen)
-    # The output gets an allocation of exactly its size (torch may round sizes up, and
-    # memcheck only sees writes past what was asked for).
-    err, c_ptr = cu.cuMemAlloc(t.m * t.n * a.element_size())
+    epi = {name: x.data_ptr() for name, x in epilogue_operands(t, "random", gen).items()}
+    ops = dense_epilogue(t, epi.get("bias", 0), epi.get("residual", 0))
+    # The output ([M, out_n]: N/2 columns for a gated epilogue) gets an allocation of
+    # exactly its size (torch may round sizes up, and memcheck only sees writes past
+    # what was asked for).
+    err, c_ptr = cu.cuMemAlloc(t.m * t.out_n * a.element_size())
     assert err == cu.CUresult.CUDA_SUCCESS, err
     kernel = driver.Kernel(
         Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
     )
     stream = torch.cuda.current_stream().cuda_stream
-    launch_dense(kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), int(c_ptr), stream)
+    launch_dense(
+        kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), int(c_ptr), stream, epilogue=ops
+    )
     torch.cuda.synchronize()
 
 

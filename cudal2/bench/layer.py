@@ -359,8 +359,10 @@ class VendorLayer:
 #   linear_residual(x, w, residual) -> x wᵀ + residual
 #   linear_gated(x, pack_gate_up(gate, up), "silu") -> silu(x gateᵀ) · (x upᵀ)
 #   linear_rmsnorm(h, fold_rmsnorm(w, norm_weight), eps) -> rmsnorm(h) wᵀ
+#   linear_gated(h, fold_rmsnorm(pack_gate_up(gate, up), norm_weight), "silu", eps)
+#       -> silu(rmsnorm(h) gateᵀ) · (rmsnorm(h) upᵀ)   (both "gated" and "rmsnorm")
 # (the packers are the package's: its kernels decide how gate/up interleave and how the
-# norm weight is folded).
+# norm weight is folded; folding is per column, so it commutes with the row packing).
 FUSIONS: dict[str, tuple[str, ...]] = {
     "residual": ("linear_residual",),
     "gated": ("linear_gated", "pack_gate_up"),
@@ -373,11 +375,27 @@ def fusions(pkg: Any) -> dict[str, bool]:
     return {name: all(hasattr(pkg, a) for a in attrs) for name, attrs in FUSIONS.items()}
 
 
+# What each plan value of a GEMM calls (``none``: the package's ``linear``).
+PLAN_OPS = {
+    "none": "linear",
+    "residual": "linear_residual",
+    "gated": "linear_gated",
+    "rmsnorm": "linear_rmsnorm",
+    "rmsnorm_gated": "linear_gated",
+}
+
+
 def plan(available: dict[str, bool]) -> dict[str, str]:
     """What runs each GEMM: ``none`` (the package's ``linear``) or the fused op that
-    absorbs its neighbour. gate_up takes the gated op before the folded norm (the
-    gated op removes the larger elementwise kernel: [M, 2I] read, [M, I] written)."""
-    gate_up = "gated" if available["gated"] else "rmsnorm" if available["rmsnorm"] else "none"
+    absorbs its neighbour (``PLAN_OPS``). gate_up takes, best first: the gated op with
+    the post-attention norm folded (``rmsnorm_gated``: epilogue ``rmsnorm_silu``, so
+    with the residual ops o_proj -> gate_up -> down run back to back, no kernel
+    between), the gated op (it removes the larger elementwise kernel: [M, 2I] read,
+    [M, I] written), the folded norm."""
+    gated, norm = available.get("gated", False), available.get("rmsnorm", False)
+    gate_up = (
+        "rmsnorm_gated" if gated and norm else "gated" if gated else "rmsnorm" if norm else "none"
+    )
     return {
         "qkv": "rmsnorm" if available["rmsnorm"] else "none",
         "o_proj": "residual" if available["residual"] else "none",
@@ -400,7 +418,10 @@ class Cudal2Layer:
         pl = self.plan
         self.w_qkv = pkg.fold_rmsnorm(w.qkv(), w.in_norm) if pl["qkv"] == "rmsnorm" else w.qkv()
         self.w_o, self.w_down = w.o, w.down
-        if pl["gate_up"] == "gated":
+        if pl["gate_up"] == "rmsnorm_gated":
+            # packed once: gate and up rows interleaved, the norm weight folded in
+            self.w_gu = pkg.fold_rmsnorm(pkg.pack_gate_up(w.gate, w.up), w.post_norm)
+        elif pl["gate_up"] == "gated":
             self.w_gu = pkg.pack_gate_up(w.gate, w.up)
         elif pl["gate_up"] == "rmsnorm":
             self.w_gu = pkg.fold_rmsnorm(w.gate_up(), w.post_norm)
@@ -425,16 +446,19 @@ class Cudal2Layer:
         q, k, v = p.rope_split(qkv, self.cos, self.sin, sh.heads, sh.kv_heads)
         a = attention(q, k, v, s.k_cache, s.v_cache)
         h2 = None  # the post-attention norm's output, where gate_up does not fold it
+        folded = pl["gate_up"] in ("rmsnorm", "rmsnorm_gated")
         if pl["o_proj"] == "residual":
             x2 = self._gemm("o_proj", "linear_residual", a, self.w_o, s.x)
-            if pl["gate_up"] != "rmsnorm":
+            if not folded:
                 h2 = p.rmsnorm(x2, self.post_norm, sh.eps)
-        elif pl["gate_up"] == "rmsnorm":
+        elif folded:
             x2 = p.add(s.x, self._gemm("o_proj", "linear", a, self.w_o))
         else:
             o = self._gemm("o_proj", "linear", a, self.w_o)
             x2, h2 = p.add_rmsnorm(s.x, o, self.post_norm, sh.eps)
-        if pl["gate_up"] == "gated":
+        if pl["gate_up"] == "rmsnorm_gated":
+            mlp = self._gemm("gate_up", "linear_gated", x2, self.w_gu, "silu", sh.eps)
+        elif pl["gate_up"] == "gated":
             mlp = self._gemm("gate_up", "linear_gated", h2, self.w_gu, "silu")
         elif pl["gate_up"] == "rmsnorm":
             mlp = p.silu_mul(self._gemm("gate_up", "linear_rmsnorm", x2, self.w_gu, sh.eps))

@@ -84,6 +84,12 @@ BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
 # 2j, 2j + 1 inside its four-column store groups, and the row scale parks its sums of
 # squares beside the fp32 tile (the persistent kernels store from their accumulators).
 ONE_TILE_EPILOGUES = frozenset((*EPILOGUE_ACTIVATION, *ROW_SCALED))
+# The row scale's sums of squares are taken by the producer warpgroup's three idle
+# warps, one register per 16-byte chunk they own: at most 64 rows (6 registers each,
+# within the producer's budget after setmaxnreg). Measured on the H100: the sums taken
+# by the consumers cost up to +70% at M = 64, by the helper warps in a latency-bound
+# loop (shuffles and a shared-memory sum per k tile) more.
+ROWSQ_MAX_BM = 64
 PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
 # (the register file over three warpgroups); the producer gives back down to 56, the
@@ -188,7 +194,8 @@ def smem_bytes(d: KernelDesign) -> int:
     """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
     and the alignment slack."""
     bm, bn = tile_mn(d)
-    rowsq = 4 * bm if _epilogue_or_none(d) in ROW_SCALED else 0  # fp32 sums of squares of A's rows
+    # the row scale's fp32 sums of squares of A's rows and their rs, [bm] each
+    rowsq = 8 * bm if _epilogue_or_none(d) in ROW_SCALED else 0
     return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + rowsq + ALIGN_SLACK
 
 
@@ -213,6 +220,11 @@ def rules(d: KernelDesign) -> list[str]:
             reasons.append("ping-pong designs have two consumer warpgroups")
         if k.stages > PINGPONG_MAX_STAGES:
             reasons.append(f"stages={k.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
+    if _epilogue_or_none(d) in ROW_SCALED and tile_mn(d)[0] > ROWSQ_MAX_BM:
+        reasons.append(
+            f"epilogue {_epilogue_or_none(d)!r}: the row scale's helper warps take tiles of "
+            f"at most {ROWSQ_MAX_BM} rows (bm={tile_mn(d)[0]})"
+        )
     if k.persistent and _epilogue_or_none(d) in ONE_TILE_EPILOGUES:
         reasons.append(
             f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0)"
@@ -311,8 +323,11 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
-    # the row scale parks its sums after the barriers' bytes
+    # the row scale parks its sums after the barriers' bytes; its helper warps release
+    # ring slots too
     ctx.update(epilogue=tags.tma_epilogue(epilogue(d), d.dtype), barrier_bytes=BARRIER_BYTES)
+    if epilogue(d) in ROW_SCALED:
+        ctx["pair"] = {**ctx["pair"], **tags.TMA_ROWSQ_PAIR[k.cluster_m]}
     return ctx
 
 

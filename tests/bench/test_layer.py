@@ -58,17 +58,19 @@ class FakeStats:
         return {"hits": dict(self.hits), "fallbacks": dict(self.fallbacks)}
 
 
-TILE = 4  # the fake package interleaves gate and up rows by tiles of 4
-
-
-def fake_package(fused: tuple[str, ...] = ()) -> types.SimpleNamespace:
+def fake_package(fused: tuple[str, ...] = (), log: list | None = None) -> types.SimpleNamespace:
     """A cudal2 package's surface with torch inside: ``linear`` counts a hit on entry
-    ``e/linear``; the fused ops named in ``fused`` exist, with their packers."""
+    ``e/linear``; the fused ops named in ``fused`` exist, with their packers: CPU
+    stand-ins of the runtime's (the spec's semantics: gate and up rows interleaved in
+    pairs, the norm weight folded per column, the row scale rsqrt(mean(h²) + eps)).
+    Each call is appended to ``log`` where given."""
     stats = FakeStats()
 
     def hit(op):
         def call(*args):
             stats.hits[f"e/{op.__name__}"] += 1
+            if log is not None:
+                log.append(op.__name__)
             return op(*args)
 
         return call
@@ -81,18 +83,24 @@ def fake_package(fused: tuple[str, ...] = ()) -> types.SimpleNamespace:
 
     def pack_gate_up(gate, up):
         i, k = gate.shape
-        return torch.stack([gate.view(-1, TILE, k), up.view(-1, TILE, k)], 1).reshape(2 * i, k)
+        return torch.stack((gate, up), 1).reshape(2 * i, k)
 
-    def linear_gated(x, w, act):
-        assert act == "silu"
-        y = F.linear(x, w).view(x.shape[0], -1, 2, TILE)
-        return (F.silu(y[:, :, 0]) * y[:, :, 1]).reshape(x.shape[0], -1)
+    def scaled(x, eps):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
-    def fold_rmsnorm(w, norm_weight):
-        return w * norm_weight
+    def linear_gated(x, w, act, eps=None):
+        if act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unknown activation {act!r}")
+        y = F.linear(x if eps is None else scaled(x, eps), w)
+        g, u = y.unflatten(-1, (-1, 2)).unbind(-1)
+        return (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")) * u
 
-    def linear_rmsnorm(h, w, eps):
-        return F.linear(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps), w)
+    def fold_rmsnorm(w, norm_weight, offset=0.0):
+        return (w.float() * (norm_weight.float() + offset)).to(w.dtype)
+
+    def linear_rmsnorm(h, w, eps, bias=None):
+        return F.linear(scaled(h, eps), w, bias)
 
     pkg = types.SimpleNamespace(linear=hit(linear), stats=stats, warmup=lambda: 0)
     if "residual" in fused:
@@ -136,8 +144,60 @@ def test_every_set_of_fused_ops_gives_the_reference_layer(fused):
     want = L.plan({f: f in fused for f in FUSIONS})
     assert layer.plan == want
     ops = {g: p["op"] for g, p in layer.probe.items()}
-    assert ops == {g: ("linear" if how == "none" else f"linear_{how}") for g, how in want.items()}
+    assert ops == {g: L.PLAN_OPS[how] for g, how in want.items()}
     assert all(sum(p["hits"].values()) == 1 for p in layer.probe.values())
+
+
+# (the fused ops the package has) -> the plan: qkv, o_proj, gate_up, down
+PLANS = [
+    ((), ("none", "none", "none", "none")),
+    (("residual",), ("none", "residual", "none", "residual")),
+    (("gated",), ("none", "none", "gated", "none")),
+    (("rmsnorm",), ("rmsnorm", "none", "rmsnorm", "none")),
+    (("residual", "gated"), ("none", "residual", "gated", "residual")),
+    (("residual", "rmsnorm"), ("rmsnorm", "residual", "rmsnorm", "residual")),
+    (("gated", "rmsnorm"), ("rmsnorm", "none", "rmsnorm_gated", "none")),
+    (("residual", "gated", "rmsnorm"), ("rmsnorm", "residual", "rmsnorm_gated", "residual")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fused", "want"), PLANS, ids=lambda c: "+".join(c) or "none")
+def test_the_plan_of_each_set_of_fused_ops(fused, want):
+    """gate_up prefers the gated op with the post-attention norm folded, then the gated
+    op, then the folded norm; qkv folds the input norm; o_proj and down add the
+    residual. Every row's layer gives the reference."""
+    assert tuple(L.plan({f: f in fused for f in FUSIONS}).values()) == want
+    shape = small_shape(*SMALL[1])
+    w, s = inputs(shape, 2, seed=3)
+    layer = L.Cudal2Layer(shape, w, L.Pieces.make(compiled=False), fake_package(fused))
+    assert tuple(layer.plan.values()) == want
+    assert close(layer(s), L.reference(shape, w, s))
+
+
+def test_with_every_fused_op_o_proj_gate_up_and_down_run_back_to_back():
+    """No kernel between the attention's output and the layer's: o_proj adds the
+    residual, gate_up normalises its input and gates, down adds the residual."""
+    log: list[str] = []
+
+    def logged(name, fn):
+        def call(*args):
+            log.append(name)
+            return fn(*args)
+
+        return call
+
+    pieces = L.Pieces.make(compiled=False)
+    pieces = L.Pieces(**{n: logged(n, f) for n, f in vars(pieces).items()})
+    shape = small_shape(*SMALL[0])
+    w, s = inputs(shape, 3)
+    pkg = fake_package(FUSIONS, log)
+    layer = L.Cudal2Layer(shape, w, pieces, pkg)
+    assert close(layer(s), L.reference(shape, w, s))
+    assert log == ["linear_rmsnorm", "rope_split", "linear_residual", "linear_gated",
+                   "linear_residual"]  # fmt: skip
+    # gate_up's weight was packed and folded once, at construction
+    want = pkg.fold_rmsnorm(pkg.pack_gate_up(w.gate, w.up), w.post_norm)
+    assert torch.equal(layer.w_gu, want)
 
 
 def test_the_plan_prefers_the_gated_op_for_gate_up_and_folds_the_norm_into_qkv():
@@ -145,9 +205,10 @@ def test_the_plan_prefers_the_gated_op_for_gate_up_and_folds_the_norm_into_qkv()
     assert L.plan(everything) == {
         "qkv": "rmsnorm",
         "o_proj": "residual",
-        "gate_up": "gated",
+        "gate_up": "rmsnorm_gated",
         "down": "residual",
     }
+    assert L.plan({**everything, "rmsnorm": False})["gate_up"] == "gated"
     assert L.plan({**everything, "gated": False})["gate_up"] == "rmsnorm"
     assert set(L.plan({f: False for f in L.FUSIONS}).values()) == {"none"}
     # a fused op without its packer is not a capability
@@ -264,3 +325,29 @@ def test_the_llm_public_manifest_covers_every_gemm_of_both_layers():
         for n, k in L.layer_shape(model).gemms().values():
             for dtype, m in itertools.product(("fp16", "bf16"), (1, 16, 64)):
                 assert (dtype, m, n, k) in targets, (model, dtype, m, n, k)
+
+
+# The epilogue of the target each fused op of the full plan dispatches to (the package's
+# op picks it: linear_gated with eps -> rmsnorm_<act>; linear_rmsnorm -> rmsnorm).
+PLAN_EPILOGUES = {"rmsnorm": "rmsnorm", "residual": "residual", "rmsnorm_gated": "rmsnorm_silu"}
+
+
+def test_the_layer_epilogues_manifest_covers_every_gemm_plain_and_fused():
+    """bench/manifests/layer-epilogues-h100.toml (the wheel of the fused layer) has, for
+    each GEMM both layers run, at each M and dtype: a plain target and one with the
+    epilogue the full plan calls it with; and nothing else."""
+    from cudal2.manifest import load_manifest
+
+    path = L.CONFIGS.parents[1] / "bench" / "manifests" / "layer-epilogues-h100.toml"
+    got = {
+        (t.dtype, t.m, t.n, t.k, t.epilogue)
+        for t in load_manifest(path).targets
+        if t.layout == "tn"
+    }
+    full = L.plan({f: True for f in L.FUSIONS})
+    want = set()
+    for model in L.MODELS:
+        for gemm, (n, k) in L.layer_shape(model).gemms().items():
+            for dtype, m in itertools.product(("fp16", "bf16"), (1, 16, 64)):
+                want |= {(dtype, m, n, k, "none"), (dtype, m, n, k, PLAN_EPILOGUES[full[gemm]])}
+    assert got == want

@@ -90,3 +90,76 @@ def test_the_cli_exits_2_on_a_bad_epilogue(tmp_path):
     path = tmp_path / "manifest.toml"
     path.write_text(_model(LLAMA, "{ o = ['gelu'] }"))
     assert main([str(path), "--dry-run"]) == 2
+
+
+def test_the_gated_and_row_scaled_epilogues_expand_to_targets(tmp_path):
+    """The layer benchmark's set: qkv rmsnorm, gate_up rmsnorm_silu, o and down
+    residual (llama-3.1-70b tp 8: gate_up packs 2 x 3584 rows, its output 3584 wide)."""
+    m = _load(
+        tmp_path,
+        _model(
+            LLAMA,
+            "{ qkv = ['rmsnorm'], gate_up = ['rmsnorm_silu', 'silu'], o = ['residual'], "
+            "down = ['residual'] }",
+        ),
+    )
+    fused = {(t.m, t.n, t.k, t.epilogue, t.out_n) for t in m.targets if t.epilogue != "none"}
+    want = {
+        (mm, n, k, e, out_n)
+        for mm in (1, 16)
+        for n, k, e, out_n in (
+            (1280, 8192, "rmsnorm", 1280),
+            (7168, 8192, "rmsnorm_silu", 3584),
+            (7168, 8192, "silu", 3584),
+            (8192, 1024, "residual", 8192),
+            (8192, 3584, "residual", 8192),
+        )
+    }
+    assert fused == want
+
+
+def _odd_mlp(tmp_path: Path) -> Path:
+    """tinyllama with an odd MLP width: ``up`` (unfused projections) has an odd N."""
+    import json
+
+    config = json.loads((CONFIGS / "tinyllama-1.1b" / "config.json").read_text())
+    config["intermediate_size"] = 5633
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+# (the epilogues value, fused projections?, the key path named, the value named)
+BAD_GATED: list[tuple[str, bool, str, Any]] = [
+    ("{ up = ['silu'] }", False, "model[0].epilogues.up[0]", "silu"),
+    ("{ up = ['residual', 'rmsnorm_gelu_tanh'] }", False, "model[0].epilogues.up[1]",
+     "rmsnorm_gelu_tanh"),
+    ("{ gate_up = ['swiglu'] }", True, "model[0].epilogues.gate_up[0]", "swiglu"),
+    ("{ qkv = ['rms_norm'] }", True, "model[0].epilogues.qkv[0]", "rms_norm"),
+    ("{ gate_up = ['rmsnorm_silu'] }", False, "model[0].epilogues.gate_up", ["rmsnorm_silu"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "fused", "key_path", "named"), BAD_GATED, ids=[b[0] for b in BAD_GATED]
+)
+def test_bad_gated_epilogues_name_key_path_and_value(tmp_path, value, fused, key_path, named):
+    text = _model(_odd_mlp(tmp_path), value).replace("tp = 8\n", f"fused = {str(fused).lower()}\n")
+    with pytest.raises(ManifestError) as info:
+        _load(tmp_path, text)
+    assert info.value.key_path == key_path
+    assert info.value.value == named
+    assert key_path in str(info.value)
+
+
+def test_an_even_n_takes_a_gated_epilogue_and_the_cli_exits_2_on_an_odd_one(tmp_path):
+    from cudal2.cli.build import main
+
+    config = _odd_mlp(tmp_path)
+    # packed gate_up: 2 x 5633 rows, even
+    m = _load(tmp_path, _model(config, "{ gate_up = ['silu'] }").replace("tp = 8\n", ""))
+    assert {(t.n, t.out_n) for t in m.targets if t.epilogue == "silu"} == {(11266, 5633)}
+    path = tmp_path / "manifest.toml"
+    path.write_text(_model(config, "{ up = ['silu'] }").replace("tp = 8\n", "fused = false\n"))
+    assert main([str(path), "--dry-run"]) == 2

@@ -164,18 +164,27 @@ def test_the_row_scale_and_the_gated_store_are_rendered_where_they_belong(case, 
     body = _kernel_body(render(d))
     scaled, act = epilogue in ROW_SCALED, EPILOGUE_ACTIVATION.get(epilogue)
     assert body.startswith('extern "C"') and ("long long ldr,\n    float eps)" in body) == scaled
-    wait, loop = body.index("pdl_wait();"), body.index("for (int t = 0; t < nk; ++t)")
+    wait = body.index("pdl_wait();")
+    consumers = body.index("float d[MP][NACC];")
     rank_sum = body.index("const float4 p = *reinterpret_cast<const float4*>(")
     store = body.index("T* dst = C + (long long)m * ldc + ")
     if scaled:
-        # the squares are read from the ring's A tile inside the main loop (after the
-        # wait: A is an activation), parked after it, applied after the rank sum
-        squares = body.index("sq[i] = fmaf(f.x, f.x")
-        park = body.index("rowsq[row] = v;")
-        scale = body.index("const float rs = rsqrtf(ss / (float)K + eps);")
-        assert wait < loop < squares < park < rank_sum < scale < store
+        # the squares are read from the ring's A tile by the producer warpgroup's helper
+        # warps (after the wait: A is an activation), before the consumers' code (their
+        # main loop is the plain one); one rs per row after the split-K barrier; the
+        # sums applied after the rank sum, before the store
+        helper = body.index("if (tid >= WGS * 128 + 32) {")
+        squares = body.index("sq[i] += s01 + s23;")
+        rs = body.index("rs_row[ml] = rsqrtf(ss / (float)K + eps);")
+        scale = body.index("const float rs = rs_row[ml];")
+        assert wait < helper < squares < consumers < rs < rank_sum < scale < store
+        assert "fmaf(f.x" not in body[consumers:]
+        assert "4 * WGS + ROWSQ_WARPS" in body  # the empty barrier counts the helpers
+        # and the consumers wait for them before the fp32 tile overwrites the ring
+        assert '"n"(128 * WGS + 32 * ROWSQ_WARPS)' in body
     else:
-        assert "rsqrtf" not in body and "eps" not in body
+        assert "rsqrtf" not in body and "eps" not in body and "ROWSQ_WARPS" not in body
+        assert '"n"(128 * WGS)' in body
     if act:
         assert f"act_{act}(v.x) * v.y" in body and "ldc + (n >> 1)" in body
         assert f"float act_{act}(float g)" in render(d)
@@ -183,11 +192,18 @@ def test_the_row_scale_and_the_gated_store_are_rendered_where_they_belong(case, 
         assert "(n >> 1)" not in body and "act_" not in body
 
 
+def test_the_row_scale_takes_tiles_of_at_most_64_rows():
+    wide = base.with_epilogue(_first(persistent=0, warpgroups=2, swap=0), "rmsnorm")
+    assert sm90_tma.tile_mn(wide)[0] > sm90_tma.ROWSQ_MAX_BM
+    assert any("tiles of at most 64 rows" in r for r in legality(wide)), legality(wide)
+    assert legality(base.with_epilogue(wide, "silu")) == []  # the gated store has no limit
+
+
 def test_the_row_scale_parks_its_sums_where_smem_bytes_counts_them():
     d = base.with_epilogue(_first(persistent=0, split_k=2, swap=1), "rmsnorm")
     bm, _ = sm90_tma.tile_mn(d)
     plain = base.with_epilogue(d, "none")
-    assert sm90_tma.smem_bytes(d) == sm90_tma.smem_bytes(plain) + 4 * bm
+    assert sm90_tma.smem_bytes(d) == sm90_tma.smem_bytes(plain) + 8 * bm  # sums, then rs
     src = render(d)
     assert f"ROWSQ_OFFSET = DATA_BYTES + {sm90_tma.BARRIER_BYTES};" in src
     assert sm90_tma.BARRIER_BYTES >= 16 * 16  # full + empty mbarriers of the deepest ring

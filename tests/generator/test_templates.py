@@ -187,6 +187,9 @@ GOLDEN = [
      split_k=1, persistent=2, cluster_m=1), "f764f2d0801dd9b8"),
     ("sm90wgmma", "fp16", "tn", dict(warpgroups=1, bn=64, stages=3), "23ebafd9a2fd1827"),
     ("sm90wgmma", "bf16", "tn", dict(warpgroups=1, bn=64, stages=3), "53109e972e812fb7"),
+    # added with the RMSNorm row scale (issue 20): a multicast pair of 32-row tiles
+    ("sm90tma", "fp16", "tn", dict(swap=1, warpgroups=1, m_blocks=1, wgmma_n=32, stages=4,
+     split_k=1, persistent=0, cluster_m=2), "25847726808e3c6c"),
 ]  # fmt: skip
 
 
@@ -241,9 +244,10 @@ GOLDEN_EPILOGUE = [
     (9, "bias", "before_epilogue", "ccf215552d9a799a"),
     # the gated activation and RMSNorm row scale (one-tile kernel only), their digests
     # taken when they were added
-    (8, "rmsnorm_silu", "entry", "32e2853a2a155adf"),
+    (8, "rmsnorm_silu", "entry", "8625658053bd3c7e"),
     (9, "gelu_tanh", "none", "b3ad6de3fb87d048"),
-    (8, "rmsnorm_bias", "after_mainloop", "9b552153274cbedd"),
+    (8, "rmsnorm_bias", "after_mainloop", "bd7711e8b375e327"),
+    (14, "rmsnorm_gelu_tanh", "entry", "1bd90d20da37eba9"),
 ]
 
 

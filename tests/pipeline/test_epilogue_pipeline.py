@@ -9,6 +9,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from cudal2.cli import build as build_cli
 from cudal2.manifest import load_manifest
 from cudal2.pipeline.job import read_job
@@ -103,3 +105,57 @@ def test_the_ci_epilogue_summary_takes_the_fastest_correct_fused_kernel():
     assert r["kernel"] == "a_residual" and r["fused_us"] == 10.0
     assert r["plain_kernel_us"] == 9.0 and r["unfused_over_fused"] == 2.0
     assert s["geomean_unfused_over_fused"] == 2.0
+
+
+def test_the_ci_epilogue_job_plans_the_gated_set_on_one_tile_designs():
+    from cudal2.generator import legality
+    from cudal2.generator.families.base import epilogue, with_epilogue
+
+    job = _epilogue_job()
+    plan = job.plan("gated")
+    want = {(6144, 4096, "rmsnorm"), (28672, 4096, "rmsnorm_silu")}
+    assert {(t.n, t.k, t.epilogue) for t, _ in plan if t.epilogue != "none"} == want
+    assert {t.m for t, _ in plan} == {1, 16, 64}
+    assert {t.dtype for t, _ in plan} == {"fp16", "bf16"}
+    tiles: dict = {}
+    for t, d in plan:
+        assert d.family == "sm90tma" and d.dtype == t.dtype and epilogue(d) == t.epilogue
+        assert d.knobs.persistent == 0 and legality(d) == []
+        tiles.setdefault((t.dtype, t.m, t.n, t.epilogue), set()).add(with_epilogue(d, "none"))
+    # each tile plain and fused, two or three tiles per target
+    for (dtype, m, n, e), ds in tiles.items():
+        if e != "none":
+            assert ds == tiles[(dtype, m, n, "none")] and 2 <= len(ds) <= 3
+    with pytest.raises(ValueError, match="unknown set 'gelu'"):
+        job.plan("gelu")
+
+
+def test_the_ci_epilogue_summary_keeps_dtypes_apart():
+    job = _epilogue_job()
+
+    def row(dtype, e, us, torch_us):
+        return {"dtype": dtype, "m": 1, "n": 6144, "k": 4096, "epilogue": e,
+                "kernel": f"a_{e}", "tile": "a", "status": "ok", "median_us": us,
+                "torch_us": torch_us, "max_abs_err": 0.01, "bound_from": 0.02}  # fmt: skip
+
+    rows = [row("fp16", "none", 9.0, 8.0), row("bf16", "none", 7.0, 8.0),
+            row("fp16", "rmsnorm", 10.0, 20.0), row("bf16", "rmsnorm", 8.0, 16.0)]  # fmt: skip
+    s = job.summarize(rows)
+    got = {(r["dtype"], r["plain_kernel_us"], r["unfused_over_fused"]) for r in s["rows"]}
+    assert got == {("fp16", 9.0, 2.0), ("bf16", 7.0, 2.0)}
+
+
+def test_a_recorded_persistent_design_is_left_out_of_the_gated_set():
+    """Only the one-tile kernel renders the gated and row-scaled epilogues: a recorded
+    persistent best is skipped, the fixed split-K designs stay."""
+    from cudal2.generator.families import sm90_tma
+
+    job = _epilogue_job()
+    persistent = sm90_tma.design("bf16", 2, 1, True, 128, 6, 1, pers=1)
+    one_tile = sm90_tma.design("bf16", 1, 1, True, 32, 8, 1)
+    for recorded, first in (({(16, 6144, 4096): persistent}, None),
+                            ({(16, 6144, 4096): one_tile}, one_tile)):  # fmt: skip
+        got = job.gated_designs_for("bf16", 1, 6144, 4096, "rmsnorm", recorded)
+        splits = [d.knobs.split_k for d in got]
+        assert (got[0] == first) if first else persistent not in got
+        assert splits[-2:] == [2, 4]

@@ -31,6 +31,12 @@ DESIGNS = {
     "swap_split8": dict(wgs=1, mp=1, swap=True, n=16, stages=8, split=8),
     "pair": dict(wgs=2, mp=1, swap=False, n=128, stages=4, split=1, cluster=2),
     "persistent_swap": dict(wgs=2, mp=1, swap=True, n=128, stages=6, split=1, pers=1),
+    # tiles of at most 64 rows (the row scale's helper warps): split-K, a multicast
+    # pair, two consumer warpgroups (setmaxnreg: the helpers run on the producer's
+    # registers)
+    "split4_bm64": dict(wgs=1, mp=1, swap=False, n=128, stages=6, split=4),
+    "pair_bm64": dict(wgs=1, mp=1, swap=False, n=64, stages=4, split=1, cluster=2),
+    "swap_wg2": dict(wgs=2, mp=1, swap=True, n=64, stages=8, split=1),
     "pingpong": dict(wgs=2, mp=2, swap=False, n=128, stages=4, split=1, pers=2),
 }
 
@@ -48,7 +54,9 @@ def _kernel(tmp_path, d: KernelDesign):
 def _runner(kernel, d: KernelDesign, t: Target):
     from cudal2.verify.launch import dense_epilogue, launch_dense
 
-    def run(a, b, c, epi):
+    def run(a, b, c, epi=None):
+        # correctness.check passes no operands to an epilogue that reads none
+        epi = epi or {}
         ops = dense_epilogue(
             t,
             epi["bias"].data_ptr() if "bias" in epi else 0,
@@ -119,5 +127,51 @@ def test_pdl_epilogue_design_passes_the_pair_check(tmp_path, shape, trigger):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(5)
     t = Target("sm_90a", "fp16", "tn", 16, 4096, 4096, epilogue="bias_residual")
+    verdict = pdl_pair.check(t, _runner(kernel, d, t), gen)
+    assert verdict.ok, verdict.error
+
+
+# The gated-activation and RMSNorm row-scale epilogues: the one-tile kernel only.
+ONE_TILE_EPILOGUES = ["silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias", "rmsnorm_silu",
+                      "rmsnorm_gelu_tanh"]  # fmt: skip
+ONE_TILE_DESIGNS = ["tile", "split4_bm64", "swap_split8", "pair_bm64", "swap_wg2"]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("epilogue", ONE_TILE_EPILOGUES)
+@pytest.mark.parametrize("shape", ONE_TILE_DESIGNS)
+def test_gated_and_row_scaled_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
+    """The fp32 reference of the spec (row scale from A, gate and up rows in pairs,
+    output [M, N/2]), bounded by torch's RMSNorm + GEMM + activation; the residue
+    shapes with an even N where the epilogue is gated."""
+    from cudal2.records import EPILOGUE_ACTIVATION
+    from cudal2.verify import correctness
+
+    d = base.with_epilogue(sm90_tma.design(dtype, **DESIGNS[shape]), epilogue)
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(6)
+    for m, n, k in SHAPES + [(64, 28672, 4096)]:
+        if epilogue in EPILOGUE_ACTIVATION and n % 2:
+            n += 1
+        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
+        res = correctness.check(t, _runner(kernel, d, t), gen)
+        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
+        assert res.vendors == (f"torch+{epilogue}",)
+
+
+@pytest.mark.parametrize("epilogue", ["rmsnorm", "rmsnorm_silu"])
+@pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
+def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogue, trigger):
+    """The row scale's squares come from A, poisoned until the producer writes it."""
+    from cudal2.verify import pdl_pair
+
+    d = base.with_pdl(
+        base.with_epilogue(sm90_tma.design("fp16", **DESIGNS["split4_bm64"]), epilogue), trigger
+    )
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7)
+    t = Target("sm_90a", "fp16", "tn", 16, 6144, 4096, epilogue=epilogue)
     verdict = pdl_pair.check(t, _runner(kernel, d, t), gen)
     assert verdict.ok, verdict.error
