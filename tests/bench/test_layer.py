@@ -351,3 +351,29 @@ def test_the_layer_epilogues_manifest_covers_every_gemm_plain_and_fused():
             for dtype, m in itertools.product(("fp16", "bf16"), (1, 16, 64)):
                 want |= {(dtype, m, n, k, "none"), (dtype, m, n, k, PLAN_EPILOGUES[full[gemm]])}
     assert got == want
+
+
+def test_the_runtimes_packers_and_unfused_ops_give_the_reference_layer():
+    """The stand-ins above against the runtime's own (``packaging/runtime/fused.py``:
+    the packers and torch's unfused ops, what ``linear_gated`` / ``linear_rmsnorm``
+    run where the table has no kernel): same packing, same layer."""
+    from cudal2.packaging.runtime import fused
+
+    shape = small_shape(*SMALL[2])
+    w, s = inputs(shape, 3, seed=4)
+    mine = fake_package(FUSIONS)
+    assert torch.equal(fused.pack_gate_up(w.gate, w.up), mine.pack_gate_up(w.gate, w.up))
+    assert torch.equal(
+        fused.fold_rmsnorm(w.qkv(), w.in_norm), mine.fold_rmsnorm(w.qkv(), w.in_norm)
+    )
+    real = types.SimpleNamespace(
+        linear=F.linear,
+        linear_residual=lambda x, w, r: F.linear(x, w) + r,
+        linear_gated=fused.unfused_gated,
+        pack_gate_up=fused.pack_gate_up,
+        linear_rmsnorm=fused.unfused_rmsnorm,
+        fold_rmsnorm=fused.fold_rmsnorm,
+    )
+    layer = L.Cudal2Layer(shape, w, L.Pieces.make(compiled=False), real)
+    assert layer.plan["gate_up"] == "rmsnorm_gated"
+    assert close(layer(s), L.reference(shape, w, s))

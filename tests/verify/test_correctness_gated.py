@@ -230,3 +230,51 @@ def test_a_gated_random_trial_stays_far_from_fp16s_range(epilogue, k):
     assert 0.5 < float(ref.abs().max()) < 2.0**10
     plain = Target("sm_90a", "fp16", "tn", 16, 1024, k, epilogue="rmsnorm")
     assert correctness.gated_b_scale(plain) == 1.0
+
+
+class _Tensor:
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+@pytest.mark.parametrize(
+    ("epilogue", "ldc", "eps"),
+    [("rmsnorm_silu", 14336, correctness.EPS), ("gelu_tanh", 14336, 0.0),
+     ("rmsnorm", 28672, correctness.EPS)],
+)  # fmt: skip
+def test_the_worker_launches_a_gated_design_with_ldc_out_n_and_eps(
+    tmp_path, monkeypatch, epilogue, ldc, eps
+):
+    """The worker's ``run`` gives a one-tile gemm_v3 kernel C's row stride out_n (N/2
+    for a gated one: the kernel's N stays the packed 2I) and the row scale's eps."""
+    from cudal2.generator import design_name, launch_recipe
+    from cudal2.generator.families import base, sm90_tma
+    from cudal2.packaging.runtime.abi import EpilogueArgs
+    from cudal2.pipeline.results import kernel_job
+    from cudal2.records import BuildResult, TimingConfig
+    from cudal2.verify import worker
+
+    d = base.with_epilogue(sm90_tma.design("fp16", 1, 1, True, 16, 8, 2), epilogue)
+    assert launch_recipe(d)["abi"] == "gemm_v3"
+    t = Target("sm_90a", "fp16", "tn", 16, 28672, 4096, epilogue=epilogue)
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"\x7fELF not really")
+    job = kernel_job(t, d, BuildResult(d.key, "a" * 64, True, design_name(d)), TimingConfig(reps=5),
+                     str(cubin))  # fmt: skip
+    launched = []
+    monkeypatch.setattr(worker, "_stream", lambda: 7)
+    monkeypatch.setattr(worker, "launch_dense", lambda *a: launched.append(a))
+    runs = []
+    monkeypatch.setattr(worker, "_check_and_time", lambda job, run, *a, **k: runs.append(run))
+    worker.run_job(job, 0, "NVIDIA H100 80GB HBM3", correctness.torch_error)
+    (run,) = runs
+    run(_Tensor(1), _Tensor(2), _Tensor(3), {})
+    (args,) = launched
+    assert args[3:] == (1, 2, 3, 7, 0, EpilogueArgs(0, 0, ldc, eps))
+    from cudal2.verify.launch import dense_gemm
+
+    gemm = dense_gemm(t, 1, 2, 3)
+    assert (gemm.n, gemm.ldc) == (28672, ldc)
