@@ -7,6 +7,7 @@
 #   bash ci/gpu_layer_build.sh                        # build (~8 min: measuring, memcheck)
 #   DB=.layer-job/layer-epilogues-h100.measurements.jsonl.gz bash ci/gpu_layer_build.sh
 #        (carry .layer-job: a build cut short by BUILD_TIMEOUT resumes from its database)
+#   RECHECK=1 DB=... bash ci/gpu_layer_build.sh      # the would-be winners memchecked again
 #   WHEEL=.layer-job/<wheel> bash ci/gpu_layer.sh      # the layer benchmark (carry .layer-job)
 #
 # Under $OUT: layer-build.txt (the build log), layer-epilogues-h100.measurements.jsonl.gz
@@ -24,6 +25,15 @@ if [ "${TESTS:-0}" = 1 ]; then
   step "GPU tests of the gated and row-scaled epilogues"
   timeout 300 $PY -m pytest -q -m gpu tests/verify/test_epilogue_gpu.py -k "gated or row_scaled" \
     -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/epilogue-tests.txt"
+fi
+if [ "${RECHECK:-0}" = 1 ]; then
+  # Every would-be winner checked again, failures too: a clean check lifts a veto that a
+  # harness fault recorded (the sanitizer's small target lost the epilogue before
+  # verify/sanitizer.py kept it).
+  step "memcheck --recheck of the would-be winners"
+  timeout "${RECHECK_TIMEOUT:-300}" $PY -m cudal2.pipeline.memcheck --recheck --parallel 8 \
+    --db bench/manifests/layer-epilogues-h100.toml "$db" --json "$OUT/memcheck.json" 2>&1 \
+    | noprogress | tail -4
 fi
 step "build bench/manifests/layer-epilogues-h100.toml ($(wc -l < "$db") records to start from)"
 timeout "${BUILD_TIMEOUT:-480}" cudal2-build bench/manifests/layer-epilogues-h100.toml \

@@ -117,3 +117,22 @@ def test_the_local_runner_memchecks_several_at_a_time(monkeypatch, recorded_meas
     assert most[0] == 4 and sorted(a.job.cubin for a in answers) == sorted(j.cubin for j in jobs)
     bad = [a for a in answers if a.status == Status.SANITIZER]
     assert [a.job.cubin for a in bad] == ["/nowhere/3.cubin"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        Target("sm_90a", "fp16", "tn", 64, 28672, 4096, epilogue="rmsnorm_silu"),
+        Target("sm_90a", "bf16", "tn", 1, 6144, 4096, epilogue="rmsnorm"),
+        Target("sm_90a", "fp16", "tn", 300, 4096, 14336, epilogue="residual"),
+        Target("sm_90a", "fp16", "tn", 3, 70, 40, epilogue="silu"),
+    ],
+    ids=lambda t: t.label,
+)
+def test_the_checked_size_keeps_the_epilogue(target):
+    """A fused kernel is checked with its epilogue's arguments: the cut target keeps it
+    (and an even N for a gated one)."""
+    s = sanitizer.small(target)
+    assert s.epilogue == target.epilogue
+    assert (s.m, s.n, s.k) == (min(target.m, 130), min(target.n, 136), min(target.k, 264))
+    assert s.out_n * 2 == s.n or s.epilogue not in ("silu", "rmsnorm_silu")
