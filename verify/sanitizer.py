@@ -102,7 +102,11 @@ def _child(job_path: str) -> None:
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     a, b = operands(t, "random", gen)
-    epi = {name: x.data_ptr() for name, x in epilogue_operands(t, "random", gen).items()}
+    # The epilogue's operands stay referenced until the launch has finished: a pointer
+    # to a freed tensor is what memcheck reports (it did, on the H100, for every fused
+    # bias and residual kernel while only the pointers were kept).
+    epi_tensors = epilogue_operands(t, "random", gen)
+    epi = {name: x.data_ptr() for name, x in epi_tensors.items()}
     ops = dense_epilogue(t, epi.get("bias", 0), epi.get("residual", 0))
     # The output ([M, out_n]: N/2 columns for a gated epilogue) gets an allocation of
     # exactly its size (torch may round sizes up, and memcheck only sees writes past
@@ -117,6 +121,7 @@ def _child(job_path: str) -> None:
         kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), int(c_ptr), stream, epilogue=ops
     )
     torch.cuda.synchronize()
+    del epi_tensors  # only now
 
 
 if __name__ == "__main__":

@@ -175,3 +175,26 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
     t = Target("sm_90a", "fp16", "tn", 16, 6144, 4096, epilogue=epilogue)
     verdict = pdl_pair.check(t, _runner(kernel, d, t), gen)
     assert verdict.ok, verdict.error
+
+
+@pytest.mark.parametrize(
+    ("shape", "epilogue"),
+    [("split4", "residual"), ("tile", "bias_residual"), ("split4_bm64", "rmsnorm_silu"),
+     ("swap_split8", "rmsnorm_bias"), ("pair_bm64", "gelu_tanh")],
+)  # fmt: skip
+def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
+    """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its
+    epilogue's arguments, alive until the launch ends: every fused kernel's check failed
+    on the H100 while the checked target lost its epilogue, then while only the
+    operands' pointers were kept."""
+    from cudal2.verify import sanitizer
+
+    if sanitizer.find_sanitizer() is None:
+        pytest.skip("needs compute-sanitizer")
+    d = base.with_epilogue(sm90_tma.design("fp16", **DESIGNS[shape]), epilogue)
+    cache = ArtifactCache(tmp_path)
+    b = build(d, cache)
+    assert b.ok, b.error
+    t = Target("sm_90a", "fp16", "tn", 300, 4096, 4096, epilogue=epilogue)
+    res = sanitizer.memcheck(cache.cubin_path(b.artifact_key), b.symbol, launch_recipe(d), t)
+    assert res.ok, res.report
