@@ -625,6 +625,36 @@ def epilogue_timing(root: Path) -> str:
     return "\n".join(lines)
 
 
+EPILOGUE_GATED_TIMING = "bench/results/h100-epilogue-gated-timing.json"
+
+
+def epilogue_gated_timing(root: Path) -> str:
+    """``docs/kernels.md``'s table of the row-scaled and gated epilogues
+    (``ci/epilogue_job.py prepare --set gated``, then ``ci/gpu_epilogue.sh``): per dtype,
+    target and epilogue, the job's fastest fused design, the same tile plain, and torch's
+    unfused op (RMSNorm in the dtype, GEMM, SiLU·mul), offline, one process."""
+    d = json.loads((root / EPILOGUE_GATED_TIMING).read_text())
+    ok = sum(j["status"] == "ok" for j in d["jobs"])
+    lines = [
+        f"{d['gpu']}, tn, offline (`{EPILOGUE_GATED_TIMING}`): {ok} of {len(d['jobs'])} "
+        "jobs passed the correctness suite (fp32 fused reference, bounded by torch's "
+        "unfused op).",
+        "",
+        "| dtype | M×N×K | epilogue | fused µs | the tile plain µs | fused − plain µs "
+        "| torch unfused µs | unfused / fused |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(d["rows"], key=lambda r: (r["dtype"], r["n"], r["m"], r["epilogue"])):
+        lines.append(
+            f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['epilogue']} | "
+            f"{r['fused_us']:.1f} | {r['plain_kernel_us']:.1f} | "
+            f"{r['fused_us'] - r['plain_kernel_us']:+.1f} | {r['unfused_torch_us']:.1f} | "
+            f"{r['unfused_over_fused']:.3f} |"
+        )
+    lines += ["", f"Geomean unfused / fused over every row: {d['geomean_unfused_over_fused']:.3f}."]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -636,6 +666,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "pdl-public": pdl_public,
     "layer-bench": layer_bench,
     "epilogue-timing": epilogue_timing,
+    "epilogue-gated-timing": epilogue_gated_timing,
 }
 
 _BLOCK = re.compile(

@@ -117,6 +117,22 @@ def test_the_epilogue_table_is_made_from_its_results_file(tmp_path):
     assert table.count("| 9.999 |") == 1
 
 
+def test_the_gated_epilogue_table_is_made_from_its_results_file(tmp_path):
+    """Each row's figures (and fused − plain) and the passed-job count come from the file."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.EPILOGUE_GATED_TIMING).read_text())
+    r = d["rows"][0]
+    r["fused_us"], r["plain_kernel_us"], r["unfused_over_fused"] = 30.5, 20.25, 9.999
+    d["jobs"][0]["status"] = "incorrect"
+    (tmp_path / standing.EPILOGUE_GATED_TIMING).write_text(json.dumps(d))
+    table = standing.epilogue_gated_timing(tmp_path)
+    assert f"{len(d['jobs']) - 1} of {len(d['jobs'])} jobs passed" in table
+    row = f"| {r['dtype']} | {r['m']}×{r['n']}×{r['k']} | {r['epilogue']} | 30.5 | 20.2 | +10.2 |"
+    assert row in table
+    assert table.count("| 9.999 |") == 1
+    assert table.count("\n| ") == len(d["rows"]) + 1  # the header and one line a row
+
+
 BROKEN = [
     # (document, what the error names)
     ("<!-- cudal2:begin where-it-stands -->\nx\n", "without its cudal2:end"),
