@@ -291,9 +291,9 @@ def pdl(kernel: str, layout: str, trigger: str) -> dict[str, Any]:
 # persistent kernel's (an accumulator pair before its store: bias and residual only,
 # the others are legal in the one-tile kernel alone). The row scale's sums of squares
 # are taken from A's tiles in the ring by the producer warpgroup's idle warps
-# (``rowsq_helper``, their constants ``consts``, ``TMA_ROWSQ_PAIR``) and turned into one
-# rs per row before the stores (``rs_rows``); the gated activations are device
-# functions (``helpers``).
+# (``rowsq_helper``, their constants ``consts``, ``TMA_ROWSQ_PAIR``), stored into every
+# split-K rank's slot, and applied per four-column group (``add4``; ``rs_rows`` holds
+# 1 / K); the gated activations are device functions (``helpers``).
 # ``none``: no parameters and NONE partials, so a plain design's source is unchanged,
 # and bias / residual designs' source is what it was before the later epilogues.
 EPILOGUE_PARAMS = ",\n    const T* __restrict__ bias, const T* residual, long long ldr"

@@ -85,10 +85,10 @@ BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
 # squares beside the fp32 tile (the persistent kernels store from their accumulators).
 ONE_TILE_EPILOGUES = frozenset((*EPILOGUE_ACTIVATION, *ROW_SCALED))
 # The row scale's sums of squares are taken by the producer warpgroup's three idle
-# warps, one register per 16-byte chunk they own: at most 64 rows (6 registers each,
-# within the producer's budget after setmaxnreg). Measured on the H100: the sums taken
-# by the consumers cost up to +70% at M = 64, by the helper warps in a latency-bound
-# loop (shuffles and a shared-memory sum per k tile) more.
+# warps, a k tile's 16-byte loads in flight together and one register sum per chunk:
+# at most 64 rows (6 loads and sums a thread, within the producer's budget after
+# setmaxnreg). Measured on the H100 (docs/kernels.md): the sums taken by the consumers
+# cost up to +70% at M = 64.
 ROWSQ_MAX_BM = 64
 PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
