@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cudal2.policy.base import Proposer, Space
+from cudal2.policy.fused import FusedSeedProposer
 from cudal2.policy.grid import GridProposer
 from cudal2.policy.pdl import PdlProposer
 from cudal2.policy.random_search import RandomProposer
@@ -26,8 +27,10 @@ def make_proposer(
     target, the designs to search (None, or a target it gives None for: the legal
     space). The policy also takes the measuring ``gpu``'s model name (its adapter and
     prompt features) and whether its weights are ``updates``d between rounds. With
-    ``pdl``, each proposed tile is followed by its PDL variants (``policy.pdl``)."""
-    proposer = _plain(name, seed, families, gpu, updates, space)
+    ``pdl``, each proposed tile is followed by its PDL variants (``policy.pdl``). A
+    target with a fused epilogue opens with its plain GEMM's fastest tiles, fused
+    (``policy.fused``)."""
+    proposer = FusedSeedProposer(_plain(name, seed, families, gpu, updates, space))
     return PdlProposer(proposer) if pdl else proposer
 
 

@@ -314,11 +314,23 @@ class Build:
         # Designs the runner had no answer for, per target: proposed again, they would
         # crowd out new ones (a deterministic proposer would propose them every round).
         unanswered: dict[Target, set[str]] = {}
+        # A fused-epilogue target's proposer also sees its plain GEMM's records (the
+        # database's and this build's): the fastest of them, fused, open its rounds
+        # (policy.fused).
+        plain_records: dict[Target, list[Measurement]] = {}
+        for x in history:
+            plain_records.setdefault(x.target, []).append(x)
         started = time.monotonic()
         for rnd in range(m.search.rounds):
             label = f"round {rnd + 1}/{m.search.rounds}"
             proposals = {
-                t: _propose(proposer, t, this_build, m.search.candidates, unanswered.get(t, set()))
+                t: _propose(
+                    proposer,
+                    t,
+                    (plain_records.get(t.plain, []) if t.epilogue != "none" else []) + this_build,
+                    m.search.candidates,
+                    unanswered.get(t, set()),
+                )
                 for t in targets
             }
             designs = [d for ds in proposals.values() for d in ds]
