@@ -13,6 +13,7 @@ from cudal2.database import MeasurementDB, latest
 from cudal2.generator.families.base import epilogue, pdl_trigger, with_epilogue, with_pdl
 from cudal2.generator.space import legality
 from cudal2.policy import make_proposer
+from cudal2.policy.base import measured_designs
 from cudal2.policy.fused import SEEDS, FusedSeedProposer, fused_seeds
 from cudal2.policy.grid import GridProposer
 from cudal2.records import Target
@@ -57,7 +58,10 @@ def test_a_fused_round_opens_with_the_seeds_and_a_plain_one_is_unchanged(history
     grid = GridProposer()
     seeded = FusedSeedProposer(GridProposer())
     got = seeded.propose(O_PROJ, history, 8)
-    assert got[:SEEDS] == fused_seeds(O_PROJ, history)[:SEEDS]
+    seen = measured_designs(O_PROJ, history)
+    unseen = [d for d in fused_seeds(O_PROJ, history) if d.key not in seen]
+    assert seen and len(unseen) >= SEEDS  # the records hold some seeds measured already
+    assert got[:SEEDS] == unseen[:SEEDS]  # the fastest not measured yet open the round
     assert len(got) == 8 and len({d.key for d in got}) == 8
     assert (
         got[SEEDS:]
@@ -71,5 +75,7 @@ def test_a_fused_round_opens_with_the_seeds_and_a_plain_one_is_unchanged(history
 def test_the_build_proposer_seeds_fused_targets_before_pdl_variants(history):
     p = make_proposer("grid", pdl=True)
     got = p.propose(O_PROJ, history, 8)
-    seeds = fused_seeds(O_PROJ, history)
-    assert got[0] == seeds[0] and all(with_pdl(d, "none") in seeds[:SEEDS] for d in got)
+    seen = measured_designs(O_PROJ, history)
+    seeds = [d for d in fused_seeds(O_PROJ, history) if d.key not in seen][:SEEDS]
+    assert got[0] == seeds[0] and all(with_pdl(d, "none") in seeds for d in got)
+    assert not {d.key for d in got} & seen
