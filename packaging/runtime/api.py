@@ -235,6 +235,21 @@ def _bias_reason(torch: Any, x: Any, n: int, bias: Any, in_op: bool) -> str | No
     return None
 
 
+def _linear_operands(torch: Any, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
+    """``F.linear(x, w, bias)``'s operands (``linear_operands``: the GEMM's shape and
+    strides) after the checks every call takes, and a bias checked against their N; or
+    the reason to fall back (a string)."""
+    try:
+        got = _common_checks(torch, x, w, in_op) or linear_operands(
+            x.shape, x.stride(), w.shape, w.stride()
+        )
+    except RuntimeError as exc:
+        got = _nested_reason(x, w, exc)
+    if bias is not None and type(got) is tuple:
+        got = _bias_reason(torch, x, got[2], bias, in_op) or got
+    return got
+
+
 def _residual_ld(torch: Any, x: Any, n: int, residual: Any, in_op: bool) -> int | str:
     """The row stride (elements) of a residual for ``linear_residual``: a strided tensor
     of x's dtype and device, shaped as the output (x's leading dims, then N), with unit
@@ -485,14 +500,7 @@ class Api:
 
     def _linear(self, x: Any, w: Any, bias: Any, in_op: bool) -> Any:
         torch = _torch or _import_torch(self.package)
-        try:
-            got = _common_checks(torch, x, w, in_op) or linear_operands(
-                x.shape, x.stride(), w.shape, w.stride()
-            )
-        except RuntimeError as exc:
-            got = _nested_reason(x, w, exc)
-        if bias is not None and type(got) is tuple:
-            got = _bias_reason(torch, x, got[2], bias, in_op) or got
+        got = _linear_operands(torch, x, w, bias, in_op)
         if bias is not None and type(got) is tuple and self._fuses(x.dtype, w, "bias"):
             # A fused-bias entry where the table has one for this M; else today's path
             fused = self._run(torch, x, w, got, "bias", (bias, None))
@@ -541,19 +549,10 @@ class Api:
         torch = _torch or _import_torch(self.package)
         if not in_op and type(residual) not in _PLAIN_TYPES:
             return "tensor_type"
-        try:
-            got = _common_checks(torch, x, w, in_op) or linear_operands(
-                x.shape, x.stride(), w.shape, w.stride()
-            )
-        except RuntimeError as exc:
-            got = _nested_reason(x, w, exc)
+        got = _linear_operands(torch, x, w, bias, in_op)
         if type(got) is not tuple:
             return got
         n = got[2]
-        if bias is not None:
-            reason = _bias_reason(torch, x, n, bias, in_op)
-            if reason is not None:
-                return reason
         ldr = _residual_ld(torch, x, n, residual, in_op)
         if type(ldr) is str:
             return ldr
@@ -635,19 +634,10 @@ class Api:
         multiple of 8 elements (the ABI's ``ldc`` rule)."""
         if not in_op and (type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES):
             return "tensor_type"
-        try:
-            got = _common_checks(torch, x, w, in_op) or linear_operands(
-                x.shape, x.stride(), w.shape, w.stride()
-            )
-        except RuntimeError as exc:
-            got = _nested_reason(x, w, exc)
+        got = _linear_operands(torch, x, w, bias, in_op)
         if type(got) is not tuple:
             return got
         n = got[2]
-        if bias is not None:
-            reason = _bias_reason(torch, x, n, bias, in_op)
-            if reason is not None:
-                return reason
         out_n = out_columns(epilogue, n)
         if out_n % 8:
             return "stride"
