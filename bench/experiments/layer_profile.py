@@ -5,7 +5,8 @@ Per case (model x dtype x M): the same ``sets`` layers as ``cudal2-bench layer``
 each variant captured as one CUDA graph of ``sets`` back-to-back layer calls, replayed
 ``--reps`` times under ``torch.profiler`` (CUDA activity only). Each kernel's device time
 is summed by name and divided by the calls: µs per layer. Kernels are grouped by role
-(GEMM, attention, norm/elementwise, copy) from their names; the layer's span (first
+(``cudal2.bench.layer_profile.role``: GEMM, attention, elementwise, copy) from their
+names; the layer's span (first
 kernel start to last kernel end of a replay, per call) is reported beside the kernels'
 sum, so the difference says how much ran overlapped (PDL) or idle (launch gaps).
 
@@ -33,22 +34,9 @@ from cudal2.bench.layer import (
     make_state,
     make_weights,
 )
+from cudal2.bench.layer_profile import role
 from cudal2.bench.layer_run import _dtype
 from cudal2.verify.timing import operand_sets
-
-
-def role(name: str) -> str:
-    """A kernel's role in the layer, from its (demangled) name."""
-    n = name.lower()
-    if n.startswith("hgemm_") or "gemm" in n or "cutlass" in n or "sm90_xmma" in n:
-        return "gemm"
-    if "flash" in n or "attention" in n or "fmha" in n or "sdpa" in n or "softmax" in n:
-        return "attention"
-    if "triton" in n:
-        return "fused elementwise (torch.compile)"
-    if "copy" in n or "memcpy" in n or "memset" in n:
-        return "copy"
-    return "other"
 
 
 def profile_case(pkg: Any, model: str, dtype: str, m: int, reps: int) -> dict[str, Any]:

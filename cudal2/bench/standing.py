@@ -22,6 +22,8 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
 - ``layer-bench``: the layer benchmark's table (``LAYER_RESULTS``, written by
   ``cudal2-bench layer``); until that file is committed the block cannot be made
   (``ResultsMissing``), and no document may hold it.
+- ``layer-ceiling``: where the layer's time goes and its read ceiling
+  (``LAYER_PROFILE`` beside ``READ_CEILING``, ``cudal2.bench.layer_profile``).
 """
 
 from __future__ import annotations
@@ -598,6 +600,45 @@ def layer_bench(root: Path) -> str:
     return f"`{LAYER_RESULTS}`: " + markdown_table(load_results(path.read_text(), LAYER_RESULTS))
 
 
+LAYER_PROFILE = "bench/results/h100-layer-profile.json"  # ci/gpu_layer_profile.sh, H100
+READ_CEILING = "bench/results/h100-read-ceiling.jsonl"  # bench/experiments/read_ceiling.py
+
+
+def layer_ceiling(root: Path) -> str:
+    """The layer's read ceiling (``cudal2.bench.layer_profile``): per profiled case, the
+    spans, the GEMMs against a pure read of their bytes, and the two ceilings."""
+    from cudal2.bench.layer_profile import load
+
+    prof = json.loads((root / LAYER_PROFILE).read_text())
+    rows = load((root / LAYER_PROFILE).read_text(), (root / READ_CEILING).read_text())
+    lines = [
+        f"{prof['gpu']}, torch {prof['torch']}, package `{prof['package']}` "
+        f"(`{LAYER_PROFILE}`, read times from `{READ_CEILING}`). µs per layer under graph "
+        "replay with the profiler on (its overhead makes spans a little longer than the "
+        "benchmark's).",
+        "",
+        "| model | dtype | M | vendor µs | cudal2 µs | speedup | cudal2 GEMMs µs | "
+        "pure reads µs | GEMMs / reads | cudal2's other kernels µs (attention) | "
+        "ceiling, today's other kernels | ceiling, attention only |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['dtype']} | {r['m']} | {r['vendor_us']:.1f} | "
+            f"{r['cudal2_us']:.1f} | {r['speedup']:.3f} | {r['cudal2_gemm_us']:.1f} | "
+            f"{r['read_us']:.1f} | {r['cudal2_gemm_us'] / r['read_us']:.3f} | "
+            f"{r['cudal2_rest_us']:.1f} ({r['cudal2_attention_us']:.1f}) | "
+            f"{r['ceiling']:.3f} | {r['ceiling_attention_only']:.3f} |"
+        )
+    lines += [
+        "",
+        "Geomean ceiling, today's other kernels: "
+        f"{geomean([r['ceiling'] for r in rows]):.3f}; attention only: "
+        f"{geomean([r['ceiling_attention_only'] for r in rows]):.3f}.",
+    ]
+    return "\n".join(lines)
+
+
 EPILOGUE_TIMING = "bench/results/h100-epilogue-timing.json"
 
 
@@ -665,6 +706,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "eager-host": eager_host,
     "pdl-public": pdl_public,
     "layer-bench": layer_bench,
+    "layer-ceiling": layer_ceiling,
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
 }
