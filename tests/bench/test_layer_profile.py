@@ -24,7 +24,7 @@ ROLES = [
     ("void at::native::elementwise_kernel<128, 4, direct_copy_kernel_cuda>", "copy"),
     ("Memcpy DtoD (Device -> Device)", "copy"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "elementwise"),
-    ("void at::native::vectorized_elementwise_kernel<8, CUDAFunctor_add<c10::Half>>", "elementwise"),
+    ("void at::native::vectorized_elementwise_kernel<8, CUDAFunctor_add<Half>>", "elementwise"),
     ("some_kernel_nobody_knows", "other"),
 ]
 
