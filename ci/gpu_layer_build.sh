@@ -8,11 +8,13 @@
 #   DB=.layer-job/layer-epilogues-h100.measurements.jsonl.gz bash ci/gpu_layer_build.sh
 #        (carry .layer-job: a build cut short by BUILD_TIMEOUT resumes from its database)
 #   RECHECK=1 DB=... bash ci/gpu_layer_build.sh      # the would-be winners memchecked again
+#   SPLITK_TESTS=1 bash ci/gpu_layer_build.sh         # sm90direct / sm90stream fused GPU tests first
 #   WHEEL=.layer-job/<wheel> bash ci/gpu_layer.sh      # the layer benchmark (carry .layer-job)
 #
 # Under $OUT: layer-build.txt (the build log), layer-epilogues-h100.measurements.jsonl.gz
 # (the database), the wheel, epilogue-tests.txt (with TESTS=1: the GPU tests of the
-# gated and row-scaled epilogues first).
+# gated and row-scaled epilogues first), epilogue-splitk-tests.txt (with SPLITK_TESTS=1:
+# those of the sm90direct / sm90stream fused designs, ~5 min of nvcc and checks).
 source "$(dirname "$0")/gpu_env.sh"
 db=$OUT/layer-epilogues-h100.measurements.jsonl
 if [ -n "${DB:-}" ]; then
@@ -25,6 +27,13 @@ if [ "${TESTS:-0}" = 1 ]; then
   step "GPU tests of the gated and row-scaled epilogues"
   timeout 300 $PY -m pytest -q -m gpu tests/verify/test_epilogue_gpu.py -k "gated or row_scaled" \
     -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/epilogue-tests.txt"
+fi
+if [ "${SPLITK_TESTS:-0}" = 1 ]; then
+  # sm90direct / sm90stream fused designs (every epilogue, M 1-64, split 1 and 4, in
+  # place, the PDL pair check, memcheck): the M = 1 seeds' families
+  step "GPU tests of the sm90direct / sm90stream fused epilogues"
+  timeout "${SPLITK_TEST_TIMEOUT:-540}" $PY -m pytest -q -m gpu tests/verify/test_epilogue_gpu.py \
+    -k "splitk_family" -p no:cacheprovider 2>&1 | tail -8 | tee "$OUT/epilogue-splitk-tests.txt"
 fi
 if [ "${RECHECK:-0}" = 1 ]; then
   # Every would-be winner checked again, failures too: a clean check lifts a veto that a

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cudal2.records import ROW_SCALED
+
 NONE = "none.cu.j2"  # the empty partial: the design has no such block
 
 # The cluster a kernel is compiled for: none; the split_k CTAs of one output tile
@@ -176,12 +178,24 @@ def splitk_tags(family: str, split_k: int) -> dict[str, str]:
     }
 
 
-def sm90_direct(split_k: int, x_smem: bool) -> dict[str, Any]:
-    """sm90direct: activations through shared memory (``x_smem``) or from L1."""
+# sm90direct's 16-byte loads, keyed by "a fused PDL design": non-coherent (``.nc``, the
+# read-only path) as always, or coherent. ptxas treats a .nc load as invariant and may
+# hoist it above griddepcontrol.wait: in fused PDL designs (stages 2, the row scale) it
+# moved the first step's weight and activation loads above the wait (SASS, nvcc 13.0;
+# tests/generator/test_epilogue_splitk.py), where A may still be being written. A
+# coherent load stays after the wait. Plain and plain-PDL designs keep ``.nc`` (their
+# source, and so their recorded measurements, unchanged; their SASS passes the check).
+DIRECT_LDG_NC = {False: ".nc", True: ""}
+
+
+def sm90_direct(split_k: int, x_smem: bool, fused_pdl: bool = False) -> dict[str, Any]:
+    """sm90direct: activations through shared memory (``x_smem``) or from L1; coherent
+    loads in a fused PDL design (``DIRECT_LDG_NC``)."""
     return {
         **cluster_tags(split_k),
         **splitk_tags("sm90direct", split_k),
         **DIRECT_ACTIVATIONS[x_smem],
+        "ldg_nc": DIRECT_LDG_NC[fused_pdl],
     }
 
 
@@ -445,3 +459,103 @@ def tma_epilogue(epilogue: str, dtype: str) -> dict[str, str]:
         "to_float": TO_FLOAT[dtype],
         "unpack2": UNPACK2[dtype],
     }
+
+
+# sm90direct and sm90stream, fused epilogues (docs/kernels.md, "Fused epilogues in
+# sm90direct"): both end in ``splitk/reduce_store.cu.j2``, where the rank that stores a
+# four-column group applies ``add4`` (sm90tma's partials where they fit: bias, residual,
+# their sum) and ``store4`` (the plain store, or sm90tma's gated pair store). ABI gemm_v3
+# as sm90tma's: the runtime passes the two tensor maps to every gemm_v3 kernel, so these
+# kernels take them (``types``: the descriptor's type) and read neither. The row scale's
+# sums of squares are taken from the activation values the warps with wn == 0 already
+# hold for their mmas (``sq_init``, ``sq_step0`` / ``sq_step1`` in the main loop, the
+# family's ``rowsq_helpers``), parked per K slice after the plain kernel's shared memory
+# (``consts``, ``sq_park``) and summed over ranks and slices by ``add4``. ``none``: every
+# partial NONE and no parameters, so a plain design's source is what it was.
+_SK = "splitk/epilogue/"
+SPLITK_ROWSQ_PARTS = {
+    "consts": _SK + "consts.cu.j2",
+    "sq_init": _SK + "sq_init.cu.j2",
+    "sq_park": _SK + "park.cu.j2",
+    "rs_rows": _SK + "rs_rows.cu.j2",
+    "eps_note": ", then eps",
+}
+# The family's row-scale parts: where its main loop holds activation values, and which
+# rows a warp's sums are (its K slice for sm90direct, its wm rows for sm90stream).
+SPLITK_ROWSQ_FAMILY = {
+    ("sm90direct", False): {
+        "rowsq_helpers": "sm90_direct/rowsq/helpers.cu.j2",
+        "sq_step0": "sm90_direct/rowsq/step_f0.cu.j2",
+        "sq_step1": "sm90_direct/rowsq/step_f1.cu.j2",
+        "rowsq_slices": "WARPS_K",
+        "park_row": "wk * BM",
+    },
+    ("sm90direct", True): {
+        "rowsq_helpers": "sm90_direct/rowsq/x_smem_helpers.cu.j2",
+        "sq_step0": "sm90_direct/rowsq/chunk_xs0.cu.j2",
+        "sq_step1": "sm90_direct/rowsq/chunk_xs1.cu.j2",
+        "rowsq_slices": "WARPS_K",
+        "park_row": "wk * BM",
+    },
+    ("sm90stream", False): {
+        "rowsq_helpers": "sm90_stream/rowsq/helpers.cu.j2",
+        "sq_step0": "sm90_stream/rowsq/step.cu.j2",
+        "sq_step1": NONE,
+        "rowsq_slices": "1",
+        "park_row": "wm * WTM",
+    },
+}
+SPLITK_EPILOGUE_PARAMS = (
+    ",\n    const __grid_constant__ TmaMap tmA, const __grid_constant__ TmaMap tmB"
+    + EPILOGUE_PARAMS
+)
+_SPLITK_PLAIN = {
+    "params": "",
+    "about": NONE,
+    "types": NONE,
+    "helpers": NONE,
+    "add4": NONE,
+    "store4": STORE4,
+    "act": "",
+    "formula": "",
+    "eps_note": "",
+    **dict.fromkeys(("consts", "sq_init", "sq_park", "rs_rows"), NONE),
+    **dict.fromkeys(("rowsq_helpers", "sq_step0", "sq_step1"), NONE),
+}
+_SPLITK_FUSED = {
+    "params": SPLITK_EPILOGUE_PARAMS,
+    "about": _SK + "about.cu.j2",
+    "types": "ptx/tma_map.cu.j2",
+}
+# Per epilogue: sm90tma's add / store parts (bias4, residual4, gated_store, ...) where
+# they fit as they are; the row scale's own (its sums live elsewhere than sm90tma's).
+SPLITK_EPILOGUE: dict[str, dict[str, str]] = {
+    "none": {},
+    "bias": {"add4": TMA_EPILOGUE["bias"]["add4"]},
+    "residual": {"add4": TMA_EPILOGUE["residual"]["add4"]},
+    "bias_residual": {"add4": TMA_EPILOGUE["bias_residual"]["add4"]},
+    "silu": _gated("silu"),
+    "gelu_tanh": _gated("gelu_tanh"),
+    "rmsnorm": {"add4": _SK + "rmsnorm4.cu.j2"},
+    "rmsnorm_bias": {"add4": _SK + "rmsnorm_bias4.cu.j2"},
+    "rmsnorm_silu": {**_gated("silu"), "add4": _SK + "rmsnorm4.cu.j2"},
+    "rmsnorm_gelu_tanh": {**_gated("gelu_tanh"), "add4": _SK + "rmsnorm4.cu.j2"},
+}
+
+
+def splitk_epilogue(
+    family: str, epilogue: str, dtype: str, x_smem: bool = False, rowsq_offset: int = 0
+) -> dict[str, str]:
+    """sm90direct's / sm90stream's epilogue partials and spellings (``epilogue.*`` in
+    their templates); ``rowsq_offset`` is where the row scale's sums park (the plain
+    kernel's shared-memory bytes)."""
+    if epilogue not in SPLITK_EPILOGUE:
+        raise ValueError(f"epilogue {epilogue!r}: {family} renders {list(SPLITK_EPILOGUE)}")
+    out = {**_SPLITK_PLAIN, "name": epilogue}
+    if epilogue != "none":
+        out.update(_SPLITK_FUSED, formula=TMA_EPILOGUE[epilogue]["formula"])
+        out.update(SPLITK_EPILOGUE[epilogue], to_float=TO_FLOAT[dtype], unpack2=UNPACK2[dtype])
+    if epilogue in ROW_SCALED:
+        out.update(SPLITK_ROWSQ_PARTS, **SPLITK_ROWSQ_FAMILY[(family, x_smem)])
+        out.update(params=SPLITK_EPILOGUE_PARAMS + EPS_PARAM, rowsq_offset=str(rowsq_offset))
+    return out

@@ -2,9 +2,11 @@
 round with the fused variants of its plain GEMM's fastest recorded designs, before what
 the proposer behind would propose.
 
-Why: the kernels that win a plain decode shape are often of families that render no
-epilogue, and an epilogue target's space (sm90tma's one-tile designs with that epilogue)
-is ranked by a cost model that cannot see what the epilogue costs. Measured on the H100
+Why: an epilogue target's space (the designs of the families that render that epilogue,
+with it) is ranked by a cost model that cannot see what the epilogue costs, and the
+kernels that win a plain decode shape were of families that rendered none (sm90direct
+and sm90stream, at M = 1; they render every epilogue since, so their fused variants are
+seeded like any other). Measured on the H100
 (``bench/manifests/layer-epilogues-h100.toml``, before this existed): the grid gave
 Llama-3.1-8B's o_proj residual targets compute-side 64-row tiles, 18.1–22.1 µs at M = 1
 against torch's GEMM + add at 18.0, while a swapped 16-row sm90tma tile of the plain

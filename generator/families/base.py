@@ -251,3 +251,23 @@ def gemm_v1_recipe(
         "smem_bytes": smem_bytes,
         "align": align,
     }
+
+
+# Tensor-map boxes for a gemm_v3 kernel that reads no tensor map (sm90direct,
+# sm90stream): ABI gemm_v3 is gemm_v2's parameters then the epilogue's, and the runtime
+# encodes gemm_v2's two maps from the recipe's boxes for every gemm_v3 kernel; the box
+# of sm90tma's smallest swapped tile, which every A and B the kernels take encodes.
+UNREAD_TMA_BOXES: dict[str, tuple[int, int]] = {"a": (64, 8), "b": (64, 8)}
+
+
+def epilogue_recipe(recipe: dict[str, Any], d: KernelDesign) -> dict[str, Any]:
+    """``recipe`` as ABI gemm_v3 where ``d`` has a fused epilogue (``"abi": "gemm_v3"``
+    and ``"epilogue"``; tensor-map boxes the kernel does not read where the recipe has
+    none); unchanged for a plain design. ABI gemm_v3: gemm_v2's parameters, then bias,
+    residual, ldr (null / 0 unused), then eps where the epilogue has the RMSNorm row
+    scale (docs/contracts.md)."""
+    if epilogue(d) == "none":
+        return recipe
+    out = {**recipe, "abi": "gemm_v3", "epilogue": epilogue(d)}
+    out.setdefault("tma", {k: list(v) for k, v in UNREAD_TMA_BOXES.items()})
+    return out

@@ -14,6 +14,18 @@ CTA's ``bn`` = 16 x ``warps_n``), ``warps_k`` K-slice warps, ``bk`` k per warp s
 per unrolled load), ``stages`` 2 (activations from L1) or 3 (activations staged through
 shared memory), ``split_k`` (1 = no cluster).
 Layout ``tn`` only: the loads need each weight row's k contiguous.
+
+Fused epilogues (every one of ``records.EPILOGUES``, ABI gemm_v3 as sm90tma's; the
+shared ``splitk/reduce_store.cu.j2`` applies them, ``tags.SPLITK_EPILOGUE``): bias,
+residual and the gated pair store cost a few instructions per stored group. The
+RMSNorm row scale's sums of squares come from the activation values the warps with
+``wn == 0`` already load for their mmas (stages 2: the step's registers; stages 3: the
+chunk's shared-memory values those warps read, an extra 16-byte shared load per
+``mma_chunk`` load): per activation element, one conversion and one FMA (a multiply for
+the pair's first) in those warps, no extra global reads. The K slices' sums (a row of
+``bm`` floats per ``warps_k`` slice, after the plain kernel's shared memory) are summed
+over slices and split-K ranks (distributed shared memory, fixed order) by the rank
+that stores the row.
 """
 
 from __future__ import annotations
@@ -24,13 +36,25 @@ from typing import Any
 
 from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
-from cudal2.records import KernelDesign
+from cudal2.generator.families.base import (
+    Features,
+    Knob,
+    check,
+    epilogue,
+    epilogue_recipe,
+    gemm_v1_recipe,
+    make,
+    pdl_trigger,
+)
+from cudal2.records import EPILOGUES as ALL_EPILOGUES
+from cudal2.records import ROW_SCALED, KernelDesign
 
 FAMILY = "sm90direct"
 TEMPLATE = "sm90_direct.cu.j2"
 ARCHS = ("sm_90a",)  # clusters and distributed shared memory: Hopper
 LAYOUTS = ("tn",)  # the loads need each weight row's k contiguous
+# Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none)
+EPILOGUES = ALL_EPILOGUES
 
 BM = (8, 16, 24, 32, 64)
 WARPS_N = (1, 2, 4, 8, 16)
@@ -79,7 +103,14 @@ def x_smem(d: KernelDesign) -> bool:
     return d.knobs.stages == 3
 
 
-def smem_bytes(d: KernelDesign) -> int:
+def _epilogue_or_none(d: KernelDesign) -> str:
+    """The design's epilogue, ``none`` where its knob is out of the domain (the declared
+    checks report that; the rules must still run on such a design)."""
+    value = d.knobs.as_json().get("epilogue", 0)
+    return ALL_EPILOGUES[value] if value in range(len(ALL_EPILOGUES)) else "none"
+
+
+def plain_smem_bytes(d: KernelDesign) -> int:
     """The fp32 partial tiles of the CTA's K slices; with ``x_smem``, the two
     activation chunk buffers [bm][warps_k * bk + 32] first (the tiles reuse them)."""
     t = tile(d)
@@ -89,14 +120,26 @@ def smem_bytes(d: KernelDesign) -> int:
     return partial
 
 
+def row_scaled(d: KernelDesign) -> bool:
+    return _epilogue_or_none(d) in ROW_SCALED
+
+
+def smem_bytes(d: KernelDesign) -> int:
+    """The plain kernel's (``plain_smem_bytes``), then, for the RMSNorm row scale, the
+    fp32 sums of squares of the tile's rows, [warps_k][bm]."""
+    rowsq = 4 * d.knobs.warps_k * d.knobs.bm if row_scaled(d) else 0
+    return plain_smem_bytes(d) + rowsq
+
+
 def data_regs(d: KernelDesign) -> int:
     """Load and accumulator registers per thread: two steps of weight (and, without
     ``x_smem``, activation) loads, the accumulators, one activation load in use."""
     nj = d.knobs.bm // 8
     unroll = d.knobs.bk // 32
+    sums = nj if row_scaled(d) else 0  # the row scale's sums of squares, one per row
     if x_smem(d):
-        return 2 * 2 * unroll * 4 + nj * 4 + 4
-    return 2 * (2 + nj) * unroll * 4 + nj * 4
+        return 2 * 2 * unroll * 4 + nj * 4 + 4 + sums
+    return 2 * (2 + nj) * unroll * 4 + nj * 4 + sums
 
 
 def rules(d: KernelDesign) -> list[str]:
@@ -139,13 +182,20 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     t = tile(d)
-    return gemm_v1_recipe(t.bm, t.bn, t.threads, smem_bytes(d), {"k": 8}, d.knobs.split_k)
+    recipe = gemm_v1_recipe(t.bm, t.bn, t.threads, smem_bytes(d), {"k": 8}, d.knobs.split_k)
+    return epilogue_recipe(recipe, d)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = mma_sync.context(tile(d), d.dtype, d.layout)
     ctx.update(split_k=d.knobs.split_k, x_smem="true" if x_smem(d) else "false")
-    ctx.update(tags.sm90_direct(d.knobs.split_k, x_smem(d)))
+    fused_pdl = epilogue(d) != "none" and pdl_trigger(d) != "none"
+    ctx.update(tags.sm90_direct(d.knobs.split_k, x_smem(d), fused_pdl))
+    ctx.update(
+        epilogue=tags.splitk_epilogue(
+            FAMILY, epilogue(d), d.dtype, x_smem(d), rowsq_offset=plain_smem_bytes(d)
+        )
+    )
     return ctx
 
 

@@ -11,6 +11,14 @@ issued by one warp.
 Knobs as in KernelDesign: ``bm`` activation rows per CTA (8..128), ``bn`` weight rows
 per CTA, ``bk``, consumer warps ``warps_m x warps_n`` (the producer warp comes on
 top: the CTA has ``threads + 32`` threads), ``stages``, ``split_k`` (1 = no cluster).
+
+Fused epilogues (every one of ``records.EPILOGUES``, layout tn: ABI gemm_v3 as
+sm90tma's) come from the template it shares with sm90direct (``splitk/reduce_store``,
+``tags.SPLITK_EPILOGUE``). The RMSNorm row scale's sums of squares come from the
+activation fragments the consumer warps with ``wn == 0`` already load with ldmatrix
+(each value once per warp): per activation element one conversion and one FMA in those
+warps, no extra loads; a row of ``bm`` floats per rank after the ring, summed over the
+split-K ranks in rank order.
 """
 
 from __future__ import annotations
@@ -21,13 +29,25 @@ from typing import Any
 
 from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
-from cudal2.records import LAYOUTS, KernelDesign
+from cudal2.generator.families.base import (
+    Features,
+    Knob,
+    check,
+    epilogue,
+    epilogue_recipe,
+    gemm_v1_recipe,
+    make,
+)
+from cudal2.records import EPILOGUES as ALL_EPILOGUES
+from cudal2.records import LAYOUTS, ROW_SCALED, KernelDesign
 
 FAMILY = "sm90stream"
 TEMPLATE = "sm90_stream.cu.j2"
 ARCHS = ("sm_90a",)  # bulk copies, mbarrier transaction counts, clusters: Hopper
 LAYOUTS = LAYOUTS
+# Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none),
+# layout tn only (``rules``)
+EPILOGUES = ALL_EPILOGUES
 
 PAD = 8  # elements per shared-memory row (must match the template)
 BAR_BYTES = 256  # mbarriers ahead of the ring (must match the template)
@@ -78,9 +98,26 @@ def partial_tile_bytes(d: KernelDesign) -> int:
     return d.knobs.bm * (d.knobs.bn + 4) * 4
 
 
-def smem_bytes(d: KernelDesign) -> int:
+def _epilogue_or_none(d: KernelDesign) -> str:
+    """The design's epilogue, ``none`` where its knob is out of the domain (the declared
+    checks report that; the rules must still run on such a design)."""
+    value = d.knobs.as_json().get("epilogue", 0)
+    return ALL_EPILOGUES[value] if value in range(len(ALL_EPILOGUES)) else "none"
+
+
+def plain_smem_bytes(d: KernelDesign) -> int:
     """Barriers, then the ring; the fp32 partial tile reuses the ring afterwards."""
     return BAR_BYTES + max(ring_bytes(d), partial_tile_bytes(d))
+
+
+def row_scaled(d: KernelDesign) -> bool:
+    return _epilogue_or_none(d) in ROW_SCALED
+
+
+def smem_bytes(d: KernelDesign) -> int:
+    """The plain kernel's, then, for the RMSNorm row scale, the fp32 sums of squares of
+    the tile's rows, [bm]."""
+    return plain_smem_bytes(d) + (4 * d.knobs.bm if row_scaled(d) else 0)
 
 
 def block_threads(d: KernelDesign) -> int:
@@ -91,7 +128,8 @@ def fragment_regs(d: KernelDesign) -> int:
     """Fragment registers per consumer thread: weight rows on the mma M side."""
     k = d.knobs
     mi, nj = k.bn // max(k.warps_n, 1) // 16, k.bm // max(k.warps_m, 1) // 8
-    return mi * nj * 4 + mi * 4 + nj * 2
+    sums = nj if row_scaled(d) else 0  # the row scale's sums of squares, one per row
+    return mi * nj * 4 + mi * 4 + nj * 2 + sums
 
 
 def rules(d: KernelDesign) -> list[str]:
@@ -102,6 +140,10 @@ def rules(d: KernelDesign) -> list[str]:
         reasons.append(f"bk={k.bk} must be a positive multiple of 16 (mma k16)")
     if k.bn % 4:
         reasons.append(f"bn={k.bn} must be a multiple of 4 (the store writes four columns)")
+    if _epilogue_or_none(d) != "none" and d.layout != "tn":
+        # ABI gemm_v3 passes gemm_v2's tensor maps, encoded by the runtime over a
+        # K-major [N, K] B: an nn B [K, N] is not one
+        reasons.append(f"epilogue {_epilogue_or_none(d)!r}: layout tn only (ABI gemm_v3)")
     if k.warps_m < 1 or k.warps_n < 1:
         reasons.append("warps_m and warps_n must be >= 1")
         return reasons
@@ -134,14 +176,20 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 
 def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     k = d.knobs
-    return gemm_v1_recipe(
+    recipe = gemm_v1_recipe(
         k.bm, k.bn, block_threads(d), smem_bytes(d), mma_sync.align(d.layout), k.split_k
     )
+    return epilogue_recipe(recipe, d)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = mma_sync.context(tile(d), d.dtype, d.layout)
     ctx.update(split_k=d.knobs.split_k, **tags.sm90_stream(d.knobs.split_k))
+    ctx.update(
+        epilogue=tags.splitk_epilogue(
+            FAMILY, epilogue(d), d.dtype, rowsq_offset=plain_smem_bytes(d)
+        )
+    )
     return ctx
 
 

@@ -51,6 +51,7 @@ from cudal2.generator.families.base import (
     Knob,
     check,
     epilogue,
+    epilogue_recipe,
     gemm_v1_recipe,
     make,
     pdl_trigger,
@@ -289,11 +290,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
     if k.persistent:
         recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
-    if epilogue(d) != "none":
-        # ABI gemm_v3: gemm_v2's parameters, then bias, residual, ldr (null / 0 unused),
-        # then eps where the epilogue has the RMSNorm row scale
-        recipe.update(abi="gemm_v3", epilogue=epilogue(d))
-    return recipe
+    return epilogue_recipe(recipe, d)
 
 
 def template_context(d: KernelDesign) -> dict[str, Any]:

@@ -74,7 +74,17 @@ def test_an_epilogue_design_is_legal_named_and_launched_as_gemm_v3(epilogue):
     assert base.with_epilogue(d, "none") == _first()
 
 
-@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"sm90tma"}))
+# The families that render epilogues: sm90tma, and the decode families sharing the split-K
+# reduce-and-store (tests/generator/test_epilogue_splitk.py)
+RENDERING = {"sm90tma", "sm90direct", "sm90stream"}
+
+
+def test_the_rendering_families_declare_every_epilogue():
+    assert {f for f, m in FAMILIES.items() if base.family_epilogues(m) != ("none",)} == RENDERING
+    assert all(base.family_epilogues(FAMILIES[f]) == EPILOGUES for f in RENDERING)
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - RENDERING))
 def test_other_families_refuse_an_epilogue(family):
     layout = "tn" if "tn" in FAMILIES[family].LAYOUTS else "nn"
     d = base.with_epilogue(_first(family, layout), "residual")

@@ -234,7 +234,7 @@ def test_rendered_pdl_source_is_unchanged(i, trigger, digest):
     assert hashlib.sha256(src.encode()).hexdigest()[:16] == digest, design_name(d)
 
 
-# Fused-epilogue designs of golden sm90tma tiles (GOLDEN index, epilogue, PDL trigger)
+# Fused-epilogue designs of golden tiles (GOLDEN index, epilogue, PDL trigger)
 # and their digests, taken when epilogues were added (issue 20): every epilogue
 # partial is reached (the one-tile and the persistent kernel), and a change shows here.
 GOLDEN_EPILOGUE = [
@@ -248,6 +248,14 @@ GOLDEN_EPILOGUE = [
     (9, "gelu_tanh", "none", "0c5b521670d4c386"),
     (8, "rmsnorm_bias", "after_mainloop", "cb4b0fb95b5ccd66"),
     (14, "rmsnorm_gelu_tanh", "entry", "fd375023a59c63f9"),
+    # sm90direct (stages 3 split 1, stages 2 split 2) and sm90stream, every epilogue
+    # partial of the split-K families reached, their digests taken when they were added
+    (4, "rmsnorm_bias", "entry", "c84e624c65f8c07e"),
+    (5, "rmsnorm_silu", "none", "13c0c588935c15af"),
+    (6, "rmsnorm_gelu_tanh", "before_epilogue", "609f7ce9aa1f1501"),
+    (5, "bias_residual", "after_mainloop", "eceea1d247a69e43"),
+    (6, "residual", "none", "6024ae3ad4a94a42"),
+    (4, "gelu_tanh", "none", "d509bf9370d2a59b"),
 ]
 
 

@@ -198,3 +198,117 @@ def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     t = Target("sm_90a", "fp16", "tn", 300, 4096, 4096, epilogue=epilogue)
     res = sanitizer.memcheck(cache.cubin_path(b.artifact_key), b.symbol, launch_recipe(d), t)
     assert res.ok, res.report
+
+
+# sm90direct and sm90stream (the decode families, issue 20): every epilogue, rendered in
+# the split-K reduce-and-store they share. Designs by family and knobs: split 1 and 4,
+# stages 2 and 3 (sm90direct: activations from L1 / through shared memory), bm 8, 16, 64.
+SPLITK_DESIGNS = {
+    "direct_m8_s2": ("sm90direct", dict(bm=8, warps_n=4, warps_k=1, bk=64, stages=2, split_k=1)),
+    "direct_m16_s3_sk4": (
+        "sm90direct", dict(bm=16, warps_n=2, warps_k=2, bk=128, stages=3, split_k=4),
+    ),
+    "direct_m8_s2_sk4_x4": (
+        "sm90direct", dict(bm=8, warps_n=2, warps_k=4, bk=64, stages=2, split_k=4),
+    ),
+    "direct_m64_s3": ("sm90direct", dict(bm=64, warps_n=2, warps_k=1, bk=64, stages=3, split_k=1)),
+    "stream_m8_sk4": (
+        "sm90stream", dict(bm=8, bn=64, bk=128, warps_m=1, warps_n=2, stages=4, split_k=4),
+    ),
+    "stream_m64_w2": (
+        "sm90stream", dict(bm=64, bn=32, bk=64, warps_m=2, warps_n=2, stages=3, split_k=1),
+    ),
+}  # fmt: skip
+# M 1, 3, 16, 64; N no multiple of any tile (and even: the gated pairs); K a multiple of
+# 8 and of no bk; one Llama-3.1-8B decode shape (qkv).
+SPLITK_SHAPES = [(1, 200, 1000), (3, 264, 2056), (16, 1064, 808), (64, 136, 4104), (1, 6144, 4096)]
+
+
+def _splitk_design(name: str, dtype: str, epilogue: str) -> KernelDesign:
+    from cudal2.generator.families.base import make
+
+    family, knobs = SPLITK_DESIGNS[name]
+    return base.with_epilogue(make(family, "sm_90a", dtype, "tn", **knobs), epilogue)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("epilogue", EPILOGUES + ONE_TILE_EPILOGUES)
+@pytest.mark.parametrize("shape", list(SPLITK_DESIGNS))
+def test_splitk_family_epilogue_correct(tmp_path, shape, epilogue, dtype):
+    """sm90direct / sm90stream fused designs: the correctness suite (fp32 reference of the
+    fused op, bounded by torch's unfused op) on residue shapes at M = 1, 3, 16, 64."""
+    from cudal2.verify import correctness
+
+    d = _splitk_design(shape, dtype, epilogue)
+    assert launch_recipe(d)["abi"] == "gemm_v3"
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(8)
+    for m, n, k in SPLITK_SHAPES:
+        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
+        res = correctness.check(t, _runner(kernel, d, t), gen)
+        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
+        assert res.vendors == (f"torch+{epilogue}",)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("shape", ["direct_m8_s2", "direct_m16_s3_sk4", "stream_m8_sk4"])
+def test_splitk_family_residual_in_place(tmp_path, shape, dtype):
+    """C = A B^T + bias + C in sm90direct / sm90stream, split 1 and 4: the same bits as
+    into a separate output, within the bound."""
+    from cudal2.verify import correctness
+
+    d = _splitk_design(shape, dtype, "bias_residual")
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(9)
+    for m, n, k in SPLITK_SHAPES:
+        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue="bias_residual")
+        a, b = correctness.operands(t, "random", gen)
+        epi = correctness.epilogue_operands(t, "random", gen)
+        ref = correctness.reference(t, a, b, epi)
+        apart = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")
+        _runner(kernel, d, t)(a, b, apart, epi)
+        c = epi["residual"].clone()
+        _runner(kernel, d, t)(a, b, c, {"bias": epi["bias"], "residual": c})
+        torch.cuda.synchronize()
+        assert torch.equal(c, apart), f"{design_name(d)} {t.label}: in place differs"
+        limit = correctness.bound(
+            correctness.unfused_error(t, a, b, epi, ref), float(ref.abs().max()), dtype
+        )
+        assert correctness.max_abs_error(c, ref) <= limit
+
+
+@pytest.mark.parametrize("epilogue", ["bias_residual", "rmsnorm_silu", "rmsnorm"])
+@pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
+@pytest.mark.parametrize("shape", ["direct_m16_s3_sk4", "direct_m8_s2_sk4_x4", "stream_m8_sk4"])
+def test_pdl_splitk_family_epilogue_passes_the_pair_check(tmp_path, shape, trigger, epilogue):
+    """The residual, bias and the row scale's squares (from A) are read after the wait."""
+    from cudal2.verify import pdl_pair
+
+    d = base.with_pdl(_splitk_design(shape, "fp16", epilogue), trigger)
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(10)
+    t = Target("sm_90a", "fp16", "tn", 16, 6144, 4096, epilogue=epilogue)
+    verdict = pdl_pair.check(t, _runner(kernel, d, t), gen)
+    assert verdict.ok, verdict.error
+
+
+@pytest.mark.parametrize(
+    ("shape", "epilogue"),
+    [("direct_m16_s3_sk4", "residual"), ("direct_m8_s2", "rmsnorm_silu"),
+     ("direct_m8_s2_sk4_x4", "rmsnorm_bias"), ("stream_m8_sk4", "rmsnorm_gelu_tanh")],
+)  # fmt: skip
+def test_splitk_family_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
+    from cudal2.verify import sanitizer
+
+    if sanitizer.find_sanitizer() is None:
+        pytest.skip("needs compute-sanitizer")
+    d = _splitk_design(shape, "fp16", epilogue)
+    cache = ArtifactCache(tmp_path)
+    b = build(d, cache)
+    assert b.ok, b.error
+    t = Target("sm_90a", "fp16", "tn", 3, 4104, 1000, epilogue=epilogue)
+    res = sanitizer.memcheck(cache.cubin_path(b.artifact_key), b.symbol, launch_recipe(d), t)
+    assert res.ok, res.report

@@ -6,10 +6,12 @@ fused op within the spec's yardstick (docs/contracts.md): twice the deviation of
 unfused ops in the dtype (RMSNorm rounded, the vendor GEMM on the folded weight, + bias,
 the activation), or two units of the dtype's rounding of the largest output.
 
-The table is built here (a TEST FIXTURE, not measured figures): one one-tile
-(persistent = 0, split-K 1) sm90tma design per epilogue and dtype, compiled in the test
-(``base.with_epilogue``), as entries for this GPU at (N, K) = (4096, 1024), serving M
-1..64. An epilogue the generator cannot render yet is skipped, naming why."""
+The table is built here (a TEST FIXTURE, not measured figures): one design per epilogue
+and dtype, compiled in the test (``base.with_epilogue``), as entries for this GPU at
+(N, K) = (4096, 1024), serving M 1..64; one package of sm90tma one-tile (persistent = 0,
+split-K 1) designs, one of sm90direct split-K designs (the decode family, gemm_v3 with
+tensor maps it does not read). An epilogue the generator cannot render yet is skipped,
+naming why."""
 
 from __future__ import annotations
 
@@ -35,6 +37,12 @@ pytestmark = [
 
 N, K, M_MAX, EPS = 4096, 1024, 64, 1e-5
 DESIGN = dict(wgs=1, mp=1, swap=True, n=64, stages=4, split=1, pers=0)  # a decode design
+# sm90direct: 8-row tiles, two K-slice warps, a split-K pair (activations from L1)
+DIRECT = dict(bm=8, warps_n=4, warps_k=2, bk=64, stages=2, split_k=2)
+FAMILY_DESIGNS = {
+    "sm90tma": lambda dtype: sm90_tma.design(dtype, **DESIGN),
+    "sm90direct": lambda dtype: base.make("sm90direct", "sm_90a", dtype, "tn", **DIRECT),
+}
 EPILOGUES = ("silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 ULP = {torch.float16: 2**-11, torch.bfloat16: 2**-8}  # half a unit in the last place
@@ -69,18 +77,18 @@ def write_package_module(shipped_native):
     return write
 
 
-@pytest.fixture(scope="module")
-def fused(tmp_path_factory, write_package_module):
-    """(the package, {(dtype, epilogue): why it has no kernel})."""
+@pytest.fixture(scope="module", params=list(FAMILY_DESIGNS))
+def fused(request, tmp_path_factory, write_package_module):
+    """(the package of one family's designs, {(dtype, epilogue): why it has no kernel})."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("sm_90a cubins need compute capability 9.0")
-    root = tmp_path_factory.mktemp("fused_ops")
+    root = tmp_path_factory.mktemp(f"fused_ops_{request.param}")
     cache = ArtifactCache(root / "cache")
     gpu = torch.cuda.get_device_name()
     entries, cubins, missing = [], {}, {}
     for dtype in DTYPES:
         for epilogue in EPILOGUES:
-            d = base.with_epilogue(sm90_tma.design(dtype, **DESIGN), epilogue)
+            d = base.with_epilogue(FAMILY_DESIGNS[request.param](dtype), epilogue)
             illegal = legality(d)
             if illegal:
                 missing[(dtype, epilogue)] = f"{design_name(d)} is not legal: {illegal}"

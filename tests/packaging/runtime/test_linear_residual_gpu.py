@@ -3,9 +3,10 @@ kernels (ABI gemm_v3) through a generated package, eager, under CUDA-graph captu
 under ``torch.compile(fullgraph=True)``, and match the fp32 reference; in place into
 the residual; the native op never serves them.
 
-The table is built here (a TEST FIXTURE, not measured figures): one sm90tma design per
+The table is built here (a TEST FIXTURE, not measured figures): one design per
 epilogue, compiled in the test, as entries for this GPU at (N, K) = (4096, 1024),
-serving M 1..64."""
+serving M 1..64: a package of sm90tma designs, and one of sm90direct and sm90stream
+designs (the decode families, split-K 4: the M = 1 layer's o_proj / down candidates)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,20 @@ pytestmark = [
 
 N, K, M_MAX = 4096, 1024, 64
 DESIGN = dict(wgs=1, mp=1, swap=True, n=64, stages=4, split=4)  # a decode design
+# per package: epilogue -> the design (bias and bias_residual in sm90direct stages 2 and
+# 3, the residual in sm90stream)
+FAMILY_DESIGNS = {
+    "sm90tma": {e: lambda: sm90_tma.design("fp16", **DESIGN) for e in
+                ("bias", "residual", "bias_residual")},
+    "decode": {
+        "bias": lambda: base.make("sm90direct", "sm_90a", "fp16", "tn", bm=8, warps_n=4,
+                                  warps_k=2, bk=64, stages=2, split_k=4),
+        "residual": lambda: base.make("sm90stream", "sm_90a", "fp16", "tn", bm=8, bn=64,
+                                      bk=128, warps_m=1, warps_n=2, stages=4, split_k=4),
+        "bias_residual": lambda: base.make("sm90direct", "sm_90a", "fp16", "tn", bm=16,
+                                           warps_n=2, warps_k=2, bk=128, stages=3, split_k=4),
+    },
+}  # fmt: skip
 
 
 def _entry(gpu: str, d, cubin: bytes, epilogue: str) -> TableEntry:
@@ -42,16 +57,16 @@ def _entry(gpu: str, d, cubin: bytes, epilogue: str) -> TableEntry:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def fused_package(tmp_path_factory, write_package_module):
+@pytest.fixture(scope="module", params=list(FAMILY_DESIGNS))
+def fused_package(request, tmp_path_factory, write_package_module):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("sm_90a cubins need compute capability 9.0")
-    root = tmp_path_factory.mktemp("fused")
+    root = tmp_path_factory.mktemp(f"fused_{request.param}")
     cache = ArtifactCache(root / "cache")
     gpu = torch.cuda.get_device_name()
     entries, cubins = [], {}
-    for epilogue in ("bias", "residual", "bias_residual"):
-        d = base.with_epilogue(sm90_tma.design("fp16", **DESIGN), epilogue)
+    for epilogue, design in FAMILY_DESIGNS[request.param].items():
+        d = base.with_epilogue(design(), epilogue)
         b = build(d, cache)
         assert b.ok, b.error
         blob = cache.cubin(b.artifact_key)
