@@ -617,7 +617,7 @@ def layer_ceiling(root: Path) -> str:
         "replay with the profiler on (its overhead makes spans a little longer than the "
         "benchmark's).",
         "",
-        "| model | dtype | M | vendor µs | cudal2 µs | speedup | cudal2 GEMMs µs | "
+        "| model | dtype | M | vendor µs | cudal2 µs | speedup | cudal2 GEMM kernels µs | "
         "pure reads µs | GEMMs / reads | cudal2's other kernels µs (attention) | "
         "ceiling, today's other kernels | ceiling, attention only |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -636,6 +636,52 @@ def layer_ceiling(root: Path) -> str:
         f"{geomean([r['ceiling'] for r in rows]):.3f}; attention only: "
         f"{geomean([r['ceiling_attention_only'] for r in rows]):.3f}.",
     ]
+    return "\n".join(lines)
+
+
+LAYER_DB = "bench/manifests/layer-epilogues-h100.measurements.jsonl.gz"  # its H100 records
+SPLITK_FAMILIES = ("sm90direct", "sm90stream")
+
+
+def splitk_epilogues(root: Path) -> str:
+    """``docs/kernels.md``'s table of the decode families' fused epilogues at M = 1, from
+    the layer manifest's H100 database: per epilogue target, the fastest correct fused
+    kernel of sm90direct / sm90stream and of sm90tma, the plain GEMM's fastest own kernel,
+    and torch's unfused op timed beside the fused kernel (offline)."""
+    from cudal2.database import MeasurementDB, latest
+
+    ms = [m for m in latest(MeasurementDB(root / LAYER_DB).read()) if m.target.m == 1]
+    ok = [m for m in ms if m.status == "ok" and m.median_us and m.design is not None]
+
+    def best(target: Any, families: tuple[str, ...] | None = None) -> Any:
+        got = [
+            m for m in ok
+            if m.target == target and (families is None or m.design.family in families)
+        ]  # fmt: skip
+        return min(got, key=lambda m: m.median_us) if got else None
+
+    lines = [
+        f"`{LAYER_DB}` (the layer manifest's H100 database), M = 1, offline; µs of the "
+        "fastest correct kernel of each kind.",
+        "",
+        "| dtype | N×K | epilogue | sm90direct / sm90stream fused | sm90tma fused | "
+        "plain GEMM, fastest own | torch unfused | unfused / fastest fused |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    targets = sorted({m.target for m in ok if m.target.epilogue != "none"}, key=str)
+    for t in targets:
+        split, tma = best(t, SPLITK_FAMILIES), best(t, ("sm90tma",))
+        plain = best(t.plain)
+        fused = min((x for x in (split, tma) if x), key=lambda m: m.median_us)
+        torch_us = fused.baselines_us["torch"]
+
+        def us(m: Any) -> str:
+            return f"{m.median_us:.1f}" if m else "–"
+
+        lines.append(
+            f"| {t.dtype} | {t.n}×{t.k} | {t.epilogue} | {us(split)} | {us(tma)} | "
+            f"{us(plain)} | {torch_us:.1f} | {torch_us / fused.median_us:.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -707,6 +753,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "pdl-public": pdl_public,
     "layer-bench": layer_bench,
     "layer-ceiling": layer_ceiling,
+    "splitk-epilogues": splitk_epilogues,
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
 }

@@ -48,9 +48,11 @@ def test_every_profiled_case_has_its_gemms_read_times_and_the_ceilings_follow():
         assert r["ceiling"] == pytest.approx(r["vendor_us"] / (r["read_us"] + r["cudal2_rest_us"]))
         assert r["ceiling_attention_only"] >= r["ceiling"]  # fewer kernels left, more room
         assert r["cudal2_gemm_us"] > r["read_us"]  # no GEMM beats a pure read of its bytes
-    # The 8B layer at M = 1 with today's other kernels cannot reach issue 20's 1.15.
-    m1 = next(r for r in rows if (r["model"], r["m"]) == ("llama-3.1-8b", 1))
-    assert m1["ceiling"] < 1.15 < m1["ceiling_attention_only"]
+    # With today's other kernels the 8B layer cannot beat the vendor's by more than 1.165
+    # at any M (docs/inference.md); with only attention left, 1.15 is within reach.
+    eight = [r for r in rows if r["model"] == "llama-3.1-8b"]
+    assert len(eight) == 3
+    assert all(r["ceiling"] < 1.165 and r["ceiling_attention_only"] > 1.15 for r in eight)
 
 
 def test_a_slower_read_lowers_the_ceiling_and_a_missing_one_drops_the_case():
@@ -78,3 +80,41 @@ def test_the_ceiling_table_is_made_from_its_results_files(tmp_path):
     c = doc["cases"][0]
     assert f"| {c['model']} | {c['dtype']} | {c['m']} | 999.0 |" in table
     assert table.count("\n| ") == len(doc["cases"]) + 1
+
+
+def test_the_splitk_epilogue_table_is_made_from_the_layer_database(tmp_path):
+    """Each M = 1 epilogue target is a row; a record made faster moves its column and the
+    ratio; records of other M are not rows."""
+    import gzip
+
+    from cudal2.database import MeasurementDB, latest
+
+    ms = latest(MeasurementDB(ROOT / standing.LAYER_DB).read())
+    table = standing.splitk_epilogues(ROOT)
+    m1 = {m.target for m in ms if m.target.m == 1 and m.target.epilogue != "none"}
+    assert table.count("\n| ") == len(m1) + 1 == 17
+    # the fastest sm90direct residual record of one target, made 40 µs: its row shows it
+    t = next(t for t in sorted(m1, key=str) if t.epilogue == "residual" and t.dtype == "fp16")
+    fastest = min(
+        (m for m in ms if m.target == t and m.status == "ok" and m.design is not None
+         and m.design.family in standing.SPLITK_FAMILIES),
+        key=lambda m: m.median_us,
+    )  # fmt: skip
+    with gzip.open(ROOT / standing.LAYER_DB, "rt") as f:
+        lines = f.read().splitlines()
+    out = []
+    for line in lines:
+        rec = json.loads(line)
+        if (rec.get("design_key"), rec.get("median_us")) == (fastest.design_key, fastest.median_us):
+            # 40 µs: faster than every record, above the shape's physical floor; the
+            # samples scaled too (a record whose median is not theirs is refused on read)
+            k = 40.0 / rec["median_us"]
+            rec["median_us"], rec["samples_us"] = 40.0, [x * k for x in rec["samples_us"]]
+        out.append(json.dumps(rec))
+    (tmp_path / standing.LAYER_DB).parent.mkdir(parents=True)
+    with gzip.open(tmp_path / standing.LAYER_DB, "wt") as f:
+        f.write("\n".join(out) + "\n")
+    changed = standing.splitk_epilogues(tmp_path)
+    assert t.n * t.k == 4096 * 14336  # the first fp16 residual target by name
+    row = next(x for x in changed.splitlines() if f"| fp16 | {t.n}×{t.k} | residual | 40.0 |" in x)
+    assert row.endswith(f"| {fastest.baselines_us['torch'] / 40.0:.3f} |")
