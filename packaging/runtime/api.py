@@ -636,11 +636,12 @@ class Api:
         """``op(*args)`` below autograd (nothing to record, see ``_native_fused``); an
         error the op's Python kernel raised (TypeError / ValueError) reaches the caller
         as itself, not as the dispatcher's RuntimeError."""
+        fused.forget_raised()
         try:
             with _torch._C._AutoDispatchBelowAutograd():
                 return op(*args)
-        except RuntimeError as exc:
-            raised = fused.raised_by_python(exc)
+        except RuntimeError:
+            raised = fused.raised_by_python()  # torch < 2.13 leaves its message in the log
             if raised is None:
                 raise
             raise raised from None

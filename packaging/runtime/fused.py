@@ -237,9 +237,14 @@ def keeping_error(fn: Any) -> Any:
     return kernel
 
 
-def raised_by_python(exc: RuntimeError) -> BaseException | None:
-    """The TypeError / ValueError a fused op's Python kernel raised under the native
-    kernel, which reached the caller as ``exc``; None when ``exc`` is not one."""
+def raised_by_python() -> BaseException | None:
+    """The TypeError / ValueError a fused op's Python kernel raised on this thread since
+    ``forget_raised()`` (None: none), forgotten now."""
     got = getattr(_raised, "exc", None)
     _raised.exc = None
-    return got if got is not None and str(got) in str(exc) else None
+    return got
+
+
+def forget_raised() -> None:
+    """Forget the last error a fused op's Python kernel raised on this thread."""
+    _raised.exc = None
