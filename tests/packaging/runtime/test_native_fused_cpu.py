@@ -531,6 +531,13 @@ def test_it_registers_the_fused_ops_cuda_kernels(lib):
     got = getattr(torch.ops, ns).linear_gated(x, w, "silu")
     assert torch.equal(got, fused.unfused_gated(x, w, "silu", None))
     assert apis[ns].stats.fallbacks == {"dtype": 1}
+    # ... and so do the Python kernels the native one hands calls to, keeping an error
+    on = getattr(torch.ops, ns)
+    assert torch.equal(on._linear_gated_py(x, w, "silu"), got)
+    fused.forget_raised()
+    with pytest.raises(ValueError, match="act must be one of") as info:
+        on._linear_gated_py(x, w, "relu")
+    assert fused.raised_by_python() is info.value
     del keep
 
 
@@ -583,3 +590,34 @@ def test_the_python_kernels_error_reaches_the_api_caller_as_itself():
 
     with pytest.raises(RuntimeError, match="illegal memory access"):  # its own stays one
         a._call_native(failing)
+
+
+def test_the_host_time_experiment_calls_each_fused_op_on_every_path():
+    """``bench/experiments/fused_host.py``: one call per path for every fused epilogue
+    (CPU tensors and a stand-in package: the calls' targets, not their timing)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[3] / "bench" / "experiments" / "fused_host.py"
+    spec = importlib.util.spec_from_file_location("fused_host", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seen = []
+
+    def record(name):
+        return lambda *args: seen.append((name, args[2:])) or name
+
+    pkg = SimpleNamespace(**{op: record(f"pkg.{op}") for op in native.FUSED_OPS})
+    ops_ = SimpleNamespace(**{op: record(f"op.{op}") for op in native.FUSED_OPS})
+    x, w, b, r = h(M, K, dtype=F32), h(N, K, dtype=F32), h(N, dtype=F32), h(M, N, dtype=F32)
+    assert mod._calls(pkg, ops_, fused, "bias", x, w, b, r) == {}
+    for epilogue in records.EPILOGUES[2:]:
+        calls = mod._calls(pkg, ops_, fused, epilogue, x, w, b, r)
+        assert set(calls) == {"native", "op", "torch"}, epilogue
+        op = calls["native"]()
+        assert op.startswith("pkg.linear_") and calls["op"]() == op.replace("pkg.", "op.")
+        assert calls["torch"]().shape[-1] in (N, N // 2)
+        gated = op.endswith("gated")
+        assert gated == (epilogue in abi.EPILOGUE_ACTIVATION), epilogue
+    with_eps = [args for name, args in seen if name.endswith("gated")]
+    assert ("silu", None) in with_eps and ("gelu_tanh", mod.EPS) in with_eps
