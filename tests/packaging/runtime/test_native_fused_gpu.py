@@ -258,7 +258,7 @@ FALLBACKS = {
 
 @pytest.mark.parametrize(("call", "reason"), FALLBACKS.values(), ids=FALLBACKS.keys())
 def test_what_the_kernel_does_not_take_falls_back_the_same_way(fused, call, reason, monkeypatch):
-    pkg = _need(fused, "fp16", "rmsnorm")
+    pkg = _need(fused, "fp16", "rmsnorm_bias")  # the entries the calls would run
     _need(fused, "fp16", "residual")
     _need(fused, "fp16", "silu")
     x, w, b, r = _inputs(pkg, "fp16", 24, seed=12)
