@@ -11,9 +11,13 @@
 # then again with CUDAL2_NATIVE=0 (the Python path); host = host_overhead.py; e2e =
 # llama_e2e.py (LAYERS, default 32); trace = eager_trace.py at 16 and 64 decode tokens
 # (not in the default); eager = eager_host.py (a forward's host time with the GPU held
-# busy, and each linear shape's, at 1/16/64/256 tokens; not in the default). Under $OUT:
+# busy, and each linear shape's, at 1/16/64/256 tokens; not in the default); fused =
+# fused_host.py (host time per call of the fused ops, linear_residual / linear_gated /
+# linear_rmsnorm, native against Python against torch's unfused ops, for every fused
+# entry of the wheel's table at 1/16/64 tokens; not in the default: a wheel with fused
+# entries, e.g. built from bench/manifests/layer-epilogues-h100.toml). Under $OUT:
 # gpu.txt, gpu-tests-native.txt, gpu-tests-python.txt, host-overhead.json,
-# llama-e2e.json, trace-16.json, trace-64.json, eager-host.json.
+# llama-e2e.json, trace-16.json, trace-64.json, eager-host.json, fused-host.json.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STEPS=${STEPS:-tests host e2e}
@@ -63,4 +67,8 @@ if [[ " $STEPS " == *" eager "* ]]; then
   step "eager forward's host time, patched and unpatched, GPU held busy"
   $PY bench/experiments/eager_host.py --package "$PKG" --layers "${LAYERS:-32}" \
     --out "$OUT/eager-host.json"
+fi
+if [[ " $STEPS " == *" fused "* ]]; then
+  step "fused ops' host time per call: native, Python, torch's unfused ops, GPU held busy"
+  $PY bench/experiments/fused_host.py --package "$PKG" --out "$OUT/fused-host.json" | tail -40
 fi

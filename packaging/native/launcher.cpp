@@ -30,6 +30,8 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +46,7 @@
 
 namespace {
 
-constexpr int kAbi = 2;  // cudal2_native_abi(): bumped when the C interface changes
+constexpr int kAbi = 3;  // cudal2_native_abi(): bumped when the C interface changes
 constexpr int kSlots = 8;  // op namespaces one copy of this library can serve
 constexpr int kMaxPlans = 1 << 14;
 constexpr size_t kReadyMax = 1 << 16;  // remembered shapes, as the Python runtime
@@ -54,7 +56,9 @@ constexpr int32_t kCuda = 1;  // torch DeviceType::CUDA
 constexpr int32_t kStrided = 0;  // torch Layout::Strided
 
 // Fallback reasons, in `Stats`' names (`_runtime/api.py`); Python reads this list. The
-// first eleven are found here; the rest are Python's answers to `prepare`.
+// first eleven are found here; the rest are Python's answers to `prepare` (and
+// `residual`, found by `fused_operands` for its tests: a fused op's call the kernel does
+// not take goes to the op's Python kernel, which counts its own reason).
 #define CUDAL2_REASONS(X)                                                                 \
   X(DISABLED, "disabled") X(RANK, "rank") X(SHAPE, "shape") X(EMPTY, "empty")              \
   X(STRIDE, "stride") X(DTYPE, "dtype") X(NOT_STRIDED, "not_strided") X(BIAS, "bias")      \
@@ -63,11 +67,35 @@ constexpr int32_t kStrided = 0;  // torch Layout::Strided
   X(FITS, "fits") X(ABI, "abi") X(CAPTURE, "capture") X(LOAD_ERROR, "load_error")          \
   X(ARCH, "arch") X(DRIVER, "driver") X(GPU, "gpu") X(TABLE, "table")                      \
   X(CUBLASLT_MISSING, "cublaslt_missing") X(CUBLASLT_VERSION, "cublaslt_version")          \
-  X(CUBLASLT_ALGO, "cublaslt_algo")
+  X(CUBLASLT_ALGO, "cublaslt_algo") X(RESIDUAL, "residual")
 #define CUDAL2_ENUM(id, name) R_##id,
 #define CUDAL2_NAME(id, name) name,
 enum Reason : int { CUDAL2_REASONS(CUDAL2_ENUM) kNumReasons };
 const char* const kReasons[] = {CUDAL2_REASONS(CUDAL2_NAME)};
+
+// The fused epilogues (records.EPILOGUES, `_runtime/abi.py` EPILOGUE_OPERANDS, in that
+// order; Python reads this list and checks it): a table entry's `epilogue`, and the one a
+// fused op's call asks `prepare` for.
+#define CUDAL2_EPILOGUES(X)                                                               \
+  X(NONE, "none") X(BIAS, "bias") X(RESIDUAL, "residual") X(BIAS_RESIDUAL, "bias_residual") \
+  X(SILU, "silu") X(GELU_TANH, "gelu_tanh") X(RMSNORM, "rmsnorm")                            \
+  X(RMSNORM_BIAS, "rmsnorm_bias") X(RMSNORM_SILU, "rmsnorm_silu")                            \
+  X(RMSNORM_GELU_TANH, "rmsnorm_gelu_tanh")
+#define CUDAL2_EPI_ENUM(id, name) E_##id,
+enum Epilogue : int { CUDAL2_EPILOGUES(CUDAL2_EPI_ENUM) kNumEpilogues };
+const char* const kEpilogues[] = {CUDAL2_EPILOGUES(CUDAL2_NAME)};
+// A gated activation's output is [M, N / 2] (abi.EPILOGUE_ACTIVATION)
+bool gated(int e) { return e == E_SILU || e == E_GELU_TANH || e >= E_RMSNORM_SILU; }
+// ... and the RMSNorm row scale's kernels take a trailing float eps (abi.ROW_SCALED)
+bool row_scaled(int e) { return e >= E_RMSNORM; }
+// The fused ops this file serves, by their stack layout (x, w, then):
+enum FusedOp : int {
+  F_RESIDUAL = 0,  // linear_residual: residual, bias?
+  F_GATED = 1,     // linear_gated: act (str), eps (float?)
+  F_RMSNORM = 2,   // linear_rmsnorm: eps (float), bias?
+  kNumFused
+};
+const char* const kFusedNames[] = {"linear_residual", "linear_gated", "linear_rmsnorm"};
 // `prepare`'s answer for a reason that must not be remembered (a kernel not loaded
 // during graph capture: the next call outside capture loads it).
 constexpr int32_t kTransient = 1 << 20;
@@ -110,7 +138,7 @@ using LtMatmulFn = int (*)(void*, void*, const void*, const void*, void*, const 
 // One table entry as it runs on one device (filled by Python: `cudal2_native_set_plan`).
 struct PlanDesc {
   int32_t kind;  // 1 kernel, 2 cuBLASLt, 0 torch's GEMM (a fallback entry with an eager plan)
-  int32_t abi;  // 1 gemm_v1, 2 gemm_v2 (two tensor maps appended)
+  int32_t abi;  // 1 gemm_v1, 2 gemm_v2 (two tensor maps appended), 3 gemm_v3 (+ epilogue)
   uint64_t function;  // CUfunction, loaded by Python in the device's primary context
   int32_t block[3];
   int32_t smem;
@@ -127,16 +155,21 @@ struct PlanDesc {
   uint64_t lt_workspace_bytes;
   // the bias kernel for this entry's dtype (gemm output += bias[n])
   uint64_t bias_function;
+  // gemm_v3: the recipe's epilogue (an `Epilogue`); a fused op's call launches the plan
+  // only where it is the epilogue the call asked for
+  int32_t epilogue;
+  int32_t reserved;  // 0 (keeps the record a multiple of 8 bytes)
 };
 
 using PrepareFn = int32_t (*)(int32_t slot, int32_t dev, int32_t dtype, int32_t layout,
-                              int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb);
+                              int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                              int32_t epilogue);
 using WorkspaceFn = int32_t (*)(int32_t slot, int32_t dev, uint64_t stream, uint64_t* ptr,
                                 uint64_t* bytes);
 using EventFn = void (*)(int32_t slot, int32_t plan, int32_t code, const char* message);
 
 struct ShapeKey {
-  int64_t v[8];  // dev, dtype, layout, m, n, k, lda, ldb
+  int64_t v[9];  // dev, dtype, layout, m, n, k, lda, ldb, epilogue
   bool operator==(const ShapeKey& o) const { return std::memcmp(v, o.v, sizeof v) == 0; }
 };
 struct TmapKey {
@@ -156,7 +189,7 @@ struct Hash {
 
 struct Slot {
   bool used = false;
-  std::string ns, linear_py, matmul_py;
+  std::string ns, linear_py, matmul_py, fused_ops[kNumFused], fused_py[kNumFused];
   PrepareFn prepare = nullptr;
   WorkspaceFn workspace = nullptr;
   EventFn event = nullptr;
@@ -341,17 +374,34 @@ CUresult tensor_map(CUtensorMap* out, uint64_t ptr, uint64_t rows, uint64_t k, u
   return r;
 }
 
+// ABI gemm_v3's operands after gemm_v2's (`EpilogueArgs`), and the output's row stride.
+struct EpiArgs {
+  uint64_t bias = 0, residual = 0;  // device pointers, 0 where the epilogue reads none
+  int64_t ldr = 0;  // the residual's row stride (elements)
+  float eps = 0.0f;  // a ROW_SCALED epilogue's, passed as the kernel's trailing float
+  int64_t ldc = 0;  // the output's row stride: N, or N / 2 after a gated activation
+};
+
+// Launch a plan's kernel; `epi` (gemm_v3 plans only, and then required) appends the
+// epilogue's operands as `driver.launch_gemm` does: bias, residual, ldr, then eps for a
+// ROW_SCALED epilogue alone (the other kernels have no such parameter).
 CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, const Operands& o,
-                       CUstream stream) {
+                       CUstream stream, const EpiArgs* epi = nullptr) {
   int32_t m = static_cast<int32_t>(o.m), n = static_cast<int32_t>(o.n),
           k = static_cast<int32_t>(o.k);
-  long long lda = o.lda, ldb = o.ldb, ldc = o.n;
+  if ((p.abi == 3) != (epi != nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  long long lda = o.lda, ldb = o.ldb, ldc = epi != nullptr ? epi->ldc : o.n;
   void* pa = reinterpret_cast<void*>(a);
   void* pb = reinterpret_cast<void*>(b);
   void* pc = reinterpret_cast<void*>(c);
+  void* pbias = epi != nullptr ? reinterpret_cast<void*>(epi->bias) : nullptr;
+  void* pres = epi != nullptr ? reinterpret_cast<void*>(epi->residual) : nullptr;
+  long long ldr = epi != nullptr ? epi->ldr : 0;
+  float eps = epi != nullptr ? epi->eps : 0.0f;
   CUtensorMap ta, tb;
-  void* args[11] = {&pa, &pb, &pc, &m, &n, &k, &lda, &ldb, &ldc, &ta, &tb};
-  if (p.abi == 2) {
+  void* args[15] = {&pa, &pb, &pc, &m, &n, &k, &lda, &ldb, &ldc, &ta, &tb,
+                    &pbias, &pres, &ldr, &eps};
+  if (p.abi == 2 || p.abi == 3) {
     CUresult r = tensor_map(&ta, a, o.m, o.k, o.lda, p.box_a);
     if (r == CUDA_SUCCESS) r = tensor_map(&tb, b, o.n, o.k, o.ldb, p.box_b);
     if (r != CUDA_SUCCESS) return r;
@@ -437,7 +487,8 @@ int32_t lookup(Slot& s, int si, const ShapeKey& key, int32_t dtype, const Operan
     auto it = s.ready.find(key);
     if (it != s.ready.end()) return it->second;
   }
-  int32_t got = s.prepare(si, dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb);
+  int32_t got = s.prepare(si, dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb,
+                          static_cast<int32_t>(key.v[8]));
   bool transient = got < 0 && ((-got - 1) & kTransient);
   if (got < 0) got = -(((-got - 1) & ~kTransient) + 1);
   if (!transient) {
@@ -448,13 +499,15 @@ int32_t lookup(Slot& s, int si, const ShapeKey& key, int32_t dtype, const Operan
   return got;
 }
 
-// The output of a call: [..., N] (linear) or [M, N], contiguous, from torch's allocator.
-AtenTensorHandle new_output(bool is_linear, const View& a, const Operands& o) {
+// The output of a call: [..., N] (linear) or [M, N], contiguous, from torch's allocator
+// (`columns` in place of N where given: a gated epilogue's N / 2).
+AtenTensorHandle new_output(bool is_linear, const View& a, const Operands& o,
+                            int64_t columns = 0) {
   int64_t out_dim = is_linear ? a.ndim : 2;
   int64_t sizes[64], strides[64];
   if (out_dim > 64) fail("cudal2: more than 64 dimensions");
   for (int64_t i = 0; i + 1 < out_dim; ++i) sizes[i] = is_linear ? a.sizes[i] : o.m;
-  sizes[out_dim - 1] = o.n;
+  sizes[out_dim - 1] = columns > 0 ? columns : o.n;
   int64_t st = 1;
   for (int64_t i = out_dim - 1; i >= 0; --i) {
     strides[i] = st;
@@ -569,7 +622,7 @@ void run(int si, bool is_linear, StableIValue* stack) {
   int dev = a.device_index;
   int32_t dtype = a.dtype == kHalf ? 0 : 1;
   if (reason < 0) {
-    ShapeKey key{{dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb}};
+    ShapeKey key{{dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb, E_NONE}};
     int32_t got = lookup(s, si, key, dtype, o, dev);
     if (got < 0) {
       reason = -got - 1;
@@ -697,6 +750,198 @@ void run(int si, bool is_linear, StableIValue* stack) {
   stack[0] = reinterpret_cast<StableIValue>(out);
 }
 
+
+// ---- the fused ops (ABI gemm_v3) ----------------------------------------------------
+struct FusedCall {
+  Operands o{};
+  int32_t epilogue = E_NONE;
+  EpiArgs epi;
+};
+// `fused_operands`' answer where the op's Python kernel raises (an unknown act, an eps
+// that is not finite): no fallback reason, an error.
+constexpr int kRaises = kNumReasons;
+
+// Whether a fused op's call can run a gemm_v3 kernel, checked as the Python path checks
+// it (`Api._linear_residual` / `_fused_call`, `_residual_ld`, `fused.check_*`), in its
+// order: -1 with `f` filled (the operands, the epilogue the table is asked for, the
+// kernel's epilogue operands), or the reason Python finds first (kRaises where it
+// raises). Stricter than Python nowhere it matters: a call declined here goes to the
+// op's Python kernel, never to a wrong answer. `act`: 0 silu, 1 gelu_tanh, -1 another
+// string (gated only); `bias` / `residual` null where absent.
+int fused_operands(int op, const View& x, const View& w, const View* bias, const View* residual,
+                   int act, bool has_eps, double eps, FusedCall* f) {
+  if (op == F_GATED && act < 0) return kRaises;
+  if ((op == F_RMSNORM || has_eps) && !std::isfinite(eps)) return kRaises;
+  if (x.dtype != w.dtype || (x.dtype != kHalf && x.dtype != kBFloat16)) return R_DTYPE;
+  int r = linear_operands(x.sizes, x.strides, x.ndim, w.sizes, w.strides, w.ndim, &f->o);
+  if (r >= 0) return r;
+  const Operands& o = f->o;
+  if (bias != nullptr) {
+    // `_bias_reason`, and a unit stride: the kernel reads bias[n] (a strided bias is
+    // added by torch instead)
+    if (bias->dtype != x.dtype || bias->ndim != 1 || bias->sizes[0] != o.n ||
+        bias->device_type != x.device_type || bias->device_index != x.device_index ||
+        (bias->strides[0] != 1 && o.n != 1)) {
+      return R_BIAS;
+    }
+  }
+  if (residual != nullptr) {  // `_residual_ld`: the output's shape, one row stride
+    const View& rv = *residual;
+    bool same = rv.dtype == x.dtype && rv.device_type == x.device_type &&
+                rv.device_index == x.device_index && rv.ndim == x.ndim;
+    for (int64_t i = 0; same && i + 1 < x.ndim; ++i) same = rv.sizes[i] == x.sizes[i];
+    if (!same || rv.sizes[rv.ndim - 1] != o.n) return R_RESIDUAL;
+    if (rv.ndim == 2 && rv.strides[1] == 1 && rv.strides[0] >= o.n) {
+      f->epi.ldr = rv.strides[0];
+    } else if (contiguous(rv)) {
+      f->epi.ldr = o.n;
+    } else {
+      return R_RESIDUAL;
+    }
+    f->epi.residual = reinterpret_cast<uint64_t>(rv.data);
+  }
+  if (op == F_RESIDUAL) {
+    f->epilogue = bias != nullptr ? E_BIAS_RESIDUAL : E_RESIDUAL;
+  } else if (op == F_GATED) {
+    f->epilogue = (has_eps ? E_RMSNORM_SILU : E_SILU) + act;
+  } else {
+    f->epilogue = bias != nullptr ? E_RMSNORM_BIAS : E_RMSNORM;
+  }
+  f->epi.ldc = gated(f->epilogue) ? o.n / 2 : o.n;
+  if (f->epi.ldc % 8) return R_STRIDE;  // the ABI's ldc rule (`_fused_call`)
+  // `_run`: the pointers, then the devices
+  if ((reinterpret_cast<uintptr_t>(x.data) | reinterpret_cast<uintptr_t>(w.data)) % 16) {
+    return R_ALIGNMENT;
+  }
+  if (x.device_type != kCuda || w.device_type != kCuda || x.device_index != w.device_index) {
+    return R_DEVICE;
+  }
+  if (bias != nullptr) f->epi.bias = reinterpret_cast<uint64_t>(bias->data);
+  f->epi.eps = row_scaled(f->epilogue) ? static_cast<float>(eps) : 0.0f;
+  return -1;
+}
+
+// A gated op's `act` (the boxed string, borrowed): 0 silu, 1 gelu_tanh, -1 another.
+int act_code(StableIValue v) {
+  size_t len = 0;
+  const char* data = nullptr;
+  auto h = reinterpret_cast<StringHandle>(v);
+  if (h == nullptr || torch_string_length(h, &len) != AOTI_TORCH_SUCCESS ||
+      torch_string_c_str(h, &data) != AOTI_TORCH_SUCCESS) {
+    return -1;
+  }
+  std::string act(data, len);
+  return act == "silu" ? 0 : act == "gelu_tanh" ? 1 : -1;
+}
+
+double as_double(StableIValue v) {
+  double d;
+  std::memcpy(&d, &v, sizeof d);
+  return d;
+}
+
+// One call of a fused op on slot si. Stack: x, w, then the op's (see `FusedOp`). A call
+// whose inputs or plan the kernel does not take goes, untouched, to the op's Python
+// kernel (`<ns>::_<op>_py`): it raises the Python path's error (as a RuntimeError with
+// its message, through the dispatcher) or falls back and counts its reason; launched
+// here, it counts a hit.
+void run_fused(int si, int op, StableIValue* stack) {
+  Slot& s = slots[si];
+  const char* py = s.fused_py[op].c_str();
+  const char* what = kFusedNames[op];
+  if (env_is("CUDAL2_NATIVE", "0") || env_is("CUDAL2_DISABLE", "1")) {
+    redispatch(py, stack, what);
+    return;
+  }
+  View x, w, bias, residual;
+  StableIValue* bias_box = nullptr;  // an optional's value is boxed (torch 2.11)
+  StableIValue* eps_box = nullptr;
+  int act = 0;
+  bool has_eps = false;
+  double eps = 0.0;
+  bool ok = read(reinterpret_cast<AtenTensorHandle>(stack[0]), &x) &&
+            read(reinterpret_cast<AtenTensorHandle>(stack[1]), &w);
+  if (op == F_RESIDUAL) {
+    ok = ok && read(reinterpret_cast<AtenTensorHandle>(stack[2]), &residual);
+    bias_box = reinterpret_cast<StableIValue*>(stack[3]);
+  } else if (op == F_GATED) {
+    act = act_code(stack[2]);
+    eps_box = reinterpret_cast<StableIValue*>(stack[3]);
+    has_eps = eps_box != nullptr;
+    if (has_eps) eps = as_double(*eps_box);
+  } else {
+    has_eps = true;
+    eps = as_double(stack[2]);
+    bias_box = reinterpret_cast<StableIValue*>(stack[3]);
+  }
+  ok = ok && (bias_box == nullptr || read(reinterpret_cast<AtenTensorHandle>(*bias_box), &bias));
+  FusedCall f;
+  ok = ok && fused_operands(op, x, w, bias_box ? &bias : nullptr,
+                            op == F_RESIDUAL ? &residual : nullptr, act, has_eps, eps, &f) < 0;
+  int dev = x.device_index;
+  int32_t dtype = x.dtype == kHalf ? 0 : 1;
+  int32_t plan_id = -1;
+  PlanDesc p{};
+  if (ok) {
+    const Operands& o = f.o;
+    ShapeKey key{{dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb, f.epilogue}};
+    plan_id = lookup(s, si, key, dtype, o, dev);
+    ok = plan_id >= 0;
+  }
+  if (ok) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ok = plan_id < static_cast<int32_t>(s.plans.size()) && !s.dead[plan_id];
+    if (ok) p = s.plans[plan_id];
+  }
+  // Only the kernel of the epilogue asked for (`prepare` answers no other; kept so)
+  ok = ok && p.kind == 1 && p.abi == 3 && p.epilogue == f.epilogue;
+  if (!ok) {
+    redispatch(py, stack, what);
+    return;
+  }
+  AtenTensorHandle out = new_output(true, x, f.o, f.epi.ldc);
+  void* c = nullptr;
+  aoti_torch_get_data_ptr(out, &c);
+  CUresult r;
+  {
+    CtxGuard guard(dev);
+    r = guard.status;
+    void* stream = nullptr;
+    if (r == CUDA_SUCCESS && current_stream(dev, &stream) != AOTI_TORCH_SUCCESS) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (r == CUDA_SUCCESS) {
+      r = launch_kernel(p, reinterpret_cast<uint64_t>(x.data), reinterpret_cast<uint64_t>(w.data),
+                        reinterpret_cast<uint64_t>(c), f.o, static_cast<CUstream>(stream), &f.epi);
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    aoti_torch_delete_tensor_object(out);
+    const char* name = nullptr;
+    drv.error_name(r, &name);
+    std::string message = std::string("the launch failed: ") + (name ? name : "?");
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.dead[plan_id] = 1;
+    }
+    s.event(si, plan_id, R_LAUNCH_ERROR, message.c_str());  // the Python plan's reason too
+    redispatch(py, stack, what);
+    return;
+  }
+  s.hits[plan_id].fetch_add(1, std::memory_order_relaxed);
+  // The boxed convention: the kernel owns its inputs and leaves its output in stack[0].
+  aoti_torch_delete_tensor_object(x.h);
+  aoti_torch_delete_tensor_object(w.h);
+  if (op == F_RESIDUAL) aoti_torch_delete_tensor_object(residual.h);
+  if (op == F_GATED) torch_delete_string(reinterpret_cast<StringHandle>(stack[2]));
+  if (bias_box != nullptr) {
+    aoti_torch_delete_tensor_object(bias.h);
+    delete bias_box;  // torch 2.11 boxes an optional's value with new StableIValue
+  }
+  delete eps_box;
+  stack[0] = reinterpret_cast<StableIValue>(out);
+}
+
 template <int S>
 void linear_boxed(StableIValue* stack, uint64_t, uint64_t) {
   run(S, true, stack);
@@ -705,11 +950,18 @@ template <int S>
 void matmul_boxed(StableIValue* stack, uint64_t, uint64_t) {
   run(S, false, stack);
 }
+template <int S, int Op>
+void fused_boxed(StableIValue* stack, uint64_t, uint64_t) {
+  run_fused(S, Op, stack);
+}
 using Boxed = void (*)(StableIValue*, uint64_t, uint64_t);
 template <int... S>
 struct Table {
   static constexpr Boxed linear[] = {&linear_boxed<S>...};
   static constexpr Boxed matmul[] = {&matmul_boxed<S>...};
+  static constexpr Boxed fused[kNumFused][kSlots] = {{&fused_boxed<S, F_RESIDUAL>...},
+                                                     {&fused_boxed<S, F_GATED>...},
+                                                     {&fused_boxed<S, F_RMSNORM>...}};
 };
 using Slots = Table<0, 1, 2, 3, 4, 5, 6, 7>;
 static_assert(sizeof(Slots::linear) / sizeof(Boxed) == kSlots, "one boxed kernel per slot");
@@ -730,9 +982,30 @@ CUDAL2_EXPORT const char* cudal2_native_reason(int i) {
   return i >= 0 && i < kNumReasons ? kReasons[i] : nullptr;
 }
 
+CUDAL2_EXPORT int cudal2_native_num_epilogues(void) { return kNumEpilogues; }
+
+CUDAL2_EXPORT const char* cudal2_native_epilogue(int i) {
+  return i >= 0 && i < kNumEpilogues ? kEpilogues[i] : nullptr;
+}
+
 CUDAL2_EXPORT int cudal2_native_max_plans(void) { return kMaxPlans; }
 
 CUDAL2_EXPORT int cudal2_native_plan_bytes(void) { return sizeof(PlanDesc); }
+
+// The offsets of PlanDesc's fields, in declaration order, into out[n]: how many there are
+// (native.py checks its ctypes mirror field for field at load).
+#define CUDAL2_PLAN_FIELDS(X)                                                              \
+  X(kind) X(abi) X(function) X(block) X(smem) X(tile_m) X(tile_n) X(split_k) X(cluster)      \
+  X(persistent) X(ctas_per_sm) X(sm_count) X(box_a) X(box_b) X(pdl) X(eager) X(lt_matmul)    \
+  X(lt_handle) X(lt_desc) X(lt_w) X(lt_a) X(lt_c) X(lt_algo) X(lt_alpha) X(lt_beta)          \
+  X(lt_workspace_bytes) X(bias_function) X(epilogue) X(reserved)
+#define CUDAL2_OFFSET(f) offsetof(PlanDesc, f),
+CUDAL2_EXPORT int cudal2_native_plan_offsets(int64_t* out, int n) {
+  const int64_t offsets[] = {CUDAL2_PLAN_FIELDS(CUDAL2_OFFSET)};
+  const int count = sizeof offsets / sizeof offsets[0];
+  for (int i = 0; i < n && i < count; ++i) out[i] = offsets[i];
+  return count;
+}
 
 // Look up the driver and torch's CUDA stream function. 0, or writes why not into err.
 CUDAL2_EXPORT int cudal2_native_init(char* err, int err_len) {
@@ -773,8 +1046,9 @@ CUDAL2_EXPORT int cudal2_native_init(char* err, int err_len) {
   return 0;
 }
 
-// Register the CUDA kernels of <ns>::linear and <ns>::matmul (defined by Python first,
-// with `_linear_py` / `_matmul_py`, the Python kernels). The slot, or -1 with err set.
+// Register the CUDA kernels of <ns>::linear, ::matmul, ::linear_residual, ::linear_gated and
+// ::linear_rmsnorm (defined by Python first, with `_linear_py`, `_matmul_py` and
+// `_<fused op>_py`, the Python kernels). The slot, or -1 with err set.
 CUDAL2_EXPORT int cudal2_native_register(const char* ns, PrepareFn prepare, WorkspaceFn workspace,
                                          EventFn event, char* err, int err_len) {
   std::lock_guard<std::mutex> lock(init_mu);
@@ -788,6 +1062,10 @@ CUDAL2_EXPORT int cudal2_native_register(const char* ns, PrepareFn prepare, Work
   s.ns = ns;
   s.linear_py = s.ns + "::_linear_py";
   s.matmul_py = s.ns + "::_matmul_py";
+  for (int op = 0; op < kNumFused; ++op) {
+    s.fused_ops[op] = kFusedNames[op];
+    s.fused_py[op] = s.ns + "::_" + kFusedNames[op] + "_py";
+  }
   s.prepare = prepare;
   s.workspace = workspace;
   s.event = event;
@@ -805,6 +1083,14 @@ CUDAL2_EXPORT int cudal2_native_register(const char* ns, PrepareFn prepare, Work
                   "torch refused the CUDA kernels of %s::linear/matmul", ns);
     return -1;
   }
+  for (int op = 0; op < kNumFused; ++op) {
+    if (torch_library_impl(s.lib, s.fused_ops[op].c_str(), Slots::fused[op][si],
+                           TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS) {
+      std::snprintf(err, static_cast<size_t>(err_len), "torch refused the CUDA kernel of %s::%s",
+                    ns, kFusedNames[op]);
+      return -1;
+    }
+  }
   s.used = true;
   return si;
 }
@@ -820,6 +1106,16 @@ CUDAL2_EXPORT int cudal2_native_set_plan(int si, int id, const PlanDesc* plan) {
   }
   s.plans[id] = *plan;
   s.dead[id] = 0;
+  return 0;
+}
+
+// A copy of plan `id` of a slot (tests: what Python's plan record became). 0, or -1.
+CUDAL2_EXPORT int cudal2_native_get_plan(int si, int id, PlanDesc* out) {
+  if (si < 0 || si >= kSlots) return -1;
+  Slot& s = slots[si];
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (id < 0 || static_cast<size_t>(id) >= s.plans.size()) return -1;
+  *out = s.plans[id];
   return 0;
 }
 
@@ -879,6 +1175,54 @@ CUDAL2_EXPORT int cudal2_native_launch_loop(int si, int plan_id, uint64_t a, uin
   CUresult r = CUDA_SUCCESS;
   for (int i = 0; i < count && r == CUDA_SUCCESS; ++i) {
     r = launch_kernel(p, a, b, c, o, reinterpret_cast<CUstream>(stream));
+  }
+  return r;
+}
+
+// A tensor as `cudal2_native_fused_operands` takes it (tests: no torch tensor needed).
+struct TensorArg {
+  int64_t ndim;
+  const int64_t* sizes;
+  const int64_t* strides;
+  int32_t dtype, device_type, device_index, present;  // present 0: an absent optional
+  uint64_t data;
+};
+
+// A fused op's checks on plain arrays, for tests against the Python path: -1 and, in
+// out[10], (layout, m, n, k, lda, ldb, epilogue, ldr, ldc, has bias) and the eps the
+// kernel gets in *eps_out; or the reason's index (num_reasons: the Python kernel raises).
+// `op`: 0 linear_residual, 1 linear_gated, 2 linear_rmsnorm; `act` a C string or null.
+CUDAL2_EXPORT int cudal2_native_fused_operands(int op, const TensorArg* x, const TensorArg* w,
+                                               const TensorArg* bias, const TensorArg* residual,
+                                               const char* act, int has_eps, double eps,
+                                               int64_t* out, float* eps_out) {
+  if (op < 0 || op >= kNumFused) return kRaises;
+  auto view = [](const TensorArg* t, View* v) {
+    v->ndim = t->ndim;
+    v->sizes = const_cast<int64_t*>(t->sizes);
+    v->strides = const_cast<int64_t*>(t->strides);
+    v->dtype = t->dtype;
+    v->device_type = t->device_type;
+    v->device_index = t->device_index;
+    v->layout = kStrided;
+    v->data = reinterpret_cast<void*>(t->data);
+  };
+  View vx, vw, vb, vr;
+  view(x, &vx);
+  view(w, &vw);
+  bool has_bias = bias != nullptr && bias->present;
+  if (has_bias) view(bias, &vb);
+  if (op == F_RESIDUAL) view(residual, &vr);
+  int code = act == nullptr ? -1 : std::strcmp(act, "silu") == 0 ? 0
+                                  : std::strcmp(act, "gelu_tanh") == 0 ? 1 : -1;
+  FusedCall f;
+  int r = fused_operands(op, vx, vw, has_bias ? &vb : nullptr, op == F_RESIDUAL ? &vr : nullptr,
+                         code, has_eps != 0 || op == F_RMSNORM, eps, &f);
+  if (r < 0) {
+    int64_t v[10] = {f.o.layout, f.o.m,       f.o.n,      f.o.k,      f.o.lda,
+                     f.o.ldb,    f.epilogue, f.epi.ldr, f.epi.ldc, f.epi.bias != 0};
+    std::memcpy(out, v, sizeof v);
+    *eps_out = f.epi.eps;
   }
   return r;
 }

@@ -90,6 +90,7 @@ class Stats:
     (not an [N] tensor of the input's dtype and device), ``shape`` (mismatch: torch
     raises), ``empty``, ``stride`` (inner stride, leading dim or view rules),
     ``alignment`` (pointer not 16-byte aligned), ``device`` (not one CUDA device),
+    ``residual`` (``linear_residual``'s residual or ``out`` cannot be taken),
     ``arch``, ``driver``, ``gpu``, ``no_entry``, ``fallback_entry`` (the table chose
     the baseline), ``align`` (the recipe's dims), ``fits`` (grid or int limits),
     ``abi`` (a launch ABI this runtime does not know), ``capture`` (kernel not loaded
@@ -525,6 +526,10 @@ class Api:
         has one for the shape; else torch's own ops, bit for bit what
         ``F.linear(x, w, bias) + residual`` gives. ``out`` (optional): where the result
         goes (it may be ``residual`` itself: in place; not x, w or bias)."""
+        if out is None and self.native is not None:
+            op = self._native_fused("linear_residual", x, w, residual, bias)
+            if op is not None:
+                return self._call_native(op, x, w, residual, bias)
         got = self._linear_residual(x, w, residual, bias, out, False)
         if type(got) is str:
             self.stats._fallbacks[got] += 1
@@ -574,6 +579,10 @@ class Api:
         of epilogue ``act`` / ``rmsnorm_<act>`` where the table has one for (dtype, N, K),
         else torch's unfused ops (``fused.unfused_gated``), exactly. Inputs torch could
         not compute either raise (TypeError / ValueError naming the tensor)."""
+        if self.native is not None and (eps is None or type(eps) is float) and type(act) is str:
+            op = self._native_fused("linear_gated", x, w)
+            if op is not None:
+                return self._call_native(op, x, w, act, eps)
         got = self._linear_gated(x, w, act, eps, False)
         if type(got) is str:
             self.stats._fallbacks[got] += 1
@@ -594,11 +603,48 @@ class Api:
         epilogue ``rmsnorm`` / ``rmsnorm_bias`` (the per-row rsqrt(mean(h^2) + eps) as a
         row scale) where the table has one, else torch's unfused ops
         (``fused.unfused_rmsnorm``), exactly. Errors as ``linear_gated``."""
+        if self.native is not None and type(eps) is float:
+            op = self._native_fused("linear_rmsnorm", x, w, bias)
+            if op is not None:
+                return self._call_native(op, x, w, eps, bias)
         got = self._linear_rmsnorm(x, w, eps, bias, False)
         if type(got) is str:
             self.stats._fallbacks[got] += 1
             return fused.unfused_rmsnorm(x, w, float(eps), bias)
         return got
+
+    def _native_fused(self, name: str, x: Any, w: Any, *more: Any) -> Any:
+        """The fused op ``name``'s overload, where a call with these tensors goes to
+        its native CUDA kernel (as ``_native_call``: plain CUDA tensors autograd does not
+        record, outside tracing, native path on; the kernel applies every other rule, and
+        hands what it does not launch to the op's Python kernel); else None."""
+        if type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES:
+            return None
+        if not x.is_cuda or native_off():
+            return None
+        grad = x.requires_grad or w.requires_grad
+        for t in more:
+            if t is not None:
+                if type(t) not in _PLAIN_TYPES:
+                    return None  # the Python path's "tensor_type" / "bias" rules
+                grad = grad or t.requires_grad
+        if (grad and _torch.is_grad_enabled()) or _torch.compiler.is_compiling():
+            return None
+        return getattr(getattr(_torch.ops, self.native.namespace), name).default
+
+    def _call_native(self, op: Any, *args: Any) -> Any:
+        """``op(*args)`` below autograd (nothing to record, see ``_native_fused``); an
+        error the op's Python kernel raised (TypeError / ValueError) reaches the caller
+        as itself, not as the dispatcher's RuntimeError."""
+        fused.forget_raised()
+        try:
+            with _torch._C._AutoDispatchBelowAutograd():
+                return op(*args)
+        except RuntimeError:
+            raised = fused.raised_by_python()  # torch < 2.13 leaves its message in the log
+            if raised is None:
+                raise
+            raise raised from None
 
     def op_linear_rmsnorm(self, x: Any, w: Any, eps: float, bias: Any = None) -> Any:
         """``linear_rmsnorm`` as the torch op's kernel."""
@@ -743,6 +789,8 @@ class Api:
         shape = (dev, _DTYPE_NAMES[a.dtype], layout, m, n, k)
         if epilogue != "none":
             bias, residual = epi
+            if bias is not None and bias.stride(0) != 1 and n != 1:
+                return "bias"  # the kernel reads bias[n]: a strided one is torch's to add
             ops = EpilogueArgs(
                 0 if bias is None else bias.data_ptr(),
                 0 if residual is None else residual.data_ptr(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from typing import Any
 
 # The gated activations ``linear_gated`` takes (its ``act``); epilogue ``act`` or, with
@@ -213,3 +214,37 @@ def rmsnorm_backward(
     if has_bias and need[2]:
         gb = gy.reshape(-1, gy.shape[-1]).sum(0).to(grad.dtype)
     return gx, None if gw is None else gw.to(w.dtype), gb
+
+
+# -- errors through the native kernel -------------------------------------------------
+
+_raised = threading.local()  # a fused op's Python kernel's last error (``raised_by_python``)
+
+
+def keeping_error(fn: Any) -> Any:
+    """``fn`` (a fused op's Python kernel, which the native kernel calls through the
+    dispatcher) keeping the exception it raises: the dispatcher hands the native kernel
+    an error code, and the native kernel raises a RuntimeError with the message; the
+    ``Api`` methods re-raise the original (``raised_by_python``)."""
+
+    def kernel(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (TypeError, ValueError) as exc:
+            _raised.exc = exc
+            raise
+
+    return kernel
+
+
+def raised_by_python() -> BaseException | None:
+    """The TypeError / ValueError a fused op's Python kernel raised on this thread since
+    ``forget_raised()`` (None: none), forgotten now."""
+    got = getattr(_raised, "exc", None)
+    _raised.exc = None
+    return got
+
+
+def forget_raised() -> None:
+    """Forget the last error a fused op's Python kernel raised on this thread."""
+    _raised.exc = None

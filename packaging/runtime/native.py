@@ -4,11 +4,14 @@
 ``attach(api, namespace, files)`` loads the package's library (its bytes checked
 against the sha256 recorded at build time), looks up the CUDA driver and torch's
 current-stream function, and registers the library's boxed kernels as the CUDA kernels
-of ``<namespace>::linear`` / ``::matmul``. From then on a CUDA call of the op runs the
-checks, the allocation and the launch natively; this module answers the library's
-questions about a shape it has not seen yet (``prepare``: the table's plan, loaded on
-the device, or a fallback reason), which happens once per shape, and moves the native
-counters into ``Api.stats`` when they are read.
+of ``<namespace>::linear`` / ``::matmul`` and of the fused ops ``::linear_residual`` /
+``::linear_gated`` / ``::linear_rmsnorm`` (ABI gemm_v3 kernels). From then on a CUDA call
+of an op runs the checks, the allocation and the launch natively; this module answers
+the library's questions about a shape (and fused epilogue) it has not seen yet
+(``prepare``: the table's plan, loaded on the device, or a fallback reason), which
+happens once per shape, and moves the native counters into ``Api.stats`` when they are
+read. A fused op's call the library does not launch goes to the op's Python kernel
+(``_<op>_py``), which counts its own fallback reason.
 
 Where the library cannot be used (not shipped, another platform, a torch older than the
 stable ABI it targets, a CPU build of torch, a corrupted file), nothing is registered and
@@ -32,13 +35,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import driver
-from .abi import GemmArgs
+from .abi import EPILOGUE_OPERANDS, GemmArgs
 
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
-ABI = 2  # cudal2_native_abi() of the library this file drives
-# The kernel ABIs the C launcher passes parameters for (not gemm_v3's epilogue operands)
-NATIVE_ABIS = ("gemm_v1", "gemm_v2")
+ABI = 3  # cudal2_native_abi() of the library this file drives
+# The kernel ABIs the C launcher passes parameters for (PlanDesc.abi: 1, 2, 3); gemm_v3
+# kernels only for the fused ops' calls, of the epilogue the call asks for
+NATIVE_ABIS = ("gemm_v1", "gemm_v2", "gemm_v3")
+# The library's epilogue codes (launcher.cpp's CUDAL2_EPILOGUES; checked at load)
+EPILOGUES = tuple(EPILOGUE_OPERANDS)
+# launcher.cpp's FusedOp: the fused ops whose CUDA kernel the library is
+FUSED_OPS = ("linear_residual", "linear_gated", "linear_rmsnorm")
 DTYPES = ("fp16", "bf16")  # the library's dtype codes
 LAYOUTS = ("tn", "nn")
 _TRANSIENT = 1 << 20  # a reason the library must not remember (see launcher.cpp)
@@ -75,6 +83,8 @@ class PlanDesc(ctypes.Structure):
         ("lt_beta", ctypes.c_uint64),
         ("lt_workspace_bytes", ctypes.c_uint64),
         ("bias_function", ctypes.c_uint64),
+        ("epilogue", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
     ]
 
 
@@ -89,6 +99,7 @@ PREPARE = ctypes.CFUNCTYPE(
     ctypes.c_int64,
     ctypes.c_int64,
     ctypes.c_int64,
+    ctypes.c_int32,
 )
 WORKSPACE = ctypes.CFUNCTYPE(
     ctypes.c_int32,
@@ -136,9 +147,14 @@ def _library(path: str) -> ctypes.CDLL:
             got = lib.cudal2_native_abi()
             if got != ABI:
                 raise NativeUnavailable(f"{LIBRARY} speaks ABI {got}, this runtime {ABI}")
+            if plan_offsets(lib) != [getattr(PlanDesc, f).offset for f, _ in PlanDesc._fields_]:
+                raise NativeUnavailable(f"{LIBRARY}'s plan record differs from this runtime's")
             if lib.cudal2_native_plan_bytes() != ctypes.sizeof(PlanDesc):
                 raise NativeUnavailable(f"{LIBRARY}'s plan record differs from this runtime's")
             lib.cudal2_native_reason.restype = ctypes.c_char_p
+            lib.cudal2_native_epilogue.restype = ctypes.c_char_p
+            if epilogues(lib) != EPILOGUES:
+                raise NativeUnavailable(f"{LIBRARY}'s epilogues differ from this runtime's")
             lib.cudal2_native_register.argtypes = [
                 ctypes.c_char_p,
                 PREPARE,
@@ -152,6 +168,7 @@ def _library(path: str) -> ctypes.CDLL:
                 ctypes.c_int,
                 ctypes.POINTER(PlanDesc),
             ]
+            lib.cudal2_native_get_plan.argtypes = lib.cudal2_native_set_plan.argtypes
             lib.cudal2_native_drain.argtypes = [
                 ctypes.c_int,
                 ctypes.POINTER(ctypes.c_int64),
@@ -177,6 +194,15 @@ def _library(path: str) -> ctypes.CDLL:
                 u64,
                 ctypes.c_int,
             ]
+            lib.cudal2_native_fused_operands.argtypes = [
+                ctypes.c_int,
+                *[ctypes.POINTER(TensorArg)] * 4,
+                ctypes.c_char_p,
+                ctypes.c_int,
+                ctypes.c_double,
+                ctypes.POINTER(ctypes.c_int64),
+                ctypes.POINTER(ctypes.c_float),
+            ]
             _libs[path] = lib
         return lib
 
@@ -185,6 +211,96 @@ def reasons(lib: ctypes.CDLL) -> tuple[str, ...]:
     """The library's fallback reasons by code (``Stats``' names)."""
     return tuple(
         lib.cudal2_native_reason(i).decode() for i in range(lib.cudal2_native_num_reasons())
+    )
+
+
+def plan_offsets(lib: ctypes.CDLL) -> list[int]:
+    """The byte offsets of the library's ``PlanDesc`` fields, in declaration order."""
+    out = (ctypes.c_int64 * 64)()
+    n = lib.cudal2_native_plan_offsets(out, 64)
+    return list(out[:n])
+
+
+def plan(lib: ctypes.CDLL, slot: int, pid: int) -> PlanDesc | None:
+    """A copy of the library's plan ``pid`` of ``slot`` (tests), or None."""
+    desc = PlanDesc()
+    return desc if lib.cudal2_native_get_plan(slot, pid, ctypes.byref(desc)) == 0 else None
+
+
+def epilogues(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The library's epilogues by code (``abi.EPILOGUE_OPERANDS``' order)."""
+    return tuple(
+        lib.cudal2_native_epilogue(i).decode() for i in range(lib.cudal2_native_num_epilogues())
+    )
+
+
+class TensorArg(ctypes.Structure):
+    """launcher.cpp's ``TensorArg``: a tensor's metadata for ``fused_operands``."""
+
+    _fields_ = [
+        ("ndim", ctypes.c_int64),
+        ("sizes", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("dtype", ctypes.c_int32),
+        ("device_type", ctypes.c_int32),
+        ("device_index", ctypes.c_int32),
+        ("present", ctypes.c_int32),
+        ("data", ctypes.c_uint64),
+    ]
+
+
+def fused_operands(
+    lib: ctypes.CDLL,
+    op: str,
+    tensors: Mapping[str, tuple | None],
+    act: str | None = None,
+    eps: float | None = None,
+) -> tuple | str:
+    """The library's checks of a fused op's call (``op`` in ``FUSED_OPS``) on tensor
+    metadata: ``tensors`` maps x, w, bias, residual to (shape, strides, torch dtype code,
+    device type code, device index, data pointer) or None. (layout, m, n, k, lda, ldb,
+    epilogue, ldr, ldc, has bias, eps as the kernel gets it) where its kernel would be
+    asked for, else the reason (``"raises"`` where the op's Python kernel raises). The
+    tests compare it with the Python path's checks."""
+    keep = []
+
+    def arg(t: tuple | None) -> TensorArg:
+        if t is None:
+            return TensorArg()
+        shape, strides, dtype, dev_type, dev_index, data = t
+        sizes = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        st = (ctypes.c_int64 * max(len(strides), 1))(*strides)
+        keep.extend((sizes, st))
+        return TensorArg(len(shape), sizes, st, dtype, dev_type, dev_index, 1, data)
+
+    out = (ctypes.c_int64 * 10)()
+    got_eps = ctypes.c_float()
+    args = [arg(tensors.get(name)) for name in ("x", "w", "bias", "residual")]
+    r = lib.cudal2_native_fused_operands(
+        FUSED_OPS.index(op),
+        *[ctypes.byref(a) for a in args],
+        None if act is None else act.encode(),
+        int(eps is not None),
+        0.0 if eps is None else float(eps),
+        out,
+        ctypes.byref(got_eps),
+    )
+    if r >= 0:
+        names = reasons(lib)
+        return names[r] if r < len(names) else "raises"
+    layout, m, n, k, lda, ldb, epi, ldr, ldc, has_bias = list(out)
+    return (
+        LAYOUTS[layout],
+        m,
+        n,
+        k,
+        lda,
+        ldb,
+        EPILOGUES[epi],
+        ldr,
+        ldc,
+        bool(has_bias),
+        got_eps.value,
     )
 
 
@@ -265,9 +381,11 @@ class Native:
 
     # -- the library's questions (ctypes callbacks: they must never raise) -----------
 
-    def _prepare(self, slot, dev, dtype, layout, m, n, k, lda, ldb) -> int:
+    def _prepare(self, slot, dev, dtype, layout, m, n, k, lda, ldb, epilogue) -> int:
         try:
-            return self._answer(dev, DTYPES[dtype], LAYOUTS[layout], m, n, k, lda, ldb)
+            return self._answer(
+                dev, DTYPES[dtype], LAYOUTS[layout], m, n, k, lda, ldb, EPILOGUES[epilogue]
+            )
         except Exception as exc:  # noqa: BLE001 - a callback must answer; warn, fall back
             self.api._warn_once(
                 "native:prepare",
@@ -280,21 +398,23 @@ class Native:
         code = self._codes[reason]
         return -((code | _TRANSIENT) + 1) if reason == "capture" else -(code + 1)
 
-    def _answer(self, dev, dtype, layout, m, n, k, lda, ldb) -> int:
+    def _answer(self, dev, dtype, layout, m, n, k, lda, ldb, epilogue="none") -> int:
         api = self.api
         import torch
 
         with self._lock, torch.cuda.device(dev):
             shape = (dev, dtype, layout, m, n, k)
+            if epilogue != "none":
+                return self._answer_fused(torch, (*shape, epilogue))
             plan = api._prepare(torch, shape)
             if type(plan) is str:
                 return self._reason(plan)
             if (
                 plan.reason is None
                 and plan.lt is None
-                and plan.recipe.get("abi", "gemm_v1") not in NATIVE_ABIS
+                and plan.recipe.get("abi", "gemm_v1") not in ("gemm_v1", "gemm_v2")
             ):
-                # A gemm_v3 (fused epilogue) kernel: the C launcher passes no epilogue
+                # A gemm_v3 (fused epilogue) kernel: a plain call passes no epilogue
                 # operands. A plain call's lookup never finds one (the dispatch key
                 # carries the epilogue); this keeps it so if that ever changes.
                 return self._reason("abi")
@@ -316,6 +436,22 @@ class Native:
             lt_key = None if plan.lt is None else (m, n, k, lda, ldb)
             got = self._plan_id(plan, dev, dtype, lt_key, eager)
             return self._reason(got) if type(got) is str else got
+
+    def _answer_fused(self, torch: Any, shape: tuple) -> int:
+        """A fused op's shape (its epilogue last): the plan id of the table's gemm_v3
+        kernel of exactly that epilogue, or the reason the Python path would give
+        (anything else, e.g. a fallback entry with an eager alternative, which the
+        Python kernel then serves: ``abi``)."""
+        plan = self.api._prepare(torch, shape)
+        if type(plan) is str:
+            return self._reason(plan)
+        if plan.reason is not None:
+            return self._reason(plan.reason)
+        r = plan.recipe
+        if plan.lt is not None or r.get("abi") != "gemm_v3" or r.get("epilogue") != shape[6]:
+            return self._reason("abi")
+        got = self._plan_id(plan, shape[0], shape[1], None)
+        return self._reason(got) if type(got) is str else got
 
     def _plan_id(
         self, plan: Any, dev: int, dtype: str, lt_key: tuple | None, eager: int = -1
@@ -354,7 +490,7 @@ class Native:
     def _kernel_plan(self, desc: PlanDesc, plan: Any, dev: int) -> None:
         r = plan.recipe
         desc.kind = 1
-        desc.abi = 2 if r.get("abi") == "gemm_v2" else 1
+        desc.abi = NATIVE_ABIS.index(r.get("abi", "gemm_v1")) + 1
         desc.function = int(plan.kernel.function(dev))
         desc.block[:] = list(r["block"])
         desc.smem = int(r["smem_bytes"])
@@ -364,10 +500,11 @@ class Native:
         desc.persistent = int(bool(r.get("persistent")))
         desc.ctas_per_sm = int(r.get("ctas_per_sm", 1))
         desc.sm_count = driver.sm_count(dev) if desc.persistent else 0
-        if desc.abi == 2:
+        if desc.abi >= 2:  # the tensor maps of gemm_v2 and gemm_v3
             desc.box_a[:] = list(r["tma"]["a"])
             desc.box_b[:] = list(r["tma"]["b"])
-        desc.pdl = int(bool(r.get("pdl")))
+        desc.pdl = int(r.get("pdl") is True)  # as driver.launch_gemm reads it
+        desc.epilogue = EPILOGUES.index(r.get("epilogue", "none"))
 
     def _lt_plan(self, desc: PlanDesc, api: Any, dev: int, lt: Any) -> None:
         from . import cublaslt
@@ -426,7 +563,8 @@ class Native:
 
 def attach(api: Any, apis: Mapping[str, Any], namespace: str, package: str) -> Native:
     """Load the package's native launcher and register its CUDA kernels for
-    ``namespace`` (whose ops, with ``_linear_py`` / ``_matmul_py``, are defined). Raises
+    ``namespace`` (whose ops, with ``_linear_py`` / ``_matmul_py`` and the fused ops'
+    ``_<op>_py``, are defined). Raises
     ``NativeUnavailable`` with the reason where it cannot serve."""
     import torch
 

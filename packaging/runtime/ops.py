@@ -3,7 +3,7 @@
 ``register(api, namespace)`` defines ``torch.ops.<namespace>.linear(x, w, bias=None)``,
 ``torch.ops.<namespace>.matmul(a, b)`` and ``torch.ops.<namespace>.linear_residual(x, w,
 residual, bias=None)`` (= linear + residual: a fused-epilogue kernel where the table has
-one, else torch's two ops; Python kernel only, never the native launcher), and likewise
+one, else torch's two ops), and likewise
 ``torch.ops.<namespace>.linear_gated(x, w, act, eps=None)`` and
 ``torch.ops.<namespace>.linear_rmsnorm(x, w, eps, bias=None)`` (``Api.linear_gated`` /
 ``Api.linear_rmsnorm``) (namespace ``cudal2_<manifest name>``):
@@ -99,6 +99,13 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     # them when CUDAL2_NATIVE=0 (``native``), so both paths run in one process.
     lib.define("_linear_py(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
     lib.define("_matmul_py(Tensor a, Tensor b) -> Tensor")
+    # ... and every call of a fused op the native kernel does not launch (its inputs,
+    # or no gemm_v3 kernel for them): the Python kernel counts the reason, or raises.
+    lib.define(
+        "_linear_residual_py(Tensor x, Tensor w, Tensor residual, Tensor? bias=None) -> Tensor"
+    )
+    lib.define("_linear_gated_py(Tensor x, Tensor w, str act, float? eps=None) -> Tensor")
+    lib.define("_linear_rmsnorm_py(Tensor x, Tensor w, float eps, Tensor? bias=None) -> Tensor")
 
     def linear(x: Any, w: Any, bias: Any = None) -> Any:
         return apis[ns].op_linear(x, w, bias)
@@ -122,14 +129,19 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     for key in ("CompositeExplicitAutograd", "NestedTensorCPU", "NestedTensorCUDA"):
         lib.impl("linear", linear, key)
         lib.impl("matmul", matmul, key)
-    # linear_residual has only this Python kernel: the native launcher passes no
-    # epilogue operands (gemm_v3), so it never serves a fused-epilogue entry.
+    # The fused ops: these Python kernels, and (``native``) a CUDA kernel of the native
+    # launcher where it serves, which passes gemm_v3's epilogue operands.
     lib.impl("linear_residual", linear_residual, "CompositeExplicitAutograd")
-    # ... nor these: Python kernels only (the native launcher has no eps either).
     lib.impl("linear_gated", linear_gated, "CompositeExplicitAutograd")
     lib.impl("linear_rmsnorm", linear_rmsnorm, "CompositeExplicitAutograd")
     lib.impl("_linear_py", linear, "CompositeExplicitAutograd")
     lib.impl("_matmul_py", matmul, "CompositeExplicitAutograd")
+    for name, fn in (
+        ("_linear_residual_py", linear_residual),
+        ("_linear_gated_py", linear_gated),
+        ("_linear_rmsnorm_py", linear_rmsnorm),
+    ):
+        lib.impl(name, fused.keeping_error(fn), "CompositeExplicitAutograd")
 
     def linear_fake(x: Any, w: Any, bias: Any = None) -> Any:
         torch._check(x.dim() >= 1 and w.dim() == 2, lambda: "linear: x [..., K], w [N, K]")

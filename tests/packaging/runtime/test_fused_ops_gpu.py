@@ -267,9 +267,10 @@ def test_beyond_the_table_it_is_torchs_result(fused, dtype):
     assert not pkg.stats.hits
 
 
-def test_the_native_op_does_not_serve_them(fused):
+def test_a_plain_call_does_not_get_them(fused):
     """A plain call of the same (N, K) finds no entry (the dispatch key carries the
-    epilogue): the native op (where it serves) gives it to torch."""
+    epilogue): the op (native where it serves) gives it to torch. The fused ops on the
+    native path: test_native_fused_gpu.py."""
     pkg, _ = fused
     h, packed, _, _ = _inputs(pkg, "fp16", 16, seed=11)
     pkg.stats.reset()

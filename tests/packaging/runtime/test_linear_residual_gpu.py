@@ -1,7 +1,7 @@
 """On an sm_90 GPU: ``linear_residual`` and ``linear`` with a bias reach fused-epilogue
 kernels (ABI gemm_v3) through a generated package, eager, under CUDA-graph capture and
 under ``torch.compile(fullgraph=True)``, and match the fp32 reference; in place into
-the residual; the native op never serves them.
+the residual; a plain call of the native op never finds an epilogue entry.
 
 The table is built here (a TEST FIXTURE, not measured figures): one design per
 epilogue, compiled in the test, as entries for this GPU at (N, K) = (4096, 1024),
