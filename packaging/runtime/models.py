@@ -192,7 +192,8 @@ class ModelPatch:
     @property
     def names(self) -> list[str]:
         """Qualified names of the patched decoder layers (and the LM head, if patched)."""
-        return [p.name for p in self._layers] + (self._head.names if self._head else [])
+        head = ["lm_head"] if self._head is not None and self._head.names else []
+        return [p.name for p in self._layers] + head
 
     def report(self) -> dict:
         """Per decoder layer its GEMMs (``GemmReport.as_json``), and the LM head's."""
