@@ -48,6 +48,10 @@ from .api import dtype_name
 from .ops import LinearPatch, patch_linear
 
 ORIGINALS = ("keep", "cpu", "drop")
+# The modeling code the fused forward matches (argument names, the cache's ``update``,
+# ``ALL_ATTENTION_FUNCTIONS.get_interface``): transformers 5 (read from 5.23). transformers
+# 4 passes ``past_key_value`` and the static cache wants ``cache_position``: refused.
+MIN_TRANSFORMERS = (5, 0)
 # transformers' hidden_act names of the gated activations the fused ops compute exactly
 # (ACT2FN: "silu" / "swish" are F.silu, "gelu_pytorch_tanh" is F.gelu(approximate="tanh")).
 ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -350,9 +354,26 @@ def _linear(torch: Any, mt: str, name: str, module: Any, bias: bool) -> None:
         raise _refuse(mt, f"{name} has a bias, which the family has none of")
 
 
+def transformers_version() -> tuple[int, int]:
+    """(major, minor) of the installed transformers ((0, 0) without it)."""
+    try:
+        import transformers
+    except ImportError:
+        return (0, 0)
+    parts = (transformers.__version__.split(".") + ["0"])[:2]
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts)
+
+
 def _check_model(torch: Any, model: Any) -> tuple[str, Family, Any, Any]:
     config = getattr(model, "config", None)
     mt = getattr(config, "model_type", None)
+    found = transformers_version()
+    if found < MIN_TRANSFORMERS:
+        raise PatchModelError(
+            f"patch_model: transformers {'.'.join(map(str, found))} is older than "
+            f"{'.'.join(map(str, MIN_TRANSFORMERS))}, whose modeling code the fused "
+            "forward matches (tested with 5.23)"
+        )
     if mt not in FAMILIES:
         raise PatchModelError(
             f"patch_model: model_type {mt!r} is not supported (supported: "

@@ -451,6 +451,13 @@ def test_refuses_a_patch_linear_layer(tiny_table_package):
             tiny_table_package.patch_model(model)
 
 
+def test_refuses_transformers_4(pkg, monkeypatch):
+    monkeypatch.setattr(rt(pkg), "transformers_version", lambda: (4, 57))
+    model = tiny("llama")
+    with pytest.raises(rt(pkg).PatchModelError, match="transformers 4.57 is older than 5.0"):
+        pkg.patch_model(model)
+
+
 def test_bad_originals(pkg):
     with pytest.raises(ValueError, match="originals must be one of"):
         pkg.patch_model(tiny("llama"), originals="gpu")
