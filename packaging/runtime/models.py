@@ -488,8 +488,7 @@ def _pack(torch: Any, fam: Family, layer: Any) -> tuple[Any, Any, Any, list[Any]
     attn, mlp = layer.self_attn, layer.mlp
     off = fam.norm_offset
     g_in = layer.input_layernorm.weight
-    g_mlp = layer.pre_feedforward_layernorm if fam.post_norms else layer.post_attention_layernorm
-    g_mlp = g_mlp.weight
+    g_mlp = getattr(layer, _mlp_norm_name(fam)).weight
     with torch.no_grad():
         if fam.fused_modules:
             qkv = attn.qkv_proj.weight
@@ -516,8 +515,7 @@ def _unfolders(fam: Family, layer: Any, originals: list[Any]) -> list[Any]:
     weights (norm weight divided out in fp32, rounded once)."""
     off = fam.norm_offset
     g_in = layer.input_layernorm.weight
-    g_mlp = layer.pre_feedforward_layernorm if fam.post_norms else layer.post_attention_layernorm
-    g_mlp = g_mlp.weight
+    g_mlp = getattr(layer, _mlp_norm_name(fam)).weight
 
     def unfold(packed: Any, g: Any) -> Any:
         return (packed.float() / (g.float() + off)).to(packed.dtype)
@@ -547,6 +545,12 @@ def _unfolders(fam: Family, layer: Any, originals: list[Any]) -> list[Any]:
     ]
 
 
+def _mlp_norm_name(fam: Family) -> str:
+    """The norm folded into gate_up (Gemma-2's pre-feedforward one; else the
+    post-attention one)."""
+    return "pre_feedforward_layernorm" if fam.post_norms else "post_attention_layernorm"
+
+
 def _eps(norm: Any) -> float:
     eps = getattr(norm, "variance_epsilon", None)
     return float(norm.eps if eps is None else eps)
@@ -574,10 +578,11 @@ def patch_model(model: Any, api: Any, namespace: str, originals: str = "keep") -
     for i, layer in enumerate(layers):
         _check_layer(torch, mt, fam, i, layer)
     if originals == "drop":
+        folded = ("input_layernorm", _mlp_norm_name(fam))  # what "drop" divides out
         for i, layer in enumerate(layers):
-            for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm"):
-                norm = getattr(layer, n, None)
-                if norm is not None and bool((norm.weight.float() + fam.norm_offset == 0).any()):
+            for n in folded:
+                norm = getattr(layer, n)
+                if bool((norm.weight.float() + fam.norm_offset == 0).any()):
                     raise _refuse(
                         mt,
                         f"layer {i}.{n} has a zero scale: originals='drop' could not "
@@ -597,9 +602,7 @@ def patch_model(model: Any, api: Any, namespace: str, originals: str = "keep") -
         attn, mlp = layer.self_attn, layer.mlp
         mod = sys.modules[type(attn).__module__]
         w_qkv, b_qkv, w_gu, replaced = _pack(torch, fam, layer)
-        mlp_norm = (
-            layer.pre_feedforward_layernorm if fam.post_norms else layer.post_attention_layernorm
-        )
+        mlp_norm = getattr(layer, _mlp_norm_name(fam))
         plan = _Plan(
             family=fam,
             act=act,

@@ -241,10 +241,14 @@ def test_restore_is_bit_exact(pkg, family, originals):
     assert patch.names == [] and patch.memory() == {}
 
 
-def test_drop_frees_and_unfolds(pkg):
-    model = tiny("llama", torch.bfloat16)
+@pytest.mark.parametrize("family", ["llama", "gemma", "phi3"])
+def test_drop_frees_and_unfolds(pkg, family):
+    """Separate q/k/v and gate/up, Gemma's (1 + w) and Phi-3's stacked modules each
+    unfold back into their own layout."""
+    model = tiny(family, torch.bfloat16)
     snap = snapshot(model)
-    q = model.model.layers[0].self_attn.q_proj.weight
+    attn = model.model.layers[0].self_attn
+    q = attn.qkv_proj.weight if family == "phi3" else attn.q_proj.weight
     patch = pkg.patch_model(model, originals="drop")
     assert q.numel() == 0
     assert patch.memory() == {"cpu": 0}  # the packed weights take the originals' bytes
