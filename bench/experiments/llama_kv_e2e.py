@@ -451,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     s = Setup(args)
     torch = s.torch
+    # Every (model, batch) compiles the one code object of step_fn's closure: each is a
+    # cache entry of that frame, so dynamo's per-frame limit (8) must not cut them off.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
 
     result: dict = json.loads(args.out.read_text()) if args.out.exists() else {}
     gpu = torch.cuda.get_device_name() if s.device.type == "cuda" else "cpu (dry run)"
