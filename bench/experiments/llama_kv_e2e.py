@@ -354,6 +354,19 @@ def part_decode(s: Setup, model: Any, patched: Any, compiled: bool) -> dict:
                     )
                 step = fn
             runs[name] = (step, cache, ids, compiled)
+        if not compiled:  # which entries one patched step hits at this batch (eager: the
+            # Python path counts; graph replays do not pass through it)
+            step, cache = runs["patched"][:2]
+            with torch.no_grad():
+                step(ids)  # first use at this M: loads
+                rewind(cache, s.context)
+                s.pkg.stats.reset()
+                step(ids)
+            rewind(cache, s.context)
+            row["patched_step"] = {
+                "hits": dict(s.pkg.stats.hits),
+                "fallbacks": dict(s.pkg.stats.fallbacks),
+            }
         row |= summarise(time_blocks(s, runs, args.steps, args.reps), batch, args.steps)
         row["wall_s"] = round(time.monotonic() - t0, 1)
         rows[str(batch)] = row

@@ -61,6 +61,7 @@ def test_dry_run_every_part(e2e, package, tmp_path):
         rows = got["llama"][part]["batches"]
         assert sorted(rows) == ["1", "2"]
         assert rows["2"]["tokens_per_s"]["patched"] > 0 and rows["2"]["speedup"] > 0
+    assert got["llama"]["eager"]["batches"]["2"]["patched_step"]["fallbacks"]
     graph = got["llama"]["graph"]["batches"]["1"]
     assert graph["max_diff_compiled_vs_eager_patched"] < 1e-4
     assert got["llama"]["prefill"]["tokens"] == 32
