@@ -1,0 +1,556 @@
+"""End to end with a KV cache (issue 21): a transformers Llama with Llama-3.1-8B's
+dimensions, unpatched against ``patch_model``, generating with transformers' static cache.
+
+The models. ``LlamaForCausalLM`` from ``manifests/configs/llama-3.1-8b/config.json``
+(``--layers`` of its 32 decoder layers), built on the GPU in fp16 with transformers' own
+init (linear weights N(0, 0.02)), then the RMSNorm weights set to 1 + N(0, 0.1) (and
+biases to N(0, 0.1)) so a wrong fold or a lost bias shows in the logits (seeded). The
+patched model is a second module tree over the same parameters (``copy.deepcopy`` with
+the parameters in the memo), patched with ``patch_model(originals="keep")``: the memory it
+adds is only the packed qkv / gate_up weights. The Qwen2-style model (``--part qwen2``)
+is ``Qwen2ForCausalLM`` with the same dimensions (so its o / gate_up / down shapes are the
+wheel's) and Qwen2's q/k/v bias (its qkv runs ``linear_rmsnorm`` with the bias:
+epilogue ``rmsnorm_bias``, which the layer wheel has no entry for: a fallback, reported).
+
+Decode (``graph``, ``eager``). A ``StaticCache`` per model and batch, of ``CONTEXT``
+(1,024) + ``--steps`` tokens, its first 1,024 positions filled with random K/V (N(0, 1),
+the cache's ``cumulative_length`` set to 1,024: the attention of every step reads the
+whole 1,024-token context, as after a prefill, without paying a 65k-token prefill per
+batch); then blocks of ``--steps`` decode steps (each feeds the argmax of the step
+before), the cache rewound to 1,024 before each block. tokens/s = batch x steps / block
+time (median of ``--reps`` blocks, the two models interleaved in random order).
+``graph``: both models under ``torch.compile(mode="reduce-overhead", fullgraph=True)``
+(inductor + CUDA graphs: the unpatched baseline is what a transformers user would run),
+compiled once per batch size (a new cache object and static shapes: one compile, one
+graph recording per model and batch; the compile time is reported); the compiled step's
+logits are also checked against the same model's eager step. ``eager``: the same loops
+without compile.
+
+Prefill (``prefill``): one [1, ``--prefill``] forward into a fresh static cache, eager,
+``logits_to_keep=1`` (the median of ``--reps``).
+
+Correctness (``check``, and ``qwen2``): an fp32 copy of the fp16 model (same values) is
+the reference: a [4, 128] prompt into a static cache, then 4 decode steps fed the
+reference's tokens; every logit of the prefill and the steps compared. The patched model
+passes when its max |error| against fp32 is at most ``TOLERANCE`` (2) times the unpatched
+model's (today's e2e rule). ``check`` also records the patch's memory
+(``ModelPatch.memory()`` and ``torch.cuda.memory_allocated`` before / after), its
+per-layer report (which GEMMs hit a table entry, which fall back) and the package's hit
+/ fallback counts over one patched eager decode step.
+
+Each part is rerun-safe: the results JSON (``--out``) is read, the part's key replaced,
+and written atomically after every part, so parts can run in separate processes (one
+10-minute command each; ci/gpu_e2e_kv.sh) and a run cut short keeps what it finished.
+
+    python bench/experiments/llama_kv_e2e.py --package cudal2_kernels_layer_epilogues_h100 \\
+        --out out/llama-kv-e2e.json --part check --part eager --part prefill --part graph
+    python bench/experiments/llama_kv_e2e.py --dry-run --package <pkg> --out /tmp/x.json
+        (a tiny model on the CPU: every part's code path, fp32; "graph" compiles with
+        backend="aot_eager", which traces the whole step as the GPU run does, no graphs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
+CONTEXT = 1024
+TOLERANCE = 2.0
+FLOOR = 1e-5  # of the largest |logit|: below it, errors are rounding order (fp32 dry run)
+PARTS = ("check", "eager", "prefill", "graph", "qwen2")
+# --dry-run: a tiny Llama on the CPU (the code paths, not figures).
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=97,
+)
+
+
+class Setup:
+    """The run's device, dtype, sizes and the package."""
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+
+        self.torch = torch
+        self.args = args
+        self.dry = args.dry_run
+        self.device = torch.device("cpu" if self.dry else args.device)
+        self.dtype = torch.float32 if self.dry else torch.float16
+        self.context = 16 if self.dry else CONTEXT
+        self.pkg = importlib.import_module(args.package)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def config(self, family: str = "llama") -> Any:
+        from transformers import AutoConfig, Qwen2Config
+
+        cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
+        cfg.num_hidden_layers = self.args.layers
+        if self.dry:
+            for k, v in TINY.items():
+                setattr(cfg, k, v)
+            cfg.num_hidden_layers = 2
+        if family == "qwen2":
+            keep = [
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "num_hidden_layers",
+                "vocab_size",
+                "rms_norm_eps",
+                "max_position_embeddings",
+            ]
+            q = Qwen2Config(**{k: getattr(cfg, k) for k in keep}, rope_theta=1e6)
+            q.head_dim = cfg.head_dim
+            cfg = q
+        cfg.bos_token_id = cfg.eos_token_id = None
+        return cfg
+
+
+def build(s: Setup, cfg: Any, seed: int = 0) -> Any:
+    """The model on the device in the run's dtype, eval mode, norms and biases randomised."""
+    import transformers
+
+    torch = s.torch
+    cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[
+        cfg.model_type
+    ]
+    torch.manual_seed(seed)
+    before = torch.get_default_dtype()
+    try:
+        with torch.device(s.device):
+            torch.set_default_dtype(s.dtype)
+            model = cls(cfg).eval()
+    finally:
+        torch.set_default_dtype(before)
+    g = torch.Generator(device=s.device).manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g, device=s.device))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g, device=s.device))
+    return model
+
+
+def patched_copy(s: Setup, model: Any) -> tuple[Any, Any]:
+    """New modules over the same parameters and buffers, patched with ``patch_model``."""
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    twin = copy.deepcopy(model, shared)
+    return twin, s.pkg.patch_model(twin, originals="keep")
+
+
+def static_cache(s: Setup, model: Any, batch: int, length: int, filled: int) -> Any:
+    """A StaticCache of ``length`` tokens for ``model`` (its dtype) whose first
+    ``filled`` positions hold random K/V."""
+    from transformers import StaticCache
+
+    torch = s.torch
+    cfg = model.config
+    cache = StaticCache(config=cfg, max_cache_len=length)
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    cache.early_initialization(batch, cfg.num_key_value_heads, d, dtype, s.device)
+    if filled:
+        g = torch.Generator(device=s.device).manual_seed(batch)
+        for layer in cache.layers:
+            layer.keys[:, :, :filled].normal_(generator=g)
+            layer.values[:, :, :filled].normal_(generator=g)
+    rewind(cache, filled)
+    return cache
+
+
+def rewind(cache: Any, position: int) -> None:
+    """Set every layer's write position (an in-place fill: the tensor's address is
+    static, so compiled graphs see it)."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(position)
+
+
+def step_fn(model: Any, cache: Any) -> Any:
+    def step(ids: Any) -> Any:
+        return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+
+    return step
+
+
+def time_blocks(s: Setup, runs: dict[str, Any], steps: int, reps: int) -> dict[str, list[float]]:
+    """Seconds per block of ``steps`` decode steps for each run (step, cache, first
+    ids, compiled), interleaved in random order, ``reps`` blocks each (one warm-up block)."""
+    rng = random.Random(0)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    torch = s.torch
+    with torch.no_grad():
+        for rep in range(reps + 1):
+            order = list(runs)
+            rng.shuffle(order)
+            for name in order:
+                step, cache, ids, compiled = runs[name]
+                rewind(cache, s.context)
+                s.sync()
+                t0 = time.perf_counter()
+                x = ids
+                for _ in range(steps):
+                    if compiled:  # a new iteration: the last step's outputs are consumed
+                        torch.compiler.cudagraph_mark_step_begin()
+                    x = step(x).argmax(-1)
+                s.sync()
+                if rep:
+                    times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def summarise(times: dict[str, list[float]], batch: int, steps: int) -> dict:
+    med = {name: statistics.median(v) for name, v in times.items()}
+    out: dict = {
+        "tokens_per_s": {n: round(batch * steps / t, 1) for n, t in med.items()},
+        "ms_per_step": {n: round(t / steps * 1e3, 3) for n, t in med.items()},
+        "speedup": round(med["unpatched"] / med["patched"], 4),
+    }
+    ratio = sorted(u / p for u, p in zip(times["unpatched"], times["patched"], strict=True))
+    out["paired_speedup"] = round(statistics.median(ratio), 4)
+    out["paired_p20_p80"] = [
+        round(ratio[len(ratio) // 5], 4),
+        round(ratio[(4 * len(ratio)) // 5], 4),
+    ]
+    return out
+
+
+# -- the parts ---------------------------------------------------------------------------
+
+
+def correctness(s: Setup, model: Any, patched: Any) -> dict:
+    """Logits of the prefill and 4 decode steps against an fp32 copy (module docstring)."""
+    torch = s.torch
+    ref = copy.deepcopy(model).float()
+    b, t, n = (2, 8, 3) if s.dry else (4, 128, 4)
+    g = torch.Generator(device=s.device).manual_seed(7)
+    prompt = torch.randint(0, model.config.vocab_size, (b, t), generator=g, device=s.device)
+    out: dict[str, list] = {"ref": [], "unpatched": [], "patched": []}
+    with torch.no_grad():
+        models = {"ref": ref, "unpatched": model, "patched": patched}
+        caches = {k: static_cache(s, m, b, t + n, 0) for k, m in models.items()}
+        ids = prompt
+        for _ in range(n + 1):
+            for name, m in models.items():
+                logits = m(input_ids=ids, past_key_values=caches[name], use_cache=True).logits
+                out[name].append(logits.float().cpu())
+            ids = out["ref"][-1][:, -1:].argmax(-1).to(s.device)  # the reference's token
+    del ref, caches
+    if s.device.type == "cuda":
+        torch.cuda.empty_cache()
+    want = torch.cat([x.flatten() for x in out["ref"]])
+    got = {k: torch.cat([x.flatten() for x in out[k]]) for k in ("unpatched", "patched")}
+    err_u = (got["unpatched"] - want).abs().max().item()
+    err_p = (got["patched"] - want).abs().max().item()
+    return {
+        "prompt": [b, t],
+        "decode_steps": n,
+        "max_abs_logit": round(want.abs().max().item(), 4),
+        "err_unpatched_vs_fp32": round(err_u, 5),
+        "err_patched_vs_fp32": round(err_p, 5),
+        "max_diff_patched_vs_unpatched": round(
+            (got["patched"] - got["unpatched"]).abs().max().item(), 5
+        ),
+        "tolerance": TOLERANCE,
+        # The floor: an fp32 dry run's unpatched model IS the reference (error 0); the
+        # patched one differs by the rounding order of the fold (~1e-7 of the logits).
+        "ok": err_p <= TOLERANCE * max(err_u, FLOOR * want.abs().max().item()),
+    }
+
+
+def report_summary(patch: Any) -> dict:
+    rep = patch.report()
+    layers = rep["layers"]
+    first = next(iter(layers.values()))
+    per_gemm = {
+        r["gemm"]: {
+            "op": r["op"],
+            "epilogue": r["epilogue"],
+            "nk": [r["n"], r["k"]],
+            "entry_in_layers": sum(
+                1
+                for rows in layers.values()
+                for x in rows
+                if x["gemm"] == r["gemm"] and x["fallback"] is None
+            ),
+            "entries": r["entries"],
+        }
+        for r in first
+    }
+    return {"layers": len(layers), "per_gemm": per_gemm, "lm_head": rep["lm_head"]}
+
+
+def part_check(s: Setup, model: Any, patched: Any, patch: Any, mem: dict) -> dict:
+    torch = s.torch
+    res = {
+        "correctness": correctness(s, model, patched),
+        "memory": mem,
+        "report": report_summary(patch),
+    }
+    cache = static_cache(s, patched, 1, s.context + 1, s.context)
+    ids = torch.zeros((1, 1), dtype=torch.long, device=s.device)
+    with torch.no_grad():
+        patched(input_ids=ids, past_key_values=cache, use_cache=True)  # first use: loads
+        rewind(cache, s.context)
+        s.pkg.stats.reset()
+        patched(input_ids=ids, past_key_values=cache, use_cache=True)
+    res["one_decode_step"] = {
+        "hits": dict(s.pkg.stats.hits),
+        "fallbacks": dict(s.pkg.stats.fallbacks),
+    }
+    return res
+
+
+def part_decode(s: Setup, model: Any, patched: Any, compiled: bool) -> dict:
+    torch = s.torch
+    args = s.args
+    rows = {}
+    for batch in args.batches:
+        t0 = time.monotonic()
+        runs, row = {}, {"batch": batch}
+        ids = torch.zeros((batch, 1), dtype=torch.long, device=s.device)
+        for name, m in (("unpatched", model), ("patched", patched)):
+            cache = static_cache(s, m, batch, s.context + args.steps, s.context)
+            step = step_fn(m, cache)
+            if compiled:
+                with torch.no_grad():
+                    eager_logits = step(ids).float()
+                    rewind(cache, s.context)
+                    if s.dry:  # the CPU: trace (dynamo + AOT with the ops' fake impls) only
+                        fn = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=False)
+                    else:
+                        fn = torch.compile(
+                            step, mode="reduce-overhead", fullgraph=True, dynamic=False
+                        )
+                    c0 = time.monotonic()
+                    for _ in range(3):  # compile, record the graph, replay
+                        rewind(cache, s.context)
+                        torch.compiler.cudagraph_mark_step_begin()
+                        got = fn(ids).float()
+                    s.sync()
+                    row[f"compile_s_{name}"] = round(time.monotonic() - c0, 1)
+                    row[f"max_diff_compiled_vs_eager_{name}"] = round(
+                        (got - eager_logits).abs().max().item(), 5
+                    )
+                step = fn
+            runs[name] = (step, cache, ids, compiled)
+        if not compiled:  # which entries one patched step hits at this batch (eager: the
+            # Python path counts; graph replays do not pass through it)
+            step, cache = runs["patched"][:2]
+            with torch.no_grad():
+                step(ids)  # first use at this M: loads
+                rewind(cache, s.context)
+                s.pkg.stats.reset()
+                step(ids)
+            rewind(cache, s.context)
+            row["patched_step"] = {
+                "hits": dict(s.pkg.stats.hits),
+                "fallbacks": dict(s.pkg.stats.fallbacks),
+            }
+        row |= summarise(time_blocks(s, runs, args.steps, args.reps), batch, args.steps)
+        row["wall_s"] = round(time.monotonic() - t0, 1)
+        rows[str(batch)] = row
+        print(json.dumps(row), flush=True)
+        del runs
+        if s.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"batches": rows}
+
+
+def _prefill_fn(m: Any, cache: Any, ids: Any) -> Any:
+    return lambda: m(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
+def part_prefill(s: Setup, model: Any, patched: Any) -> dict:
+    torch = s.torch
+    n = 32 if s.dry else s.args.prefill
+    g = torch.Generator(device=s.device).manual_seed(3)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=g, device=s.device)
+    caches = {k: static_cache(s, model, 1, n, 0) for k in ("unpatched", "patched")}
+    fns = {
+        k: _prefill_fn(m, caches[k], ids) for k, m in (("unpatched", model), ("patched", patched))
+    }
+    rng = random.Random(1)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for rep in range(s.args.reps + 1):
+            order = list(fns)
+            rng.shuffle(order)
+            for k in order:
+                rewind(caches[k], 0)
+                s.sync()
+                t0 = time.perf_counter()
+                fns[k]()
+                s.sync()
+                if rep:
+                    times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "tokens": n,
+        "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "speedup": round(med["unpatched"] / med["patched"], 4),
+    }
+
+
+# -- driver ------------------------------------------------------------------------------
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomically: a temporary file beside it, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--package", required=True, help="the wheel's import name")
+    ap.add_argument("--out", required=True, type=Path, help="results JSON (parts merged in)")
+    ap.add_argument("--part", action="append", choices=PARTS, help="repeatable; default: all")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument(
+        "--batches",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 16, 64],
+        help="decode batches (comma-separated; default 1,16,64)",
+    )
+    ap.add_argument("--steps", type=int, default=32, help="decode steps per timed block")
+    ap.add_argument("--reps", type=int, default=10, help="timed blocks (prefills) per model")
+    ap.add_argument("--prefill", type=int, default=2048, help="prefill tokens")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dry-run", action="store_true", help="a tiny fp32 model on the CPU")
+    args = ap.parse_args(argv)
+    for name, v in (("--layers", args.layers), ("--steps", args.steps), ("--reps", args.reps)):
+        if v < 1:
+            ap.error(f"{name} must be at least 1, got {v}")
+    if not args.batches or min(args.batches) < 1:
+        ap.error(f"--batches must be positive integers, got {args.batches}")
+    if args.prefill < 1:
+        ap.error(f"--prefill must be at least 1, got {args.prefill}")
+    args.part = list(dict.fromkeys(args.part or PARTS))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        # the static cache's cumulative_length, early_initialization and patch_model's
+        # fused forward are transformers 5's
+        print(f"transformers {transformers.__version__}: this needs 5.x", file=sys.stderr)
+        return 2
+    s = Setup(args)
+    torch = s.torch
+    # Every (model, batch) compiles the one code object of step_fn's closure: each is a
+    # cache entry of that frame, so dynamo's per-frame limit (8) must not cut them off.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+
+    result: dict = json.loads(args.out.read_text()) if args.out.exists() else {}
+    gpu = torch.cuda.get_device_name() if s.device.type == "cuda" else "cpu (dry run)"
+    result["env"] = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "package": args.package,
+        "launcher": s.pkg._api.launcher,
+        "layers": 2 if s.dry else args.layers,
+        "context": s.context,
+        "steps": args.steps,
+        "reps": args.reps,
+        "dry_run": s.dry,
+        "compile": 'torch.compile(mode="reduce-overhead", fullgraph=True, dynamic=False), '
+        "once per model and batch",
+    }
+    write_json(args.out, result)
+    llama = [p for p in args.part if p != "qwen2"]
+    if llama:
+        t0 = time.monotonic()
+        model = build(s, s.config())
+        alloc = torch.cuda.memory_allocated() if s.device.type == "cuda" else 0
+        patched, patch = patched_copy(s, model)
+        mem = {
+            "patch_memory": patch.memory(),
+            "allocated_added": (torch.cuda.memory_allocated() - alloc) if alloc else None,
+            "model_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        }
+        print(f"llama: built and patched in {time.monotonic() - t0:.0f} s; {mem}", flush=True)
+        if s.device.type == "cuda":  # every kernel loaded now: none during a capture
+            result["env"]["warmed_entries"] = s.pkg.warmup()
+        for part in llama:
+            t1 = time.monotonic()
+            if part == "check":
+                got = part_check(s, model, patched, patch, mem)
+            elif part == "prefill":
+                got = part_prefill(s, model, patched)
+            else:
+                got = part_decode(s, model, patched, compiled=part == "graph")
+            got["wall_s"] = round(time.monotonic() - t1, 1)
+            before = result.setdefault("llama", {}).get(part) or {}
+            if "batches" in got:  # a run of other batches keeps the ones measured before
+                got["batches"] = {**before.get("batches", {}), **got["batches"]}
+            result["llama"][part] = got
+            write_json(args.out, result)
+            print(f"== {part}: {json.dumps(got)[:2000]}", flush=True)
+        patch.restore()
+        del model, patched
+        if s.device.type == "cuda":
+            torch.cuda.empty_cache()
+    if "qwen2" in args.part:
+        t1 = time.monotonic()
+        model = build(s, s.config("qwen2"))
+        patched, patch = patched_copy(s, model)
+        got = {"correctness": correctness(s, model, patched), "report": report_summary(patch)}
+        batches, args.batches = args.batches, [1]
+        got["graph"] = part_decode(s, model, patched, compiled=True)
+        got["eager"] = part_decode(s, model, patched, compiled=False)
+        args.batches = batches
+        got["memory"] = patch.memory()
+        got["wall_s"] = round(time.monotonic() - t1, 1)
+        result["qwen2"] = got
+        write_json(args.out, result)
+        print(f"== qwen2: {json.dumps(got)[:2000]}", flush=True)
+        patch.restore()
+    bad = [
+        name
+        for name, block in (
+            ("llama", result.get("llama", {}).get("check")),
+            ("qwen2", result.get("qwen2")),
+        )
+        if block and not block["correctness"]["ok"]
+    ]
+    if bad:
+        print(f"correctness FAILED for {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())
+    raise SystemExit(130)

@@ -1,0 +1,87 @@
+"""bench/experiments/llama_kv_e2e.py (issue 21's end to end with a KV cache) without a
+GPU: ``--dry-run`` runs every part's code path on a tiny fp32 Llama / Qwen2 on the CPU
+through a generated package (the recorded table: every fused op falls back), the
+"graph" part traced whole by ``torch.compile(backend="aot_eager", fullgraph=True)``;
+the JSON it writes, merged part by part; and the argument errors. The figures of a
+dry run are not measurements."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench/experiments/llama_kv_e2e.py"
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    spec = importlib.util.spec_from_file_location("llama_kv_e2e", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["llama_kv_e2e"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules["llama_kv_e2e"]
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
+    """The recorded table as an imported generated package (forgotten afterwards)."""
+    name = write_package(tmp_path, recorded_table, recorded_cubins)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield importlib.import_module(name)
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+
+
+def test_dry_run_every_part(e2e, package, tmp_path):
+    out = tmp_path / "kv.json"
+    base = ["--dry-run", "--package", package.__name__, "--out", str(out)]
+    base += ["--batches", "1,2", "--steps", "2", "--reps", "2"]
+    assert e2e.main([*base, "--part", "check", "--part", "eager"]) == 0
+    first = json.loads(out.read_text())
+    assert sorted(first["llama"]) == ["check", "eager"]
+    assert e2e.main([*base, "--part", "prefill", "--part", "graph", "--part", "qwen2"]) == 0
+    got = json.loads(out.read_text())
+    assert sorted(got["llama"]) == ["check", "eager", "graph", "prefill"]  # merged
+    env = got["env"]
+    assert env["dry_run"] and env["gpu"] == "cpu (dry run)" and env["transformers"]
+    check = got["llama"]["check"]
+    c = check["correctness"]
+    assert c["ok"] and c["err_patched_vs_fp32"] < 1e-3  # fp32 vs fp32: rounding order only
+    assert check["memory"]["patch_memory"] == {"cpu": 2 * 4 * (128 * 64 + 192 * 64)}  # fp32
+    assert check["report"]["layers"] == 2
+    assert set(check["report"]["per_gemm"]) == {"qkv", "o_proj", "gate_up", "down"}
+    assert check["one_decode_step"]["fallbacks"]  # the CPU: every op falls back
+    for part in ("eager", "graph"):
+        rows = got["llama"][part]["batches"]
+        assert sorted(rows) == ["1", "2"]
+        assert rows["2"]["tokens_per_s"]["patched"] > 0 and rows["2"]["speedup"] > 0
+    assert got["llama"]["eager"]["batches"]["2"]["patched_step"]["fallbacks"]
+    graph = got["llama"]["graph"]["batches"]["1"]
+    assert graph["max_diff_compiled_vs_eager_patched"] < 1e-4
+    assert got["llama"]["prefill"]["tokens"] == 32
+    q = got["qwen2"]
+    assert q["correctness"]["ok"]
+    assert q["report"]["per_gemm"]["qkv"]["epilogue"] == "rmsnorm_bias"
+    assert sorted(q["graph"]["batches"]) == sorted(q["eager"]["batches"]) == ["1"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batches", "0"], "--batches must be positive"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--part", "decode"], "invalid choice: 'decode'"),
+        (["--prefill", "-1"], "--prefill must be at least 1"),
+    ],
+)
+def test_bad_arguments_exit_2(e2e, argv, message, capsys):
+    with pytest.raises(SystemExit) as got:
+        e2e.parse(["--package", "x", "--out", "y", *argv])
+    assert got.value.code == 2
+    assert message in capsys.readouterr().err

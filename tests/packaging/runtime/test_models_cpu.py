@@ -1,0 +1,474 @@
+"""``patch_model`` (issue 21) without a GPU: tiny random-weight transformers models of
+each supported family, patched through a generated package (the recorded H100 table, whose
+entries are for other shapes, so every fused op runs its torch fallback here, as on any
+CPU), against the same model unpatched.
+
+Tolerances. fp32: the fallbacks compute the same math as the model in another rounding
+order (the norm weight multiplies the GEMM's weight instead of the activation; the
+residual adds are the same adds), so the logits agree to ~1e-6 of their size; the bound is
+1e-5 of the largest |logit|. fp16 / bf16: one rounding moved per folded norm (the product
+``W * g`` is rounded instead of ``x * g``), so patched and unpatched differ by about as much
+as either differs from the exact result; the bound is today's end-to-end rule (``TOLERANCE``
+of bench/experiments/llama_e2e.py): the patched model's max |error| against an fp32 model
+with the same weights is at most 2x the unpatched model's (measured here: 0.7-1.6x).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import sys
+
+import pytest
+import torch
+import transformers as T
+from transformers.utils import logging as hf_logging
+
+hf_logging.set_verbosity_error()
+
+TOLERANCE = 2.0  # patched error vs fp32 at most this times the unpatched model's
+FP32_REL = 1e-5
+BASE = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=0,
+)
+FAMILIES = {
+    "llama": (T.LlamaConfig, T.LlamaForCausalLM, {}),
+    "mistral": (T.MistralConfig, T.MistralForCausalLM, {}),
+    "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {}),
+    "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {"head_dim": 16}),
+    "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {}),
+    "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16}),
+}
+
+
+def tiny(family: str, dtype=torch.float32, seed: int = 0, **config):
+    """A tiny ``family`` model in eval mode: random weights scaled up (x3, so the layers
+    do more than pass the residual on), norm weights and biases randomised (transformers
+    initialises them to 1 / 0 / zeros, which would hide a wrong fold or a lost bias)."""
+    cfg_cls, model_cls, extra = FAMILIES[family]
+    cfg = cfg_cls(**{**BASE, **extra, **config})
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.3 * torch.randn_like(p))
+            else:
+                p.mul_(3)
+    return model.to(dtype)
+
+
+def ids(seed: int = 0, batch: int = 2, tokens: int = 9):
+    return torch.randint(
+        1, BASE["vocab_size"], (batch, tokens), generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def logits(model, x):
+    with torch.no_grad():
+        return model(x).logits.float()
+
+
+def snapshot(model):
+    """Every parameter and buffer (tensor, its storage address) and module class."""
+    tensors = {
+        n: (t.detach().clone(), t.data_ptr()) for n, t in model.state_dict(keep_vars=True).items()
+    }
+    classes = {n: type(m) for n, m in model.named_modules()}
+    buffers = sorted(n for n, _ in model.named_buffers())
+    return tensors, classes, buffers
+
+
+def assert_same(model, snap, same_storage=True):
+    tensors, classes, buffers = snap
+    now = model.state_dict(keep_vars=True)
+    assert sorted(now) == sorted(tensors)
+    for name, (t, ptr) in tensors.items():
+        assert now[name].dtype == t.dtype and now[name].device == t.device, name
+        assert torch.equal(now[name].detach(), t), name
+        if same_storage:
+            assert now[name].data_ptr() == ptr, name
+    assert {n: type(m) for n, m in model.named_modules()} == classes
+    assert sorted(n for n, _ in model.named_buffers()) == buffers
+
+
+@pytest.fixture
+def pkg(package):
+    return package
+
+
+def rt(pkg):
+    """The package's own copy of the runtime's models module (what its patch_model runs)."""
+    return importlib.import_module(pkg.__name__ + "._runtime.models")
+
+
+# -- correctness -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fp32_logits_match(pkg, family):
+    model = tiny(family)
+    x = ids()
+    want = logits(model, x)
+    with pkg.patch_model(model) as patch:
+        got = logits(model, x)
+        assert len(patch.report()["layers"]) == 2
+    assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_half_logits_within_the_e2e_tolerance(pkg, family, dtype):
+    model = tiny(family, dtype)
+    ref = tiny(family)
+    ref.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    x = ids(1)
+    want = logits(ref, x)
+    plain = logits(model, x)
+    with pkg.patch_model(model):
+        got = logits(model, x)
+    err_plain = (plain - want).abs().max().item()
+    err_patched = (got - want).abs().max().item()
+    assert err_plain > 0  # the half model is not exact: the rule has a yardstick
+    assert err_patched <= TOLERANCE * err_plain, (err_patched, err_plain)
+
+
+def _close(model, pkg, x) -> bool:
+    want = logits(model, x)
+    with pkg.patch_model(model):
+        got = logits(model, x)
+    return (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
+
+
+@pytest.mark.parametrize("family", ["gemma", "gemma2"])
+def test_a_broken_fold_fails(pkg, family, monkeypatch):
+    """The Gemma norms' (1 + w): without the offset the fold is wrong and the logits
+    check catches it (the test above is able to fail)."""
+    assert _close(tiny(family), pkg, ids())
+    models = rt(pkg)
+    broken = dataclasses.replace(models.FAMILIES[family], norm_offset=0.0)
+    monkeypatch.setitem(models.FAMILIES, family, broken)
+    assert not _close(tiny(family), pkg, ids())
+
+
+def test_a_lost_qkv_bias_fails(pkg, monkeypatch):
+    assert _close(tiny("qwen2"), pkg, ids())
+    models = rt(pkg)
+    real = models._pack
+
+    def no_bias(torch_, fam, layer):
+        w_qkv, _, w_gu, replaced = real(torch_, fam, layer)
+        return w_qkv, None, w_gu, replaced
+
+    monkeypatch.setattr(models, "_pack", no_bias)
+    assert not _close(tiny("qwen2"), pkg, ids())
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_generate_gives_the_same_tokens(pkg, family, cache):
+    model = tiny(family)
+    x = ids(2, batch=2, tokens=5)
+    kw = dict(max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        want = model.generate(x, **kw)
+        with pkg.patch_model(model):
+            got = model.generate(x, **kw)
+    assert want.shape == (2, 11)
+    assert torch.equal(got, want)
+
+
+def test_torch_compile_runs_the_ops(pkg):
+    """Under torch.compile the forward calls the torch ops (fake impls trace them)."""
+    model = tiny("llama")
+    x = ids()
+    want = logits(model, x)
+    with pkg.patch_model(model):
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        got = logits(compiled, x)
+    assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
+
+
+def test_base_model_and_eager_attention(pkg):
+    """The base LlamaModel (no LM head) and attn_implementation="eager" both work."""
+    model = tiny("llama", attn_implementation="eager")
+    base = model.model
+    x = ids()
+    with torch.no_grad():
+        want = base(x).last_hidden_state
+        with pkg.patch_model(base) as patch:
+            got = base(x).last_hidden_state
+    assert patch.report()["lm_head"] is None
+    assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
+
+
+def test_training_forward_refused_while_patched(pkg):
+    model = tiny("llama")
+    with pkg.patch_model(model):
+        model.train()
+        with pytest.raises(RuntimeError, match="patched for inference"):
+            model(ids())
+
+
+# -- restore and memory ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("originals", ["keep", "cpu"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_restore_is_bit_exact(pkg, family, originals):
+    model = tiny(family, torch.bfloat16)
+    x = ids()
+    before = logits(model, x)
+    snap = snapshot(model)
+    patch = pkg.patch_model(model, originals=originals)
+    assert type(model.model.layers[0]).__name__.startswith("Cudal2Fused")
+    assert sorted(model.state_dict()) == sorted(snap[0])  # the packed buffers are not state
+    patch.restore()
+    assert_same(model, snap)
+    assert torch.equal(logits(model, x), before)
+    assert patch.names == [] and patch.memory() == {}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma", "phi3"])
+def test_drop_frees_and_unfolds(pkg, family):
+    """Separate q/k/v and gate/up, Gemma's (1 + w) and Phi-3's stacked modules each
+    unfold back into their own layout."""
+    model = tiny(family, torch.bfloat16)
+    snap = snapshot(model)
+    attn = model.model.layers[0].self_attn
+    q = attn.qkv_proj.weight if family == "phi3" else attn.q_proj.weight
+    patch = pkg.patch_model(model, originals="drop")
+    assert q.numel() == 0
+    assert patch.memory() == {"cpu": 0}  # the packed weights take the originals' bytes
+    patch.restore()
+    tensors, classes, _ = snap
+    now = model.state_dict()
+    for name, (t, _) in tensors.items():
+        # one rounding: w * g rounded, divided by g in fp32, rounded again
+        assert torch.allclose(now[name].float(), t.float(), rtol=2**-7, atol=0), name
+    assert {n: type(m) for n, m in model.named_modules()} == classes
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_memory_is_the_packed_weights(pkg, family):
+    model = tiny(family, torch.float16)
+    c = model.config
+    d = c.hidden_size // c.num_attention_heads
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * d * c.hidden_size
+    gate_up = 2 * c.intermediate_size * c.hidden_size
+    bias = (c.num_attention_heads + 2 * c.num_key_value_heads) * d if family == "qwen2" else 0
+    packed = c.num_hidden_layers * 2 * (qkv + gate_up + bias)
+    with pkg.patch_model(model) as patch:
+        assert patch.memory() == {"cpu": packed}
+    with pkg.patch_model(model, originals="cpu") as patch:  # off the CPU, onto the CPU
+        assert patch.memory() == {"cpu": packed}
+    with pkg.patch_model(model, originals="drop") as patch:
+        assert patch.memory() == {"cpu": packed - c.num_hidden_layers * 2 * (qkv + gate_up)}
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+def test_report_names_every_gemm_and_its_fallback(pkg):
+    model = tiny("qwen2", torch.float16)
+    with pkg.patch_model(model) as patch:
+        rep = patch.report()
+    assert sorted(rep["layers"]) == ["model.layers.0", "model.layers.1"]
+    rows = rep["layers"]["model.layers.0"]
+    assert [(r["gemm"], r["op"], r["epilogue"], r["n"], r["k"]) for r in rows] == [
+        ("qkv", "linear_rmsnorm", "rmsnorm_bias", 128, 64),
+        ("o_proj", "linear_residual", "residual", 64, 64),
+        ("gate_up", "linear_gated", "rmsnorm_silu", 192, 64),
+        ("down", "linear_residual", "residual", 64, 96),
+    ]
+    # the recorded table has no entry for these shapes: every GEMM falls back
+    assert {r["fallback"] for r in rows} == {"no_entry"} and all(not r["entries"] for r in rows)
+    assert rep["lm_head"]["fallback"] == "no_entry" and rep["lm_head"]["n"] == 97
+    gemma2 = tiny("gemma2", torch.bfloat16)
+    with pkg.patch_model(gemma2) as patch:
+        rows = patch.report()["layers"]["model.layers.0"]
+    assert [(r["gemm"], r["op"], r["epilogue"]) for r in rows] == [
+        ("qkv", "linear_rmsnorm", "rmsnorm"),
+        ("o_proj", "linear", "none"),
+        ("gate_up", "linear_gated", "rmsnorm_gelu_tanh"),
+        ("down", "linear", "none"),
+    ]
+
+
+@pytest.fixture
+def tiny_table_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
+    """The recorded table plus SYNTHETIC entries (a plumbing fixture, not figures: the
+    smallest fp16 kernel entry copied) for the tiny Llama's qkv (rmsnorm), o_proj
+    (residual) and LM head (plain), so the report has entries to find; gate_up and
+    down have none."""
+    e = min(
+        (
+            x
+            for x in recorded_table.entries
+            if x.layout == "tn" and x.dtype == "fp16" and x.kind == "kernel"
+        ),
+        key=lambda x: x.n * x.k,
+    )
+
+    def entry(n, k, epilogue):
+        launch = dict(e.launch)
+        if epilogue != "none":
+            boxes = {"a": [64, launch["tile_m"]], "b": [64, launch["tile_n"]]}
+            launch |= {"abi": "gemm_v3", "epilogue": epilogue, "tma": boxes}
+        return dataclasses.replace(e, n=n, k=k, launch=launch, epilogue=epilogue)
+
+    extra = (entry(128, 64, "rmsnorm"), entry(64, 64, "residual"), entry(97, 64, "none"))
+    table = dataclasses.replace(recorded_table, entries=(*recorded_table.entries, *extra))
+    name = write_package(tmp_path, table, recorded_cubins)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield importlib.import_module(name)
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+
+
+def test_report_finds_the_table_entries(tiny_table_package):
+    model = tiny("llama", torch.float16)
+    with tiny_table_package.patch_model(model) as patch:
+        rep = patch.report()
+        assert patch.names[-1] == "lm_head"  # covered: patch_linear routed it
+    rows = {r["gemm"]: r for r in rep["layers"]["model.layers.1"]}
+    assert rows["qkv"]["fallback"] is None and rows["qkv"]["entries"]
+    assert rows["o_proj"]["fallback"] is None
+    assert rows["gate_up"]["fallback"] == rows["down"]["fallback"] == "no_entry"
+    assert rep["lm_head"]["fallback"] is None
+    assert type(model.lm_head) is torch.nn.Linear  # restored
+
+
+# -- refusals ----------------------------------------------------------------------------
+
+
+class QuantLinear(torch.nn.Linear):
+    """Stands in for a quantized linear module (bitsandbytes, GPTQ...)."""
+
+
+def _set(obj, **attrs):
+    for k, v in attrs.items():
+        setattr(obj, k, v)
+
+
+def _shard_q(m):
+    attn = m.model.layers[1].self_attn
+    attn.q_proj = torch.nn.Linear(64, 32, bias=False)
+
+
+def _bias_on_mistral_q(m):
+    attn = m.model.layers[0].self_attn
+    attn.q_proj = torch.nn.Linear(64, 64, bias=True)
+
+
+def _quant_module(m):
+    m.model.layers[0].mlp.up_proj = QuantLinear(64, 96, bias=False)
+
+
+REFUSALS = [
+    # (family, config overrides, mutation, patch_model kwargs, message)
+    ("gpt2", {}, None, {}, "model_type 'gpt2' is not supported"),
+    ("llama", {"hidden_act": "gelu"}, None, {}, "hidden_act = 'gelu'"),
+    ("llama", {"hidden_act": "relu"}, None, {}, "hidden_act = 'relu'"),
+    ("gemma2", {"hidden_activation": "gelu"}, None, {}, "hidden_activation = 'gelu'"),
+    ("llama", {"attention_bias": True}, None, {}, "attention_bias = True"),
+    ("llama", {"mlp_bias": True}, None, {}, "mlp_bias = True"),
+    ("gemma", {"attention_bias": True}, None, {}, "attention_bias = True"),
+    ("mistral", {}, _bias_on_mistral_q, {}, "q_proj has a bias, which the family has none of"),
+    ("llama", {}, _quant_module, {}, "up_proj is QuantLinear: not a plain torch.nn.Linear"),
+    (
+        "llama",
+        {},
+        lambda m: _set(m.config, quantization_config={"quant_method": "gptq"}),
+        {},
+        "quantization_config",
+    ),
+    ("llama", {}, lambda m: _set(m, _tp_size=2), {}, "tp_size = 2: tensor-parallel"),
+    ("llama", {}, _shard_q, {}, "a tensor-parallel shard"),
+    ("llama", {}, lambda m: m.train(), {}, "training mode"),
+    ("llama", {}, lambda m: m.model.layers[1].mlp.to(torch.float64), {}, "mixes dtypes"),
+    (
+        "llama",
+        {},
+        lambda m: m.model.layers.__setitem__(0, torch.nn.Identity()),
+        {},
+        "layer 0 is Identity, not transformers' LlamaDecoderLayer",
+    ),
+    (
+        "gemma",
+        {},
+        lambda m: m.model.layers[1].input_layernorm.weight.data.fill_(-1.0),
+        {"originals": "drop"},
+        "zero scale: originals='drop' could not unfold",
+    ),
+]
+
+
+def _gpt2():
+    cfg = T.GPT2Config(vocab_size=97, n_embd=64, n_layer=1, n_head=4, n_positions=32)
+    return T.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.parametrize("row", REFUSALS, ids=[r[4][:40] for r in REFUSALS])
+def test_refusals(pkg, row):
+    family, config, mutate, kwargs, message = row
+    model = _gpt2() if family == "gpt2" else tiny(family, **config)
+    if mutate is not None:
+        mutate(model)
+    snap = snapshot(model)
+    with pytest.raises(rt(pkg).PatchModelError, match=message.replace("(", r"\(")) as got:
+        pkg.patch_model(model, **kwargs)
+    assert family in str(got.value) or family == "gpt2"
+    assert_same(model, snap)  # refused before anything changed
+
+
+def test_refuses_twice_and_patch_linear_first(pkg):
+    model = tiny("llama", torch.float16)
+    with pkg.patch_model(model), pytest.raises(rt(pkg).PatchModelError, match="already"):
+        pkg.patch_model(model)
+    lin = pkg.patch_linear(model)
+    # the tiny shapes are not in the table: patch_linear patched nothing, so patch_model can
+    assert lin.names == []
+    with pkg.patch_model(model):
+        pass
+
+
+def test_refuses_a_patch_linear_layer(tiny_table_package):
+    model = tiny("llama", torch.float16)
+    with tiny_table_package.patch_linear(model) as lin:
+        assert "lm_head" in lin.names
+        with pytest.raises(
+            rt(tiny_table_package).PatchModelError, match="already patched by patch_linear"
+        ):
+            tiny_table_package.patch_model(model)
+
+
+def test_refuses_transformers_4(pkg, monkeypatch):
+    monkeypatch.setattr(rt(pkg), "transformers_version", lambda: (4, 57))
+    model = tiny("llama")
+    with pytest.raises(rt(pkg).PatchModelError, match="transformers 4.57 is older than 5.0"):
+        pkg.patch_model(model)
+
+
+def test_bad_originals(pkg):
+    with pytest.raises(ValueError, match="originals must be one of"):
+        pkg.patch_model(tiny("llama"), originals="gpu")
+
+
+def test_the_wheel_exports_patch_model(pkg):
+    assert "patch_model" in pkg.__all__
+    model = copy.deepcopy(tiny("phi3"))
+    with pkg.patch_model(model) as patch:
+        assert repr(patch) == "ModelPatch(2 layers, originals='keep')"
