@@ -7,7 +7,8 @@
 #   WHEEL=.native-smoke/dist/cudal2_kernels_llama_3_1_8b_hf_h100-0.1.0-*.whl \
 #     bash ci/gpu_native.sh           (carry .native-smoke and .whl; STEPS to choose)
 #
-# STEPS (default "tests host e2e"): tests = the runtime's GPU tests on the native path,
+# STEPS (default "tests host e2e"): tests = the runtime's GPU tests (TEST_PATHS, default
+# tests/packaging/runtime) on the native path,
 # then again with CUDAL2_NATIVE=0 (the Python path); host = host_overhead.py; e2e =
 # llama_e2e.py (LAYERS, default 32); trace = eager_trace.py at 16 and 64 decode tokens
 # (not in the default); eager = eager_host.py (a forward's host time with the GPU held
@@ -42,7 +43,8 @@ $PY -c "import $PKG as k; print('launcher:', k._api.launcher, k._api.native_reas
 if [[ " $STEPS " == *" tests "* ]]; then
   for path in native python; do
     step "runtime GPU tests, $path path"
-    env $([ $path = python ] && echo CUDAL2_NATIVE=0) $PY -m pytest -m gpu tests/packaging/runtime -q \
+    # shellcheck disable=SC2086
+    env $([ $path = python ] && echo CUDAL2_NATIVE=0) $PY -m pytest -m gpu ${TEST_PATHS:-tests/packaging/runtime} -q \
       -p no:cacheprovider > "$OUT/gpu-tests-$path.txt" 2>&1 || true
     tail -5 "$OUT/gpu-tests-$path.txt"
   done

@@ -186,6 +186,7 @@ def test_native_and_python_paths_give_the_same_bits(fused, dtype, epilogue, m, l
         monkeypatch.delenv("CUDAL2_NATIVE")
         assert api.launcher == "native"
         monkeypatch.setattr(api, "_dispatch", _NoPython())
+        pkg.stats.reset()
         got = _call(pkg, epilogue, x, w, b, r)
         got_op = _call(ops, epilogue, x, w, b, r)
         torch.cuda.synchronize()
@@ -225,7 +226,8 @@ def test_a_padded_residual_and_a_3d_input(fused, dtype):
     """The residual's row stride (ldr) reaches the kernel: rows of a wider tensor."""
     pkg = _need(fused, dtype, "residual")
     x, w, b, _ = _inputs(pkg, dtype, M_PLAIN, seed=5)
-    wide = _inputs(pkg, dtype, M_PLAIN, seed=6)[3].repeat(1, 2)[:, : N + 64]
+    rows = _inputs(pkg, dtype, M_PLAIN, seed=6)[3]
+    wide = torch.cat((rows, rows[:, :64]), dim=1)  # [M, N + 64]: rows N + 64 apart
     r = wide[:, :N]
     assert r.stride(0) == N + 64
     with torch.inference_mode():
