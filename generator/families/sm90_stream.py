@@ -21,13 +21,26 @@ from typing import Any
 
 from cudal2.generator import tags
 from cudal2.generator.families import mma_sync
-from cudal2.generator.families.base import Features, Knob, check, gemm_v1_recipe, make
+from cudal2.generator.families.base import (
+    Features,
+    Knob,
+    check,
+    gemm_v1_recipe,
+    make,
+    room,
+    room_reasons,
+    room_share,
+)
 from cudal2.records import LAYOUTS, KernelDesign
 
 FAMILY = "sm90stream"
 TEMPLATE = "sm90_stream.cu.j2"
 ARCHS = ("sm_90a",)  # bulk copies, mbarrier transaction counts, clusters: Hopper
 LAYOUTS = LAYOUTS
+# Designs that leave room (base.ROOM): compiled for 2 or 4 CTAs per SM; the register
+# model is the fragments plus what MAX_FRAGMENT_REGS leaves below 255 for everything else
+ROOMS = ("none", "half", "quarter")
+OTHER_REGS = mma_sync.LIMITS.max_registers - mma_sync.MAX_FRAGMENT_REGS
 
 PAD = 8  # elements per shared-memory row (must match the template)
 BAR_BYTES = 256  # mbarriers ahead of the ring (must match the template)
@@ -117,6 +130,7 @@ def rules(d: KernelDesign) -> list[str]:
             f"{fragment_regs(d)} fragment registers per thread > {mma_sync.MAX_FRAGMENT_REGS}"
             " (would spill)"
         )
+    reasons += room_reasons(d, block_threads(d), smem_bytes(d), fragment_regs(d) + OTHER_REGS)
     return reasons
 
 
@@ -142,6 +156,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
 def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx = mma_sync.context(tile(d), d.dtype, d.layout)
     ctx.update(split_k=d.knobs.split_k, **tags.sm90_stream(d.knobs.split_k))
+    ctx.update(tags.room(room(d)))
     return ctx
 
 
@@ -151,4 +166,5 @@ def features(d: KernelDesign) -> Features:
         bm=t.bm, bn=t.bn, bk=t.bk, threads=block_threads(d), warps=t.warps,
         regs=min(255, fragment_regs(d) + 40), smem_bytes=smem_bytes(d),
         split_k=d.knobs.split_k, prefetch_tiles=t.stages, fill_stages=t.stages,
+        room_share=room_share(d),
     )  # fmt: skip
