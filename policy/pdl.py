@@ -91,10 +91,10 @@ class PdlProposer:
             behind = self._behind(history)
             # a room tile's group is its PDL variants only: ask for tiles enough to fill
             # the round with such groups (the last cut at n)
-            group = GROUP - 1 if self.room else GROUP
-            for tile in self.inner.propose(target, behind, math.ceil(budget / group)):
+            size = GROUP - 1 if self.room else GROUP
+            for tile in self.inner.propose(target, behind, math.ceil(budget / size)):
                 # a room tile is measured only with PDL
-                group = pdl_variants(tile) if is_room(tile) else (tile, *pdl_variants(tile))
+                group = pdl_variants(tile) if is_room(tile) else [tile, *pdl_variants(tile)]
                 for d in group:
                     if d.key not in seen and len(out) < n and d not in out:
                         out.append(d)
