@@ -178,3 +178,18 @@ def test_the_tightest_room_designs_compile_within_the_cap_without_spills(case):
     assert r.ok, r.error
     assert r.spill_bytes == 0, (design_name(d), r.registers, cap)
     assert 0 < r.registers <= cap, (design_name(d), r.registers, cap)
+
+
+def test_the_space_offers_room_variants_only_when_asked():
+    from cudal2.generator.space import pdl_variants, room_variants
+
+    plain = design_space("sm_90a", "fp16", "tn", ["sm90direct"])
+    assert all(base.room(d) == "none" for d in plain)
+    roomy = design_space("sm_90a", "fp16", "tn", ["sm90direct"], room=True)
+    assert roomy == [t for d in plain for t in (d, *room_variants(d))]
+    both = design_space("sm_90a", "fp16", "tn", ["sm90direct"], room=True, pdl=True)
+    assert both == [p for t in roomy for p in (t, *pdl_variants(t))]
+    assert len({d.key for d in both}) == len(both) == 4 * len(roomy)
+    # sm90tma renders no room: asking changes nothing
+    tma = design_space("sm_90a", "fp16", "tn", ["sm90tma"])
+    assert design_space("sm_90a", "fp16", "tn", ["sm90tma"], room=True) == tma
