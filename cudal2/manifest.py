@@ -61,6 +61,7 @@ _SEARCH_KEYS = (
     "cublaslt",
     "policy_updates",
     "pdl",
+    "room",
 )
 _TIMING_KEYS = ("mode",)
 _OVERRIDE_KEYS = ("dtypes", "layouts")
@@ -107,8 +108,9 @@ class SearchSettings:
     GPU-time budget of one build in seconds, the random seed, how many of each
     target's fastest candidates per round get Nsight Compute metrics (0: none), the
     families searched, whether cuBLASLt is autotuned per target as one more
-    candidate, whether the policy's weights are updated between rounds, and whether
-    each proposed tile is followed by its PDL variants (within ``candidates``)."""
+    candidate, whether the policy's weights are updated between rounds, whether
+    each proposed tile is followed by its PDL variants (within ``candidates``), and
+    whether designs that leave room for the next kernel are searched (with PDL only)."""
 
     proposer: str = "policy"
     candidates: int = 8
@@ -120,6 +122,7 @@ class SearchSettings:
     cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
     pdl: bool = False  # each proposed tile followed by its PDL variants (policy/pdl.py)
+    room: bool = False  # room designs in the space, measured with PDL (policy/room.py)
 
 
 @dataclass(frozen=True)
@@ -499,7 +502,16 @@ def load_manifest(path: str | Path) -> Manifest:
             s.get("policy_updates", d.policy_updates), "search.policy_updates"
         ),
         pdl=r.boolean(s.get("pdl", d.pdl), "search.pdl"),
+        room=r.boolean(s.get("room", d.room), "search.room"),
     )
+    if search.room and not search.pdl:
+        # a plain launch waits for the whole previous grid: room is only worth measuring
+        # with PDL, and the search measures it only so (policy/room.py)
+        raise r.fail(
+            "search.room",
+            True,
+            "room designs are measured only with PDL launches: set search.pdl = true too",
+        )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)
     timing_mode = r.choice(timing.get("mode", "offline"), "timing.mode", TIMING_MODES)

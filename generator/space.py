@@ -16,17 +16,33 @@ def design_space(
     layout: str,
     families: Sequence[str] | None = None,
     pdl: bool = False,
+    room: bool = False,
 ) -> list[KernelDesign]:
     """Every legal design of every family (or of ``families``) for (arch, dtype,
-    layout), in a fixed order; with ``pdl``, each followed by its PDL variants (one per
-    trigger point, ``pdl_variants``). Without it, the space is what it was before PDL
-    existed: the policy's grammar and the proposers see plain designs only."""
+    layout), in a fixed order; with ``room``, each followed by its legal room designs
+    (``room_variants``); with ``pdl``, each of those followed by its PDL variants (one
+    per trigger point, ``pdl_variants``). Without either, the space is what it was
+    before PDL existed: the policy's grammar and the proposers see plain designs only."""
     out: list[KernelDesign] = []
     for name in sorted(families if families is not None else FAMILIES):
         for d in FAMILIES[name].space(arch, dtype, layout):
-            out.append(d)
-            if pdl:
-                out.extend(pdl_variants(d))
+            for t in (d, *(room_variants(d) if room else ())):
+                out.append(t)
+                if pdl:
+                    out.extend(pdl_variants(t))
+    return out
+
+
+def room_variants(design: KernelDesign) -> list[KernelDesign]:
+    """The legal designs of ``design``'s tile that leave room (``base.ROOM``: half, then
+    quarter of an SM), with its PDL trigger: none where its family renders no room or
+    the tile does not fit the share (registers, shared memory, threads)."""
+    out = []
+    for name in base.ROOMS:
+        if name != "none":
+            d = base.with_room(design, name)
+            if not legality(d):
+                out.append(d)
     return out
 
 

@@ -219,6 +219,20 @@ def sm90_tma(
     }
 
 
+# Designs that leave room (base.ROOM, docs/kernels.md "Designs that leave room"): the
+# minimum of CTAs per SM the kernel is compiled for (``__launch_bounds__``'s second
+# argument, so ptxas caps its registers at the register file over that many CTAs), by
+# the design's ``room``. ``none`` is the 1 the templates had before the knob existed.
+ROOM_MIN_BLOCKS = {"none": 1, "half": 2, "quarter": 4}
+
+
+def room(name: str) -> dict[str, Any]:
+    """The launch bound's CTAs per SM (``min_blocks``) of a design's ``room``."""
+    if name not in ROOM_MIN_BLOCKS:
+        raise ValueError(f"room {name!r} is not one of {list(ROOM_MIN_BLOCKS)}")
+    return {"min_blocks": ROOM_MIN_BLOCKS[name]}
+
+
 # Programmatic dependent launch (docs/kernels.md, "Programmatic dependent launch"):
 # the points of a kernel where PDL code may stand, each a partial or NONE. ``helpers``
 # (the griddepcontrol wrappers and the L2 prefetch) go before the kernel; ``wait``

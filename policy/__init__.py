@@ -9,6 +9,7 @@ from cudal2.policy.fused import FusedSeedProposer
 from cudal2.policy.grid import GridProposer
 from cudal2.policy.pdl import PdlProposer
 from cudal2.policy.random_search import RandomProposer
+from cudal2.policy.room import room_space
 from cudal2.policy.sample import SampleProposer
 
 PROPOSERS = ("grid", "random", "sample", "policy")
@@ -22,6 +23,7 @@ def make_proposer(
     updates: bool = True,
     space: Space | None = None,
     pdl: bool = False,
+    room: bool = False,
 ) -> Proposer:
     """``families``: search only these kernel families (None: all); ``space``: per
     target, the designs to search (None, or a target it gives None for: the legal
@@ -29,9 +31,14 @@ def make_proposer(
     prompt features) and whether its weights are ``updates``d between rounds. With
     ``pdl``, each proposed tile is followed by its PDL variants (``policy.pdl``). A
     target with a fused epilogue opens with its plain GEMM's fastest tiles, fused
-    (``policy.fused``)."""
+    (``policy.fused``). With ``room`` (only with ``pdl``), the space holds each tile's
+    room variants too, each measured with PDL only (``policy.room``)."""
+    if room and not pdl:
+        raise ValueError("room designs are measured only with PDL: room needs pdl")
+    if room:
+        space = room_space(families, space)
     proposer = FusedSeedProposer(_plain(name, seed, families, gpu, updates, space))
-    return PdlProposer(proposer) if pdl else proposer
+    return PdlProposer(proposer, room=room) if pdl else proposer
 
 
 def _plain(

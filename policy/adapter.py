@@ -129,7 +129,9 @@ def check_base(adapter: str | Path, base: str | Path | None) -> None:
     meta_path = Path(adapter) / "cudal2_adapter.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     want = meta.get("base_vocab_hash")
-    if want != pm.vocab_hash():
+    # a base trained before the last tokens were appended is loaded extended
+    # (model.load); a LoRA delta of its projections is as valid on it
+    if not isinstance(want, str) or pm.vocab_prefix(want) is None:
         raise ValueError(
             f"{adapter}: trained for vocabulary {want}, this version's is {pm.vocab_hash()}: "
             "retrain the adapter (cudal2-policy adapt)"

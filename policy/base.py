@@ -64,7 +64,9 @@ def search_space(
     designs are never in it, even where a replay recorded some: they are proposed only
     as variants of a proposed tile (``policy.pdl``, manifest ``[search] pdl``). A target
     with a fused epilogue gets the designs with that epilogue, of the families that
-    render it (sm90tma): never a plain design, and a plain target never an epilogue one."""
+    render it (sm90tma): never a plain design, and a plain target never an epilogue one.
+    Room tiles (the ``room`` knob) are in it only where ``space`` gives them: with
+    ``[search] room``, ``policy.room.room_space`` does."""
     fams = tuple(families) if families is not None else None
     given = space(target) if space is not None else None
     if given is None:

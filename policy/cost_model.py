@@ -44,6 +44,16 @@ WGMMA_L2_BW = 2 * HBM_BW
 # fitted, though it raises the Spearman correlation above from 0.65 to 0.71 on the
 # same recorded (non-persistent) measurements.
 WGMMA_TILE_OVERHEAD_S = 1e-6
+# Designs that leave room (``room``, docs/kernels.md "Designs that leave room") are
+# measured only with PDL, back to back with a like-sized successor: its CTAs become
+# resident beside this kernel's while it drains, and run their launch and pre-wait work
+# (the L2 prefetch of their weight rows) under its tail. The issue's probe (H100, a
+# graph of 64 weight-streaming calls) saved 1.50 / 1.73 / 2.52 / 1.91 / 3.46 us per call
+# with PDL when small CTAs were co-resident, and 1.23 / 1.46 / 0.81 / 0.85 / 0.84 us
+# when each CTA filled an SM (8 / 21 / 32 / 48 / 96 MB of weights): the room itself
+# bought 0.27-2.62 us, 1.06 in the median. A prior from that table, not fitted on
+# GEMM records (none with room were measured when it was set).
+ROOM_OVERLAP_S = 1.0e-6
 
 
 def _blocks_per_sm(f: Features) -> int:
@@ -100,4 +110,24 @@ def predicted_time_s(d: KernelDesign, t: Target) -> float:
     rounds = 0.0
     if f.wgmma:
         rounds = 1 if f.pingpong else math.ceil(blocks_on_busiest / occ)
-    return max(compute, dram, l2) + fill + reduce + rounds * WGMMA_TILE_OVERHEAD_S
+    return (
+        max(compute, dram, l2)
+        + fill
+        + reduce
+        + rounds * WGMMA_TILE_OVERHEAD_S
+        - room_overlap_s(f, blocks, blocks_on_busiest, occ)
+    )
+
+
+def room_overlap_s(f: Features, blocks: int, blocks_on_busiest: int, occ: int) -> float:
+    """The successor's work a room design hides under its tail (``ROOM_OVERLAP_S`` on
+    every SM it keeps busy), or nothing: without room (``room_share`` 1), and where its
+    own CTAs fill the share of every busy SM (a grid of at least ``room_share`` CTAs
+    resident per SM leaves the successor no slot until they drain, as a design without
+    room does). What room may cost its own kernel (registers capped at the launch
+    bound's share of the file) is not priced here: the family's rules reject a design
+    whose register model exceeds the cap, and below it the model has no register
+    pressure term to move."""
+    if f.room_share <= 1 or min(occ, blocks_on_busiest) >= f.room_share:
+        return 0.0
+    return ROOM_OVERLAP_S * min(blocks, SM_COUNT) / SM_COUNT

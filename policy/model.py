@@ -27,8 +27,19 @@ class ModelConfig:
     seed: int = 0
 
 
-def vocab_hash() -> str:
-    return hashlib.sha256("\n".join(VOCAB).encode()).hexdigest()[:16]
+def vocab_hash(vocab: Sequence[str] = VOCAB) -> str:
+    return hashlib.sha256("\n".join(vocab).encode()).hexdigest()[:16]
+
+
+def vocab_prefix(digest: str) -> int | None:
+    """The length of this version's vocabulary prefix whose hash is ``digest`` (the whole
+    vocabulary's length where it matches; None where no prefix does). Tokens are only
+    ever appended (``tokens._vocab``), so a checkpoint trained on a prefix knows every
+    id it learned: only the tokens after it are new to it."""
+    for n in range(len(VOCAB), 0, -1):
+        if vocab_hash(VOCAB[:n]) == digest:
+            return n
+    return None
 
 
 def build_model(cfg: ModelConfig) -> Any:
@@ -87,7 +98,8 @@ def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
         if not p.exists():
             raise FileNotFoundError(f"policy checkpoint file {p} does not exist")
     meta = json.loads(meta_path.read_text())
-    if meta["vocab_hash"] != vocab_hash():
+    known = vocab_prefix(meta["vocab_hash"])
+    if known is None:
         raise ValueError(
             f"{meta_path}: vocabulary hash {meta['vocab_hash']} differs from this version's "
             f"{vocab_hash()}: the checkpoint was trained with another token set; retrain it"
@@ -95,6 +107,19 @@ def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
     cfg = ModelConfig(**meta["model"])
     model = build_model(cfg)
     state = load_file(str(weights))
+    wte = "transformer.wte.weight"
+    if known < len(VOCAB):
+        # Trained before the last tokens were appended (the room knob's): its ids mean
+        # what they did; the new tokens get zero embeddings (a logit of 0 wherever a
+        # grammar allows one, never where it does not), so it scores and samples every
+        # design without them exactly as before. Retrain to learn them (docs/policy.md).
+        if wte not in state or state[wte].shape[0] != known:
+            raise ValueError(f"{weights}: {wte} does not have the {known} rows its hash names")
+        import torch
+
+        pad = torch.zeros(len(VOCAB) - known, state[wte].shape[1], dtype=state[wte].dtype)
+        state = {**state, wte: torch.cat([state[wte], pad])}
+        meta["info"] = {**meta["info"], "vocab_extended_from": known}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise ValueError(f"{weights}: missing {missing}, unexpected {unexpected}")

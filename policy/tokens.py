@@ -3,7 +3,9 @@ tokens decoded one at a time under a grammar mask.
 
 A prompt is ``<bos> gpu... target... (<h> design... speed status metrics...)* <design>``,
 and the design follows as ``N_FIELDS`` tokens: ``family=...``, then that family's own
-knobs in its declared order (``name=value``), then ``<eod>`` up to ``N_FIELDS``. The
+knobs in its declared order (``name=value``), then ``room=...`` where the design leaves
+room (the optional ``room`` knob; docs/kernels.md "Designs that leave room"), then
+``<eod>`` up to ``N_FIELDS``. The
 vocabulary is derived from the family registry (``cudal2.generator.families``): every
 family, and every value of every knob's domain (a knob name shared by families shares
 its tokens). The grammar (``Grammar``) is a trie over a set of legal designs: at every
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cudal2.generator import FAMILIES, family_of
+from cudal2.generator.families.base import ROOM, family_rooms
 from cudal2.hardware import DATASHEETS, REFERENCE_GPU, datasheet
 from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Status, Target
 
@@ -28,9 +31,25 @@ KNOB_VALUES: dict[str, tuple[int, ...]] = {}
 for _fam in FAMILY_NAMES:
     for _knob in FAMILIES[_fam].KNOBS:
         KNOB_VALUES[_knob.name] = tuple(sorted({*KNOB_VALUES.get(_knob.name, ()), *_knob.domain}))
+# The optional knobs the policy spells, by the values a design may set (their default
+# is spelled by leaving the token out, so a design without them is the token sequence
+# it was before they existed). Only ``room``: the PDL trigger is expanded after the
+# proposal (policy.pdl) and the epilogue is the target's. Their tokens come last in the
+# vocabulary, so the ids of every earlier token stay what a checkpoint trained before
+# them learned (``model.load`` extends such a checkpoint).
+OPTIONAL_KNOBS = (ROOM,)
+
+
+def _spells_optional(family: str) -> int:
+    """How many optional-knob fields a design of ``family`` may add: one where it
+    renders room."""
+    return 1 if len(family_rooms(FAMILIES[family])) > 1 else 0
+
+
 # Design positions: the family, then at most this many knobs (shorter families pad
-# with <eod>, which the grammar forces, so padding costs no probability).
-N_FIELDS = 1 + max(len(FAMILIES[f].KNOBS) for f in FAMILY_NAMES)
+# with <eod>, which the grammar forces, so padding costs no probability). A family
+# that renders room has room for its token (sm90tma, the longest, renders none).
+N_FIELDS = 1 + max(len(FAMILIES[f].KNOBS) + _spells_optional(f) for f in FAMILY_NAMES)
 SPECIAL = ("<pad>", "<bos>", "<h>", "<design>", "<eod>")
 SPEED_STEP = 0.05  # log-speedup buckets
 SPEED_MIN, SPEED_MAX = -2.0, 0.4
@@ -74,6 +93,8 @@ def _vocab() -> tuple[str, ...]:
     toks += [f"status={s}" for s in STATUSES]
     for metric in ("dram", "tensor"):
         toks += [f"{metric}={b}" for b in range(FRAC_BUCKETS + 1)]
+    for knob in OPTIONAL_KNOBS:  # appended last: earlier ids keep their meaning
+        toks += [f"{knob.name}={v}" for v in knob.domain if v != knob.default]
     return tuple(toks)
 
 
@@ -128,7 +149,9 @@ def design_tokens(d: KernelDesign, pad: bool = True) -> list[int]:
     order; padded with <eod> to ``N_FIELDS`` (where it is decoded) unless ``pad`` is
     false (in a prompt's history)."""
     knobs = [tok(f"{k.name}={getattr(d.knobs, k.name)}") for k in family_of(d.family).KNOBS]
-    out = [tok(f"family={d.family}"), *knobs]
+    given = d.knobs.as_json()
+    optional = [tok(f"{k.name}={given[k.name]}") for k in OPTIONAL_KNOBS if k.name in given]
+    out = [tok(f"family={d.family}"), *knobs, *optional]
     return out + [EOD] * (N_FIELDS - len(out)) if pad else out
 
 

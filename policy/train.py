@@ -34,6 +34,7 @@ from cudal2.generator import design_space
 from cudal2.policy import model as pm
 from cudal2.policy.corpus import Corpus, Row
 from cudal2.policy.reward import entry, neighbour_history, reward
+from cudal2.policy.room import is_room
 from cudal2.policy.tokens import Grammar, gpu_features, prompt_tokens
 from cudal2.records import Target
 
@@ -80,12 +81,15 @@ class Context:
         name = gpu or corpus.gpu.split(",")[0] or "NVIDIA H100"
         self.gpu = gpu_features(name)
         self._space: dict[tuple[str, str, str], Grammar] = {}
+        # The legal space holds room designs where the corpus has measured some (the
+        # grammar must spell what it scores; a corpus without them trains as before)
+        self.room = any(is_room(r.design) for r in corpus.rows)
         self._neigh: dict[Target, list] = {}
 
     def space(self, t: Target) -> Grammar:
         key = (t.arch, t.dtype, t.layout)
         if key not in self._space:
-            self._space[key] = Grammar(design_space(*key))
+            self._space[key] = Grammar(design_space(*key, room=self.room))
         return self._space[key]
 
     def neighbour_entries(self, t: Target) -> list:

@@ -370,6 +370,11 @@ def _dry_text(s: dict) -> str:
             f"{s['candidates']} candidates are PDL designs; up to {s['pdl_per_round']} of "
             f"each round's {s['per_round']} are PDL variants of its proposed tiles"
         )
+    if s.get("room"):
+        lines.append(
+            f"room on ([search] room): {s['room_candidates']} of the next job's "
+            f"{s['candidates']} candidates leave room for the next kernel (all PDL designs)"
+        )
     return "\n".join(lines)
 
 

@@ -300,6 +300,7 @@ class Build:
             updates=m.search.policy_updates,
             space=runner.designs,
             pdl=m.search.pdl,
+            room=m.search.room,
         )
         self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)

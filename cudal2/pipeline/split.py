@@ -41,6 +41,7 @@ from cudal2.pipeline.job import (
 )
 from cudal2.pipeline.results import job_for
 from cudal2.policy.pdl import is_pdl, pdl_candidates
+from cudal2.policy.room import is_room
 from cudal2.records import (
     BuildResult,
     GpuInfo,
@@ -318,6 +319,7 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
         "phase": job.phase,
         "candidates": len(job.measure),
         "pdl_candidates": sum(1 for kj in job.measure if is_pdl(kj.job.design)),
+        "room_candidates": sum(1 for kj in job.measure if is_room(kj.job.design)),
         "checks": len(job.checks),
         "autotune": len(job.autotune),
         "cubins": report.designs,
@@ -326,6 +328,7 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
         "per_round": per_round,
         "pdl": s.pdl,
         "pdl_per_round": pdl_per_round,
+        "room": s.room,
         "budget_s": s.gpu_budget_s,
         "seconds_per_candidate": SECONDS_PER_CANDIDATE,
         "gpu_s_next": min(gpu_next, s.gpu_budget_s),

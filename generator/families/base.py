@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from cudal2.hardware import ARCH_LIMITS
 from cudal2.records import DTYPES, EPILOGUES, KernelDesign, Knobs
+
+LIMITS = ARCH_LIMITS["sm_90a"]  # every family builds for sm_90a
+SMEM_RESERVED_PER_CTA = 1024  # shared memory the driver reserves per resident CTA
 
 
 @dataclass(frozen=True)
@@ -72,9 +76,27 @@ EPILOGUE = Knob(
     default=0,
     spellings=tuple((i, e) for i, e in enumerate(EPILOGUES) if e != "none"),
 )
+# Designs that leave room (docs/kernels.md, "Designs that leave room"): ``room`` = r
+# promises that 2**r CTAs of the design fit one SM together (registers, shared memory,
+# threads), so that while it drains a like-sized CTA of the next kernel, launched early
+# by PDL, becomes resident beside each of its CTAs. 0 (``none``, the default, left out of
+# the design) promises nothing; 1 ``half``: the CTA takes at most half an SM
+# (``__launch_bounds__(THREADS, 2)``); 2 ``quarter``: at most a quarter. A family
+# declares which it renders (``ROOMS`` in its module, ``("none",)`` where it has none)
+# and checks its register model against the cap (``room_reasons``). Room is a property
+# of the tile, as legal without PDL as with it; a search measures it only with PDL
+# (``policy.pdl``), since a plain launch waits for the whole previous grid anyway.
+ROOMS: tuple[str, ...] = ("none", "half", "quarter")
+ROOM = Knob(
+    "room",
+    tuple(range(len(ROOMS))),
+    "room_{}",
+    default=0,
+    spellings=((1, "half"), (2, "quarter")),
+)
 # Optional knobs every family takes, after its own in a design's name. Not in a
 # family's ``KNOBS`` (its required knobs, which the policy's tokens spell).
-SHARED_KNOBS: tuple[Knob, ...] = (PDL_TRIGGER, EPILOGUE)
+SHARED_KNOBS: tuple[Knob, ...] = (PDL_TRIGGER, EPILOGUE, ROOM)
 
 
 def optional_value(d: KernelDesign, knob: Knob) -> int:
@@ -121,6 +143,65 @@ def with_epilogue(d: KernelDesign, name: str) -> KernelDesign:
     return KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**knobs))
 
 
+def room(d: KernelDesign) -> str:
+    """The room the design leaves by name (``none``: it promises nothing)."""
+    return ROOMS[optional_value(d, ROOM)]
+
+
+def room_share(d: KernelDesign) -> int:
+    """CTAs of the design that must fit one SM together: 1, 2 (``half``), 4 (``quarter``);
+    the ``__launch_bounds__`` minimum of CTAs per SM it is compiled for. 1 where the
+    knob is out of its domain (the declared checks report that)."""
+    value = d.knobs.as_json().get(ROOM.name, ROOM.default)
+    return 2**value if value in ROOM.domain else 1
+
+
+def family_rooms(family: ModuleType) -> tuple[str, ...]:
+    """The room values a family renders (``none`` only unless it declares more)."""
+    return getattr(family, "ROOMS", ("none",))
+
+
+def with_room(d: KernelDesign, name: str) -> KernelDesign:
+    """``d`` with room ``name`` (one of ``ROOMS``; ``none`` removes the knob, giving back
+    the design without it and its key). Legality is checked separately."""
+    if name not in ROOMS:
+        raise ValueError(f"room {name!r} is not one of {ROOMS}")
+    knobs = {k: v for k, v in d.knobs.as_json().items() if k != ROOM.name}
+    if name != "none":
+        knobs[ROOM.name] = ROOMS.index(name)
+    return KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**knobs))
+
+
+def room_register_cap(threads: int, share: int) -> int:
+    """Registers per thread ptxas may use under ``__launch_bounds__(threads, share)``:
+    the register file split over ``share`` CTAs, in whole allocation units (8 per
+    thread: a warp's registers are allocated 256 at a time), at most 255."""
+    per_thread = LIMITS.registers_per_sm // max(threads * share, 1)
+    return min(LIMITS.max_registers, per_thread // 8 * 8)
+
+
+def room_reasons(d: KernelDesign, threads: int, smem_bytes: int, regs: int) -> list[str]:
+    """Why ``room_share(d)`` CTAs of ``threads`` threads, ``smem_bytes`` of shared memory
+    and ``regs`` modelled registers per thread do not fit one SM together (none for a
+    design without room). A register model over the cap would make ptxas spill under
+    the launch bound, so it is a reason, not something to let ptxas find out."""
+    share = room_share(d)
+    if share == 1:
+        return []
+    out = []
+    label = f"room {room(d)!r} ({share} CTAs per SM)"
+    if threads * share > LIMITS.max_threads_per_sm:
+        out.append(f"{label}: {threads} threads x {share} > {LIMITS.max_threads_per_sm}")
+    # each resident CTA also takes 1 KB of the SM's shared memory (the driver's reserve)
+    budget = LIMITS.smem_per_sm // share - SMEM_RESERVED_PER_CTA
+    if smem_bytes > budget:
+        out.append(f"{label}: shared memory {smem_bytes} B > {budget} B")
+    cap = room_register_cap(threads, share)
+    if regs > cap:
+        out.append(f"{label}: {regs} modelled registers > {cap} per thread (would spill)")
+    return out
+
+
 @dataclass(frozen=True)
 class Features:
     """What the analytic cost model and the proposers see of a design.
@@ -132,7 +213,8 @@ class Features:
     its math, or ``stream_bytes`` when its bytes in flight do not depend on K (loads
     straight into registers); ``fill_stages`` what its pipeline fill is priced at;
     ``wgmma`` whether it issues warpgroup MMAs; ``pingpong`` whether its epilogue runs
-    under the other warpgroup's math.
+    under the other warpgroup's math; ``room_share`` CTAs of the design that fit one SM
+    together by its ``room`` knob (1: it promises nothing).
     """
 
     bm: int
@@ -149,6 +231,7 @@ class Features:
     fill_stages: int = 0
     wgmma: bool = False
     pingpong: bool = False
+    room_share: int = 1
 
 
 def make(family: str, arch: str, dtype: str, layout: str, **knobs: int) -> KernelDesign:
@@ -206,6 +289,11 @@ def check(d: KernelDesign, family: ModuleType) -> list[str]:
         reasons.append(
             f"epilogue {EPILOGUES[given]!r}: family {family.FAMILY!r} renders "
             f"{list(family_epilogues(family))}"
+        )
+    given = d.knobs.as_json().get(ROOM.name, ROOM.default)
+    if given in ROOM.domain and ROOMS[given] not in family_rooms(family):
+        reasons.append(
+            f"room {ROOMS[given]!r}: family {family.FAMILY!r} renders {list(family_rooms(family))}"
         )
     optional = {k.name for k in SHARED_KNOBS}
     if set(d.knobs.names()) - optional == {k.name for k in family.KNOBS}:

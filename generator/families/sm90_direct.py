@@ -45,6 +45,9 @@ from cudal2.generator.families.base import (
     gemm_v1_recipe,
     make,
     pdl_trigger,
+    room,
+    room_reasons,
+    room_share,
 )
 from cudal2.records import EPILOGUES as ALL_EPILOGUES
 from cudal2.records import ROW_SCALED, KernelDesign
@@ -55,6 +58,9 @@ ARCHS = ("sm_90a",)  # clusters and distributed shared memory: Hopper
 LAYOUTS = ("tn",)  # the loads need each weight row's k contiguous
 # Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none)
 EPILOGUES = ALL_EPILOGUES
+# Designs that leave room (base.ROOM): compiled for 2 or 4 CTAs per SM, their register
+# model within the launch bound's cap
+ROOMS = ("none", "half", "quarter")
 
 BM = (8, 16, 24, 32, 64)
 WARPS_N = (1, 2, 4, 8, 16)
@@ -72,6 +78,12 @@ OTHER_REGS = 72
 # mmas), activations read by every warp from L1/L2; stages 3: the same for the weights,
 # and activations staged once per CTA through two shared-memory chunk buffers.
 STAGES = (2, 3)
+# Room designs (base.ROOM) are compiled under a register cap below 255, where the
+# stages-3 model undercounts: ptxas spilled 8-28 bytes for bm 32, bk 64 at 4 registers
+# of margin under the cap of 128, and 36-68 bytes for bm 64, bk 256 at 19 under 255
+# (fp16, nvcc 13.0); every stages-3 design with 35 or more spilled nothing, nor any
+# stages-2 one at 4. So a stages-3 room design keeps this many more in reserve.
+ROOM_X_SMEM_REGS = 20
 
 KNOBS = (
     Knob("bm", tuple(range(8, 129, 8)), "m{}"),
@@ -165,6 +177,8 @@ def rules(d: KernelDesign) -> list[str]:
                 f"{data_regs(d)} load/accumulator registers + {OTHER_REGS} > {cap} per thread"
                 f" at {t.threads} threads (would spill)"
             )
+        slack = ROOM_X_SMEM_REGS if x_smem(d) else 0
+        reasons += room_reasons(d, t.threads, smem_bytes(d), data_regs(d) + OTHER_REGS + slack)
     return reasons
 
 
@@ -196,6 +210,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
             FAMILY, epilogue(d), d.dtype, x_smem(d), rowsq_offset=plain_smem_bytes(d)
         )
     )
+    ctx.update(tags.room(room(d)))
     return ctx
 
 
@@ -207,5 +222,5 @@ def features(d: KernelDesign) -> Features:
     return Features(
         bm=t.bm, bn=t.bn, bk=t.bk, threads=t.threads, warps=t.warps,
         regs=min(255, data_regs(d) + OTHER_REGS), smem_bytes=smem_bytes(d),
-        split_k=d.knobs.split_k, stream_bytes=stream, fill_stages=4,
+        split_k=d.knobs.split_k, stream_bytes=stream, fill_stages=4, room_share=room_share(d),
     )  # fmt: skip

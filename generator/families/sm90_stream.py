@@ -37,6 +37,9 @@ from cudal2.generator.families.base import (
     epilogue_recipe,
     gemm_v1_recipe,
     make,
+    room,
+    room_reasons,
+    room_share,
 )
 from cudal2.records import EPILOGUES as ALL_EPILOGUES
 from cudal2.records import LAYOUTS, ROW_SCALED, KernelDesign
@@ -48,6 +51,10 @@ LAYOUTS = LAYOUTS
 # Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none),
 # layout tn only (``rules``)
 EPILOGUES = ALL_EPILOGUES
+# Designs that leave room (base.ROOM): compiled for 2 or 4 CTAs per SM; the register
+# model is the fragments plus what MAX_FRAGMENT_REGS leaves below 255 for everything else
+ROOMS = ("none", "half", "quarter")
+OTHER_REGS = mma_sync.LIMITS.max_registers - mma_sync.MAX_FRAGMENT_REGS
 
 PAD = 8  # elements per shared-memory row (must match the template)
 BAR_BYTES = 256  # mbarriers ahead of the ring (must match the template)
@@ -159,6 +166,7 @@ def rules(d: KernelDesign) -> list[str]:
             f"{fragment_regs(d)} fragment registers per thread > {mma_sync.MAX_FRAGMENT_REGS}"
             " (would spill)"
         )
+    reasons += room_reasons(d, block_threads(d), smem_bytes(d), fragment_regs(d) + OTHER_REGS)
     return reasons
 
 
@@ -190,6 +198,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
             FAMILY, epilogue(d), d.dtype, rowsq_offset=plain_smem_bytes(d)
         )
     )
+    ctx.update(tags.room(room(d)))
     return ctx
 
 
@@ -199,4 +208,5 @@ def features(d: KernelDesign) -> Features:
         bm=t.bm, bn=t.bn, bk=t.bk, threads=block_threads(d), warps=t.warps,
         regs=min(255, fragment_regs(d) + 40), smem_bytes=smem_bytes(d),
         split_k=d.knobs.split_k, prefetch_tiles=t.stages, fill_stages=t.stages,
+        room_share=room_share(d),
     )  # fmt: skip
