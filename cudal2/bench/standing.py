@@ -685,6 +685,89 @@ def splitk_epilogues(root: Path) -> str:
     return "\n".join(lines)
 
 
+KV_E2E = "bench/results/h100-llama-kv-e2e.json"  # ci/gpu_e2e_kv.sh on the H100
+
+
+def llama_kv_e2e(root: Path) -> str:
+    """``docs/inference.md``'s end to end with a KV cache (``llama_kv_e2e.py``): decode
+    tokens/s per model, mode and batch, prefill, the logits check and the patch's memory."""
+    d = json.loads((root / KV_E2E).read_text())
+    env = d["env"]
+    lines = [
+        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
+        f"`{env['package']}` ({env['launcher']} launcher), {env['layers']} layers, context "
+        f"{env['context']} tokens (`{KV_E2E}`). Graphs: {env['compile']}.",
+        "",
+        "| model | mode | batch | unpatched tok/s | patched tok/s | speedup (paired p20–p80) |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for model in ("llama", "qwen2"):
+        for mode in ("graph", "eager"):
+            for b, r in sorted(
+                d[model].get(mode, {}).get("batches", {}).items(), key=lambda x: int(x[0])
+            ):
+                lo, hi = r["paired_p20_p80"]
+                lines.append(
+                    f"| {model} | {mode} | {b} | {r['tokens_per_s']['unpatched']:.1f} | "
+                    f"{r['tokens_per_s']['patched']:.1f} | {r['paired_speedup']:.3f} "
+                    f"({lo:.3f}–{hi:.3f}) |"
+                )
+    pf = d["llama"]["prefill"]
+    c = d["llama"]["check"]["correctness"]
+    mem = d["llama"]["check"]["memory"]
+    added = sum(mem["patch_memory"].values())
+    lines += [
+        "",
+        f"Prefill of {pf['tokens']} tokens (eager): unpatched {pf['ms']['unpatched']:.1f} ms, "
+        f"patched {pf['ms']['patched']:.1f} ms, speedup {pf['speedup']:.3f}. Logits (a "
+        f"{c['prompt'][0]}x{c['prompt'][1]} prompt and {c['decode_steps']} decode steps) "
+        f"against fp32: unpatched {c['err_unpatched_vs_fp32']:.4f}, patched "
+        f"{c['err_patched_vs_fp32']:.4f} (at most {c['tolerance']:g}x: "
+        f'{"passes" if c["ok"] else "FAILS"}). Memory the patch added (`originals="keep"`): '
+        f"{added / 2**30:.2f} GiB, {added / mem['model_bytes']:.1%} of the model's "
+        f"{mem['model_bytes'] / 2**30:.2f} GiB.",
+    ]
+    return "\n".join(lines)
+
+
+ROOM_TIMING = "bench/results/h100-room-timing.json"  # ci/gpu_room.sh on the H100
+
+
+def room_timing(root: Path) -> str:
+    """``docs/kernels.md``'s room table (``ci/room_job.py run``): per target and tile with
+    room variants, plain, the best PDL trigger without room and the best with each room,
+    offline; then the jobs the PDL pair check rejected, by whether they leave room."""
+    d = json.loads((root / ROOM_TIMING).read_text())
+    rows = [r for r in d["rows"] if r.get("pdl_over_room")]
+    lines = [
+        f"{d['gpu']}, fp16 tn, offline (`{ROOM_TIMING}`): {len(d['jobs'])} jobs, "
+        f"{sum(j['status'] == 'ok' for j in d['jobs'])} correct; {len(rows)} tiles with room "
+        "variants timed beside their PDL variants. µs of the best of each kind.",
+        "",
+        "| target | tile | plain | best PDL | best half | best quarter | PDL / best room |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+
+    def us(v: float | None) -> str:
+        return f"{v:.2f}" if v else "–"
+
+    for r in rows:
+        tile = r["tile"].removeprefix("hgemm_").replace("_sm90_fp16_tn_", " ")
+        lines.append(
+            f"| {r['target']} | `{tile}` | {us(r['plain_us'])} | {us(r['pdl_us'])} | "
+            f"{us(r.get('half_us'))} | {us(r.get('quarter_us'))} | {r['pdl_over_room']:.3f} |"
+        )
+    bad = Counter(j["room"] != "none" for j in d["jobs"] if j["status"] != "ok")
+    lines += [
+        "",
+        f"Geomean PDL / best room: {d['geomean_pdl_over_room']:.4f} over {len(rows)} tiles "
+        f"(min {min(r['pdl_over_room'] for r in rows):.3f}, max "
+        f"{max(r['pdl_over_room'] for r in rows):.3f}). Rejected: {bad[True]} room and "
+        f"{bad[False]} other PDL jobs.",
+    ]
+    return "\n".join(lines)
+
+
 EPILOGUE_TIMING = "bench/results/h100-epilogue-timing.json"
 
 
@@ -754,6 +837,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-bench": layer_bench,
     "layer-ceiling": layer_ceiling,
     "splitk-epilogues": splitk_epilogues,
+    "llama-kv-e2e": llama_kv_e2e,
+    "room-timing": room_timing,
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
 }

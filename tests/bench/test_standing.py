@@ -211,3 +211,34 @@ def test_the_paired_prefill_line_is_made_from_its_results_file(tmp_path):
         (tmp_path / name).write_text(json.dumps(d))
     table = standing.llama_e2e(tmp_path)
     assert "paired per repetition 1.2345 (p20–p80" in table
+
+
+def test_the_kv_cache_end_to_end_table_is_made_from_its_results_file(tmp_path):
+    """Each decode row's figures and the check's verdict come from the file."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.KV_E2E).read_text())
+    r = d["llama"]["graph"]["batches"]["16"]
+    r["tokens_per_s"]["patched"], r["paired_speedup"] = 9999.5, 8.888
+    d["llama"]["check"]["correctness"]["ok"] = False
+    (tmp_path / standing.KV_E2E).write_text(json.dumps(d))
+    table = standing.llama_kv_e2e(tmp_path)
+    assert "| llama | graph | 16 | 1140.4 | 9999.5 | 8.888 (" in table
+    assert "FAILS" in table
+    rows = sum(len(d[m].get(mode, {}).get("batches", {})) for m in d if m != "env"
+               for mode in ("graph", "eager"))  # fmt: skip
+    assert table.count("\n| ") == rows + 1
+
+
+def test_the_room_table_is_made_from_its_results_file(tmp_path):
+    """A tile's ratio, the geomean and the rejected jobs come from the file."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.ROOM_TIMING).read_text())
+    timed = [r for r in d["rows"] if r.get("pdl_over_room")]
+    timed[0]["pdl_over_room"], d["geomean_pdl_over_room"] = 7.777, 1.2345
+    d["jobs"][0]["status"], d["jobs"][0]["room"] = "incorrect", "half"
+    (tmp_path / standing.ROOM_TIMING).write_text(json.dumps(d))
+    table = standing.room_timing(tmp_path)
+    assert table.count("| 7.777 |") == 1 and "Geomean PDL / best room: 1.2345" in table
+    assert table.count("\n| ") == len(timed) + 1
+    bad = [j for j in d["jobs"] if j["status"] != "ok"]
+    assert f"Rejected: {sum(j['room'] != 'none' for j in bad)} room" in table
