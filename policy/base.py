@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Protocol
 
-from cudal2.generator import design_space
+from cudal2.generator import design_space, legality
 from cudal2.generator.families import FAMILIES
 from cudal2.generator.families.base import epilogue, family_epilogues, pdl_trigger, with_epilogue
 from cudal2.records import KernelDesign, Measurement, Target
@@ -50,9 +50,12 @@ def _epilogue_space(
     arch: str, dtype: str, layout: str, families: tuple[str, ...] | None, name: str
 ) -> tuple[KernelDesign, ...]:
     """The legal space of a fused epilogue: each plain design of a family that renders
-    ``name``, with that epilogue (the others have none to offer)."""
+    ``name``, with that epilogue, where that is legal too (the others have none to offer;
+    a design at its family's register or shared-memory cap may be refused with the row
+    scale, sm90tma's persistent designs with the one-tile epilogues)."""
     fams = tuple(f for f in (families or sorted(FAMILIES)) if name in family_epilogues(FAMILIES[f]))
-    return tuple(with_epilogue(d, name) for d in _legal_space(arch, dtype, layout, fams or ()))
+    fused = (with_epilogue(d, name) for d in _legal_space(arch, dtype, layout, fams or ()))
+    return tuple(d for d in fused if not legality(d))
 
 
 def search_space(

@@ -66,22 +66,46 @@ def test_a_grammar_over_a_room_space_round_trips_every_design():
         assert seqs[s] == want
 
 
-def test_the_checkpoint_before_room_loads_extended_and_samples_room_designs():
+def test_the_committed_checkpoint_knows_room_and_samples_room_designs():
+    """Retrained on the H100 room records (docs/policy.md): the whole vocabulary, no
+    extension, and room designs drawn from a room space."""
     import torch
 
     model, _, info = pm.load(DEFAULT_CHECKPOINT)
-    n = BEFORE_ROOM[0]
-    assert info["vocab_extended_from"] == n
-    wte = model.transformer.wte.weight
-    assert wte.shape[0] == len(VOCAB) and torch.all(wte[n:] == 0)
-    assert model.lm_head.weight.data_ptr() == wte.data_ptr()  # tied: the logit is 0
+    assert "vocab_extended_from" not in info
+    assert model.transformer.wte.weight.shape[0] == len(VOCAB)
     space = _room_space()
     g = Grammar(space)
     prompt = [tokens.BOS, tokens.DESIGN]
     picks = pm.sample(model, prompt, g, 64, generator=torch.Generator().manual_seed(0))
     drawn = [g.designs[i] for i in picks]
     assert all(d in set(space) for d in drawn)
-    assert any(is_room(d) for d in drawn)  # a room token is drawable
+    assert any(is_room(d) for d in drawn)
+
+
+def test_a_checkpoint_before_room_loads_extended(tmp_path):
+    """A checkpoint trained on the vocabulary before the room tokens (the committed one's
+    weights cut to that prefix, its hash the prefix's) loads with zero embeddings for
+    the new tokens, tied to the head: a logit of 0, so it scores every other design as
+    it did."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    n, digest = BEFORE_ROOM
+    src = Path(DEFAULT_CHECKPOINT)
+    state = load_file(str(src.with_suffix(".safetensors")))
+    wte = "transformer.wte.weight"
+    state[wte] = state[wte][:n].contiguous()
+    save_file(state, str(tmp_path / "old.safetensors"))
+    meta = json.loads(src.with_suffix(".json").read_text())
+    meta["vocab_hash"] = digest
+    (tmp_path / "old.json").write_text(json.dumps(meta))
+    model, _, info = pm.load(tmp_path / "old")
+    assert info["vocab_extended_from"] == n
+    w = model.transformer.wte.weight
+    assert w.shape[0] == len(VOCAB) and torch.all(w[n:] == 0)
+    assert torch.equal(w[:n], state[wte])
+    assert model.lm_head.weight.data_ptr() == w.data_ptr()  # tied: the logit is 0
 
 
 def test_a_vocabulary_not_a_prefix_is_refused(tmp_path, tiny_model_config):
