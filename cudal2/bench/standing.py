@@ -768,6 +768,38 @@ def room_timing(root: Path) -> str:
     return "\n".join(lines)
 
 
+FUSED_HOST = "bench/results/h100-fused-host.json"  # STEPS=fused ci/gpu_native.sh, H100
+FUSED_HOST_PATHS = (
+    ("native", "the package's function, native launcher"),
+    ("op", "`torch.ops.<ns>.*`, native launcher"),
+    ("python", "the Python launch path"),
+    ("torch", "torch's unfused ops"),
+)
+
+
+def fused_host(root: Path) -> str:
+    """The fused ops' host time per call by launch path (``fused_host.py``): the median,
+    min and max over every fused entry of the wheel's table at 1 / 16 / 64 tokens."""
+    import statistics
+
+    d = json.loads((root / FUSED_HOST).read_text())
+    ops = d["ops"]
+    lines = [
+        f"{d['gpu']}, torch {d['torch']} (`{FUSED_HOST}`): host µs per call with the GPU "
+        f"held busy, {d['calls']} calls x {d['reps']} repetitions, over {len(ops)} fused "
+        "entries (dtype, N, K, M, epilogue).",
+        "",
+        "| path | median µs | min | max |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label in FUSED_HOST_PATHS:
+        xs = [o["host_us"][key] for o in ops]
+        lines.append(f"| {label} | {statistics.median(xs):.1f} | {min(xs):.1f} | {max(xs):.1f} |")
+    ratio = statistics.median(o["paired_python_over_native"] for o in ops)
+    lines += ["", f"Median paired Python / native: {ratio:.2f}."]
+    return "\n".join(lines)
+
+
 EPILOGUE_TIMING = "bench/results/h100-epilogue-timing.json"
 
 
@@ -839,6 +871,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "splitk-epilogues": splitk_epilogues,
     "llama-kv-e2e": llama_kv_e2e,
     "room-timing": room_timing,
+    "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
 }

@@ -242,3 +242,17 @@ def test_the_room_table_is_made_from_its_results_file(tmp_path):
     assert table.count("\n| ") == len(timed) + 1
     bad = [j for j in d["jobs"] if j["status"] != "ok"]
     assert f"Rejected: {sum(j['room'] != 'none' for j in bad)} room" in table
+
+
+def test_the_fused_host_table_is_made_from_its_results_file(tmp_path):
+    """The medians move with the file's figures."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.FUSED_HOST).read_text())
+    for o in d["ops"]:
+        o["host_us"]["native"] = 3.25
+    d["ops"][0]["host_us"]["python"] = 999.0
+    (tmp_path / standing.FUSED_HOST).write_text(json.dumps(d))
+    table = standing.fused_host(tmp_path)
+    assert "| the package's function, native launcher | 3.2 | 3.2 | 3.2 |" in table
+    assert "| 999.0 |" in table  # the Python path's max
+    assert f"over {len(d['ops'])} fused entries" in table
