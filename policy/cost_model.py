@@ -51,9 +51,13 @@ WGMMA_TILE_OVERHEAD_S = 1e-6
 # graph of 64 weight-streaming calls) saved 1.50 / 1.73 / 2.52 / 1.91 / 3.46 us per call
 # with PDL when small CTAs were co-resident, and 1.23 / 1.46 / 0.81 / 0.85 / 0.84 us
 # when each CTA filled an SM (8 / 21 / 32 / 48 / 96 MB of weights): the room itself
-# bought 0.27-2.62 us, 1.06 in the median. A prior from that table, not fitted on
-# GEMM records (none with room were measured when it was set).
-ROOM_OVERLAP_S = 1.0e-6
+# bought 0.27-2.62 us, 1.06 in the median: the first prior (1 us). Measured on GEMMs
+# since (ci/gpu_room.sh, bench/results/h100-room-timing.json: 29 decode tiles, each's
+# best PDL design without room against its best with room), the median saving is
+# 0.04 us (mean 0.12, -2.7 to +2.7): a decode GEMM's successor can only prefetch and
+# wait, which PDL already overlaps (docs/kernels.md, "Designs that leave room"). The
+# credit is that median (tests/policy/test_cost_model_room.py refits it).
+ROOM_OVERLAP_S = 0.04e-6
 
 
 def _blocks_per_sm(f: Features) -> int:

@@ -117,3 +117,18 @@ def test_the_ranking_of_measured_pdl_designs_does_not_get_worse(monkeypatch):
     without, n0 = _mean_spearman()
     assert n == n0 >= 67
     assert with_room >= without - 1e-12, (with_room, without)
+
+
+def test_the_credit_is_the_median_saving_measured_on_the_h100():
+    """ROOM_OVERLAP_S is the median over the committed room timing's tiles of (best PDL
+    design without room - best with room), to 0.01 µs."""
+    import json
+
+    d = json.loads((ROOT / "bench/results/h100-room-timing.json").read_text())
+    saved = [
+        r["pdl_us"] - min(v for v in (r.get("half_us"), r.get("quarter_us")) if v)
+        for r in d["rows"]
+        if r.get("pdl_over_room")
+    ]
+    assert len(saved) == 29
+    assert pytest.approx(statistics.median(saved), abs=0.005) == ROOM_OVERLAP_S * 1e6
