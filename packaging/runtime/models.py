@@ -274,8 +274,11 @@ def _fused_forward(
     v = v.view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
     q, k = p.rotary(q, k, cos, sin)
-    if past_key_values is not None:
-        k, v = past_key_values.update(k, v, attn.layer_idx)
+    # transformers >= 5.24 passes the cache as ``cache`` (``past_key_values`` before)
+    cache = kwargs.pop("cache", None)
+    cache = past_key_values if past_key_values is not None else cache
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx)
     attention = p.attention_functions.get_interface(
         attn.config._attn_implementation, p.eager_attention
     )
