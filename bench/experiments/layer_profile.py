@@ -34,7 +34,7 @@ from cudal2.bench.layer import (
     make_state,
     make_weights,
 )
-from cudal2.bench.layer_profile import role
+from cudal2.bench.layer_profile import by_role, role
 from cudal2.bench.layer_run import _dtype
 from cudal2.verify.timing import operand_sets
 
@@ -99,12 +99,9 @@ def profile_case(pkg: Any, model: str, dtype: str, m: int, reps: int) -> dict[st
                 ),
                 key=lambda r: -r["us_per_layer"],
             )
-            roles: dict[str, float] = defaultdict(float)
-            for r in rows:
-                roles[r["role"]] += r["us_per_layer"]
             out[name] = {
                 "kernels": rows,
-                "by_role_us": {k: round(v, 3) for k, v in sorted(roles.items())},
+                "by_role_us": {k: round(v, 3) for k, v in by_role({"kernels": rows}).items()},
                 "kernel_sum_us": round(sum(by_name.values()) / calls, 3),
                 "span_us": round((end - start) / calls, 3),
                 "launches_per_layer": round(len(kernels) / calls, 2),
