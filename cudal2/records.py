@@ -358,13 +358,29 @@ class GpuInfo:
     cuda_runtime: str
     torch: str = ""
     clocks_mhz: dict[str, int] = field(default_factory=dict)
+    # Which GPU of which host answered (a runner with several GPUs tags every result;
+    # None / "": not recorded, as in records made before multi-GPU runners).
+    index: int | None = None
+    host: str = ""
 
     def as_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        # Untagged records keep the shape they always had.
+        if d["index"] is None:
+            del d["index"]
+        if not d["host"]:
+            del d["host"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GpuInfo:
         return cls(**d)
+
+    @property
+    def where(self) -> str:
+        """The GPU as a person names it in a log: model, and host:index where tagged."""
+        at = ":".join(x for x in (self.host, "" if self.index is None else str(self.index)) if x)
+        return f"{self.name} ({at})" if at else self.name
 
 
 @dataclass(frozen=True)
@@ -697,6 +713,9 @@ class JobResult:
     baseline_samples_us: dict[str, tuple[float, ...]] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     vendor: dict[str, Any] = field(default_factory=dict)
+    # The GPU that answered, where a runner measures on several (None: the runner's one
+    # GPU, as ``start`` returned it).
+    gpu: GpuInfo | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -721,6 +740,7 @@ class JobResult:
             "baseline_samples_us": {k: list(v) for k, v in self.baseline_samples_us.items()},
             "metrics": dict(self.metrics),
             "vendor": dict(self.vendor),
+            **({} if self.gpu is None else {"gpu": self.gpu.as_json()}),
         }
 
     @classmethod
@@ -735,4 +755,5 @@ class JobResult:
             baseline_samples_us={k: tuple(v) for k, v in d.get("baseline_samples_us", {}).items()},
             metrics=dict(d.get("metrics") or {}),
             vendor=dict(d.get("vendor") or {}),
+            gpu=None if d.get("gpu") is None else GpuInfo.from_json(d["gpu"]),
         )

@@ -228,8 +228,12 @@ def _design(v: Any, path: str, target: Target) -> KernelDesign:
 
 def _gpu(v: Any, path: str) -> GpuInfo:
     d = _obj(
-        v, path, ("name", "arch", "sm_count", "driver", "cuda_runtime"), ("torch", "clocks_mhz")
+        v,
+        path,
+        ("name", "arch", "sm_count", "driver", "cuda_runtime"),
+        ("torch", "clocks_mhz", "index", "host"),
     )
+    index = d.get("index")
     clocks = _map(d.get("clocks_mhz", {}), f"{path}.clocks_mhz")
     return GpuInfo(
         _str(d["name"], f"{path}.name", nonempty=True),
@@ -239,6 +243,8 @@ def _gpu(v: Any, path: str) -> GpuInfo:
         _str(d["cuda_runtime"], f"{path}.cuda_runtime"),
         _str(d.get("torch", ""), f"{path}.torch"),
         {k: _int(x, f"{path}.clocks_mhz.{k}") for k, x in clocks.items()},
+        None if index is None else _int(index, f"{path}.index"),
+        _str(d.get("host", ""), f"{path}.host"),
     )
 
 

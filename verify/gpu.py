@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 
 from cudal2.records import GpuInfo
@@ -56,4 +57,6 @@ def current_gpu(device: int = 0) -> GpuInfo:
         cuda_runtime=str(torch.version.cuda),
         torch=torch.__version__,
         clocks_mhz=clocks,
+        index=device,
+        host=socket.gethostname(),
     )

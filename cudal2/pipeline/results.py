@@ -113,8 +113,10 @@ def _timed(result: JobResult) -> dict[str, Any]:
 def measurement_from(
     result: JobResult, build: BuildResult, gpu: GpuInfo, proposer: str
 ) -> Measurement:
-    """A kernel job's answer (or a compile failure) as a typed record with derived metrics."""
+    """A kernel job's answer (or a compile failure) as a typed record with derived metrics,
+    on the GPU that answered it (``result.gpu``; else ``gpu``, the runner's)."""
     job = result.job
+    gpu = result.gpu or gpu
     assert job.design is not None
     timed = _timed(result)
     metrics: dict[str, Any] = {}
@@ -149,7 +151,8 @@ def compile_failure(job: Job, build: BuildResult, gpu: GpuInfo, proposer: str) -
 
 def vendor_measurement(result: JobResult, gpu: GpuInfo) -> Measurement:
     """A ``cublaslt`` job's answer as a record that the selection can weigh against the
-    kernels and a table can dispatch."""
+    kernels and a table can dispatch (on the GPU that answered it, as ``measurement_from``)."""
+    gpu = result.gpu or gpu
     vendor = result.vendor
     key = sha256_hex(canonical_json({k: vendor[k] for k in ("library", "version", "algo")}))
     timed = _timed(result)

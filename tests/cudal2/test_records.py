@@ -83,10 +83,26 @@ def test_jobs_and_answers_round_trip_through_json(recorded_measurements):
             ),
             JobResult(job, Status.RUNTIME, "worker died", vendor={"algo": "ab"}),
             JobResult.not_recorded(job, "no record"),
+            # answered on one GPU of several: the answer names it
+            JobResult(job, Status.OK, gpu=dataclasses.replace(m.gpu, index=3, host="gpu-7")),
         ]
         for res in answers:
             again = JobResult.from_json(json.loads(json.dumps(res.as_json())))
             assert again == res and again.recorded == (res.status is not None)
+
+
+def test_a_gpu_tag_travels_with_the_record_and_untagged_records_keep_their_shape(
+    recorded_measurements,
+):
+    m = next(x for x in recorded_measurements if x.design is not None)
+    assert "index" not in m.gpu.as_json() and "host" not in m.gpu.as_json()
+    assert m.gpu.where == m.gpu.name
+    tagged = dataclasses.replace(m, gpu=dataclasses.replace(m.gpu, index=0, host="node-1"))
+    line = json.loads(json.dumps(tagged.as_json()))
+    assert line["gpu"]["index"] == 0 and line["gpu"]["host"] == "node-1"
+    again = Measurement.from_json(line)
+    assert again.gpu == tagged.gpu and again.reuse_key == m.reuse_key  # the tag keys nothing
+    assert again.gpu.where == f"{m.gpu.name} (node-1:0)"
 
 
 def test_a_jobs_reuse_key_is_its_records(recorded_measurements):

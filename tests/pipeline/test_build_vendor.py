@@ -79,3 +79,37 @@ def test_vendor_records_round_trip_through_the_database(tmp_path, recorded_measu
     again = vendor_measurement(ReplayRunner([rec]).answer(job), rec.gpu)
     assert again.design_key == rec.design_key and again.vendor == rec.vendor
     assert again.reuse_key == rec.reuse_key and again.metrics == rec.metrics
+
+
+def test_a_record_names_the_gpu_that_answered_not_the_runners_first(recorded_measurements):
+    """A runner over several GPUs tags each answer with its GPU: the record carries that
+    GPU (model, index, host), whichever GPU the runner's ``start`` named."""
+    import dataclasses
+
+    from cudal2.pipeline.results import measurement_from
+    from cudal2.records import BuildResult
+
+    rec = next(m for m in recorded_measurements if m.is_vendor)
+    job = Job(JobKind.AUTOTUNE, rec.target, TimingConfig(mode=rec.mode), rec.toolchain)
+    second = dataclasses.replace(rec.gpu, index=1, host="node-2")
+    answer = dataclasses.replace(ReplayRunner([rec]).answer(job), gpu=second)
+    assert vendor_measurement(answer, rec.gpu).gpu == second
+    kernel = next(m for m in recorded_measurements if m.design is not None and m.status == "ok")
+    built = BuildResult(kernel.design_key, kernel.artifact_key, False, "k")  # no recipe metrics
+    timing = TimingConfig(mode=kernel.mode)
+    kjob = ReplayRunner([kernel]).answer(
+        Job(
+            JobKind.MEASURE,
+            kernel.target,
+            timing,
+            kernel.toolchain,
+            kernel.design,
+            kernel.artifact_key,
+            "k",
+        )
+    )
+    assert kjob.recorded
+    assert (
+        measurement_from(dataclasses.replace(kjob, gpu=second), built, rec.gpu, "x").gpu == second
+    )
+    assert measurement_from(kjob, built, kernel.gpu, "x").gpu == kernel.gpu
