@@ -1,0 +1,48 @@
+"""``verify.fleet.check_fleet``: which sets of GPUs can serve one build."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cudal2.verify.fleet import FleetError, check_fleet
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+def _gpu(recorded_measurements, name, index, arch="sm_90a"):
+    base = recorded_measurements[0].gpu
+    return dataclasses.replace(base, name=name, arch=arch, index=index, host="node-1")
+
+
+# (GPUs as (model, arch), interchangeable groups, the error's words or None: accepted)
+CASES = [
+    ("one-gpu", [(H100, "sm_90a")], (), None),
+    ("two-alike", [(H100, "sm_90a"), (H100, "sm_90a")], (), None),
+    ("h100-and-h200", [(H100, "sm_90a"), (H200, "sm_90a")], (), "different models"),
+    ("h100-and-h200-said-alike", [(H100, "sm_90a"), (H200, "sm_90a")], ((H100, H200),), None),
+    ("alike-in-another-group", [(H100, "sm_90a"), (H200, "sm_90a")], ((H100, "x"),), "models"),
+    (
+        "two-archs",
+        [(H100, "sm_90a"), ("NVIDIA A100", "sm_80")],
+        ((H100, "NVIDIA A100"),),
+        "different architectures",
+    ),
+    ("none", [], (), "no GPU found"),
+]
+
+
+@pytest.mark.parametrize("gpus,groups,error", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_fleet_is_one_model_unless_said_interchangeable(
+    recorded_measurements, gpus, groups, error
+):
+    found = [_gpu(recorded_measurements, n, i, a) for i, (n, a) in enumerate(gpus)]
+    if error is None:
+        assert check_fleet(found, groups) == found[0]
+    else:
+        with pytest.raises(FleetError, match=error) as e:
+            check_fleet(found, groups)
+        for g in found:  # the message names every GPU, where it is
+            assert f"node-1:{g.index}" in str(e.value)
