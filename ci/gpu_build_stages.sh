@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Issue 23's baseline: where a build's seconds go on the one H100. A build of
+# manifests/llama-3.1-8b-h100.toml (24 targets, the policy, 4 rounds of 8, ncu on each
+# round's best, cuBLASLt autotuning) from an EMPTY database and an EMPTY artifact cache,
+# its log time-stamped line by line (seconds since the start); then ci/job_profile.py on
+# the database it made (the measure jobs re-run in one process, each phase timed).
+#
+#   NAME=before bash ci/gpu_build_stages.sh          # today's build
+#   NAME=after ARGS="--runner host" bash ci/gpu_build_stages.sh
+#   PROFILE=0 ...                                    # no job profile
+#
+# Under $OUT: $NAME-build.log, $NAME.measurements.jsonl.gz, $NAME-wall.txt, the wheel,
+# job-phases.json / job-profile.txt / job-profile-summary.txt.
+source "$(dirname "$0")/gpu_env.sh"
+NAME=${NAME:-before}
+MANIFEST=${MANIFEST:-manifests/llama-3.1-8b-h100.toml}
+export CUDAL2_CACHE=$(mktemp -d /tmp/cudal2-cache.XXXXXX)
+db=$OUT/$NAME.measurements.jsonl
+: > "$db"
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee "$OUT/$NAME-gpu.txt"
+step "build $MANIFEST from an empty database and cache ($NAME ${ARGS:-})"
+t0=$(date +%s.%N)
+timeout "${BUILD_TIMEOUT:-480}" cudal2-build "$MANIFEST" --measurements "$db" --out "$OUT/dist" \
+  --jobs "$(nproc)" ${ARGS:-} 2>&1 \
+  | $PY -u -c "import sys,time; t0=time.monotonic(); [print(f'{time.monotonic()-t0:8.1f} {l}', end='', flush=True) for l in sys.stdin]" \
+  > "$OUT/$NAME-build.log"
+rc=${PIPESTATUS[0]}
+t1=$(date +%s.%N)
+echo "build exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s, records $(wc -l < "$db")" | tee "$OUT/$NAME-wall.txt"
+grep -v "^ *[0-9.]* H100\|NVIDIA H100 80GB HBM3 *|" "$OUT/$NAME-build.log" | tail -25
+mv "$OUT"/dist/*.whl "$OUT/" 2>/dev/null; rm -rf "$OUT/dist"
+if [ "${PROFILE:-1}" = 1 ]; then
+  step "job profile"
+  timeout "${PROFILE_TIMEOUT:-150}" $PY ci/job_profile.py "$db" --targets 6 --per-target 5 --out "$OUT" \
+    2>&1 | tail -12 | tee "$OUT/job-profile-summary.txt"
+fi
+exit "$rc"
