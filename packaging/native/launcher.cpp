@@ -578,6 +578,70 @@ bool torch_gemm(bool is_linear, const View& a, const View& b, const View* bias, 
   return true;
 }
 
+// A `linear` call with a bias whose shape the table serves with a gemm_v3 kernel of
+// epilogue `bias` (A W^T + bias summed in fp32, rounded once: `Api._linear`'s fused-bias
+// entry, which the Python path tries first): launch it. True when launched (output in
+// stack[0], inputs released, a hit counted); false leaves the call to the plain entry and
+// the bias kernel, as the Python path does when its fused try answers a reason: no such
+// entry (remembered per shape by `lookup`), a fallback entry, a kernel not loaded, a
+// failed launch (the plan is then marked dead and reported, as `run_fused` does). No
+// fallback is counted here: the plain path counts the call's own outcome.
+bool run_bias(Slot& s, int si, const View& a, const View& b, const View& bias,
+              StableIValue* bias_box, const Operands& o, int dev, int32_t dtype,
+              StableIValue* stack) {
+  if (bias.strides[0] != 1 && o.n != 1) return false;  // the kernel reads bias[n]
+  ShapeKey key{{dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb, E_BIAS}};
+  int32_t plan_id = lookup(s, si, key, dtype, o, dev);
+  if (plan_id < 0) return false;
+  PlanDesc p{};
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (plan_id >= static_cast<int32_t>(s.plans.size()) || s.dead[plan_id]) return false;
+    p = s.plans[plan_id];
+  }
+  // Only the kernel of the epilogue asked for (`prepare` answers no other; kept so)
+  if (!(p.kind == 1 && p.abi == 3 && p.epilogue == E_BIAS)) return false;
+  EpiArgs epi;
+  epi.bias = reinterpret_cast<uint64_t>(bias.data);
+  epi.ldc = o.n;
+  AtenTensorHandle out = new_output(true, a, o);
+  void* c = nullptr;
+  aoti_torch_get_data_ptr(out, &c);
+  CUresult r;
+  {
+    CtxGuard guard(dev);
+    r = guard.status;
+    void* stream = nullptr;
+    if (r == CUDA_SUCCESS && current_stream(dev, &stream) != AOTI_TORCH_SUCCESS) {
+      r = CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (r == CUDA_SUCCESS) {
+      r = launch_kernel(p, reinterpret_cast<uint64_t>(a.data), reinterpret_cast<uint64_t>(b.data),
+                        reinterpret_cast<uint64_t>(c), o, static_cast<CUstream>(stream), &epi);
+    }
+  }
+  if (r != CUDA_SUCCESS) {
+    aoti_torch_delete_tensor_object(out);
+    const char* name = nullptr;
+    drv.error_name(r, &name);
+    std::string message = std::string("the launch failed: ") + (name ? name : "?");
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.dead[plan_id] = 1;
+    }
+    s.event(si, plan_id, R_LAUNCH_ERROR, message.c_str());
+    return false;
+  }
+  s.hits[plan_id].fetch_add(1, std::memory_order_relaxed);
+  // The boxed convention: the kernel owns its inputs and leaves its output in stack[0].
+  aoti_torch_delete_tensor_object(a.h);
+  aoti_torch_delete_tensor_object(b.h);
+  aoti_torch_delete_tensor_object(bias.h);
+  delete bias_box;  // torch 2.11 boxes an optional's value with new StableIValue
+  stack[0] = reinterpret_cast<StableIValue>(out);
+  return true;
+}
+
 // One call of `linear` (is_linear) or `matmul` on slot si. Stack: x, w[, bias?].
 void run(int si, bool is_linear, StableIValue* stack) {
   Slot& s = slots[si];
@@ -621,6 +685,11 @@ void run(int si, bool is_linear, StableIValue* stack) {
   int32_t plan_id = -1;
   int dev = a.device_index;
   int32_t dtype = a.dtype == kHalf ? 0 : 1;
+  // A bias: the table's fused-bias kernel for this shape first, as `Api._linear` tries it
+  if (reason < 0 && bias_box != nullptr &&
+      run_bias(s, si, a, b, bias, bias_box, o, dev, dtype, stack)) {
+    return;
+  }
   if (reason < 0) {
     ShapeKey key{{dev, dtype, o.layout, o.m, o.n, o.k, o.lda, o.ldb, E_NONE}};
     int32_t got = lookup(s, si, key, dtype, o, dev);

@@ -428,8 +428,10 @@ class Api:
 
     def linear(self, x: Any, w: Any, bias: Any = None) -> Any:
         """``torch.nn.functional.linear(x, w, bias)``: x [..., K], w [N, K] -> [..., N],
-        as layout tn with M = the product of x's leading dims; a bias [N] is added to
-        the kernel's output after it (no kernel fuses it yet). Other arrays: as
+        as layout tn with M = the product of x's leading dims; a bias [N] goes into the
+        table's ``bias`` entry for the call where it has one (A W^T + bias in fp32,
+        rounded once), else is added to the kernel's output after it. Both the Python
+        path and the native op's kernel try the ``bias`` entry first. Other arrays: as
         ``matmul``."""
         if (_torch is None or type(x) not in _PLAIN_TYPES) and arrays.is_foreign(x):
             return arrays.run(self, "linear", x, w, bias)
@@ -448,8 +450,6 @@ class Api:
             return False
         if bias is not None and type(bias) not in _PLAIN_TYPES:
             return False  # the Python path's "bias" rule decides
-        if bias is not None and self._fuses(x.dtype, w, "bias"):
-            return False  # a fused-bias kernel (gemm_v3) only the Python path launches
         if (
             x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
         ) and _torch.is_grad_enabled():

@@ -1,7 +1,8 @@
 """On an sm_90 GPU: ``linear_residual`` and ``linear`` with a bias reach fused-epilogue
 kernels (ABI gemm_v3) through a generated package, eager, under CUDA-graph capture and
 under ``torch.compile(fullgraph=True)``, and match the fp32 reference; in place into
-the residual; a plain call of the native op never finds an epilogue entry.
+the residual; a plain call of the native op never finds an epilogue entry, and the
+native op with a bias runs the ``bias`` entry as the Python path does.
 
 The table is built here (a TEST FIXTURE, not measured figures): one design per
 epilogue, compiled in the test, as entries for this GPU at (N, K) = (4096, 1024),
@@ -191,7 +192,7 @@ def test_compiled_fullgraph_runs_the_kernel(fused_package):
 
 def test_the_native_op_does_not_serve_an_epilogue_entry(fused_package):
     """A plain call finds no entry (the dispatch key carries the epilogue): the native
-    op gives it to torch; linear with a bias skips the native op for the fused entry."""
+    op gives it to torch."""
     pkg = fused_package
     x, w, b, _ = _inputs(16, seed=11)
     pkg.stats.reset()
@@ -199,6 +200,34 @@ def test_the_native_op_does_not_serve_an_epilogue_entry(fused_package):
         out = getattr(torch.ops, pkg.NAMESPACE).linear(x, w)
     assert torch.equal(out, F.linear(x, w))
     assert not pkg.stats.hits
-    api = pkg._api
-    if api.native is not None:
-        assert not api._native_call(x, w, b)  # to the Python path: the fused bias entry
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_the_op_with_a_bias_runs_the_bias_entry_on_both_paths(fused_package, m, monkeypatch):
+    """``torch.ops.<ns>.linear(x, w, bias)`` (what vLLM's GEMM hook calls) runs the
+    table's ``bias`` entry natively, bit for bit as the Python path does, eagerly and
+    under graph capture; ``Api.linear`` hands such a call to the native op."""
+    pkg = fused_package
+    op = getattr(torch.ops, pkg.NAMESPACE).linear
+    x, w, b, _ = _inputs(m, seed=20 + m)
+    with torch.inference_mode():
+        monkeypatch.setenv("CUDAL2_NATIVE", "0")
+        pkg.stats.reset()
+        python = op(x, w, b)
+        assert list(pkg.stats.hits) and all(n.endswith("/bias") for n in pkg.stats.hits)
+        monkeypatch.delenv("CUDAL2_NATIVE")
+        api = pkg._api
+        if api.native is None:
+            pytest.skip(f"the native launcher does not serve here: {api.native_reason}")
+        assert api._native_call(x, w, b)  # Api.linear: to the native op
+        pkg.stats.reset()
+        native = op(x, w, b)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = op(x, w, b)
+        graph.replay()
+        torch.cuda.synchronize()
+    _check(native, x, w, b, None)
+    assert torch.equal(native, python) and torch.equal(captured, python)
+    assert sum(pkg.stats.hits.values()) == 2 and not pkg.stats.fallbacks, pkg.stats
+    assert all(name.endswith("/bias") for name in pkg.stats.hits), pkg.stats

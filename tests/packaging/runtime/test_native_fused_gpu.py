@@ -1,5 +1,6 @@
 """On an sm_90 GPU: the native launcher serves the fused ops (``linear_residual``,
-``linear_gated``, ``linear_rmsnorm``: ABI gemm_v3 kernels) bit for bit as the Python
+``linear_gated``, ``linear_rmsnorm``, and ``linear`` with a bias where the table has a
+``bias`` entry: ABI gemm_v3 kernels) bit for bit as the Python
 launch path does, eagerly and under CUDA-graph capture, fp16 and bf16, PDL and plain
 launches; what its kernel does not take goes to the op's Python kernel (the same
 fallback, the same reason, the same error).
@@ -34,8 +35,8 @@ pytestmark = [
 N, K, EPS = 4096, 1024, 1e-5
 DESIGN = dict(wgs=1, mp=1, swap=True, n=64, stages=4, split=1, pers=0)  # a decode design
 EPILOGUES = (
-    "residual", "bias_residual", "silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias", "rmsnorm_silu",
-    "rmsnorm_gelu_tanh",
+    "bias", "residual", "bias_residual", "silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias",
+    "rmsnorm_silu", "rmsnorm_gelu_tanh",
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 M_PDL, M_PLAIN = 8, 32  # an M each of the two entries serves
@@ -142,6 +143,8 @@ def _inputs(pkg, dtype, m, seed, lead=()):
 def _call(f, epilogue, x, w, b, r):
     """The fused op of ``epilogue`` through ``f`` (the package: its Api; or the op
     namespace)."""
+    if epilogue == "bias":  # the plain op with a bias (vLLM's GEMM hook calls it so)
+        return f.linear(x, w, b)
     if epilogue in ("residual", "bias_residual"):
         return f.linear_residual(x, w, r, b if epilogue == "bias_residual" else None)
     if epilogue in ("silu", "gelu_tanh"):
