@@ -204,7 +204,10 @@ def test_stopping_early_runs_nothing_more(jobs, tmp_path):
     with runner(range(2), tmp_path, delay_s=0.05) as r:
         r.start()
         answers = r.run(jobs)
-        taken = [next(answers) for _ in range(3)]
+        taken = []
+        for _ in range(3):  # a slow caller (the pipeline's budget check between answers)
+            taken.append(next(answers))
+            time.sleep(0.3)
         answers.close()  # the caller stops: the two running finish, nothing else starts
         time.sleep(0.5)
         runs = sum(ran(tmp_path).values())
