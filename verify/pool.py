@@ -87,6 +87,11 @@ class WorkerPool:
         """Run one job; never raises for what the candidate did. ``WorkerError``: no
         worker could be started for it (the job was not run)."""
         self.start()
+        if not self._proc.is_alive():
+            # It died while idle (killed from outside, between jobs or rounds): not this
+            # job's doing, so the job goes to a fresh worker instead of being charged.
+            self._discard()
+            self.start()
         try:
             self._conn.send(job.as_json())
             if not self._conn.poll(self.job_timeout_s):

@@ -452,3 +452,21 @@ def _job_of(m: Measurement) -> Job:
     if m.is_vendor:
         return Job(JobKind.AUTOTUNE, m.target, TimingConfig(mode=m.mode), m.toolchain)
     return job_for(JobKind.MEASURE, m, "")
+
+
+def test_a_worker_killed_while_idle_costs_no_job(jobs, replay, tmp_path):
+    """A worker killed between jobs (``kill -9`` from outside, as ci/gpu_host_runner.sh
+    does) is replaced before the next job is sent: no job is charged with its death."""
+    import os
+    import signal
+
+    with runner(range(2), tmp_path) as r:
+        r.start()
+        first = list(r.run(jobs[:4]))
+        victim = r.pools[1].pid
+        os.kill(victim, signal.SIGKILL)
+        r.pools[1]._proc.join(10)
+        answers = list(r.run(jobs[4:]))
+        assert not r.retired and r.pools[1].pid != victim
+    assert all(same_answer(a, replay.answer(a.job)) for a in first + answers)
+    assert ran(tmp_path) == Counter({key(j): 1 for j in jobs})
