@@ -225,6 +225,7 @@ class HostRunner:
         for t in threads:
             t.start()
         running, answered = len(threads), 0
+        wait = True  # for the jobs running when the caller stops, so the pools stay usable
         try:
             while answered < len(jobs):
                 item = out.get()
@@ -239,10 +240,14 @@ class HostRunner:
                 feed.taken()  # before the yield: the GPU may start its next job meanwhile
                 answered += 1
                 yield item
+        except BaseException as e:
+            # Interrupted (Ctrl-C): no waiting on running jobs; ``close()`` ends the workers.
+            wait = isinstance(e, GeneratorExit)
+            raise
         finally:
             feed.stop()
             for t in threads:
-                t.join()
+                t.join(None if wait else 0)
 
     def _drive(self, pool: WorkerPool, feed: _Feed, out: queue.Queue[Any]) -> None:
         """One GPU's thread: the next job from the shared queue, until none is left."""
