@@ -73,7 +73,8 @@ class HostRunner:
     module-level function, as the ``spawn`` context needs); ``memcheck`` and
     ``profile`` answer one sanitizer job / one GPU's profile jobs (by default
     compute-sanitizer and ncu, as ``LocalRunner``). ``needs_cubins`` False: workers
-    that answer by artifact key (a replay, in tests).
+    that answer by artifact key (a replay, in tests). ``log``: where a GPU retired is
+    reported (the build's log).
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class HostRunner:
         memcheck: MemcheckJob = memcheck_job,
         profile: ProfileJobs = profile_jobs,
         needs_cubins: bool = True,
+        log: Callable[[str], None] | None = None,
     ):
         if devices is None:
             devices = range(len(gpu_names()))
@@ -105,6 +107,7 @@ class HostRunner:
         self.needs_cubins = needs_cubins
         self._memcheck_job = memcheck
         self._profile_jobs = profile
+        self._log = log  # where a retired GPU is reported (the build's log)
         self.pools = [WorkerPool(d, job_timeout_s, worker) for d in self.devices]
         self.retired: dict[int, str] = {}  # device -> why its worker is gone for good
         self._tags: dict[int, GpuInfo] = {}
@@ -194,7 +197,13 @@ class HostRunner:
     def _retire(self, pool: WorkerPool, why: str) -> None:
         with self._lock:
             self.retired[pool.device] = why
+            left = len(self.pools) - len(self.retired)
         pool.close()
+        if self._log is not None:
+            self._log(
+                f"CUDA device {pool.device} retired for the rest of the build ({why}); "
+                f"GPUs left to measure on: {left}"
+            )
 
     def _gone(self, job: Job) -> JobResult:
         """The answer to a job no GPU is left to run."""

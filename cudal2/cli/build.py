@@ -44,9 +44,10 @@ if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
 EXIT_NO_RECORDS = 3
 EXIT_CODES = (
     "exit codes: 0 built (or job exported / measured / described); 1 the build could not run "
-    "(nvcc missing, no GPU worker, a winner or the native launcher that does not compile "
-    "here); 2 bad manifest, "
-    "arguments, job folder or database path (nothing written); 3 no GPU here and no recorded "
+    "(nvcc missing, no GPU worker, GPUs of models not declared interchangeable, a winner or "
+    "the native launcher that does not compile here); 2 bad manifest, arguments, job folder, "
+    "database path, or a runner that cannot be made here (nothing written); 3 no GPU here and "
+    "no recorded "
     "measurement of the manifest's targets (a new shape: build on a GPU, or split the build "
     "with --export-job / --measure-job, docs/ci.md); 130 interrupted"
 )

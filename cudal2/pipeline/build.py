@@ -457,7 +457,7 @@ class Build:
         of this build's database, so a build without a GPU runs the same loop."""
         settings = self.manifest.runner
         if self.measure and (settings.kind == "ray" or gpu_names()):
-            return make_runner(settings, self.device)
+            return make_runner(settings, self.device, self.say)
         from cudal2.verify.replay import ReplayRunner
 
         targets = set(self.manifest.targets)

@@ -14,6 +14,7 @@ with another runner, never imports torch's side or Ray.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from cudal2.manifest import RunnerSettings
@@ -28,8 +29,11 @@ class RunnerUnavailableError(RuntimeError):
     does not have): the message says what to do. The CLI exits 2, having written nothing."""
 
 
-def make_runner(settings: RunnerSettings, device: int = 0) -> Runner:
-    """The runner ``settings`` name; ``device``: the local runner's CUDA device."""
+def make_runner(
+    settings: RunnerSettings, device: int = 0, log: Callable[[str], None] | None = None
+) -> Runner:
+    """The runner ``settings`` name; ``device``: the local runner's CUDA device;
+    ``log``: where the host runner reports a GPU it retired."""
     if settings.kind == "local":
         from cudal2.verify.local import LocalRunner  # the worker side: imported on a GPU
 
@@ -53,6 +57,7 @@ def make_runner(settings: RunnerSettings, device: int = 0) -> Runner:
             devices,
             job_timeout_s=settings.job_timeout_s,
             interchangeable=settings.interchangeable,
+            log=log,
         )
     if settings.kind == "ray":
         if importlib.util.find_spec("ray") is None:

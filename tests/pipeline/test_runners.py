@@ -71,7 +71,8 @@ def test_a_runner_that_cannot_be_made_here_says_why(monkeypatch, settings, visib
 def test_the_build_measures_through_the_manifests_runner(monkeypatch, tmp_path):
     made = []
     monkeypatch.setattr(
-        "cudal2.pipeline.build.make_runner", lambda s, device: made.append((s, device)) or "r"
+        "cudal2.pipeline.build.make_runner",
+        lambda s, device, log: made.append((s, device, log)) or "r",
     )
     path = tmp_path / "m.toml"
     path.write_text(MANIFEST.format(runner="[runner]\nkind = 'ray'\n"))
@@ -81,7 +82,7 @@ def test_the_build_measures_through_the_manifests_runner(monkeypatch, tmp_path):
     m = load_manifest(path)
     b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, device=1)
     gpus(monkeypatch, 0)  # ray needs no GPU here
-    assert b._default_runner([]) == "r" and made == [(m.runner, 1)]
+    assert b._default_runner([]) == "r" and made == [(m.runner, 1, b.say)]
     b.measure = False  # --no-measure: a replay of the database, whatever the runner
     with pytest.raises(Exception, match="no recorded measurements"):
         b._default_runner([])

@@ -49,12 +49,14 @@ DB = str(Path(__file__).resolve().parents[2] / "manifests" / "default.measuremen
 H100 = "NVIDIA H100 80GB HBM3"
 
 
-def runner(devices, tmp: Path | None = None, timeout_s: float = 30.0, **faults) -> HostRunner:
+def runner(
+    devices, tmp: Path | None = None, timeout_s: float = 30.0, log=None, **faults
+) -> HostRunner:
     """A host runner over ``devices`` fake GPUs with ``faults`` (host_workers' keys)."""
     if tmp is not None:
         faults["state"] = str(tmp)
     worker = functools.partial(host_workers.replay_worker, db=DB, faults=faults)
-    return HostRunner(list(devices), timeout_s, worker=worker, needs_cubins=False)
+    return HostRunner(list(devices), timeout_s, worker=worker, needs_cubins=False, log=log)
 
 
 def ran(tmp: Path) -> Counter:
@@ -153,11 +155,16 @@ def test_a_crash_or_a_hang_costs_only_its_job(case, faults, status, error, jobs,
 
 def test_a_gpu_that_dies_for_good_is_retired_and_its_jobs_go_to_the_others(jobs, replay, tmp_path):
     dying = key(jobs[2])
-    with runner(range(2), tmp_path, delay_s=0.02, die=[dying]) as r:
+    said: list[str] = []
+    with runner(range(2), tmp_path, delay_s=0.02, die=[dying], log=said.append) as r:
         r.start()
         answers = list(r.run(jobs))
         (dead,) = r.retired
         assert "exited during start-up" in r.retired[dead]
+        assert said == [
+            f"CUDA device {dead} retired for the rest of the build "
+            f"({r.retired[dead]}); GPUs left to measure on: 1"
+        ]
         again = list(r.run(jobs[3:7]))  # a later batch: the survivor alone
     got = by_key(answers)
     assert set(got) == {key(j) for j in jobs}
