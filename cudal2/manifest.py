@@ -26,6 +26,11 @@ from cudal2.policy import PROPOSERS
 from cudal2.records import ARCHS, DTYPES, EPILOGUE_ACTIVATION, EPILOGUES, LAYOUTS, Target
 
 TIMING_MODES: tuple[str, ...] = ("offline", "server")
+# Where the jobs of a build are answered (docs/runners.md): worker processes on one
+# local GPU, one per GPU of this host, or Ray actors across a cluster.
+RUNNER_KINDS: tuple[str, ...] = ("local", "host", "ray")
+# A CUDA device ordinal a [runner] may name: far above any host's GPU count.
+MAX_DEVICE = 255
 
 # The gemm_v1 ABI passes M, N, K as C ``int``.
 MAX_DIM = 2**31 - 1
@@ -47,7 +52,7 @@ MAX_SEED = 2**32 - 1
 
 _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 
-_TOP_KEYS = ("package", "build", "search", "timing", "targets", "grid", "model")
+_TOP_KEYS = ("package", "build", "search", "timing", "runner", "targets", "grid", "model")
 _PACKAGE_KEYS = ("name", "version")
 _BUILD_KEYS = ("gpus", "dtypes", "layouts", "eager_host_saving_us")
 _SEARCH_KEYS = (
@@ -64,6 +69,7 @@ _SEARCH_KEYS = (
     "room",
 )
 _TIMING_KEYS = ("mode",)
+_RUNNER_KEYS = ("kind", "devices", "interchangeable", "ray_address", "job_timeout_s")
 _OVERRIDE_KEYS = ("dtypes", "layouts")
 _TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
 _GRID_KEYS = ("m", "n", "k", *_OVERRIDE_KEYS)
@@ -126,6 +132,23 @@ class SearchSettings:
 
 
 @dataclass(frozen=True)
+class RunnerSettings:
+    """Where the build's jobs are answered (``[runner]``; ``cudal2-build --runner`` and
+    ``--ray-address`` override ``kind`` and ``ray_address``): ``kind`` "local" (worker
+    processes on one GPU, ``--device``), "host" (one per GPU of this host: ``devices``,
+    CUDA device ordinals, default every visible GPU) or "ray" (an actor per GPU of a Ray
+    cluster at ``ray_address``, default a local head); ``interchangeable``: groups of GPU
+    model names whose measurements may stand for one another (host, ray); a job with
+    no answer within ``job_timeout_s`` is a hang."""
+
+    kind: str = "local"
+    devices: tuple[int, ...] | None = None
+    interchangeable: tuple[tuple[str, ...], ...] = ()
+    ray_address: str | None = None
+    job_timeout_s: float = 180.0
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A validated manifest, expanded to its deduplicated, sorted targets.
 
@@ -146,6 +169,7 @@ class Manifest:
     targets: tuple[Target, ...]
     # [build] eager_host_saving_us: 0 = no eager alternatives (pipeline.select)
     eager_host_saving_us: float = 0.0
+    runner: RunnerSettings = RunnerSettings()
 
     @property
     def package(self) -> str:
@@ -263,6 +287,57 @@ class _Reader:
             raise self.fail(key_path, value, "a shape must be a list of 3 integers [M, N, K]")
         m, n, k = (self.dim(v, f"{key_path}[{i}]") for i, v in enumerate(value))
         return m, n, k
+
+
+def _runner(r: _Reader, doc: dict[str, Any]) -> RunnerSettings:
+    """``[runner]``: each key checked for its kind, and the keys of another kind refused
+    (a ``ray_address`` in a host build is a mistake, not a hint)."""
+    t = r.table(doc.get("runner", {}), "runner", _RUNNER_KEYS)
+    d = RunnerSettings()
+    kind = r.choice(t.get("kind", d.kind), "runner.kind", RUNNER_KINDS)
+    for key, kinds in (("devices", ("host",)), ("interchangeable", ("host", "ray"))):
+        if key in t and kind not in kinds:
+            raise r.fail(
+                f"runner.{key}", t[key], f"only with kind = {' or '.join(map(repr, kinds))} "
+                f"(kind here: {kind!r})",
+            )  # fmt: skip
+    if "ray_address" in t and kind != "ray":
+        raise r.fail(
+            "runner.ray_address", t["ray_address"], f"only with kind = 'ray' (kind here: {kind!r})"
+        )
+    devices = None
+    if "devices" in t:
+        items = r.nonempty_list(t["devices"], "runner.devices")
+        devices = tuple(
+            r.integer(v, f"runner.devices[{i}]", 0, MAX_DEVICE) for i, v in enumerate(items)
+        )
+        for i, v in enumerate(devices):
+            if v in devices[:i]:
+                raise r.fail(f"runner.devices[{i}]", v, "named twice")
+    groups: list[tuple[str, ...]] = []
+    if "interchangeable" in t:
+        value = t["interchangeable"]
+        items = r.nonempty_list(value, "runner.interchangeable")
+        for i, group in enumerate(items):
+            kp = f"runner.interchangeable[{i}]"
+            if not isinstance(group, list) or len(group) < 2:
+                raise r.fail(kp, group, "must be a list of at least two GPU model names")
+            names = [r.string(x, f"{kp}[{j}]") for j, x in enumerate(group)]
+            for j, name in enumerate(names):
+                if not name.strip():
+                    raise r.fail(f"{kp}[{j}]", name, "a GPU model name must not be empty")
+            groups.append(tuple(dict.fromkeys(names)))
+    address = None
+    if "ray_address" in t:
+        address = r.string(t["ray_address"], "runner.ray_address")
+        if not address.strip():
+            raise r.fail(
+                "runner.ray_address",
+                address,
+                "must not be empty (leave it out for a local Ray head)",
+            )
+    timeout = r.positive_number(t.get("job_timeout_s", d.job_timeout_s), "runner.job_timeout_s")
+    return RunnerSettings(kind, devices, tuple(groups), address, timeout)
 
 
 def _read(path: Path) -> bytes:
@@ -515,6 +590,7 @@ def load_manifest(path: str | Path) -> Manifest:
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)
     timing_mode = r.choice(timing.get("mode", "offline"), "timing.mode", TIMING_MODES)
+    runner = _runner(r, doc)
 
     # Each group yields (shapes, dtypes, layouts); the product with archs is taken once
     # below, after every group's count has passed the budget.
@@ -575,6 +651,7 @@ def load_manifest(path: str | Path) -> Manifest:
         timing_mode=timing_mode,
         targets=tuple(targets),
         eager_host_saving_us=float(host_saving),
+        runner=runner,
     )
 
 
@@ -586,9 +663,11 @@ __all__ = [
     "MAX_SEED",
     "MAX_TARGETS",
     "PROPOSERS",
+    "RUNNER_KINDS",
     "TIMING_MODES",
     "Manifest",
     "ManifestError",
+    "RunnerSettings",
     "SearchSettings",
     "default_manifest_path",
     "load_manifest",

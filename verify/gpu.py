@@ -1,7 +1,15 @@
-"""What GPU we are on, read as found (clocks are never changed)."""
+"""What GPU we are on, read as found (clocks are never changed).
+
+nvidia-smi lists every GPU of the host; CUDA sees those ``CUDA_VISIBLE_DEVICES``
+names, in its order, renumbered from 0. ``gpu_names`` and ``current_gpu`` read
+nvidia-smi through that filter, so device ordinal ``i`` here is CUDA's device ``i``
+(what a worker passes to ``torch.cuda.set_device``), and ``visible_device(i)`` is the
+entry a child process given only that GPU sets ``CUDA_VISIBLE_DEVICES`` to.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -25,9 +33,56 @@ def _smi(query: str) -> list[str]:
     return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
 
+def _visible(rows: list[str]) -> list[str]:
+    """``rows`` (nvidia-smi lines of ``index, uuid, ...``, one per GPU of the host)
+    filtered and ordered as CUDA sees them under ``CUDA_VISIBLE_DEVICES``: each entry
+    an index or a (prefix of a) UUID; CUDA stops at the first entry that names no
+    GPU, and an empty value hides every GPU. MIG instances cannot be mapped to
+    nvidia-smi's GPU rows: then every row is kept, as before this filter."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return rows
+    entries = [e.strip() for e in spec.split(",")]
+    if any(e.startswith("MIG-") for e in entries):
+        return rows
+    parsed = [[p.strip() for p in r.split(",")] for r in rows]
+    out: list[str] = []
+    for entry in entries:
+        match = [
+            r
+            for r in parsed
+            if (entry.isdigit() and r[0] == str(int(entry)))
+            or (entry.startswith("GPU-") and r[1].startswith(entry))
+        ]
+        if len(match) != 1 or ", ".join(match[0]) in out:
+            break  # as CUDA: an entry that names no GPU (or one already named) ends the list
+        out.append(", ".join(match[0]))
+    return out
+
+
+def _visible_smi(query: str) -> list[list[str]]:
+    """nvidia-smi's ``query`` fields per GPU visible to CUDA, in CUDA's device order."""
+    rows = _visible(_smi(f"index,uuid,{query}"))
+    return [[p.strip() for p in r.split(",")][2:] for r in rows]
+
+
 def gpu_names() -> list[str]:
-    """Names of the visible GPUs without initialising CUDA in this process (nvidia-smi)."""
-    return _smi("name")
+    """Names of the GPUs CUDA sees (``CUDA_VISIBLE_DEVICES`` honoured), in its device
+    order, without initialising CUDA in this process (nvidia-smi)."""
+    return [", ".join(r) for r in _visible_smi("name")]
+
+
+def visible_device(ordinal: int) -> str:
+    """What ``CUDA_VISIBLE_DEVICES`` of a child process is set to so that it sees only
+    CUDA device ``ordinal`` of this process (as its device 0): the parent's entry where
+    it has the variable, else the ordinal itself."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return str(ordinal)
+    entries = [e.strip() for e in spec.split(",")]
+    if not 0 <= ordinal < len(entries):
+        raise ValueError(f"CUDA device {ordinal} is not visible (CUDA_VISIBLE_DEVICES={spec!r})")
+    return entries[ordinal]
 
 
 def arch_of(major: int, minor: int) -> str:
@@ -40,10 +95,10 @@ def current_gpu(device: int = 0) -> GpuInfo:
     import torch
 
     props = torch.cuda.get_device_properties(device)
-    row = _smi("driver_version,clocks.sm,clocks.mem")
+    row = _visible_smi("driver_version,clocks.sm,clocks.mem")
     driver, clocks = "unknown", {}
     if row and len(row) > device:
-        parts = [p.strip() for p in row[device].split(",")]
+        parts = row[device]
         driver = parts[0]
         try:
             clocks = {"sm": int(parts[1]), "mem": int(parts[2])}

@@ -59,7 +59,7 @@ class LocalRunner:
             yield from self._memcheck(checked)
         profiled = [j for j in jobs if j.kind == JobKind.PROFILE]
         if profiled:
-            yield from _profile(profiled)
+            yield from profile_jobs(profiled, self.device)
 
     def close(self) -> None:
         self.pool.close()
@@ -75,7 +75,9 @@ class LocalRunner:
         as it finishes; a caller that stops iterating cancels the ones not started
         (those running finish, within their timeout)."""
         with ThreadPoolExecutor(min(self.sanitizer_parallel, len(jobs))) as pool:
-            futures = [pool.submit(_memcheck, j, self.sanitizer_timeout_s) for j in jobs]
+            futures = [
+                pool.submit(memcheck_job, j, self.sanitizer_timeout_s, self.device) for j in jobs
+            ]
             try:
                 for done in as_completed(futures):
                     yield done.result()
@@ -84,17 +86,20 @@ class LocalRunner:
                     f.cancel()
 
 
-def _memcheck(job: Job, timeout_s: float) -> JobResult:
-    res = memcheck(Path(job.cubin), job.symbol, job.recipe, job.target, timeout_s)
+def memcheck_job(job: Job, timeout_s: float, device: int) -> JobResult:
+    """A ``sanitizer`` job answered by compute-sanitizer on CUDA device ``device``."""
+    res = memcheck(Path(job.cubin), job.symbol, job.recipe, job.target, timeout_s, device=device)
     return JobResult(job, Status.OK if res.ok else Status.SANITIZER, res.report)
 
 
-def _profile(jobs: Sequence[Job]) -> Iterator[JobResult]:
+def profile_jobs(jobs: Sequence[Job], device: int) -> Iterator[JobResult]:
+    """``profile`` jobs answered by one Nsight Compute run on CUDA device ``device``."""
     res = profile(
         [
             {"cubin": j.cubin, "symbol": j.symbol, "recipe": j.recipe, "target": j.target.as_json()}
             for j in jobs
-        ]
+        ],
+        device=device,
     )
     for job, metrics in zip(jobs, res.metrics, strict=True):
         # A profiling failure is no verdict on the kernel: the pipeline goes on without.

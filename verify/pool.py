@@ -9,6 +9,7 @@ fresh worker. The build itself never sees a CUDA context. ``LocalRunner``
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable
 from typing import Any
 
 from cudal2.records import GpuInfo, Job, JobResult, Status
@@ -22,9 +23,21 @@ class WorkerError(RuntimeError):
 
 
 class WorkerPool:
-    def __init__(self, device: int = 0, job_timeout_s: float = 180.0):
+    """One measuring worker process on CUDA device ``device``, restarted after a crash
+    or a hang. ``worker``: the process's entry point, ``worker(conn, device)``; the
+    ``spawn`` context pickles it by name, so it must be a module-level function (or a
+    ``functools.partial`` of one): tests pass a stand-in that answers from recorded
+    measurements."""
+
+    def __init__(
+        self,
+        device: int = 0,
+        job_timeout_s: float = 180.0,
+        worker: Callable[[Any, int], None] = worker_main,
+    ):
         self.device = device
         self.job_timeout_s = job_timeout_s
+        self.worker = worker
         self._ctx = mp.get_context("spawn")  # a forked CUDA context is unusable
         self._proc: Any = None
         self._conn: Any = None
@@ -34,7 +47,7 @@ class WorkerPool:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=worker_main, args=(child, self.device), daemon=True)
+        proc = self._ctx.Process(target=self.worker, args=(child, self.device), daemon=True)
         proc.start()
         child.close()
         if not parent.poll(START_TIMEOUT_S):
@@ -65,9 +78,20 @@ class WorkerPool:
         self._proc = self._conn = None
         self.restarts += 1
 
+    @property
+    def pid(self) -> int | None:
+        """The running worker's process id (None: none running)."""
+        return None if self._proc is None else self._proc.pid
+
     def run(self, job: Job) -> JobResult:
-        """Run one job; never raises for what the candidate did."""
+        """Run one job; never raises for what the candidate did. ``WorkerError``: no
+        worker could be started for it (the job was not run)."""
         self.start()
+        if not self._proc.is_alive():
+            # It died while idle (killed from outside, between jobs or rounds): not this
+            # job's doing, so the job goes to a fresh worker instead of being charged.
+            self._discard()
+            self.start()
         try:
             self._conn.send(job.as_json())
             if not self._conn.poll(self.job_timeout_s):

@@ -29,6 +29,7 @@ from typing import Any
 
 from cudal2.generator.space import design_name, launch_recipe
 from cudal2.records import KernelDesign, Target
+from cudal2.verify.gpu import visible_device
 
 # Our name -> ncu metric names, preferred first. Percentages are of the peak.
 METRICS: dict[str, tuple[str, ...]] = {
@@ -109,14 +110,21 @@ def parse_raw_csv(text: str, names: dict[str, str]) -> list[dict[str, float]]:
     return [v for _, v in sorted(out, key=lambda x: x[0])]
 
 
-def profile(jobs: list[dict[str, Any]], timeout_s: float = 900) -> ProfileResult:
-    """``jobs``: dicts with cubin, symbol, recipe and target (as ``Target.as_json``)."""
+def profile(
+    jobs: list[dict[str, Any]], timeout_s: float = 900, device: int | None = None
+) -> ProfileResult:
+    """``jobs``: dicts with cubin, symbol, recipe and target (as ``Target.as_json``),
+    launched under ncu on CUDA device ``device`` of this process (None: the child sees
+    what this process sees and runs on its device 0)."""
     if not jobs:
         return ProfileResult([])
     ncu = find_ncu()
     if ncu is None:
         return ProfileResult([{} for _ in jobs], "ncu not found (Nsight Compute)")
     alt = {k: list(v) for k, v in METRICS.items()}
+    env = dict(os.environ)
+    if device is not None:  # ncu's child sees that GPU alone, as its device 0
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
     with tempfile.TemporaryDirectory(prefix="cudal2-ncu-") as tmp:
         job_file = Path(tmp) / "jobs.json"
         job_file.write_text(json.dumps(jobs))
@@ -142,7 +150,9 @@ def profile(jobs: list[dict[str, Any]], timeout_s: float = 900) -> ProfileResult
                 str(job_file),
             ]
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=timeout_s, env=env
+                )
             except subprocess.TimeoutExpired:
                 return ProfileResult([{} for _ in jobs], f"ncu timed out after {timeout_s:.0f} s")
             text = proc.stdout + proc.stderr

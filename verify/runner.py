@@ -3,9 +3,11 @@
 The pipeline measures through one small interface, ``Runner``: it hands over typed
 ``Job``s and gets typed ``JobResult``s back. What stands behind it is the runner's
 business: worker processes on the local GPU (``LocalRunner``, ``verify/local.py``),
-recorded measurements (``ReplayRunner``, ``verify/replay.py``), and later a worker per GPU of a
-host or a Ray actor per GPU of a cluster. The database has one writer, the pipeline:
-a runner never writes records.
+recorded measurements (``ReplayRunner``, ``verify/replay.py``), a worker process per GPU of
+the host (``HostRunner``, ``verify/host.py``), a Ray actor per GPU of a cluster
+(``verify/ray_runner.py``). The manifest's ``[runner]`` picks one
+(``cudal2.pipeline.runners``). The database has one writer, the pipeline: a runner never
+writes records.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.records import Target
+from cudal2.verify.gpu import visible_device
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,15 @@ def find_sanitizer() -> str | None:
 
 
 def memcheck(
-    cubin: Path, symbol: str, recipe: dict[str, Any], target: Target, timeout_s: float = 600
+    cubin: Path,
+    symbol: str,
+    recipe: dict[str, Any],
+    target: Target,
+    timeout_s: float = 600,
+    device: int | None = None,
 ) -> SanitizerResult:
+    """The check, in a child process on CUDA device ``device`` of this process (None:
+    the child sees what this process sees and runs on its device 0)."""
     tool = find_sanitizer()
     if tool is None:
         raise FileNotFoundError("compute-sanitizer not found (it ships with the CUDA toolkit)")
@@ -59,6 +67,8 @@ def memcheck(
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(job, f)
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    if device is not None:  # the child sees that GPU alone, as its device 0
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
     # API errors are not memory errors: cuda-python probes driver entry points that may
     # not exist (cuGetProcAddress), which memcheck would otherwise count.
     cmd = [

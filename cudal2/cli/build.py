@@ -10,8 +10,11 @@ measured, or described); 2 bad manifest, arguments or job folder, or a
 ``--measurements`` path that is no database (nothing written); 3 no GPU here and no
 recorded measurement of any of the manifest's targets (a new shape: measure on a GPU, or
 split the build); 1 any other reason the build could not run (nvcc missing, no GPU
-worker, a selected kernel or the native launcher that does not compile here); 130
-interrupted (Ctrl-C). ``--no-native`` ships a pure wheel without the native launcher.
+worker, GPUs of different models not declared interchangeable, a selected kernel or the
+native launcher that does not compile here); 130 interrupted (Ctrl-C). ``--no-native``
+ships a pure wheel without the native launcher. ``--runner local|host|ray`` and
+``--ray-address`` override the manifest's ``[runner]`` (docs/runners.md); a runner that
+cannot be made here (Ray not installed, a device this host lacks) exits 2.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cudal2.cli import args as cli_args
-from cudal2.manifest import Manifest, ManifestError, default_manifest_path, load_manifest
+from cudal2.manifest import (
+    RUNNER_KINDS,
+    Manifest,
+    ManifestError,
+    default_manifest_path,
+    load_manifest,
+)
 from cudal2.policy import PROPOSERS
 
 if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
@@ -35,9 +44,10 @@ if TYPE_CHECKING:  # the pipeline is imported after the manifest is validated
 EXIT_NO_RECORDS = 3
 EXIT_CODES = (
     "exit codes: 0 built (or job exported / measured / described); 1 the build could not run "
-    "(nvcc missing, no GPU worker, a winner or the native launcher that does not compile "
-    "here); 2 bad manifest, "
-    "arguments, job folder or database path (nothing written); 3 no GPU here and no recorded "
+    "(nvcc missing, no GPU worker, GPUs of models not declared interchangeable, a winner or "
+    "the native launcher that does not compile here); 2 bad manifest, arguments, job folder, "
+    "database path, or a runner that cannot be made here (nothing written); 3 no GPU here and "
+    "no recorded "
     "measurement of the manifest's targets (a new shape: build on a GPU, or split the build "
     "with --export-job / --measure-job, docs/ci.md); 130 interrupted"
 )
@@ -135,7 +145,20 @@ def _parser() -> cli_args.Parser:
         "--device",
         type=cli_args.non_negative_int,
         default=0,
-        help="CUDA device to measure on (default: 0)",
+        help="CUDA device to measure on with the local runner (default: 0)",
+    )
+    p.add_argument(
+        "--runner",
+        choices=RUNNER_KINDS,
+        help="override the manifest's [runner] kind: local (worker processes on one GPU, "
+        "--device), host (one per GPU of this host), ray (an actor per GPU of a Ray "
+        "cluster; pip install 'cudal2[ray]'); docs/runners.md",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with the ray runner: the cluster to join (ray.init's address, e.g. "
+        "ray://head:10001 or auto; default: a local Ray head)",
     )
     return p
 
@@ -201,6 +224,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.proposer:
         search = dataclasses.replace(manifest.search, proposer=args.proposer)
         manifest = dataclasses.replace(manifest, search=search)
+    if args.runner or args.ray_address is not None:
+        runner = manifest.runner
+        if args.runner and args.runner != runner.kind:
+            # another kind: the manifest's keys of its own kind do not carry over
+            keep = dataclasses.replace(type(runner)(), job_timeout_s=runner.job_timeout_s)
+            if args.runner in ("host", "ray"):
+                keep = dataclasses.replace(keep, interchangeable=runner.interchangeable)
+            runner = dataclasses.replace(keep, kind=args.runner)
+        if args.ray_address is not None:
+            if runner.kind != "ray":
+                return cli_args.fail(
+                    "cudal2-build",
+                    f"--ray-address goes with the ray runner (--runner ray, or [runner] "
+                    f"kind = 'ray'); the runner here is {runner.kind!r}",
+                )
+            if not args.ray_address.strip():
+                return cli_args.fail("cudal2-build", "--ray-address must not be empty")
+            runner = dataclasses.replace(runner, ray_address=args.ray_address)
+        manifest = dataclasses.replace(manifest, runner=runner)
 
     # Imported after validation so a bad manifest fails fast and writes nothing.
     from cudal2.database import DatabaseError
@@ -213,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     from cudal2.packaging.native_build import NativeBuildError
     from cudal2.pipeline.build import Build, BuildError, NoRecordsError
+    from cudal2.pipeline.runners import RunnerUnavailableError
+    from cudal2.verify.fleet import FleetError
     from cudal2.verify.pool import WorkerError
 
     db = args.measurements or default_database(path)
@@ -236,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
             native=not args.no_native,
         ).run()
-    except DatabaseError as e:  # --measurements names no database: bad input
+    except (DatabaseError, RunnerUnavailableError) as e:
+        # --measurements names no database, or the runner asked for cannot be made here
+        # (Ray not installed, a device this host lacks): bad input, nothing written
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 2
     except NoRecordsError as e:
@@ -250,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         CompileInterruptedError,
         NativeBuildError,
         WorkerError,
+        FleetError,
     ) as e:
         print(f"cudal2-build: error: {e}", file=sys.stderr)
         return 1

@@ -51,6 +51,7 @@ from cudal2.pipeline.results import (
     vendor_measurement,
     vendor_toolchain,
 )
+from cudal2.pipeline.runners import make_runner
 from cudal2.pipeline.select import Selection
 from cudal2.policy import Proposer, make_proposer
 from cudal2.records import (
@@ -450,12 +451,13 @@ class Build:
         return results
 
     def _default_runner(self, records: list[Measurement]) -> Runner:
-        """Worker processes on the local GPU; without one (or with ``measure`` off), a
-        replay of this build's database, so a build without a GPU runs the same loop."""
-        if self.measure and gpu_names():
-            from cudal2.verify.local import LocalRunner  # the worker side: imported on a GPU
-
-            return LocalRunner(self.device)
+        """The manifest's runner (``[runner]``, ``pipeline.runners``: worker processes on
+        the local GPU by default, or on every GPU of the host) where there is a GPU, or
+        a Ray cluster's, which needs none here; else (or with ``measure`` off) a replay
+        of this build's database, so a build without a GPU runs the same loop."""
+        settings = self.manifest.runner
+        if self.measure and (settings.kind == "ray" or gpu_names()):
+            return make_runner(settings, self.device, self.say)
         from cudal2.verify.replay import ReplayRunner
 
         targets = set(self.manifest.targets)

@@ -13,6 +13,7 @@ import pytest
 from cudal2.manifest import (
     Manifest,
     ManifestError,
+    RunnerSettings,
     SearchSettings,
     default_manifest_path,
     load_manifest,
@@ -319,6 +320,56 @@ BAD: list[tuple[str, str, Any]] = [
     ("[[model]]\nconfig = 'c'\ntokens = [0]\n", "model[0].tokens[0]", 0),
     ("[[model]]\nconfig = 'c'\ntokens = [1]\ntp = 0\n", "model[0].tp", 0),
     ("[[model]]\nconfig = 'c'\ntokens = [1]\nfused = 'yes'\n", "model[0].fused", "yes"),
+    # [runner]
+    ("[runner]\nkind = 'slurm'\n" + ONE_TARGET, "runner.kind", "slurm"),
+    ("[runner]\nkind = 1\n" + ONE_TARGET, "runner.kind", 1),
+    ("[runner]\nkinds = 'host'\n" + ONE_TARGET, "runner.kinds", "host"),
+    ("[[runner]]\nkind = 'host'\n" + ONE_TARGET, "runner", [{"kind": "host"}]),
+    ("[runner]\nkind = 'host'\ndevices = []\n" + ONE_TARGET, "runner.devices", []),
+    ("[runner]\nkind = 'host'\ndevices = 0\n" + ONE_TARGET, "runner.devices", 0),
+    ("[runner]\nkind = 'host'\ndevices = [0, -1]\n" + ONE_TARGET, "runner.devices[1]", -1),
+    ("[runner]\nkind = 'host'\ndevices = [0, 1.0]\n" + ONE_TARGET, "runner.devices[1]", 1.0),
+    ("[runner]\nkind = 'host'\ndevices = [true]\n" + ONE_TARGET, "runner.devices[0]", True),
+    ("[runner]\nkind = 'host'\ndevices = ['0']\n" + ONE_TARGET, "runner.devices[0]", "0"),
+    ("[runner]\nkind = 'host'\ndevices = [256]\n" + ONE_TARGET, "runner.devices[0]", 256),
+    ("[runner]\nkind = 'host'\ndevices = [0, 1, 0]\n" + ONE_TARGET, "runner.devices[2]", 0),
+    ("[runner]\ndevices = [0]\n" + ONE_TARGET, "runner.devices", [0]),
+    ("[runner]\nkind = 'ray'\ndevices = [0]\n" + ONE_TARGET, "runner.devices", [0]),
+    (
+        "[runner]\ninterchangeable = [['A', 'B']]\n" + ONE_TARGET,
+        "runner.interchangeable",
+        [["A", "B"]],
+    ),
+    ("[runner]\nkind = 'host'\ninterchangeable = []\n" + ONE_TARGET, "runner.interchangeable", []),
+    (
+        "[runner]\nkind = 'host'\ninterchangeable = ['A', 'B']\n" + ONE_TARGET,
+        "runner.interchangeable[0]",
+        "A",
+    ),
+    (
+        "[runner]\nkind = 'host'\ninterchangeable = [['A']]\n" + ONE_TARGET,
+        "runner.interchangeable[0]",
+        ["A"],
+    ),
+    (
+        "[runner]\nkind = 'ray'\ninterchangeable = [['A', 3]]\n" + ONE_TARGET,
+        "runner.interchangeable[0][1]",
+        3,
+    ),
+    (
+        "[runner]\nkind = 'ray'\ninterchangeable = [['A', ' ']]\n" + ONE_TARGET,
+        "runner.interchangeable[0][1]",
+        " ",
+    ),
+    ("[runner]\nkind = 'host'\nray_address = 'auto'\n" + ONE_TARGET, "runner.ray_address", "auto"),
+    ("[runner]\nray_address = 'auto'\n" + ONE_TARGET, "runner.ray_address", "auto"),
+    ("[runner]\nkind = 'ray'\nray_address = ''\n" + ONE_TARGET, "runner.ray_address", ""),
+    ("[runner]\nkind = 'ray'\nray_address = 6379\n" + ONE_TARGET, "runner.ray_address", 6379),
+    ("[runner]\njob_timeout_s = 0\n" + ONE_TARGET, "runner.job_timeout_s", 0),
+    ("[runner]\njob_timeout_s = -5.0\n" + ONE_TARGET, "runner.job_timeout_s", -5.0),
+    ("[runner]\njob_timeout_s = inf\n" + ONE_TARGET, "runner.job_timeout_s", INF),
+    ("[runner]\njob_timeout_s = '60'\n" + ONE_TARGET, "runner.job_timeout_s", "60"),
+    ("[runner]\njob_timeout_s = true\n" + ONE_TARGET, "runner.job_timeout_s", True),
     # no targets at all
     ("[search]\nseed = 1\n", "targets", None),
 ]
@@ -337,6 +388,41 @@ def test_bad_input_names_key_path_and_value(
     assert str((tmp_path / "manifest.toml").resolve()) in msg
     if value is not None:
         assert repr(value) in msg
+
+
+RUNNERS = [
+    # [runner] body, the settings it makes
+    ("", RunnerSettings()),
+    ("[runner]\n", RunnerSettings()),
+    ("[runner]\nkind = 'local'\njob_timeout_s = 60\n", RunnerSettings(job_timeout_s=60.0)),
+    ("[runner]\nkind = 'host'\n", RunnerSettings(kind="host")),
+    (
+        "[runner]\nkind = 'host'\ndevices = [2, 0]\ninterchangeable = "
+        "[['NVIDIA H100 80GB HBM3', 'NVIDIA H200', 'NVIDIA H200']]\n",
+        RunnerSettings(
+            kind="host",
+            devices=(2, 0),
+            interchangeable=(("NVIDIA H100 80GB HBM3", "NVIDIA H200"),),
+        ),
+    ),
+    ("[runner]\nkind = 'ray'\n", RunnerSettings(kind="ray")),
+    (
+        "[runner]\nkind = 'ray'\nray_address = 'ray://head:10001'\njob_timeout_s = 30.5\n",
+        RunnerSettings(kind="ray", ray_address="ray://head:10001", job_timeout_s=30.5),
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "settings"), RUNNERS)
+def test_runner_settings(tmp_path: Path, body: str, settings: RunnerSettings) -> None:
+    assert _load(tmp_path, PACKAGE + body + ONE_TARGET).runner == settings
+
+
+def test_unsupported_runner_kind_lists_supported(tmp_path: Path) -> None:
+    e = _error(tmp_path, PACKAGE + "[runner]\nkind = 'slurm'\n" + ONE_TARGET)
+    assert "local, host, ray" in str(e)
+    e = _error(tmp_path, PACKAGE + "[runner]\ndevices = [0]\n" + ONE_TARGET)
+    assert "only with kind = 'host'" in str(e) and "'local'" in str(e)
 
 
 @pytest.mark.parametrize(

@@ -107,7 +107,7 @@ def test_the_local_runner_profiles_a_batch_in_one_ncu_run(
     jobs = [job_for(JobKind.PROFILE, m, f"/c/{m.artifact_key}") for m in kernels[:3]]
     calls = []
 
-    def fake_profile(batch):
+    def fake_profile(batch, device=None):
         calls.append(batch)
         return prof.ProfileResult([RECORD["metrics"][i] for i in range(len(batch))], error)
 

@@ -82,7 +82,7 @@ def test_the_local_runner_answers_memcheck_with_a_status(monkeypatch, recorded_m
     job = job_for(JobKind.SANITIZE, m, "/nowhere/kernel.cubin")
     for ok, status in [(True, Status.OK), (False, Status.SANITIZER)]:
         res = sanitizer.SanitizerResult(ok, "" if ok else "memcheck exited 86:\n...")
-        monkeypatch.setattr(local, "memcheck", lambda *a, res=res: res)
+        monkeypatch.setattr(local, "memcheck", lambda *a, res=res, **kw: res)
         (answer,) = local.LocalRunner().run([job])
         assert answer.job == job and answer.status == status and answer.error == res.report
 
@@ -101,7 +101,7 @@ def test_the_local_runner_memchecks_several_at_a_time(monkeypatch, recorded_meas
     jobs = [job_for(JobKind.SANITIZE, m, f"/nowhere/{i}.cubin") for i, m in enumerate(kernels)]
     running, most, lock = [0], [0], threading.Lock()
 
-    def fake(cubin, symbol, recipe, target, timeout_s):
+    def fake(cubin, symbol, recipe, target, timeout_s, device=None):
         assert timeout_s == 42.0
         with lock:
             running[0] += 1
