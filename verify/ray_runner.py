@@ -288,21 +288,23 @@ class RayRunner:
             self.close()
             raise FleetError(f"no Ray actor could start its runner ({self._where()})")
         hellos.sort(key=lambda x: (x[1]["gpu"].get("host", ""), x[1]["gpu"].get("index") or 0))
-        found = [GpuInfo.from_json(x["gpu"]) for _, x in hellos]
+        self._actors = [_Actor(h, GpuInfo.from_json(x["gpu"])) for h, x in hellos]
         try:
-            first = check_fleet(found, self.interchangeable)
+            first = check_fleet([a.gpu for a in self._actors], self.interchangeable)
         except FleetError:
-            self.close()
+            self.close()  # the actors go, and their GPUs back to Ray
             raise
-        self._actors = [
-            _Actor(h, dataclasses.replace(g, name=first.name, arch=first.arch))
-            for (h, _), g in zip(hellos, found, strict=True)
-        ]
+        for a in self._actors:  # recorded as the fleet's model; its own index and host
+            a.gpu = dataclasses.replace(a.gpu, name=first.name, arch=first.arch)
         self.needs_cubins = any(x["needs_cubins"] for _, x in hellos)
         versions = {x["cublaslt_version"] for _, x in hellos}
-        self._cublaslt = next(iter(versions)) if len(versions) == 1 else None
-        if len(versions) > 1:
-            self._say("Ray: the actors' cuBLASLt versions differ: cuBLASLt is not autotuned")
+        if len(versions) > 1:  # an algorithm belongs to the library that offered it
+            self.close()
+            raise FleetError(
+                "the Ray actors autotune with different cuBLASLt versions "
+                f"({', '.join(map(str, sorted(versions, key=str)))}): install one on every node"
+            )
+        self._cublaslt = versions.pop()
         self.name = f"{len(self._actors)} Ray actors ({hellos[0][1]['name']}) on {self._where()}"
         self._say(f"Ray: measuring on {', '.join(a.gpu.where for a in self._actors)}")
         self._gpu = first

@@ -64,12 +64,12 @@ class FakeGpuRunner:
 
     @property
     def cublaslt_version(self):
-        return self.replay.cublaslt_version
+        return self.spec.cublaslt.get(self.index, self.replay.cublaslt_version)
 
     def start(self):
         gpu = self.replay.start()
-        index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
-        return dataclasses.replace(gpu, name=self.spec.models.get(index, gpu.name), index=0)
+        self.index = int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0])
+        return dataclasses.replace(gpu, name=self.spec.models.get(self.index, gpu.name), index=0)
 
     def designs(self, target):
         return self.replay.designs(target)
@@ -96,6 +96,7 @@ class Fake:
     db: str = str(DB)
     delay_s: float = 0.0
     models: dict[int, str] = dataclasses.field(default_factory=dict)
+    cublaslt: dict[int, int] = dataclasses.field(default_factory=dict)
     needs_cubins: bool = False
     launched: str = ""
     hang: str = ""
@@ -255,6 +256,7 @@ FLEETS = [
     pytest.param({1: H200}, (), "different models", id="h100-h200-refused"),
     pytest.param({1: H200}, [(H100, H200)], None, id="h100-h200-interchangeable"),
     pytest.param({1: H200}, [(H100, "NVIDIA A100")], "different models", id="another-group"),
+    pytest.param({}, (), "different cuBLASLt versions", id="two-cublaslt-versions"),
 ]
 
 
@@ -262,11 +264,14 @@ FLEETS = [
 def test_mixed_models_refused_unless_interchangeable(
     free, recorded, models, interchangeable, error
 ):
-    r = runner(actor_runner=Fake(models=models), interchangeable=interchangeable)
+    cublaslt = {2: 1} if "cuBLASLt" in (error or "") else {}
+    fake = Fake(models=models, cublaslt=cublaslt)
+    r = runner(actor_runner=fake, interchangeable=interchangeable)
     with r:
         if error:
             with pytest.raises(FleetError, match=error):
                 r.start()
+            assert r.actors == []  # refused: the actors are gone, their GPUs back to Ray
             return
         assert r.start().name == H100
         answers = list(r.run(measure_jobs(recorded, 9)))
