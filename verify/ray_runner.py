@@ -198,6 +198,7 @@ class _Actor:
     gpu: GpuInfo  # as recorded: the fleet's model, this GPU's index and host
     alive: bool = True
     abandoned: Any = None  # a call whose caller stopped iterating: the actor is busy
+    abandoned_until: float = 0.0  # its deadline: past it, the actor is hung
 
 
 @dataclasses.dataclass
@@ -314,13 +315,20 @@ class RayRunner:
         """What the actors' runners can answer for ``target`` (asked of one actor once)."""
         if target not in self._designs:
             ray = _ray()
-            live = [a for a in self._actors if a.alive]
-            if not live:
-                return None
-            found = ray.get(live[0].handle.designs.remote(target.as_json()))
-            self._designs[target] = (
-                None if found is None else [KernelDesign.from_json(d) for d in found]
-            )
+            for a in self._actors:
+                if not a.alive:
+                    continue
+                try:
+                    found = ray.get(a.handle.designs.remote(target.as_json()))
+                except ray.exceptions.RayActorError as exc:
+                    self._lose(ray, a, f"actor on {a.gpu.where} died: {_why(exc)}")
+                    continue
+                self._designs[target] = (
+                    None if found is None else [KernelDesign.from_json(d) for d in found]
+                )
+                break
+            else:
+                return None  # no actor left: run() answers every job "runtime"
         return self._designs[target]
 
     def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
@@ -383,7 +391,7 @@ class RayRunner:
                     yield dataclasses.replace(answer, job=f.job, gpu=f.actor.gpu)
         finally:
             for ref, f in flying.items():  # finish unheard; the actor is busy until then
-                f.actor.abandoned = ref
+                f.actor.abandoned, f.actor.abandoned_until = ref, f.deadline
 
     def close(self) -> None:
         if self._actors or self._owns_ray:
@@ -506,11 +514,15 @@ class RayRunner:
         return [a for a in self._actors if a.alive and a.abandoned is None and id(a) not in busy]
 
     def _reclaim(self, ray: Any) -> None:
-        """Actors whose abandoned call has finished are free again (or found dead)."""
+        """Actors whose abandoned call has finished are free again (or found dead, or
+        hung past its deadline: killed)."""
         for a in self._actors:
             if a.alive and a.abandoned is not None:
                 ready, _ = ray.wait([a.abandoned], timeout=0)
-                if ready:
+                if not ready and time.monotonic() >= a.abandoned_until:
+                    self._lose(ray, a, "no answer to an abandoned job by its deadline")
+                    a.abandoned = None
+                elif ready:
                     try:
                         ray.get(ready[0])
                     except ray.exceptions.RayActorError as exc:
@@ -520,9 +532,11 @@ class RayRunner:
                     a.abandoned = None
 
     def _wait_abandoned(self, ray: Any) -> None:
-        calls = [a.abandoned for a in self._actors if a.alive and a.abandoned is not None]
-        if calls:
-            ray.wait(calls, num_returns=1, timeout=self.job_timeout_s + self.grace_s)
+        """Until one abandoned call ends or reaches its deadline."""
+        busy = [a for a in self._actors if a.alive and a.abandoned is not None]
+        if busy:
+            wait_s = max(0.0, min(a.abandoned_until for a in busy) - time.monotonic())
+            ray.wait([a.abandoned for a in busy], num_returns=1, timeout=wait_s)
 
     def _send(self, ray: Any, actor: _Actor, job: Job) -> Any:
         """The call running ``job`` on ``actor``, or ``job``'s answer where its cubin
