@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,7 +42,7 @@ from cudal2.pipeline.build import Build  # noqa: E402
 from cudal2.pipeline.results import job_for  # noqa: E402
 from cudal2.records import BuildResult, JobKind, Status, sha256_hex  # noqa: E402
 from cudal2.verify.fleet import FleetError  # noqa: E402
-from cudal2.verify.ray_runner import RayRunner  # noqa: E402
+from cudal2.verify.ray_runner import RayRunner, RayUnavailableError  # noqa: E402
 from cudal2.verify.replay import ReplayRunner  # noqa: E402
 
 GPUS = 3
@@ -53,7 +54,7 @@ NEEDS_NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact k
 class FakeGpuRunner:
     """An actor's inner runner: the replay runner over ``DB``, as if on a GPU. The GPU
     it reports is the replayed one, renamed per fake GPU index (``models``); each job
-    takes ``delay_s``; a job of artifact ``hang`` never returns; where ``launched`` names
+    takes ``delay_s``; the job of ``key()`` ``hang`` never returns; where ``launched`` names
     a folder, each job launched leaves a file there holding the sha256 of its cubin."""
 
     def __init__(self, spec: Fake):
@@ -76,7 +77,7 @@ class FakeGpuRunner:
 
     def run(self, jobs):
         for job in jobs:
-            if self.spec.hang and job.artifact_key == self.spec.hang:
+            if self.spec.hang == key(job):
                 time.sleep(3600)
             time.sleep(self.spec.delay_s)
             if self.spec.launched:
@@ -99,7 +100,7 @@ class Fake:
     cublaslt: dict[int, int] = dataclasses.field(default_factory=dict)
     needs_cubins: bool = False
     launched: str = ""
-    hang: str = ""
+    hang: tuple = ()  # the key() of the job that hangs
 
     def __call__(self) -> FakeGpuRunner:
         return FakeGpuRunner(self)
@@ -220,14 +221,13 @@ def test_every_actor_lost_answers_the_rest_runtime_never_hangs(free, recorded):
 
 def test_a_hung_actor_is_killed_and_a_job_that_hangs_two_is_answered_timeout(free, recorded):
     jobs = measure_jobs(recorded, 9)
-    hang = jobs[4].artifact_key
-    fake = Fake(delay_s=0.02, hang=hang)
+    fake = Fake(delay_s=0.02, hang=key(jobs[4]))
     with runner(actor_runner=fake, job_timeout_s=0.5, grace_s=0.5) as r:
         r.start()
         answers = list(r.run(jobs))
         assert len(r.actors) == GPUS - 2  # the two it hung, killed
     once(answers, jobs)
-    (hung,) = [a for a in answers if a.job.artifact_key == hang]
+    (hung,) = [a for a in answers if a.job == jobs[4]]
     assert hung.status == Status.TIMEOUT and "hung 2 Ray actors" in hung.error
     assert all(a.status == Status.OK for a in answers if a is not hung)
 
@@ -462,3 +462,54 @@ def _table(table):
     for e in d["entries"]:
         e.pop("measured_at")
     return d
+
+
+def test_a_call_abandoned_on_a_hung_actor_is_killed_at_its_deadline(free, recorded):
+    jobs = measure_jobs(recorded, 12)
+    fake = Fake(delay_s=0.05, hang=key(jobs[0]))
+    with runner(actor_runner=fake, job_timeout_s=0.5, grace_s=0.5) as r:
+        r.start()
+        it = r.run(jobs)
+        next(it)  # another job's answer: the hung one is still in flight
+        it.close()
+        time.sleep(1.5)  # past the hung call's deadline (0.5 + 0.5 s after it was sent)
+        later = list(r.run(jobs[1:]))
+        assert len(r.actors) == GPUS - 1
+        assert all(a.status == Status.OK for a in later)
+    once(later, jobs[1:])
+    assert r.losses == ["no answer to an abandoned job by its deadline"]
+
+
+# -- starting --------------------------------------------------------------------------
+def test_ray_is_imported_only_when_a_ray_runner_starts():
+    code = "import sys, cudal2.verify.ray_runner; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _no_ray(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+
+
+def _gpus_taken(monkeypatch):
+    holder = runner()
+    holder.start()  # every fake GPU held by another build
+    monkeypatch.setattr(sys.modules[__name__], "_holder", holder, raising=False)
+
+
+STARTS = [
+    # (how the start is broken, error type, fragment of its message)
+    pytest.param(_no_ray, RayUnavailableError, "pip install 'cudal2\\[ray\\]'", id="no-ray"),
+    pytest.param(_gpus_taken, FleetError, "has no free GPU", id="no-free-gpu"),
+]
+
+
+@pytest.mark.parametrize("breaks, error, fragment", STARTS)
+def test_a_start_that_cannot_be_refuses_clearly(free, monkeypatch, breaks, error, fragment):
+    breaks(monkeypatch)
+    try:
+        with runner() as r, pytest.raises(error, match=fragment):
+            r.start()
+    finally:
+        holder = getattr(sys.modules[__name__], "_holder", None)
+        if holder is not None:
+            holder.close()
