@@ -62,6 +62,7 @@ from cudal2.records import (
 from cudal2.verify.fleet import FleetError, check_fleet
 
 START_TIMEOUT_S = 600.0  # every actor's inner runner started (a GPU worker: torch + CUDA)
+CLOSE_TIMEOUT_S = 30.0  # the actors' runners closed (worker processes stopped)
 GRACE_S = 120.0  # past the inner runner's own timeout: the actor itself is hung
 MAX_LOSSES = 2  # actors a job may hang before it is answered rather than re-queued
 # What a profile / sanitizer job may take in the default inner runner (ncu: 900 s,
@@ -394,15 +395,20 @@ class RayRunner:
                 f.actor.abandoned, f.actor.abandoned_until = ref, f.deadline
 
     def close(self) -> None:
+        """Each idle actor closes its runner (its worker processes, its cubin folder),
+        all at once, for at most ``CLOSE_TIMEOUT_S``; then every actor is killed (one
+        still busy with an abandoned call at once), and a head this runner started is
+        shut down (a cluster it connected to keeps running: only this driver leaves)."""
         if self._actors or self._owns_ray:
             with contextlib.suppress(Exception):
                 ray = _ray()
+                idle = [a for a in self._actors if a.alive and a.abandoned is None]
+                with contextlib.suppress(Exception):
+                    calls = [a.handle.close.remote() for a in idle]
+                    ray.wait(calls, num_returns=len(calls), timeout=CLOSE_TIMEOUT_S)
                 for a in self._actors:
-                    if a.alive:
-                        with contextlib.suppress(Exception):
-                            ray.get(a.handle.close.remote(), timeout=30)
-                        with contextlib.suppress(Exception):
-                            ray.kill(a.handle)
+                    with contextlib.suppress(Exception):
+                        ray.kill(a.handle)
                 self._actors = []
                 if self._owns_ray:  # a head this runner started, or its connection
                     ray.shutdown()
