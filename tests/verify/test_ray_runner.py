@@ -517,3 +517,24 @@ def test_a_start_that_cannot_be_refuses_clearly(free, monkeypatch, breaks, error
         holder = getattr(sys.modules[__name__], "_holder", None)
         if holder is not None:
             holder.close()
+
+
+def test_a_shipped_cubin_changed_on_the_actors_disk_is_fetched_again(free, recorded, tmp_path):
+    jobs = measure_jobs(recorded, 3)
+    cache = _cache_with(tmp_path, jobs)
+    jobs = [dataclasses.replace(j, cubin=str(cache.cubin_path(j.artifact_key))) for j in jobs]
+    launched = tmp_path / "launched"
+    launched.mkdir()
+    with runner(actor_runner=Fake(needs_cubins=True, launched=str(launched))) as r:
+        r.start()
+        assert all(a.status == Status.OK for a in r.run(jobs))
+        folders = ray.get([h.__ray_call__.remote(lambda a: str(a.folder)) for h in r.actors])
+        shipped = [p for f in folders for p in Path(f).rglob("kernel.cubin")]
+        assert shipped
+        for p in shipped:
+            p.write_bytes(b"changed on the actor's disk after its check")
+        for p in launched.iterdir():
+            p.unlink()
+        assert all(a.status == Status.OK for a in r.run(jobs + jobs))
+    want = {sha256_hex(cache.cubin(j.artifact_key)) for j in jobs}
+    assert {p.read_text() for p in launched.iterdir()} == want  # the compiled bytes ran
