@@ -114,6 +114,7 @@ def cluster():
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(
+        address="local",  # a head of its own, even where this host runs another Ray
         num_gpus=GPUS,
         num_cpus=GPUS + 3,
         include_dashboard=False,
