@@ -58,8 +58,9 @@ class HostRunner:
     with different cuBLASLt versions (an algorithm belongs to the library that offered
     it). Every answer is tagged with the GPU that answered: its own ``GpuInfo``
     (driver, clocks, index, host) where it is of the model ``start()`` returned; for a
-    GPU of another model grouped as interchangeable, ``dataclasses.replace(first,
-    index=g.index, host=g.host)``, so its records stand for the first GPU's model
+    GPU of another model grouped as interchangeable, its own with the first GPU's
+    model and architecture (``dataclasses.replace(g, name=first.name, arch=first.arch)``,
+    the rule ``RayRunner`` follows too), so its records stand for the first GPU's model
     (the reuse key and the selection read the model) and still say which GPU measured.
 
     ``sanitizer`` jobs are spread over the GPUs, round robin, each compute-sanitizer
@@ -157,7 +158,7 @@ class HostRunner:
         for p, g in zip(self.pools, gpus, strict=True):
             same = g.name == first.name
             self._tags[p.device] = g if same else dataclasses.replace(
-                first, index=g.index, host=g.host
+                g, name=first.name, arch=first.arch
             )  # fmt: skip
         self._gpu = first
         return first
