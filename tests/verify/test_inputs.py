@@ -163,6 +163,7 @@ def test_a_kernel_that_writes_its_inputs_fails_and_its_trial_is_not_kept():
         assert drawn == []  # it ran on the kept trial 0...
         assert _check(t, "", cache).ok
         assert drawn == [0]  # ...which was dropped: the next candidate draws it afresh
+        assert cache.redrawn == 0  # (by the check that saw the write, not found later)
     finally:
         correctness.draw = real
 
@@ -184,6 +185,18 @@ def test_the_second_candidate_draws_nothing_and_asks_the_vendors_once_per_trial(
     for _ in range(3):
         correctness.check(t, Kernel(t), SEED, vendor_errors=vendor_errors)
     assert len(asked) == 6  # drawn afresh: every candidate asks again
+
+
+def test_vendor_errors_are_kept_per_yardstick():
+    t = _target()
+    cache = InputCache()
+    torch_only = correctness.check(t, Kernel(t), SEED, inputs=cache)
+
+    def two(t, a, b, ref):
+        return {**correctness.torch_error(t, a, b, ref), "other": 0.0}
+
+    both = correctness.check(t, Kernel(t), SEED, vendor_errors=two, inputs=cache)
+    assert torch_only.vendors == ("torch",) and both.vendors == ("other", "torch")
 
 
 def test_a_stray_write_into_a_kept_trial_is_seen_and_the_trial_drawn_again():
@@ -252,3 +265,61 @@ def test_a_timing_pool_is_kept_and_each_job_gets_its_own_residuals():
     # the timing pool is not a trial's inputs
     assert not torch.equal(pool.sets[0][0], correctness.draw(t, SEED, 0, "random").a)
     assert isinstance(Fresh().timing(t, SEED, 2), inputs.TimingSets)
+
+
+def _job(t: Target):
+    from cudal2.records import Job, JobKind, TimingConfig
+
+    return Job(
+        JobKind.MEASURE,
+        t,
+        TimingConfig(reps=5),
+        toolchain="cpu",
+        artifact_key="cpu:kernel",
+        symbol="cpu_kernel",
+        recipe={},
+        cubin="",
+    )
+
+
+@pytest.mark.parametrize("t", [_target(), _target("bias_residual")], ids=lambda t: t.label)
+def test_the_worker_answers_a_batch_alike_with_and_without_its_cache(t, monkeypatch):
+    """``_check_and_time`` on the CPU (timing replaced by one call per operand set):
+    the same statuses, errors and metrics for a batch of good and wrong candidates,
+    and a candidate that writes its residual while timed leaves the pool as drawn."""
+    from cudal2.verify import worker
+    from cudal2.verify.timing import Timing
+
+    def one_call_each(fns, nsets, cfg, est_us=10.0):
+        for fn in fns.values():
+            for j in range(nsets):
+                fn(j)
+        return {name: Timing((1.0,) * cfg.reps) for name in fns}
+
+    monkeypatch.setattr(worker, "time_interleaved", one_call_each)
+    monkeypatch.setattr(worker, "operand_sets", lambda nbytes: 3)  # not 4,096 tiny sets
+    gpu = "NVIDIA H100 80GB HBM3"
+    batch = ["", "off", "writes_a", "", "unwritten", "race", "off_on_exact", "timed_writes_r", ""]
+
+    class TimedWritesR(Kernel):
+        def __call__(self, a, b, c, epi=None):
+            super().__call__(a, b, c, epi)
+            if self.calls > 5 and epi and "residual" in epi:  # after the checks' 5 runs
+                epi["residual"].fill_(9.0)
+
+    def answer(flaw, source):
+        k = TimedWritesR(t) if flaw == "timed_writes_r" else Kernel(t, flaw)
+        return worker._check_and_time(_job(t), k, gpu, correctness.torch_error, inputs=source)
+
+    cache = InputCache()
+    for flaw in batch:
+        fresh, kept = answer(flaw, None), answer(flaw, cache)
+        assert (kept.status, kept.error, kept.metrics) == (fresh.status, fresh.error, fresh.metrics)
+        assert (kept.max_abs_err, kept.samples_us) == (fresh.max_abs_err, fresh.samples_us)
+        assert (kept.status == "ok") == (flaw in ("", "timed_writes_r")), (flaw, kept.error)
+    seed = _job(t).timing.seed
+    assert cache.stats()["hits"] > 0
+    pool, drawn = cache.timing(t, seed, 3), inputs.draw_timing(t, seed, 3)
+    assert bool(pool.epis[0]) == (t.epilogue != "none")  # (compared below)
+    for e, d in zip(pool.epis, drawn.epis, strict=True):
+        assert all(torch.equal(e[n], d[n]) for n in e)
