@@ -187,3 +187,6 @@ def test_the_child_runs_without_torch():
         "sys.exit(3 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    import inspect
+
+    assert "torch" not in inspect.getsource(sanitizer._child)  # nor does the child itself
