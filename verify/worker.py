@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -264,6 +265,9 @@ def worker_main(conn, device: int) -> None:
     # timing operand sets), kept on this worker's GPU.
     inputs = InputCache()
     conn.send({"hello": gpu.as_json(), "cublaslt_version": lt_version, "startup_s": startup})
+    # (the build's log has the worker's stderr: where its start-up went, on any runner)
+    steps_text = ", ".join(f"{k} {v}" for k, v in startup.items())
+    print(f"measuring worker on device {device}: start-up s: {steps_text}", file=sys.stderr)
     while True:
         msg = conn.recv()
         if msg is None:
