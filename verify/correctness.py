@@ -107,7 +107,9 @@ class Trial:
         """The tensors (all, or ``names`` of them) whose checksum differs from the
         one taken when they were drawn."""
         have = self.tensors()
-        return [n for n in names or tuple(have) if n in have and checksum(have[n]) != self.sums[n]]
+        names = tuple(n for n in names or tuple(have) if n in have)
+        sums = checksums([have[n] for n in names])
+        return [n for n, s in zip(names, sums, strict=True) if s != self.sums[n]]
 
     def errors(self, key: object, compute: Callable[..., Mapping[str, float]], *args):
         """The vendor errors on these inputs by yardstick ``key``: ``compute(*args)``,
@@ -163,13 +165,21 @@ def generator(seed: int, t: Target, label: str):
     return gen
 
 
-def checksum(x) -> int:
-    """The sum of ``x``'s bits read as integers (16- or 32-bit), in int64: any write
-    into ``x`` changes it unless it cancels exactly."""
+def checksums(xs: list) -> list[int]:
+    """Each tensor's bits read as integers (16- or 32-bit) and summed in int64: any
+    write into one changes its sum unless it cancels exactly. One device sync for all."""
     import torch
 
-    ints = {2: torch.int16, 4: torch.int32}[x.element_size()]
-    return int(x.view(ints).sum(dtype=torch.int64)) if x.numel() else 0
+    if not xs:
+        return []
+    ints = {2: torch.int16, 4: torch.int32}
+    sums = [x.view(ints[x.element_size()]).sum(dtype=torch.int64) for x in xs]
+    return [int(v) for v in torch.stack(sums).tolist()]
+
+
+def checksum(x) -> int:
+    """``checksums`` of one tensor."""
+    return checksums([x])[0]
 
 
 def draw(t: Target, seed: int, index: int, kind: str) -> Trial:
@@ -179,7 +189,8 @@ def draw(t: Target, seed: int, index: int, kind: str) -> Trial:
     a, b = operands(t, kind, gen)
     epi = epilogue_operands(t, kind, gen) if t.epilogue != "none" else {}
     ref = reference(t, a, b, epi)
-    sums = {n: checksum(x) for n, x in {"a": a, "b": b, **epi, "ref": ref}.items()}
+    named = {"a": a, "b": b, **epi, "ref": ref}
+    sums = dict(zip(named, checksums(list(named.values())), strict=True))
     return Trial(kind, a, b, epi, ref, sums)
 
 
