@@ -1,11 +1,13 @@
 """Where a measuring job's seconds go, on the GPU: the build's measure jobs run in this
 process (as the worker runs them), each phase timed, and cProfile's top functions.
 
-    python ci/job_profile.py DB.jsonl[.gz] --targets 6 --per-target 6 --out OUT_DIR
+    python ci/job_profile.py DB.jsonl[.gz] --targets 6 --per-target 6 --out OUT_DIR [--no-cache]
 
 DB: a database of a build on this GPU (its kernel records name the designs to
 re-run; the artifact cache ``CUDAL2_CACHE`` compiles what is missing). Writes
 ``job-phases.json`` (per job: its seconds by phase) and ``job-profile.txt`` (cProfile).
+The jobs run through one ``InputCache``, as the worker runs them (``--no-cache``: every
+trial and timing set drawn afresh, as before the worker kept them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main() -> int:
     ap.add_argument("--targets", type=int, default=6)
     ap.add_argument("--per-target", type=int, default=6)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--no-cache", action="store_true", help="draw every job's inputs afresh")
     args = ap.parse_args()
 
     import torch
@@ -37,6 +40,7 @@ def main() -> int:
     from cudal2.records import Status, TimingConfig
     from cudal2.verify import correctness, pdl_pair, worker
     from cudal2.verify.gpu import current_gpu
+    from cudal2.verify.inputs import InputCache
     from cudal2.verify.spread import VendorSpread, nvmath_available
 
     os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
@@ -82,6 +86,9 @@ def main() -> int:
     worker.driver.Kernel = timed("module_load", driver.Kernel)
     correctness.operands = timed("operands", correctness.operands)
     correctness.epilogue_operands = timed("epilogue_operands", correctness.epilogue_operands)
+    correctness.reference = timed("reference", correctness.reference)
+    errors = timed("vendor_errors", errors)
+    inputs = None if args.no_cache else InputCache()
 
     rows = []
     prof = cProfile.Profile()
@@ -97,7 +104,7 @@ def main() -> int:
         phases.clear()
         t0 = time.perf_counter()
         prof.enable()
-        res = worker.run_job(job, 0, gpu.name, errors)
+        res = worker.run_job(job, 0, gpu.name, errors, inputs)
         prof.disable()
         total = time.perf_counter() - t0
         row = {
@@ -123,7 +130,8 @@ def main() -> int:
     for r in rows:
         for k, v in r["phases_s"].items():
             agg[k] += v
-    print(f"{len(rows)} jobs, {tot:.2f} s, {tot / max(len(rows), 1):.3f} s per job")
+    cached = "no cache" if inputs is None else f"cache {inputs.stats()}"
+    print(f"{len(rows)} jobs, {tot:.2f} s, {tot / max(len(rows), 1):.3f} s per job ({cached})")
     for k, v in sorted(agg.items(), key=lambda kv: -kv[1]):
         print(f"  {k:20s} {v:7.2f} s  {100 * v / tot:5.1f}%")
     return 0

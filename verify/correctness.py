@@ -33,13 +33,26 @@
   family reduces in a fixed order (no atomics), so a difference is a race: an
   unordered read of a buffer being refilled can still land inside the error bound
   (two ping-pong schedules did, on the H100), but rarely the same way twice.
+- inputs: trial i's operands (and epilogue operands) come from a generator of their
+  own, seeded by (seed, target, i) (``derived_seed``), so they are the same for every
+  candidate of a target whatever was drawn before; the fp32 reference is computed from
+  them before the kernel runs. A measuring worker therefore keeps them, the reference
+  and the vendor errors per target (``cudal2.verify.inputs.InputCache``) instead of
+  recomputing them for each candidate. Every input is read-only: after every run A, B,
+  the bias and the residual must be unchanged (a checksum taken when they were drawn),
+  or the trial fails (a kernel whose epilogue writes R where R is not C: before inputs
+  were kept, its repeats failed instead). The residual the kernel gets is a copy made
+  for the trial, C is fresh and NaN-filled. So a kept trial and a freshly drawn one
+  give the same verdict, and no kernel can leave its writes to the next.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cudal2.records import EPILOGUE_ACTIVATION, EPILOGUE_OPERANDS, ROW_SCALED, Target
 
@@ -67,6 +80,118 @@ class CheckResult:
     # were compared.
     vendor_max_abs_err: float = 0.0
     vendors: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class Trial:
+    """One trial's inputs: A, B, the epilogue's operands, the fp32 reference computed
+    from them, a checksum of each (``checksum``, taken when drawn), and the vendor
+    errors on them once asked (by yardstick: ``errors``)."""
+
+    kind: str
+    a: Any
+    b: Any
+    epi: dict[str, Any]
+    ref: Any
+    sums: dict[str, int]
+    errs: dict[object, Mapping[str, float]] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, **self.epi, "ref": self.ref}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(x.numel() * x.element_size() for x in self.tensors().values())
+
+    def changed(self, names: tuple[str, ...] | None = None) -> list[str]:
+        """The tensors (all, or ``names`` of them) whose checksum differs from the
+        one taken when they were drawn."""
+        have = self.tensors()
+        names = tuple(n for n in names or tuple(have) if n in have)
+        sums = checksums([have[n] for n in names])
+        return [n for n, s in zip(names, sums, strict=True) if s != self.sums[n]]
+
+    def errors(self, key: object, compute: Callable[..., Mapping[str, float]], *args):
+        """The vendor errors on these inputs by yardstick ``key``: ``compute(*args)``,
+        once."""
+        if key not in self.errs:
+            self.errs[key] = compute(*args)
+        return self.errs[key]
+
+    def for_call(self) -> dict[str, Any]:
+        """The epilogue operands a trial's runs get: the bias itself and a copy of the
+        residual (shared by the trial's runs and repeats). Both are read-only, checked
+        after each run; the copy keeps a kernel that writes its residual from
+        changing the kept one."""
+        return {n: (x.clone() if n == "residual" else x) for n, x in self.epi.items()}
+
+
+class Inputs(Protocol):
+    """Where ``check`` gets each trial's inputs: drawn afresh (``FRESH``) or kept by a
+    measuring worker (``cudal2.verify.inputs.InputCache``)."""
+
+    def trial(self, t: Target, seed: int, index: int, kind: str) -> Trial: ...
+
+    def discard(self, t: Target, seed: int, index: int, kind: str) -> None: ...
+
+
+class _Fresh:
+    """Every trial drawn afresh; nothing kept."""
+
+    def trial(self, t: Target, seed: int, index: int, kind: str) -> Trial:
+        return draw(t, seed, index, kind)
+
+    def discard(self, t: Target, seed: int, index: int, kind: str) -> None:
+        pass
+
+
+FRESH: Inputs = _Fresh()
+
+
+def derived_seed(seed: int, t: Target, label: str) -> int:
+    """A 63-bit seed of its own for (seed, target, label): one generator per trial
+    (label ``trial0``, ...), per timing operand pool and per pair check, so no draw
+    depends on what was drawn before it."""
+    digest = hashlib.sha256(f"{seed}|{t.key}|{label}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def generator(seed: int, t: Target, label: str):
+    """A torch generator on ``DEVICE`` seeded with ``derived_seed(seed, t, label)``."""
+    import torch
+
+    gen = torch.Generator(device=DEVICE)
+    gen.manual_seed(derived_seed(seed, t, label))
+    return gen
+
+
+def checksums(xs: list) -> list[int]:
+    """Each tensor's bits read as integers (16- or 32-bit) and summed in int64: any
+    write into one changes its sum unless it cancels exactly. One device sync for all."""
+    import torch
+
+    if not xs:
+        return []
+    ints = {2: torch.int16, 4: torch.int32}
+    sums = [x.view(ints[x.element_size()]).sum(dtype=torch.int64) for x in xs]
+    return [int(v) for v in torch.stack(sums).tolist()]
+
+
+def checksum(x) -> int:
+    """``checksums`` of one tensor."""
+    return checksums([x])[0]
+
+
+def draw(t: Target, seed: int, index: int, kind: str) -> Trial:
+    """Trial ``index``'s inputs (``kind``: random or exact) from their own generator,
+    the fp32 reference and the checksums."""
+    gen = generator(seed, t, f"trial{index}")
+    a, b = operands(t, kind, gen)
+    epi = epilogue_operands(t, kind, gen) if t.epilogue != "none" else {}
+    ref = reference(t, a, b, epi)
+    named = {"a": a, "b": b, **epi, "ref": ref}
+    sums = dict(zip(named, checksums(list(named.values())), strict=True))
+    return Trial(kind, a, b, epi, ref, sums)
 
 
 def torch_dtype(dtype: str):
@@ -234,20 +359,30 @@ def bound(vendor_errors: Mapping[str, float], scale: float, dtype: str) -> float
 VendorErrors = Callable[[Target, object, object, object], Mapping[str, float]]
 
 
+# The trial's own tensors a kernel gets (read-only; the residual it gets is a copy).
+READ_ONLY = ("a", "b", "bias")
+
+
 def check(
     t: Target,
     run: Callable,
-    gen,
+    seed: int,
     random_trials: int = 2,
     vendor_errors: VendorErrors = torch_error,
     repeats: int = 2,
+    inputs: Inputs = FRESH,
 ) -> CheckResult:
     """``run(a, b, c)`` launches the kernel writing c (``run(a, b, c, epi)`` for a fused
     epilogue, ``epi`` its operands by name); returns after queueing it.
     ``vendor_errors(t, a, b, ref)`` gives each vendor baseline's max |error| (for a
-    fused epilogue, torch's unfused op's is the yardstick instead: ``unfused_error``)."""
+    fused epilogue, torch's unfused op's is the yardstick instead: ``unfused_error``).
+    Trial i's inputs come from ``inputs`` (drawn from their own generator seeded by
+    (``seed``, t, i): ``draw``); the verdict is the same whether they were kept or not."""
     import torch
 
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        # (a generator here would seed the trials by its repr: different every run)
+        raise TypeError(f"check: seed must be an int (the job's seed), not {type(seed).__name__}")
     fused = t.epilogue != "none"
     # rsqrt or exp in the epilogue: the {0,1} trial is bounded, not exact
     inexact = t.epilogue in ROW_SCALED or t.epilogue in EPILOGUE_ACTIVATION
@@ -255,12 +390,15 @@ def check(
     names: tuple[str, ...] = ()
     for trial in range(random_trials + 1):
         kind = "random" if trial < random_trials else "exact"
-        a, b = operands(t, kind, gen)
-        epi = epilogue_operands(t, kind, gen) if fused else {}
+        got = inputs.trial(t, seed, trial, kind)
+        a, b, ref = got.a, got.b, got.ref
+        epi = got.for_call()
+
         c = torch.full((t.m, t.out_n), float("nan"), dtype=a.dtype, device=DEVICE)
         _call(run, a, b, c, epi)
         _synchronize()
-        ref = reference(t, a, b, epi)
+        if bad := _wrote(got, epi, inputs, t, seed, trial):
+            return CheckResult(False, f"{kind} trial {trial}: {bad}", *_INF, worst_vendor, names)
         unwritten = int(torch.isnan(c).sum())
         if unwritten:
             return CheckResult(
@@ -285,7 +423,10 @@ def check(
                     names,
                 )
             continue
-        errs = unfused_error(t, a, b, epi, ref) if fused else vendor_errors(t, a, b, ref)
+        if fused:
+            errs = got.errors("unfused", unfused_error, t, a, b, got.epi, ref)
+        else:
+            errs = got.errors(vendor_errors, vendor_errors, t, a, b, ref)
         names = tuple(sorted(errs))
         worst_name = max(errs, key=lambda n: errs[n] if math.isfinite(errs[n]) else -1.0)
         worst_vendor = max(worst_vendor, errs[worst_name])
@@ -306,6 +447,8 @@ def check(
             again = torch.full_like(c, float("nan"))
             _call(run, a, b, again, epi)
             _synchronize()
+            if bad := _wrote(got, epi, inputs, t, seed, trial):
+                return CheckResult(False, f"repeat {r + 1}: {bad}", *_INF, worst_vendor, names)
             differ = int((again.view(torch.int16) != c.view(torch.int16)).sum())
             if differ:
                 return CheckResult(
@@ -318,6 +461,24 @@ def check(
                     names,
                 )
     return CheckResult(True, "", worst_abs, worst_rel, worst_vendor, names)
+
+
+_INF = (float("inf"), float("inf"))
+
+
+def _wrote(got: Trial, epi: Mapping, inputs: Inputs, t: Target, seed: int, index: int) -> str:
+    """After a run: why the trial fails if the kernel wrote into its inputs ("" if it
+    did not). A, B and the bias are the trial's own (kept ones are dropped: the next
+    candidate gets them drawn afresh); the residual it got is a copy (an epilogue
+    writes C, never R, when they differ)."""
+    bad = got.changed(READ_ONLY)
+    if bad:
+        inputs.discard(t, seed, index, got.kind)
+    if "residual" in epi and checksum(epi["residual"]) != got.sums["residual"]:
+        bad.append("residual")
+    if not bad:
+        return ""
+    return f"the kernel wrote into its input(s) {', '.join(bad)}"
 
 
 def _call(run: Callable, a, b, c, epi: Mapping) -> None:

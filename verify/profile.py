@@ -7,9 +7,15 @@ the caches before each pass. The report is read back as CSV (``ncu --import``),
 one row per profiled launch, in launch order.
 
 Metric names differ across GPUs and ncu versions, so each quantity lists
-alternatives; a name ncu does not know is dropped and the next one tried. What
-could not be collected is simply absent: profiling informs the search and never
-decides whether a kernel is correct or fast.
+alternatives; a name ncu does not know is dropped and the next one tried (a whole
+ncu run each time). What ncu refused is remembered for the rest of the process, so
+only a build's first profiling round pays for it. What could not be collected is
+simply absent: profiling informs the search and never decides whether a kernel is
+correct or fast.
+
+Where the seconds go (``ProfileResult.seconds``, and one line on stderr per call):
+each ncu run's wall time, and the child's own phases (imports, CUDA start-up,
+operands, module loads, the launches, which under ncu include its replays).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,13 @@ class ProfileResult:
     names: dict[str, str] = field(default_factory=dict)  # our name -> ncu metric used
     csv: str = ""  # the imported report, as ncu printed it
     log: str = ""  # ncu's own output of the profiling run
+    # Where the seconds went: "ncu_run_<i>" each ncu run (wall), "child_<phase>" the
+    # profiled child's own phases (its last run), "import" the report's CSV export
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+# ncu path -> metric names it reported unknown (this process: later rounds skip them)
+_UNKNOWN: dict[str, set[str]] = {}
 
 
 def job(cubin: Path, design: KernelDesign, target: Target) -> dict[str, Any]:
@@ -110,6 +124,41 @@ def parse_raw_csv(text: str, names: dict[str, str]) -> list[dict[str, float]]:
     return [v for _, v in sorted(out, key=lambda x: x[0])]
 
 
+def ncu_command(
+    ncu: str, metrics: list[str], report: Path, job_file: Path, phases: Path, launches: int
+) -> list[str]:
+    """The profiling run. ``--clock-control none``: the GPU as found, clocks never
+    locked (as the timing sees it). Kernel replay with the caches flushed before each
+    pass (ncu's defaults, stated). Only the candidates' kernels (``--kernel-name``),
+    ``launches`` of them (``--launch-count``: ncu stops intercepting after the last),
+    in the child only (``--target-processes application-only``)."""
+    return [
+        ncu,
+        "--clock-control",
+        "none",
+        "--replay-mode",
+        "kernel",
+        "--cache-control",
+        "all",
+        "--target-processes",
+        "application-only",
+        "--kernel-name",
+        f"regex:^{KERNEL_PREFIX}",
+        "--launch-count",
+        str(launches),
+        "--metrics",
+        ",".join(metrics),
+        "--export",
+        str(report),
+        "--force-overwrite",
+        sys.executable,
+        "-m",
+        "cudal2.verify.profile",
+        str(job_file),
+        str(phases),
+    ]
+
+
 def profile(
     jobs: list[dict[str, Any]], timeout_s: float = 900, device: int | None = None
 ) -> ProfileResult:
@@ -121,7 +170,9 @@ def profile(
     ncu = find_ncu()
     if ncu is None:
         return ProfileResult([{} for _ in jobs], "ncu not found (Nsight Compute)")
-    alt = {k: list(v) for k, v in METRICS.items()}
+    unknown = _UNKNOWN.setdefault(ncu, set())
+    alt = {k: [m for m in v if m not in unknown] for k, v in METRICS.items()}
+    seconds: dict[str, float] = {}
     env = dict(os.environ)
     if device is not None:  # ncu's child sees that GPU alone, as its device 0
         env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
@@ -129,43 +180,34 @@ def profile(
         job_file = Path(tmp) / "jobs.json"
         job_file.write_text(json.dumps(jobs))
         report = Path(tmp) / "report"
-        for _ in range(1 + sum(len(v) for v in METRICS.values())):
+        phases = Path(tmp) / "phases.json"
+        for attempt in range(1 + sum(len(v) for v in METRICS.values())):
             names = {k: v[0] for k, v in alt.items() if v}
             if not names:
                 return ProfileResult([{} for _ in jobs], "ncu knows none of the metrics")
-            cmd = [
-                ncu,
-                "--clock-control",
-                "none",
-                "--kernel-name",
-                f"regex:^{KERNEL_PREFIX}",
-                "--metrics",
-                ",".join(names.values()),
-                "--export",
-                str(report),
-                "--force-overwrite",
-                sys.executable,
-                "-m",
-                "cudal2.verify.profile",
-                str(job_file),
-            ]
+            cmd = ncu_command(ncu, list(names.values()), report, job_file, phases, len(jobs))
+            t0 = time.perf_counter()
             try:
                 proc = subprocess.run(
                     cmd, capture_output=True, text=True, timeout=timeout_s, env=env
                 )
             except subprocess.TimeoutExpired:
                 return ProfileResult([{} for _ in jobs], f"ncu timed out after {timeout_s:.0f} s")
+            seconds[f"ncu_run_{attempt + 1}"] = round(time.perf_counter() - t0, 3)
             text = proc.stdout + proc.stderr
-            unknown = set(_UNKNOWN_RE.findall(text))
-            if not unknown:
+            refused = set(_UNKNOWN_RE.findall(text))
+            if not refused:
                 break
+            unknown |= refused
             for v in alt.values():
-                if v and v[0] in unknown:
+                if v and v[0] in refused:
                     v.pop(0)  # not known here: try the next name
         else:
             return ProfileResult([{} for _ in jobs], f"ncu: no usable metric set\n{text[-2000:]}")
+        seconds.update(child_seconds(phases))
         if proc.returncode != 0:
             return ProfileResult([{} for _ in jobs], f"ncu: exit {proc.returncode}\n{text[-2000:]}")
+        t0 = time.perf_counter()
         imported = subprocess.run(
             [ncu, "--import", f"{report}.ncu-rep", "--csv", "--page", "raw"]
             + ["--print-units", "base"],
@@ -173,45 +215,87 @@ def profile(
             text=True,
             timeout=timeout_s,
         )
+        seconds["import"] = round(time.perf_counter() - t0, 3)
         if imported.returncode != 0:
             return ProfileResult(
                 [{} for _ in jobs], f"ncu --import: exit {imported.returncode}\n{imported.stderr}"
             )
         rows = parse_raw_csv(imported.stdout, names)
+    print(summary(len(jobs), seconds, sorted(unknown)), file=sys.stderr, flush=True)
     if len(rows) != len(jobs):
         return ProfileResult(
             [{} for _ in jobs], f"ncu profiled {len(rows)} launches, expected {len(jobs)}"
         )
-    return ProfileResult(rows, "", names, imported.stdout, text[-20000:])
+    return ProfileResult(rows, "", names, imported.stdout, text[-20000:], seconds)
 
 
-def _child(job_path: str) -> None:
-    """Runs under ncu: each job's kernel launched once, in job order."""
+def child_seconds(path: Path) -> dict[str, float]:
+    """The child's phases (``child_<phase>``), {} where it wrote none (it failed)."""
+    try:
+        return {f"child_{k}": float(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def summary(kernels: int, seconds: dict[str, float], unknown: list[str]) -> str:
+    """One line: where a profiling call's seconds went."""
+    runs = [v for k, v in seconds.items() if k.startswith("ncu_run_")]
+    child = ", ".join(
+        f"{k.removeprefix('child_')} {v:.1f}" for k, v in seconds.items() if k.startswith("child_")
+    )
+    return (
+        f"ncu: {kernels} kernels, {len(runs)} run(s) {' + '.join(f'{r:.1f}' for r in runs)} s"
+        f" (child: {child or 'no phases'}); report import {seconds.get('import', 0.0):.1f} s"
+        + (f"; metrics ncu does not know, skipped: {', '.join(unknown)}" if unknown else "")
+    )
+
+
+def _child(job_path: str, phases_path: str | None = None) -> None:
+    """Runs under ncu: each job's kernel launched once, in job order. Writes its phase
+    seconds to ``phases_path`` (JSON) when given."""
+    steps: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def done(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        steps[name] = round(steps.get(name, 0.0) + now - t, 3)
+        t = now
+
     import torch
 
     from cudal2.packaging.runtime import driver
     from cudal2.verify.correctness import epilogue_operands, operands
     from cudal2.verify.launch import dense_epilogue, launch_dense
 
+    done("imports")
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     stream = torch.cuda.current_stream().cuda_stream
+    torch.cuda.synchronize()
+    done("cuda_init")
     for job in json.loads(Path(job_path).read_text()):
-        t = Target.from_json(job["target"])
-        a, b = operands(t, "random", gen)
-        epi = epilogue_operands(t, "random", gen)
+        target = Target.from_json(job["target"])
+        a, b = operands(target, "random", gen)
+        epi = epilogue_operands(target, "random", gen)
         ptrs = {name: x.data_ptr() for name, x in epi.items()}
-        ops = dense_epilogue(t, ptrs.get("bias", 0), ptrs.get("residual", 0))
-        c = torch.empty((t.m, t.out_n), dtype=a.dtype, device="cuda")
+        ops = dense_epilogue(target, ptrs.get("bias", 0), ptrs.get("residual", 0))
+        c = torch.empty((target.m, target.out_n), dtype=a.dtype, device="cuda")
+        torch.cuda.synchronize()
+        done("operands")
         kernel = driver.Kernel(
             Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
         )
+        done("module_load")
         launch_dense(
-            kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream,
+            kernel, job["recipe"], target, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream,
             epilogue=ops,
         )  # fmt: skip
         torch.cuda.synchronize()
+        done("launches")  # under ncu: its replays of the launch, too
+    if phases_path:
+        Path(phases_path).write_text(json.dumps(steps))
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1])
+    _child(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -2,8 +2,15 @@
 
 The kernel runs once, in a child process under ``compute-sanitizer --tool memcheck``,
 on a small problem that keeps the target's residues (M, N, K cut to at most 130, 136
-and 264: none a multiple of a tile). PyTorch's caching allocator is off there, so
-each operand is its own allocation and a write one element past the end is caught.
+and 264: none a multiple of a tile). Each operand (A, B, the epilogue's, C) is its own
+``cuMemAlloc`` of exactly its size, so a read or write one element past the end of
+any of them is caught.
+
+The child needs no torch: its operands are a few hundred KiB, made on the host
+(``host_operands``: uniform(-1, 1) in the working dtype, as the correctness trials')
+and copied over. It used to import torch and let torch make them on the GPU: seconds
+of import and CUDA start-up per kernel under the sanitizer, which instruments every
+module loaded, for the same launch.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +37,7 @@ class SanitizerResult:
 
     ok: bool
     report: str
+    seconds: float = 0.0  # the compute-sanitizer run's wall time
 
 
 def small(t: Target) -> Target:
@@ -66,7 +75,7 @@ def memcheck(
     }
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(job, f)
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # (should torch come back)
     if device is not None:  # the child sees that GPU alone, as its device 0
         env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
     # API errors are not memory errors: cuda-python probes driver entry points that may
@@ -86,52 +95,88 @@ def memcheck(
         "cudal2.verify.sanitizer",
         f.name,
     ]
+    t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return SanitizerResult(False, f"memcheck timed out after {timeout_s:.0f} s")
+        return SanitizerResult(False, f"memcheck timed out after {timeout_s:.0f} s", timeout_s)
     finally:
         os.unlink(f.name)
+    seconds = round(time.perf_counter() - t0, 3)
+    print(f"memcheck {symbol}: {seconds:.1f} s", file=sys.stderr, flush=True)
     text = (proc.stdout + proc.stderr)[-4000:]
     if proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in text:
-        return SanitizerResult(True, "")
-    return SanitizerResult(False, f"memcheck exited {proc.returncode}:\n{text}")
+        return SanitizerResult(True, "", seconds)
+    return SanitizerResult(False, f"memcheck exited {proc.returncode}:\n{text}", seconds)
+
+
+def host_operands(t: Target, seed: int = 0) -> dict[str, Any]:
+    """The launch's inputs on the host, as 16-bit patterns (numpy uint16) of the
+    working dtype, shaped as the kernel reads them: ``a`` [M, K], ``b`` ([N, K] for
+    tn, [K, N] for nn; a gated epilogue's scaled as in the trials), and the epilogue's
+    operands (``bias`` [N], ``residual`` [M, N]). Uniform in (-1, 1)."""
+    import numpy as np
+
+    from cudal2.records import EPILOGUE_OPERANDS
+    from cudal2.verify.correctness import gated_b_scale
+
+    rng = np.random.default_rng(seed)
+    shapes = {
+        "a": (t.m, t.k),
+        "b": (t.n, t.k) if t.layout == "tn" else (t.k, t.n),
+        **{n: {"bias": (t.n,), "residual": (t.m, t.n)}[n] for n in EPILOGUE_OPERANDS[t.epilogue]},
+    }
+    out = {}
+    for name, shape in shapes.items():
+        x = rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+        if name == "b":
+            x *= np.float32(gated_b_scale(t))
+        out[name] = _bits(x, t.dtype)
+    return out
+
+
+def _bits(x, dtype: str):
+    """float32 -> the 16-bit patterns of fp16 or bf16 (round to nearest even)."""
+    import numpy as np
+
+    if dtype == "fp16":
+        return x.astype(np.float16).view(np.uint16)
+    u = x.view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # (no NaN here)
 
 
 def _child(job_path: str) -> None:
-    """Runs under compute-sanitizer: one launch of the kernel on fresh operands."""
-    import torch
+    """Runs under compute-sanitizer: one launch of the kernel on fresh operands, each
+    in an allocation of exactly its size, on the legacy default stream."""
     from cuda.bindings import driver as cu
 
     from cudal2.packaging.runtime import driver
-    from cudal2.verify.correctness import epilogue_operands, operands
     from cudal2.verify.launch import dense_epilogue, launch_dense
 
     job = json.loads(Path(job_path).read_text())
     t = Target.from_json(job["target"])
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    a, b = operands(t, "random", gen)
-    # The epilogue's operands stay referenced until the launch has finished: a pointer
-    # to a freed tensor is what memcheck reports (it did, on the H100, for every fused
-    # bias and residual kernel while only the pointers were kept).
-    epi_tensors = epilogue_operands(t, "random", gen)
-    epi = {name: x.data_ptr() for name, x in epi_tensors.items()}
-    ops = dense_epilogue(t, epi.get("bias", 0), epi.get("residual", 0))
-    # The output ([M, out_n]: N/2 columns for a gated epilogue) gets an allocation of
-    # exactly its size (torch may round sizes up, and memcheck only sees writes past
-    # what was asked for).
-    err, c_ptr = cu.cuMemAlloc(t.m * t.out_n * a.element_size())
-    assert err == cu.CUresult.CUDA_SUCCESS, err
+    driver.ensure_context(0)
+
+    def ok(result: tuple, what: str):
+        assert result[0] == cu.CUresult.CUDA_SUCCESS, f"{what}: {result[0]}"
+        return result[1] if len(result) > 1 else None
+
+    ptrs = {}
+    for name, host in host_operands(t).items():
+        ptrs[name] = ok(cu.cuMemAlloc(host.nbytes), f"cuMemAlloc({name})")
+        ok(cu.cuMemcpyHtoD(ptrs[name], host, host.nbytes), f"cuMemcpyHtoD({name})")
+    # The output: [M, out_n] (N/2 columns for a gated epilogue)
+    c_ptr = ok(cu.cuMemAlloc(t.m * t.out_n * 2), "cuMemAlloc(c)")
+    ops = dense_epilogue(t, int(ptrs.get("bias", 0)), int(ptrs.get("residual", 0)))
     kernel = driver.Kernel(
         Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
     )
-    stream = torch.cuda.current_stream().cuda_stream
     launch_dense(
-        kernel, job["recipe"], t, a.data_ptr(), b.data_ptr(), int(c_ptr), stream, epilogue=ops
+        kernel, job["recipe"], t, int(ptrs["a"]), int(ptrs["b"]), int(c_ptr), 0, epilogue=ops
     )
-    torch.cuda.synchronize()
-    del epi_tensors  # only now
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    # The operands stay allocated until the launch has finished (a pointer to freed
+    # memory is what memcheck reports): the process ends here.
 
 
 if __name__ == "__main__":

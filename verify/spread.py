@@ -6,8 +6,10 @@ cuBLAS ``gemm_ex`` with W stored [N,K] (TN) and [K,N] (NN), and every cuBLASLt
 heuristic candidate (up to ``AUTOTUNE_LIMIT``): the first is the heuristic baseline,
 and the autotuned one is whichever of them times fastest, so all of them count.
 
-The worker seeds its generator per job, so every candidate of a target draws the
-same inputs: the errors are computed once per (target, inputs) and cached.
+Every candidate of a target draws the same inputs (each trial from its own generator,
+``correctness.derived_seed``): the errors are computed once per (target, inputs) and
+cached here by a fingerprint of the inputs. A measuring worker keeps them with the
+trial itself (``cudal2.verify.inputs.InputCache``), so it asks here once per trial.
 """
 
 from __future__ import annotations
@@ -38,16 +40,37 @@ class VendorSpread:
     """Callable as ``correctness.check``'s ``vendor_errors``."""
 
     def __init__(self, lt_limit: int = AUTOTUNE_LIMIT, cache_size: int = 64) -> None:
-        import torch
-
         self.lt_limit = lt_limit
         self._cache: dict[tuple, dict[str, float]] = {}
         self._cache_size = cache_size
         self._lt: dict[str, LtProblem] = {}
-        self._ws = torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-        self._cublas_ws = torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-        self.cublas = Cublas(self._cublas_ws.data_ptr(), self._cublas_ws.numel())
-        self.lt = lt_handle()
+        # The handles and their workspaces are made at first use (a measuring worker
+        # starts without them: its first job makes them, a worker restarted after a
+        # crash that never checks a kernel never does).
+        self._handles: tuple | None = None
+
+    def _made(self) -> tuple:
+        """(cuBLAS, cuBLASLt handle, cuBLASLt workspace, cuBLAS workspace), made once."""
+        if self._handles is None:
+            import torch
+
+            ws = torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+            cublas_ws = torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+            cublas = Cublas(cublas_ws.data_ptr(), cublas_ws.numel())
+            self._handles = (cublas, lt_handle(), ws, cublas_ws)
+        return self._handles
+
+    @property
+    def cublas(self) -> Cublas:
+        return self._made()[0]
+
+    @property
+    def lt(self) -> int:
+        return self._made()[1]
+
+    @property
+    def _ws(self):
+        return self._made()[2]
 
     def problem(self, t: Target) -> LtProblem:
         """``t``'s cuBLASLt problem with its heuristic candidates (made once per target;

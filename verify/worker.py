@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ from cudal2.packaging.runtime.cublaslt import version
 from cudal2.records import Job, JobKind, JobResult, Status
 from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
+from cudal2.verify.inputs import Fresh, InputCache
 from cudal2.verify.launch import dense_epilogue, launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available
 from cudal2.verify.timing import operand_sets, time_interleaved
@@ -31,12 +34,18 @@ CHECKED_ALGOS = 3  # vendor job: the fastest candidates tried through the checks
 
 
 def run_job(
-    job: Job, device: int, gpu_name: str, vendor_errors: correctness.VendorErrors
+    job: Job,
+    device: int,
+    gpu_name: str,
+    vendor_errors: correctness.VendorErrors,
+    inputs: Fresh | None = None,
 ) -> JobResult:
     """A ``measure`` or ``cublaslt`` job (profiling and memcheck run in child processes
-    of their own tools, not in this worker)."""
+    of their own tools, not in this worker). ``inputs``: where the checks' trials and
+    the timing's operand sets come from (the worker's ``InputCache``; drawn afresh
+    when None)."""
     if job.kind == JobKind.AUTOTUNE:
-        return run_vendor_job(job, gpu_name, vendor_errors)
+        return run_vendor_job(job, gpu_name, vendor_errors, inputs=inputs)
     if job.kind != JobKind.MEASURE:
         raise ValueError(f"the measuring worker does not run {job.kind} jobs")
     t, recipe = job.target, job.recipe
@@ -54,7 +63,7 @@ def run_job(
     # A PDL design (its recipe launches it with programmatic stream serialization)
     # also runs as the second kernel of a pair (verify/pdl_pair.py).
     pdl = recipe.get("pdl") is True
-    return _check_and_time(job, run, gpu_name, vendor_errors, pdl_pair_check=pdl)
+    return _check_and_time(job, run, gpu_name, vendor_errors, pdl_pair_check=pdl, inputs=inputs)
 
 
 def _stream() -> int:
@@ -69,15 +78,16 @@ def _check_and_time(
     gpu_name: str,
     vendor_errors: correctness.VendorErrors,
     pdl_pair_check: bool = False,
+    inputs: Fresh | None = None,
 ) -> JobResult:
     """The correctness suite on ``run(a, b, c)`` (and, for a PDL design, the pair
-    check), then its timing beside torch."""
+    check), then its timing beside torch. The trials and the timing's operand sets
+    depend on (target, seed) only: ``inputs`` may keep them across jobs."""
     import torch
 
     t, cfg = job.target, job.timing
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(cfg.seed)
-    result = correctness.check(t, run, gen, vendor_errors=vendor_errors)
+    inputs = inputs or Fresh()
+    result = correctness.check(t, run, cfg.seed, vendor_errors=vendor_errors, inputs=inputs)
     checked = JobResult(
         job,
         Status.INCORRECT,
@@ -93,6 +103,7 @@ def _check_and_time(
     if not result.ok:
         return dataclasses.replace(checked, error=result.error)
     if pdl_pair_check:
+        gen = correctness.generator(cfg.seed, t, "pdl_pair")
         checked = pdl_pair.recorded(checked, pdl_pair.check(t, run, gen))
         if checked.error:
             return checked
@@ -100,10 +111,12 @@ def _check_and_time(
     # fused epilogue's baseline is torch's unfused op (the vendor GEMM, then the add;
     # torch's RMSNorm before it and the gated activation after it where the epilogue
     # has them: correctness.vendor).
+    # The sets (A, B, bias) are shared by the jobs of the target; what is written is
+    # the job's own: the outputs, and the residuals (copied: an in-place epilogue).
     nsets = operand_sets(t.min_bytes)
-    sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]
-    epis = [correctness.epilogue_operands(t, "random", gen) for _ in range(nsets)]
-    outs = [torch.empty((t.m, t.out_n), dtype=a.dtype, device="cuda") for a, _ in sets]
+    pool = inputs.timing(t, cfg.seed, nsets)
+    sets, epis = pool.sets, pool.for_job()
+    outs = [torch.empty((t.m, t.out_n), dtype=a.dtype, device=correctness.DEVICE) for a, _ in sets]
     if t.epilogue == "none":
 
         def candidate(j: int) -> None:
@@ -133,7 +146,9 @@ def _check_and_time(
     )
 
 
-def run_vendor_job(job: Job, gpu_name: str, vendor_errors: correctness.VendorErrors) -> JobResult:
+def run_vendor_job(
+    job: Job, gpu_name: str, vendor_errors: correctness.VendorErrors, inputs: Fresh | None = None
+) -> JobResult:
     """cuBLASLt autotuning of one target: every heuristic candidate timed, the fastest
     that passes the same correctness suite as a kernel timed again beside torch. The
     answer carries the algorithm (``vendor``) so the table can dispatch it."""
@@ -142,11 +157,11 @@ def run_vendor_job(job: Job, gpu_name: str, vendor_errors: correctness.VendorErr
     if not isinstance(vendor_errors, VendorSpread):
         raise RuntimeError("cuBLASLt autotuning needs nvmath-python in the measuring worker")
     t, cfg = job.target, job.timing
+    inputs = inputs or Fresh()
     lt = vendor_errors.problem(t)
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(cfg.seed)
     nsets = operand_sets(t.min_bytes)
-    sets = [correctness.operands(t, "random", gen) for _ in range(nsets)]
+    # the target's timing pool (the kernels' jobs time on the same sets)
+    sets = inputs.timing(t, cfg.seed, nsets).sets
     outs = [torch.empty((t.m, t.n), dtype=a.dtype, device="cuda") for a, _ in sets]
 
     def run_of(i: int) -> Callable[[int], None]:
@@ -156,7 +171,6 @@ def run_vendor_job(job: Job, gpu_name: str, vendor_errors: correctness.VendorErr
 
     est = max(floor_us(t, gpu_name), 2.0)
     order, tuned = autotune(lt, run_of, nsets, max(5, cfg.reps // 3), cfg.seed, est)
-    sets.clear()  # free them: the checks and the final timing draw their own
     outs.clear()
     # No algorithm tried: a failure without a ``vendor`` (the build counts it, records nothing).
     res = JobResult(job, Status.RUNTIME, "cuBLASLt's heuristic offered no algorithm")
@@ -165,7 +179,7 @@ def run_vendor_job(job: Job, gpu_name: str, vendor_errors: correctness.VendorErr
         def run(a, b, c, i=i) -> None:
             lt.run(i, a.data_ptr(), b.data_ptr(), c.data_ptr(), _stream())
 
-        res = _check_and_time(job, run, gpu_name, vendor_errors)
+        res = _check_and_time(job, run, gpu_name, vendor_errors, inputs=inputs)
         config = lt.algo_config(i)
         vendor = {
             "library": "cublaslt",
@@ -193,31 +207,75 @@ def _is_cuda_error(exc: BaseException) -> bool:
     )
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process was started (Linux: /proc), None where unknown: in a
+    spawned worker, what the spawn and the imports before ``worker_main`` took."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Steps:
+    """Seconds of each start-up step, in order (the worker's hello carries them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def done(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self._t, 3)
+        self._t = now
+
+
 def worker_main(conn, device: int) -> None:
-    """Entry point of the worker process (spawned, never forked)."""
+    """Entry point of the worker process (spawned, never forked). Its hello carries
+    the GPU, the cuBLASLt version and ``startup_s``: the seconds of each start-up step
+    (``before_main``: the spawn and the imports before this function ran)."""
+    steps = _Steps()
+    before_main = process_age_s()
     import torch
 
+    steps.done("import_torch")
     os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
     torch.cuda.set_device(device)
     torch.cuda.init()
+    steps.done("cuda_init")
     driver.ensure_context(device)
+    steps.done("driver_context")
     gpu = current_gpu(device)
+    steps.done("gpu_info")
     # The correctness bound is the spread of every vendor baseline where nvmath-python
-    # (cuBLAS, cuBLASLt) is installed, torch.matmul's error alone otherwise.
+    # (cuBLAS, cuBLASLt) is installed, torch.matmul's error alone otherwise. Its
+    # handles and workspaces are made at its first use (a job), not here.
     vendor_errors: correctness.VendorErrors = correctness.torch_error
     if nvmath_available():
         vendor_errors = VendorSpread()
+    steps.done("nvmath_import")
     # The cuBLASLt version the worker autotunes with: the build reuses vendor records
     # of that version only (an algorithm belongs to the library that offered it).
     lt_version = version() if isinstance(vendor_errors, VendorSpread) else None
-    conn.send({"hello": gpu.as_json(), "cublaslt_version": lt_version})
+    steps.done("cublaslt_version")
+    startup = {"before_main": before_main, **steps.seconds}
+    startup["in_main"] = round(sum(steps.seconds.values()), 3)
+    # What every candidate of a target shares (trials, references, vendor errors,
+    # timing operand sets), kept on this worker's GPU.
+    inputs = InputCache()
+    conn.send({"hello": gpu.as_json(), "cublaslt_version": lt_version, "startup_s": startup})
+    # (the build's log has the worker's stderr: where its start-up went, on any runner)
+    steps_text = ", ".join(f"{k} {v}" for k, v in startup.items())
+    print(f"measuring worker on device {device}: start-up s: {steps_text}", file=sys.stderr)
     while True:
         msg = conn.recv()
         if msg is None:
             return
         job = Job.from_json(msg)
         try:
-            conn.send({"result": run_job(job, device, gpu.name, vendor_errors).as_json()})
+            result = run_job(job, device, gpu.name, vendor_errors, inputs)
+            conn.send({"result": result.as_json()})
         except Exception as exc:  # noqa: BLE001 - every failure is a result, recorded
             fatal = _is_cuda_error(exc)
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"

@@ -56,7 +56,7 @@ def test_an_honest_fused_kernel_passes(epilogue, dtype):
         seen.append({k: v.clone() for k, v in epi.items()})
         _fused(a, b, c, epi)
 
-    res = correctness.check(_target(epilogue, dtype), run, _gen())
+    res = correctness.check(_target(epilogue, dtype), run, 5)
     assert res.ok, res.error
     assert res.vendors == (f"torch+{epilogue}",)
     # every operand the epilogue reads, fresh each trial (2 random + exact + 2 repeats)
@@ -98,7 +98,7 @@ def test_the_unfused_torch_op_rounds_twice_and_stays_within_its_own_bound():
     ],
 )  # fmt: skip
 def test_a_wrong_epilogue_is_rejected(epilogue, run, needle):
-    res = correctness.check(_target(epilogue), run, _gen())
+    res = correctness.check(_target(epilogue), run, 5)
     assert not res.ok and needle in res.error, res.error
 
 
@@ -123,7 +123,7 @@ def test_a_plain_target_keeps_three_argument_runs():
         calls.append(1)
         c.copy_((a.float() @ b.float().t()).to(c.dtype))
 
-    assert correctness.check(Target("sm_90a", "fp16", "tn", 8, 16, 64), run, _gen()).ok
+    assert correctness.check(Target("sm_90a", "fp16", "tn", 8, 16, 64), run, 5).ok
     assert len(calls) == 5
 
 

@@ -137,8 +137,6 @@ def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
     assert b.ok, b.error
     assert b.spill_bytes == 0
     kernel = driver.Kernel(cache.cubin(b.artifact_key), b.symbol, launch_recipe(d)["smem_bytes"])
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(1)
     for m, n, k in shapes:
         if d.layout == "nn" and n % 8:
             continue  # nn needs N % 8 == 0 (dispatch falls back otherwise)
@@ -150,7 +148,7 @@ def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
                 kernel, launch_recipe(d), t, a.data_ptr(), bb.data_ptr(), c.data_ptr(), stream
             )
 
-        res = correctness.check(t, run, gen)
+        res = correctness.check(t, run, 1)
         assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
 
 

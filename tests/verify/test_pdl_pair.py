@@ -48,7 +48,7 @@ def test_a_pdl_recipe_asks_for_the_pair_check_a_plain_one_does_not(tmp_path, mon
     worker.run_job(job, 0, GPU.name, correctness.torch_error)
     plain = dataclasses.replace(job, recipe={**job.recipe, "pdl": False})
     worker.run_job(plain, 0, GPU.name, correctness.torch_error)
-    assert asked == [{"pdl_pair_check": True}, {"pdl_pair_check": False}]
+    assert [kw["pdl_pair_check"] for kw in asked] == [True, False]
 
 
 class _NoGpuTorch:

@@ -120,3 +120,80 @@ def test_the_local_runner_profiles_a_batch_in_one_ncu_run(
     else:
         assert [a.metrics for a in answers] == RECORD["metrics"][:3]
         assert all(a.status == Status.OK for a in answers)
+
+
+FAKE_NCU = r'''#!{python}
+"""A stand-in for ncu: refuses the metric names listed in $FAKE_NCU_UNKNOWN as ncu
+does, prints the recorded report on --import, logs each call's metrics."""
+import json, os, sys
+from pathlib import Path
+args = sys.argv[1:]
+if "--import" in args:
+    print(Path(os.environ["FAKE_NCU_RAW"]).read_text(), end="")
+    sys.exit(0)
+metrics = args[args.index("--metrics") + 1].split(",")
+with open(os.environ["FAKE_NCU_CALLS"], "a") as f:
+    f.write(json.dumps(metrics) + "\n")
+bad = [m for m in metrics if m in os.environ["FAKE_NCU_UNKNOWN"].split(",")]
+for m in bad:
+    print(f"==ERROR== Failed to find metric '{m}'")
+if not bad:  # the child ran: its phases
+    Path(args[-1]).write_text(json.dumps({"imports": 1.5, "cuda_init": 0.5, "launches": 2.0}))
+sys.exit(1 if bad else 0)
+'''
+
+
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    import sys
+
+    exe = tmp_path / "ncu"
+    exe.write_text(FAKE_NCU.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("FAKE_NCU_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_NCU_RAW", str(DATA / "ncu-h100-raw.csv"))
+    monkeypatch.setattr(prof, "find_ncu", lambda: str(exe))
+    monkeypatch.setattr(prof, "_UNKNOWN", {})
+    return lambda: [json.loads(x) for x in calls.read_text().splitlines()]
+
+
+def test_a_metric_ncu_refuses_costs_one_run_per_process_not_per_round(
+    fake_ncu, monkeypatch, capsys
+):
+    """A refused name is dropped for the next one (a run each time); the next profiling
+    call of the process starts without it. Each call's seconds are in the result (the
+    ncu runs, the child's phases, the report import) and on one stderr line."""
+    first = prof.METRICS["ncu_tensor_pct"][0]
+    monkeypatch.setenv("FAKE_NCU_UNKNOWN", first)
+    jobs = RECORD["jobs"]
+    res = prof.profile(jobs)
+    # (the recorded report, which has the first name's column only)
+    want = [{k: v for k, v in m.items() if k != "ncu_tensor_pct"} for m in RECORD["metrics"]]
+    assert res.error == "" and res.metrics == want
+    assert res.names["ncu_tensor_pct"] == prof.METRICS["ncu_tensor_pct"][1]
+    calls = fake_ncu()
+    assert len(calls) == 2 and first in calls[0] and first not in calls[1]
+    assert set(res.seconds) >= {"ncu_run_1", "ncu_run_2", "import", "child_imports"}
+    assert res.seconds["child_launches"] == 2.0
+    line = capsys.readouterr().err
+    assert "ncu: 3 kernels, 2 run(s)" in line and "imports 1.5" in line and first in line
+    again = prof.profile(jobs)  # the next round
+    assert len(fake_ncu()) == 3 and first not in fake_ncu()[2]
+    assert set(again.seconds) >= {"ncu_run_1", "import"} and "ncu_run_2" not in again.seconds
+
+
+def test_the_ncu_command_keeps_the_clocks_and_profiles_only_the_candidates(tmp_path):
+    cmd = prof.ncu_command(
+        "ncu", ["a.sum", "b.pct"], tmp_path / "r", tmp_path / "j", tmp_path / "p", 24
+    )
+
+    def opt(name: str) -> str:
+        return cmd[cmd.index(name) + 1]
+
+    assert opt("--clock-control") == "none"  # measured as found, never locked
+    assert opt("--cache-control") == "all" and opt("--replay-mode") == "kernel"
+    assert opt("--kernel-name") == f"regex:^{prof.KERNEL_PREFIX}"
+    assert opt("--launch-count") == "24" and opt("--metrics") == "a.sum,b.pct"
+    assert opt("--target-processes") == "application-only"
+    assert cmd[-3:] == ["cudal2.verify.profile", str(tmp_path / "j"), str(tmp_path / "p")]

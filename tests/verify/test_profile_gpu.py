@@ -40,6 +40,10 @@ def test_profile_recorded_kernels(recorded_measurements, artifact_cache):
     assert res.error == "", res.error
     assert len(res.metrics) == len(jobs)
     assert set(res.names) == set(METRICS)  # every quantity found a metric name on this GPU
+    # where the seconds went: the ncu run(s), the child's own phases, the report import
+    assert res.seconds["ncu_run_1"] > 0 and res.seconds["import"] > 0, res.seconds
+    phases = {"child_imports", "child_cuda_init", "child_operands", "child_module_load"}
+    assert phases | {"child_launches"} <= set(res.seconds), res.seconds
     for m, vals in zip(chosen, res.metrics, strict=True):
         assert set(vals) == set(METRICS), vals
         for k, v in vals.items():

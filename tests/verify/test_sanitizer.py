@@ -136,3 +136,57 @@ def test_the_checked_size_keeps_the_epilogue(target):
     assert s.epilogue == target.epilogue
     assert (s.m, s.n, s.k) == (min(target.m, 130), min(target.n, 136), min(target.k, 264))
     assert s.out_n * 2 == s.n or s.epilogue not in ("silu", "rmsnorm_silu")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        Target("sm_90a", "fp16", "tn", 130, 136, 264),
+        Target("sm_90a", "bf16", "nn", 7, 24, 40),
+        Target("sm_90a", "fp16", "tn", 16, 40, 96, epilogue="bias_residual"),
+        Target("sm_90a", "bf16", "tn", 16, 40, 4096, epilogue="rmsnorm_silu"),
+    ],
+    ids=lambda t: t.label,
+)
+def test_the_childs_operands_are_the_working_dtypes_uniform_values(target):
+    """The memcheck child makes its inputs on the host: each exactly the shape the
+    kernel reads (its allocation is exactly that size), the working dtype's bits of
+    uniform(-1, 1) values rounded as torch rounds them (a gated B scaled as in the
+    trials)."""
+    torch = pytest.importorskip("torch")
+    from cudal2.records import EPILOGUE_OPERANDS
+    from cudal2.verify.correctness import gated_b_scale, torch_dtype
+
+    host = sanitizer.host_operands(target)
+    b_shape = (target.n, target.k) if target.layout == "tn" else (target.k, target.n)
+    shapes = {"a": (target.m, target.k), "b": b_shape, "bias": (target.n,)}
+    shapes["residual"] = (target.m, target.n)
+    assert set(host) == {"a", "b", *EPILOGUE_OPERANDS[target.epilogue]}
+    rng = __import__("numpy").random.default_rng(0)
+    for name, bits in host.items():
+        assert bits.shape == shapes[name] and bits.dtype.itemsize == 2
+        x = torch.from_numpy(rng.uniform(-1.0, 1.0, size=bits.shape).astype("float32"))
+        if name == "b":
+            x *= gated_b_scale(target)
+        want = x.to(torch_dtype(target.dtype)).view(torch.int16).numpy().view("uint16")
+        assert (bits == want).all(), name
+    assert (host["a"] == sanitizer.host_operands(target)["a"]).all()  # the same every run
+
+
+def test_the_child_runs_without_torch():
+    """Importing what the memcheck child imports and making its operands loads no torch
+    (its import and CUDA start-up were most of a memcheck's seconds)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from cudal2.records import Target; "
+        "from cudal2.verify import sanitizer, launch; from cudal2.packaging.runtime import driver; "
+        "sanitizer.host_operands(Target('sm_90a', 'bf16', 'tn', 8, 16, 64, epilogue='residual')); "
+        "from cuda.bindings import driver as cu; "
+        "sys.exit(3 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    import inspect
+
+    assert "torch" not in inspect.getsource(sanitizer._child)  # nor does the child itself

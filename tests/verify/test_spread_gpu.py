@@ -75,9 +75,7 @@ def test_bound_passes_a_correct_kernel_and_rejects_a_deviating_one(
             c.view(-1)[c.numel() // 2] += bump["value"]
 
     def check():
-        gen = torch.Generator(device="cuda")
-        gen.manual_seed(3)
-        return correctness.check(t, run, gen, vendor_errors=spread)
+        return correctness.check(t, run, 3, vendor_errors=spread)
 
     ok = check()
     assert ok.ok, ok.error
@@ -85,10 +83,7 @@ def test_bound_passes_a_correct_kernel_and_rejects_a_deviating_one(
     assert ok.max_abs_err <= correctness.bound({"w": ok.vendor_max_abs_err}, 1e9, t.dtype)
     # One element off by 3x the worst vendor deviation (plus rounding at the result's
     # scale): beyond the bound in the first random trial.
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(3)
-    a, bb = correctness.operands(t, "random", gen)
-    scale = float(correctness.reference(t, a, bb).abs().max())
+    scale = float(correctness.draw(t, 3, 0, "random").ref.abs().max())  # the first trial's
     bump["value"] = 3 * ok.vendor_max_abs_err + 4 * correctness.OUT_EPS[t.dtype] * scale
     bad = check()
     assert not bad.ok

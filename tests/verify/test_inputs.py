@@ -1,0 +1,325 @@
+"""What a measuring worker keeps per target (``cudal2.verify.inputs``), its logic run
+on the CPU (operands made on the CPU, the same code otherwise): a candidate checked
+with kept trials gets the same ``CheckResult`` as with trials drawn afresh, for honest
+kernels and for kernels wrong in each way the checks catch, in any order; a kernel
+that writes its residual (in place) or its read-only inputs leaves nothing behind for
+the next; the kept bytes stay bounded."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cudal2.records import Target
+from cudal2.verify import correctness, inputs
+from cudal2.verify.inputs import Fresh, InputCache
+
+torch = pytest.importorskip("torch")
+
+SEED = 7
+
+
+@pytest.fixture(autouse=True)
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(correctness, "DEVICE", "cpu")
+
+
+def _target(epilogue: str = "none", dtype: str = "fp16", m=24, n=40, k=96) -> Target:
+    return Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
+
+
+def _acc(t: Target, a, b, epi):
+    """The fused op from its definition (not the suite's code), in fp32."""
+    acc = a.float() @ b.float().t()
+    if t.epilogue.startswith("rmsnorm"):
+        acc = acc / torch.sqrt((a.float() ** 2).sum(1, keepdim=True) / t.k + 1e-5)
+    for name in ("bias", "residual"):
+        if name in epi:
+            acc = acc + epi[name].float()
+    if t.epilogue in ("silu", "rmsnorm_silu"):
+        g, u = acc[:, 0::2], acc[:, 1::2]
+        acc = g / (1 + torch.exp(-g)) * u
+    return acc
+
+
+class Kernel:
+    """A CPU stand-in for a candidate: ``run(a, b, c[, epi])`` writes C; ``flaw`` breaks
+    one thing. Calls are counted per candidate, so a flaw that depends on the call
+    (a race) behaves alike whichever inputs it gets."""
+
+    def __init__(self, t: Target, flaw: str = ""):
+        self.t, self.flaw, self.calls = t, flaw, 0
+
+    def __call__(self, a, b, c, epi=None):
+        self.calls += 1
+        epi = epi or {}
+        acc = _acc(self.t, a, b, epi)
+        exact = bool(((a == 0) | (a == 1)).all())
+        if self.flaw == "off" or (self.flaw == "off_on_exact" and exact):
+            acc[3, 5] += 1.0
+        if self.flaw == "race" and self.calls == 3:  # the second repeat differs a little
+            acc[0, 0] += 2 * abs(float(acc[0, 0])) * correctness.OUT_EPS[self.t.dtype] + 1e-3
+        c.copy_(acc.to(c.dtype))
+        if self.flaw == "unwritten":
+            c[-1] = float("nan")
+        if self.flaw == "writes_a":
+            a.view(-1)[0] += 1
+        if self.flaw == "writes_b_on_repeat" and self.calls == 2:
+            b.view(-1)[-1] = 0.0
+        if self.flaw == "writes_bias" and "bias" in epi:
+            epi["bias"].zero_()
+        if self.flaw == "in_place" and "residual" in epi:
+            epi["residual"].copy_(c)  # R = C: an in-place epilogue's write
+
+
+def _check(t: Target, flaw: str, source) -> correctness.CheckResult:
+    return correctness.check(t, Kernel(t, flaw), SEED, inputs=source)
+
+
+FLAWS = {
+    "": "",
+    "off": "random trial 0: max |error|",
+    "off_on_exact": "exact {0,1} trial",
+    "unwritten": "not written",
+    "race": "repeat 2:",
+    "writes_a": "random trial 0: the kernel wrote into its input(s) a",
+    "in_place": "random trial 0: the kernel wrote into its input(s) residual",
+    "writes_b_on_repeat": "repeat 1: the kernel wrote into its input(s) b",
+}
+TARGETS = [
+    _target(),
+    _target(dtype="bf16", m=17, n=33, k=200),
+    _target("bias"),
+    _target("residual"),
+    _target("bias_residual", "bf16"),
+    _target("rmsnorm"),
+    _target("silu"),
+]
+
+
+@pytest.mark.parametrize("t", TARGETS, ids=lambda t: t.label)
+def test_kept_trials_give_every_candidate_the_verdict_of_fresh_ones(t):
+    """One cache through a sequence of candidates (each flaw, then honest again), each
+    result equal to the result with trials drawn afresh, field for field."""
+    if t.epilogue in ("rmsnorm", "silu"):
+        flaws = ["", "off", "unwritten", "race", "writes_a", ""]  # {0,1} trial bounded there
+    else:
+        flaws = [*(f for f in FLAWS if f != "in_place"), ""]
+    if "bias" in t.epilogue:
+        flaws.insert(1, "writes_bias")
+    if "residual" in t.epilogue:
+        flaws.insert(1, "in_place")
+    cache = InputCache()
+    for flaw in flaws:
+        fresh = _check(t, flaw, correctness.FRESH)
+        kept = _check(t, flaw, cache)
+        assert kept == fresh, flaw
+        if flaw:
+            want = FLAWS.get(flaw, "wrote into its input(s) bias")
+            assert not kept.ok and want in kept.error, (flaw, kept.error)
+        else:
+            assert kept.ok, kept.error
+
+
+@pytest.mark.parametrize("t", [_target("residual"), _target("bias_residual")], ids=str)
+def test_a_kernel_that_writes_its_residual_fails_and_poisons_nothing(t, monkeypatch):
+    """An epilogue that writes R (as if launched in place, R = C, though here R is not
+    C) fails, as its repeats did before trials were kept; it wrote a copy, so the kept
+    trial is still as drawn and the next candidate reuses it."""
+    cache = InputCache()
+    assert _check(t, "", cache).ok
+    kept = {i: cache.trial(t, SEED, i, k).epi["residual"].clone() for i, k in _trials()}
+    res = _check(t, "in_place", cache)
+    assert res == _check(t, "in_place", correctness.FRESH)
+    assert not res.ok and "random trial 0: the kernel wrote into its input(s) residual" in res.error
+    drawn = []
+    monkeypatch.setattr(correctness, "draw", lambda *a: drawn.append(a) or None)
+    assert _check(t, "", cache).ok
+    assert drawn == [] and cache.redrawn == 0  # nothing written: nothing drawn again
+    for i, k in _trials():
+        assert torch.equal(cache.trial(t, SEED, i, k).epi["residual"], kept[i])
+
+
+def _trials():
+    return [(0, "random"), (1, "random"), (2, "exact")]
+
+
+def test_a_kernel_that_writes_its_inputs_fails_and_its_trial_is_not_kept():
+    t = _target()
+    cache = InputCache()
+    assert _check(t, "", cache).ok
+    drawn = []
+    real = correctness.draw
+
+    def counted(*a):
+        drawn.append(a[2])
+        return real(*a)
+
+    correctness.draw = counted
+    try:
+        res = _check(t, "writes_a", cache)
+        assert not res.ok and "wrote into its input(s) a" in res.error
+        assert drawn == []  # it ran on the kept trial 0...
+        assert _check(t, "", cache).ok
+        assert drawn == [0]  # ...which was dropped: the next candidate draws it afresh
+        assert cache.redrawn == 0  # (by the check that saw the write, not found later)
+    finally:
+        correctness.draw = real
+
+
+def test_the_second_candidate_draws_nothing_and_asks_the_vendors_once_per_trial():
+    t = _target()
+    asked = []
+
+    def vendor_errors(t, a, b, ref):
+        asked.append(1)
+        return correctness.torch_error(t, a, b, ref)
+
+    cache = InputCache()
+    for _ in range(3):
+        assert correctness.check(t, Kernel(t), SEED, vendor_errors=vendor_errors, inputs=cache).ok
+    assert len(asked) == 2  # the two random trials, once
+    assert cache.stats()["misses"] == 3 and cache.stats()["hits"] == 6
+    asked.clear()
+    for _ in range(3):
+        correctness.check(t, Kernel(t), SEED, vendor_errors=vendor_errors)
+    assert len(asked) == 6  # drawn afresh: every candidate asks again
+
+
+def test_vendor_errors_are_kept_per_yardstick():
+    t = _target()
+    cache = InputCache()
+    torch_only = correctness.check(t, Kernel(t), SEED, inputs=cache)
+
+    def two(t, a, b, ref):
+        return {**correctness.torch_error(t, a, b, ref), "other": 0.0}
+
+    both = correctness.check(t, Kernel(t), SEED, vendor_errors=two, inputs=cache)
+    assert torch_only.vendors == ("torch",) and both.vendors == ("other", "torch")
+
+
+def test_a_stray_write_into_a_kept_trial_is_seen_and_the_trial_drawn_again():
+    t = _target("bias")
+    cache = InputCache()
+    first = _check(t, "", cache)
+    cache.trial(t, SEED, 0, "random").ref[1, 1] += 3.0  # e.g. another kernel's stray write
+    assert _check(t, "", cache) == first
+    assert cache.redrawn == 1
+
+
+def test_each_trial_draws_from_its_own_generator():
+    """Trial i's inputs depend on (seed, target, i) only: not on what was drawn before,
+    nor on which other trials exist; another seed or target draws others."""
+    t = _target("bias")
+    one = correctness.draw(t, SEED, 1, "random")
+    again = correctness.draw(t, SEED, 1, "random")
+    pairs = zip(one.tensors().values(), again.tensors().values(), strict=True)
+    assert all(torch.equal(x, y) for x, y in pairs)
+    assert not torch.equal(one.a, correctness.draw(t, SEED, 0, "random").a)
+    assert not torch.equal(one.a, correctness.draw(t, SEED + 1, 1, "random").a)
+    other = dataclasses.replace(t, n=48)
+    assert not torch.equal(one.a, correctness.draw(other, SEED, 1, "random").a)
+    assert correctness.derived_seed(SEED, t, "trial1") < 2**63
+
+
+def test_a_generator_is_refused_as_the_seed():
+    g = torch.Generator()
+    with pytest.raises(TypeError, match="seed must be an int"):
+        correctness.check(_target(), Kernel(_target()), g)
+
+
+def test_the_kept_bytes_stay_within_the_bound_least_recently_used_out_first():
+    small, other = _target(), _target(m=32)
+    one = correctness.draw(small, SEED, 0, "random").nbytes
+    cache = InputCache(max_bytes=2 * one + one // 2)  # two trials of these sizes fit
+    cache.trial(small, SEED, 0, "random")
+    cache.trial(small, SEED, 1, "random")
+    assert cache.stats()["entries"] == 2 and cache.bytes == 2 * one
+    cache.trial(small, SEED, 0, "random")  # used: trial 1 is now the oldest
+    cache.trial(other, SEED, 0, "random")
+    assert cache.bytes <= cache.max_bytes
+    assert ("trial", small.key, SEED, 1, "random") not in cache._kept
+    assert ("trial", small.key, SEED, 0, "random") in cache._kept
+    huge = _target(m=400, n=400, k=400)
+    got = cache.trial(huge, SEED, 0, "random")  # larger than the bound: used, not kept
+    assert got.nbytes > cache.max_bytes and cache.bytes <= cache.max_bytes
+    assert ("trial", huge.key, SEED, 0, "random") not in cache._kept
+
+
+def test_a_timing_pool_is_kept_and_each_job_gets_its_own_residuals():
+    t = _target("bias_residual")
+    cache = InputCache()
+    pool = cache.timing(t, SEED, 3)
+    assert cache.timing(t, SEED, 3) is pool
+    fresh = inputs.draw_timing(t, SEED, 3)
+    for (a, b), (fa, fb) in zip(pool.sets, fresh.sets, strict=True):
+        assert torch.equal(a, fa) and torch.equal(b, fb)
+    job = pool.for_job()
+    for e, mine in zip(pool.epis, job, strict=True):
+        assert mine["bias"] is e["bias"]  # read-only: shared
+        assert mine["residual"] is not e["residual"]
+        assert torch.equal(mine["residual"], e["residual"])
+        mine["residual"].fill_(9.0)  # an in-place epilogue writes its copy...
+        assert not torch.equal(mine["residual"], e["residual"])  # ...not the pool's
+    # the timing pool is not a trial's inputs
+    assert not torch.equal(pool.sets[0][0], correctness.draw(t, SEED, 0, "random").a)
+    assert isinstance(Fresh().timing(t, SEED, 2), inputs.TimingSets)
+
+
+def _job(t: Target):
+    from cudal2.records import Job, JobKind, TimingConfig
+
+    return Job(
+        JobKind.MEASURE,
+        t,
+        TimingConfig(reps=5),
+        toolchain="cpu",
+        artifact_key="cpu:kernel",
+        symbol="cpu_kernel",
+        recipe={},
+        cubin="",
+    )
+
+
+@pytest.mark.parametrize("t", [_target(), _target("bias_residual")], ids=lambda t: t.label)
+def test_the_worker_answers_a_batch_alike_with_and_without_its_cache(t, monkeypatch):
+    """``_check_and_time`` on the CPU (timing replaced by one call per operand set):
+    the same statuses, errors and metrics for a batch of good and wrong candidates,
+    and a candidate that writes its residual while timed leaves the pool as drawn."""
+    from cudal2.verify import worker
+    from cudal2.verify.timing import Timing
+
+    def one_call_each(fns, nsets, cfg, est_us=10.0):
+        for fn in fns.values():
+            for j in range(nsets):
+                fn(j)
+        return {name: Timing((1.0,) * cfg.reps) for name in fns}
+
+    monkeypatch.setattr(worker, "time_interleaved", one_call_each)
+    monkeypatch.setattr(worker, "operand_sets", lambda nbytes: 3)  # not 4,096 tiny sets
+    gpu = "NVIDIA H100 80GB HBM3"
+    batch = ["", "off", "writes_a", "", "unwritten", "race", "off_on_exact", "timed_writes_r", ""]
+
+    class TimedWritesR(Kernel):
+        def __call__(self, a, b, c, epi=None):
+            super().__call__(a, b, c, epi)
+            if self.calls > 5 and epi and "residual" in epi:  # after the checks' 5 runs
+                epi["residual"].fill_(9.0)
+
+    def answer(flaw, source):
+        k = TimedWritesR(t) if flaw == "timed_writes_r" else Kernel(t, flaw)
+        return worker._check_and_time(_job(t), k, gpu, correctness.torch_error, inputs=source)
+
+    cache = InputCache()
+    for flaw in batch:
+        fresh, kept = answer(flaw, None), answer(flaw, cache)
+        assert (kept.status, kept.error, kept.metrics) == (fresh.status, fresh.error, fresh.metrics)
+        assert (kept.max_abs_err, kept.samples_us) == (fresh.max_abs_err, fresh.samples_us)
+        assert (kept.status == "ok") == (flaw in ("", "timed_writes_r")), (flaw, kept.error)
+    seed = _job(t).timing.seed
+    assert cache.stats()["hits"] > 0
+    pool, drawn = cache.timing(t, seed, 3), inputs.draw_timing(t, seed, 3)
+    assert bool(pool.epis[0]) == (t.epilogue != "none")  # (compared below)
+    for e, d in zip(pool.epis, drawn.epis, strict=True):
+        assert all(torch.equal(e[n], d[n]) for n in e)
