@@ -30,6 +30,19 @@ def gpu_names() -> list[str]:
     return _smi("name")
 
 
+def gpu_models() -> list[tuple[str, str]]:
+    """(name, arch) of each visible GPU, in nvidia-smi's order, without initialising
+    CUDA in this process: what a build proposes for while its workers start."""
+    models = []
+    for row in _smi("name,compute_cap"):
+        name, _, cap = row.rpartition(",")
+        major, _, minor = cap.strip().partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            return []  # a driver that cannot say: the caller waits for a worker's answer
+        models.append((name.strip(), arch_of(int(major), int(minor))))
+    return models
+
+
 def arch_of(major: int, minor: int) -> str:
     # sm_90 parts run sm_90a cubins; the 'a' target is what our Hopper kernels need.
     return f"sm_{major}{minor}a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"

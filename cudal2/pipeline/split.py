@@ -30,6 +30,7 @@ from cudal2.generator.compile import ArtifactCache
 from cudal2.hardware import REFERENCE_GPU, datasheet
 from cudal2.manifest import Manifest
 from cudal2.pipeline.build import Build, BuildError, believable, rendered, shippable
+from cudal2.pipeline.compiling import CompileStream
 from cudal2.pipeline.gate import check_key
 from cudal2.pipeline.job import (
     JOB_FILE,
@@ -93,7 +94,8 @@ class ExportRunner:
     def designs(self, target: Target) -> Sequence[KernelDesign] | None:
         return None if self.space is None else self.space(target)
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        jobs = list(jobs)  # the whole round, to export it
         kernels = [j for j in jobs if j.kind == JobKind.MEASURE]
         if kernels:
             self.jobs = kernels
@@ -126,14 +128,15 @@ class _ExportBuild(Build):
     def _append(self, records: Iterable[Measurement]) -> None:
         self.kept.extend(records)
 
-    def _builds(self, runner, designs, desc):  # type: ignore[no-untyped-def]
+    def _stream(self, runner, designs, desc):  # type: ignore[no-untyped-def]
+        # The job's cubins all compiled before the round is exported (no GPU waits here).
         self.phase = desc.split(":", 1)[0]
         if self.compile:
             builds = self._compile(designs, desc)
         else:
             builds = {d.key: rendered(d) for d in designs}
         self.builds.update(builds)
-        return builds
+        return CompileStream.done(builds.values())
 
 
 @dataclass
