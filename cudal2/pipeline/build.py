@@ -15,6 +15,7 @@ artifact, toolchain and timing mode), so a killed build re-run repeats no finish
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ from cudal2.manifest import Manifest
 from cudal2.packaging.native_build import NativeBuild, build_native
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
-from cudal2.pipeline.compiling import CompileStream
+from cudal2.pipeline.compiling import Proposed, RoundStream
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.gate import SanitizerGate, ledger_of, shipped_kernels
 from cudal2.pipeline.profiling import profile_round
@@ -77,8 +78,9 @@ if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
 
 
-# Beside the wheel: the build's stage table as JSON (``StageTimes.as_json``).
-STAGES_JSON = "build-stages.json"
+# The log line carrying the build's stage table as JSON (``StageTimes.as_json``), one line
+# for a script to cut out of a time-stamped log.
+STAGES_LINE = "build stages as JSON: "
 
 
 class BuildError(RuntimeError):
@@ -212,6 +214,7 @@ class Build:
         native: bool = True,
         log: TextIO | None = None,  # None: sys.stderr as it is when the build is made
         clock: StageClock | None = None,  # where the stages' seconds are counted
+        stages_json: Path | None = None,  # where the stage table is written as JSON
     ):
         self.manifest = manifest
         self.db = MeasurementDB(db_path)
@@ -234,6 +237,7 @@ class Build:
         self.proposer_name = ""  # the measuring loop's proposer, as its records name it
         # The wall counts from here: a CLI's imports are before it (docs/measuring.md).
         self.clock = clock if clock is not None else StageClock()
+        self.stages_json = stages_json
         self._spent = False  # the GPU-time budget ran out
 
     def say(self, msg: str) -> None:
@@ -412,9 +416,11 @@ class Build:
         budget_from: float | None = None
         for rnd in range(m.search.rounds):
             label = f"round {rnd + 1}/{m.search.rounds}"
-            with self.clock.stage("propose"):
-                proposals = {
-                    t: _propose(
+
+            def propose(t: Target) -> list[KernelDesign]:
+                # in the stream's thread: reads only what earlier rounds left
+                with self.clock.stage("propose"):
+                    return _propose(
                         proposer,
                         t,
                         (plain_records.get(t.plain, []) if t.epilogue != "none" else [])
@@ -422,20 +428,18 @@ class Build:
                         m.search.candidates,
                         unanswered.get(t, set()),
                     )
-                    for t in targets
-                }
-            designs = [d for ds in proposals.values() for d in ds]
-            builds = self._stream(runner, designs, f"{label}: compile")
+
+            stream = self._stream(runner, targets, propose, label)
             try:
                 gpu = ready()
                 if budget_from is None:  # the budget is the GPU's time: from its start
                     budget_from = time.monotonic()
-                round_ms = self._measure_round(
+                proposals, round_ms = self._measure_round(
                     runner,
                     gpu,
                     proposer.name,
-                    proposals,
-                    builds,
+                    len(targets),
+                    stream,
                     timing,
                     prior,
                     label,
@@ -443,7 +447,7 @@ class Build:
                     unanswered,
                 )
             finally:
-                builds.close()  # a compile still running is waited for
+                stream.close()  # proposing stops; a compile still running is waited for
             # Every round's results in one order, whichever job finished first: the
             # proposer's update is deterministic only for the same results in the same order.
             round_ms = in_proposal_order(round_ms, proposals)
@@ -468,31 +472,41 @@ class Build:
         runner: Runner,
         gpu: GpuInfo,
         proposer_name: str,
-        proposals: dict[Target, list[KernelDesign]],
-        builds: Iterator[BuildResult],
+        targets: int,
+        stream: RoundStream,
         timing: TimingConfig,
         prior: dict[tuple, Measurement],
         label: str,
         started: float,
         unanswered: dict[Target, set[str]],
-    ) -> list[Measurement]:
+    ) -> tuple[dict[Target, list[KernelDesign]], list[Measurement]]:
         """One round measured: each candidate's job handed to the runner as soon as its
-        cubin is compiled (``builds``: as they finish), its answer recorded at once.
-        Returns the round's records (measured, reused, compile failures) in the order
-        they came."""
+        cubin is compiled (``stream``: each target's proposals, then builds as they
+        finish), its answer recorded at once. Returns the round's proposals (by target,
+        in manifest order) and its records (measured, reused, compile failures) in the
+        order they came."""
+        proposals: dict[Target, list[KernelDesign]] = {}
         uses: dict[str, list[tuple[Target, KernelDesign]]] = {}
-        for t, ds in proposals.items():
-            for d in ds:
-                uses.setdefault(d.key, []).append((t, d))
+        made: set[tuple[Target, str]] = set()
         built: dict[str, BuildResult] = {}
         # Records made while the runner pulls jobs (perhaps from a thread of its own):
         # the pipeline, the database's one writer, records them between answers.
         settled: deque[tuple[Measurement, bool]] = deque()
 
         def jobs() -> Iterator[Job]:
-            for b in self.clock.timed(builds, "wait for cubins"):
+            for b in self.clock.timed(stream, "wait for cubins"):
+                if isinstance(b, Proposed):
+                    proposals[b.target] = list(b.designs)
+                    for d in b.designs:
+                        uses.setdefault(d.key, []).append((b.target, d))
+                    if len(proposals) == targets:  # all proposed: the bar's exact total
+                        bar.total = sum(len(ds) for ds in proposals.values())
+                    continue
                 built[b.design_key] = b
                 for t, d in uses.get(b.design_key, []):
+                    if (t, d.key) in made:  # a design built once, proposed again since
+                        continue
+                    made.add((t, d.key))
                     job = kernel_job(t, d, b, timing, "")
                     old = prior.get(job.reuse_key(gpu.name))
                     if old is not None:
@@ -515,11 +529,12 @@ class Build:
                 else:
                     self.counts["reused"] += 1
 
-        candidates = sum(len(ds) for ds in proposals.values())
-        bar = progress(candidates, f"{label}: measure", "candidate", self.log)
+        # every target's full round until all are proposed (fewer where a space ran out)
+        bar = progress(targets * self.manifest.search.candidates, f"{label}: measure",
+                       "candidate", self.log)  # fmt: skip
         unrecorded: list[Job] = []
-        stream = jobs()
-        answers = self._run(runner, stream, "measure")
+        todo = jobs()
+        answers = self._run(runner, todo, "measure")
         try:
             for res in self._answers(answers, bar, "candidate", started, unrecorded, settle):
                 assert res.job.design is not None
@@ -533,36 +548,61 @@ class Build:
                 # A runner that stopped asking for jobs (or was given none: every
                 # candidate reused or failed to compile) has left the rest of the stream:
                 # the records it makes still count; its jobs were never run.
-                for job in stream:
+                for job in todo:
                     unrecorded.append(job)
                     self.counts["unmeasured"] += 1
                 settle()
         finally:
             answers.close()
-            stream.close()
+            todo.close()
             bar.close()
         for job in unrecorded:
             if job.design is not None:
                 unanswered.setdefault(job.target, set()).add(job.design.key)
-        return round_ms
+        return proposals, round_ms
 
-    def _stream(self, runner: Runner, designs: Sequence[KernelDesign], desc: str) -> CompileStream:
-        """Each design's build as it finishes: compiled in the background from now on
-        (on all cores: ``runner.compile`` where the runner has one, else ``build_all``)
-        while the caller hands finished ones to the runner; rendered where it needs no
-        cubins."""
-        unique = list({d.key: d for d in designs}.values())
+    def _stream(
+        self,
+        runner: Runner,
+        targets: Sequence[Target],
+        propose: Callable[[Target], list[KernelDesign]],
+        label: str,
+    ) -> RoundStream:
+        """A round's proposals and builds as they come (``pipeline.compiling``): the
+        targets proposed for in order and compiled in chunks that fill every core, in
+        the background from now on."""
+        cores = self.jobs or os.cpu_count() or 1
+        bar = progress(len(targets), f"{label}: propose + compile", "target", self.log)
+
+        def compile_chunk(designs: list[KernelDesign], on_done: Callable[[BuildResult], None]):
+            with self.clock.stage("compile"):
+                self._compile_designs(runner, designs, f"{label}: compile", on_done)
+
+        return RoundStream(
+            targets,
+            propose,
+            compile_chunk,
+            chunk=2 * cores,
+            bar=bar,
+            on_end=lambda n: self.counts.update(compiled=n),
+        )
+
+    def _compile_designs(
+        self,
+        runner: Runner,
+        designs: list[KernelDesign],
+        desc: str,
+        on_done: Callable[[BuildResult], None],
+    ) -> None:
+        """Each design's build, handed to ``on_done`` as it finishes: compiled on all
+        cores (``runner.compile`` where the runner has one, else ``build_all``) where
+        the runner needs cubins, else only rendered (for the artifact keys)."""
         if not runner.needs_cubins:
-            with self.clock.stage("compile"):
-                return CompileStream.done([rendered(d) for d in unique])
+            for d in designs:
+                on_done(rendered(d))
+            return
         compile_all = getattr(runner, "compile", None) or build_all
-        bar = progress(len(unique), desc, "kernel", self.log)
-
-        def work(on_done: Callable[[BuildResult], None]) -> int:
-            with self.clock.stage("compile"):
-                return len(compile_all(unique, self.cache, jobs=self.jobs, on_done=on_done))
-
-        return CompileStream(work, bar, lambda n: self.counts.update(compiled=n))
+        compile_all(designs, self.cache, jobs=self.jobs, on_done=on_done)
 
     def _autotune_vendor(
         self,
@@ -786,7 +826,9 @@ class Build:
             wheel = write_wheel(table, cubins, self.out_dir, native)
         stages = self.clock.times(len(self.manifest.targets))
         self.say(f"where the build's seconds went (busy seconds per stage):\n{stages.table()}")
-        stages.write(self.out_dir / STAGES_JSON)
+        self.say(STAGES_LINE + json.dumps(stages.as_json(), separators=(",", ":")))
+        if self.stages_json is not None:
+            stages.write(self.stages_json)
         return BuildReport(
             wheel=wheel,
             table=table,

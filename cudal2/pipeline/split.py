@@ -30,7 +30,6 @@ from cudal2.generator.compile import ArtifactCache
 from cudal2.hardware import REFERENCE_GPU, datasheet
 from cudal2.manifest import Manifest
 from cudal2.pipeline.build import Build, BuildError, believable, rendered, shippable
-from cudal2.pipeline.compiling import CompileStream
 from cudal2.pipeline.gate import check_key
 from cudal2.pipeline.job import (
     JOB_FILE,
@@ -128,15 +127,15 @@ class _ExportBuild(Build):
     def _append(self, records: Iterable[Measurement]) -> None:
         self.kept.extend(records)
 
-    def _stream(self, runner, designs, desc):  # type: ignore[no-untyped-def]
-        # The job's cubins all compiled before the round is exported (no GPU waits here).
+    def _compile_designs(self, runner, designs, desc, on_done):  # type: ignore[no-untyped-def]
         self.phase = desc.split(":", 1)[0]
         if self.compile:
             builds = self._compile(designs, desc)
         else:
             builds = {d.key: rendered(d) for d in designs}
         self.builds.update(builds)
-        return CompileStream.done(builds.values())
+        for b in builds.values():
+            on_done(b)
 
 
 @dataclass

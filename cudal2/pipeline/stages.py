@@ -32,7 +32,7 @@ STAGES: tuple[str, ...] = (
     "runner start",  # worker spawn, CUDA / nvmath init (in the background)
     "wait for runner",  # the build needed the GPU before the runner had started
     "proposer load",  # the policy's weights, its corpus
-    "propose",
+    "propose",  # in the background: a round's first targets measured while later ones are
     "compile",  # nvcc on all cores (in the background while a round is measured)
     "wait for cubins",  # the runner had nothing to measure until the next cubin
     "measure",
@@ -56,7 +56,7 @@ class StageTimes:
     stages: dict[str, float]
     wall_s: float
     targets: int
-    overlapped: tuple[str, ...] = field(default=("runner start", "compile"))
+    overlapped: tuple[str, ...] = field(default=("runner start", "propose", "compile"))
 
     @property
     def gpu_busy_s(self) -> float:

@@ -26,7 +26,7 @@ import pytest
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import load_manifest
 from cudal2.pipeline import build as build_mod
-from cudal2.pipeline.build import STAGES_JSON, Build, BuildError, rendered
+from cudal2.pipeline.build import STAGES_LINE, Build, BuildError, rendered
 from cudal2.pipeline.stages import GPU_STAGES, STAGES, StageClock, StageTimes
 from cudal2.policy import GridProposer
 from cudal2.records import JobKind, Measurement
@@ -206,8 +206,9 @@ def _replay_build(tmp_path, recorded, seed, manifest=None):
     runner = Shuffled(recorded, name="the corpus hold-out", seed=seed)
     proposer = OrderSensitive(_space(recorded))
     cache = ArtifactCache(tmp_path / "cache")
-    b = Build(m, tmp_path / "db.jsonl", cache, tmp_path, runner=runner, proposer=proposer,
-              log=io.StringIO(), native=False)  # fmt: skip
+    b = Build(m, tmp_path / "db.jsonl", cache, tmp_path / "out", runner=runner,
+              proposer=proposer, log=io.StringIO(), native=False,
+              stages_json=tmp_path / "stages.json")  # fmt: skip
     return b, proposer, b.run()
 
 
@@ -252,8 +253,12 @@ def test_the_build_reports_its_stages_in_the_log_the_report_and_beside_the_wheel
     log = b.log.getvalue()
     assert "where the build's seconds went" in log
     assert all(s in log for s in STAGES) and "targets per GPU-hour" in log
-    on_disk = json.loads((tmp_path / STAGES_JSON).read_text())
-    assert on_disk == times.as_json()
+    assert json.loads((tmp_path / "stages.json").read_text()) == times.as_json()
+    (line,) = [ln for ln in log.splitlines() if ln.startswith(STAGES_LINE)]
+    assert StageTimes.from_json(json.loads(line[len(STAGES_LINE) :])).wall_s == pytest.approx(
+        times.wall_s, abs=1e-3
+    )
+    assert [p.suffix for p in (tmp_path / "out").iterdir()] == [".whl"]  # the wheel alone
 
 
 class SlowCompiles(Shuffled):
@@ -315,16 +320,20 @@ def test_a_rounds_jobs_reach_the_runner_while_it_still_compiles(tmp_path, record
 
 
 class Sees:
-    """A grid proposer noting when the first proposal was asked for."""
+    """A grid proposer taking ``slow_s`` per target, noting when each proposal was
+    asked for (the first also on the runner)."""
 
     name = "grid"
 
-    def __init__(self, space, runner):
-        self.grid, self.runner = GridProposer(space=space), runner
+    def __init__(self, space, runner, slow_s=0.0):
+        self.grid, self.runner, self.slow_s = GridProposer(space=space), runner, slow_s
+        self.asked: list[float] = []
 
     def propose(self, target, history, n):
+        self.asked.append(time.monotonic())
         if not self.runner.proposed_at:
-            self.runner.proposed_at = time.monotonic()
+            self.runner.proposed_at = self.asked[0]
+        time.sleep(self.slow_s)
         return self.grid.propose(target, history, n)
 
     def observe(self, measurements):
@@ -362,3 +371,19 @@ def test_a_gpu_other_than_nvidia_smi_named_stops_the_build(
     b, _ = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H200")
     with pytest.raises(BuildError, match="nvidia-smi named NVIDIA H200"):
         b.measure_and_select()
+
+
+@needs_nvcc
+def test_the_first_targets_are_measured_while_later_ones_are_proposed(
+    tmp_path, recorded, no_cubins
+):
+    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0)
+    proposer = Sees(_space(recorded), runner, slow_s=0.3)
+    m = _manifest(rounds=1, candidates=8, profile_top=0)
+    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
+              proposer=proposer, log=io.StringIO(), jobs=2)  # fmt: skip
+    b.measure_and_select()
+    assert len(proposer.asked) == 3
+    # a chunk is 4 new designs (2 x 2 cores): one target's 8; its jobs run meanwhile
+    assert min(runner.arrived.values()) < proposer.asked[-1]
+    assert len(runner.arrived) == len(runner.compiled)
