@@ -34,12 +34,17 @@ def gpu_models() -> list[tuple[str, str]]:
     """(name, arch) of each visible GPU, in nvidia-smi's order, without initialising
     CUDA in this process: what a build proposes for while its workers start."""
     models = []
-    for row in _smi("name,compute_cap"):
-        name, _, cap = row.rpartition(",")
-        major, _, minor = cap.strip().partition(".")
-        if not (major.isdigit() and minor.isdigit()):
-            return []  # a driver that cannot say: the caller waits for a worker's answer
-        models.append((name.strip(), arch_of(int(major), int(minor))))
+    for row in _smi("name,compute_cap,mig.mode.current"):
+        fields = [f.strip() for f in row.rsplit(",", 2)]
+        if len(fields) != 3:
+            return []
+        name, cap, mig = fields
+        major, _, minor = cap.partition(".")
+        if not (major.isdigit() and minor.isdigit()) or mig == "Enabled":
+            # a driver that cannot say, or MIG instances (CUDA names them otherwise):
+            # the caller waits for a worker's answer
+            return []
+        models.append((name, arch_of(int(major), int(minor))))
     return models
 
 

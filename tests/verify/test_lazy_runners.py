@@ -5,9 +5,11 @@ GPU); its sanitizer and profile jobs still run together, once the stream ends.""
 
 from __future__ import annotations
 
+import pytest
+
 from cudal2.pipeline.results import job_for
 from cudal2.records import JobKind, JobResult, Status
-from cudal2.verify import local
+from cudal2.verify import gpu, local
 from cudal2.verify.local import LocalRunner
 from cudal2.verify.replay import ReplayRunner
 
@@ -71,3 +73,25 @@ def test_the_replay_runner_answers_each_job_before_taking_the_next(recorded_meas
     assert log == [("taken", 0)]
     assert [r.job for r in answers] == jobs[1:]
     assert log == [("taken", i) for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "want"),
+    [
+        (["NVIDIA H100 80GB HBM3, 9.0, Disabled"], [("NVIDIA H100 80GB HBM3", "sm_90a")]),
+        (
+            ["NVIDIA H100 80GB HBM3, 9.0, [N/A]", "NVIDIA H200, 9.0, Disabled"],
+            [("NVIDIA H100 80GB HBM3", "sm_90a"), ("NVIDIA H200", "sm_90a")],
+        ),  # fmt: skip
+        (["NVIDIA L4, 8.9, [N/A]"], [("NVIDIA L4", "sm_89")]),
+        (["NVIDIA H100 80GB HBM3, 9.0, Enabled"], []),  # MIG: CUDA names instances otherwise
+        (["NVIDIA H100 80GB HBM3, [N/A], Disabled"], []),  # a driver that cannot say
+        (["NVIDIA H100 80GB HBM3"], []),  # an old nvidia-smi's short row
+        ([], []),  # no nvidia-smi, or no GPU
+    ],
+)
+def test_the_gpu_models_nvidia_smi_names_before_cuda_starts(monkeypatch, rows, want):
+    """What the build proposes for while its runner starts (``verify.gpu.gpu_models``);
+    anything it cannot be sure of is [] (the build then waits for the runner's answer)."""
+    monkeypatch.setattr(gpu, "_smi", lambda query: rows)
+    assert gpu.gpu_models() == want
