@@ -1,7 +1,8 @@
 """The runners take a round's jobs one at a time (``Runner.run`` may be given a stream
 the pipeline fills as cubins compile): each job is answered before the next is taken,
 and ``jobs`` is iterated once. The local runner's worker pool is a stand-in here (no
-GPU); its sanitizer and profile jobs still run together, once the stream ends."""
+GPU); its sanitizer and profile jobs still run together, once the stream ends. And the
+GPU models nvidia-smi names, which the build proposes for while the runner starts."""
 
 from __future__ import annotations
 
