@@ -10,6 +10,7 @@
 #   PROFILE=0 ...                                    # no job profile
 #
 # Under $OUT: $NAME-build.log, $NAME.measurements.jsonl.gz, $NAME-wall.txt, the wheel,
+# $NAME-stages.json (the build's stage table, where the build writes one),
 # job-phases.json / job-profile.txt / job-profile-summary.txt.
 source "$(dirname "$0")/gpu_env.sh"
 NAME=${NAME:-before}
@@ -29,6 +30,10 @@ t1=$(date +%s.%N)
 echo "build exit $rc, wall $(python3 -c "print(round($t1-$t0,1))") s, records $(wc -l < "$db")" | tee "$OUT/$NAME-wall.txt"
 grep -v "^ *[0-9.]* H100\|NVIDIA H100 80GB HBM3 *|" "$OUT/$NAME-build.log" | tail -25
 mv "$OUT"/dist/*.whl "$OUT/" 2>/dev/null; rm -rf "$OUT/dist"
+# The build's own stage table (cudal2/pipeline/stages.py), cut out of its JSON log line
+# (a build from before the table has none: no file).
+grep -o '{"stages_s".*' "$OUT/$NAME-build.log" | tail -1 > "$OUT/$NAME-stages.json" || true
+[ -s "$OUT/$NAME-stages.json" ] || rm -f "$OUT/$NAME-stages.json"
 if [ "${PROFILE:-1}" = 1 ]; then
   step "job profile"
   timeout "${PROFILE_TIMEOUT:-150}" $PY ci/job_profile.py "$db" --targets 6 --per-target 5 --out "$OUT" \

@@ -97,6 +97,11 @@ class PolicyProposer:
         updates = f", updated between rounds (lr {self.online.lr})" if self.updates else ""
         return f"policy {self.checkpoint.name}{adapter}{updates}"
 
+    def load(self) -> None:
+        """Load the weights and the corpus now (else the first ``propose`` does): a
+        build times it as a stage of its own."""
+        self._load()
+
     def _load(self) -> tuple[Any, Any, Any, OnlineLearner | None]:
         if self._loaded is None:
             from cudal2.policy import model as pm

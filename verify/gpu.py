@@ -85,6 +85,24 @@ def visible_device(ordinal: int) -> str:
     return entries[ordinal]
 
 
+def gpu_models() -> list[tuple[str, str]]:
+    """(name, arch) of each visible GPU, in nvidia-smi's order, without initialising
+    CUDA in this process: what a build proposes for while its workers start."""
+    models = []
+    for row in _smi("name,compute_cap,mig.mode.current"):
+        fields = [f.strip() for f in row.rsplit(",", 2)]
+        if len(fields) != 3:
+            return []
+        name, cap, mig = fields
+        major, _, minor = cap.partition(".")
+        if not (major.isdigit() and minor.isdigit()) or mig == "Enabled":
+            # a driver that cannot say, or MIG instances (CUDA names them otherwise):
+            # the caller waits for a worker's answer
+            return []
+        models.append((name, arch_of(int(major), int(minor))))
+    return models
+
+
 def arch_of(major: int, minor: int) -> str:
     # sm_90 parts run sm_90a cubins; the 'a' target is what our Hopper kernels need.
     return f"sm_{major}{minor}a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -50,14 +50,21 @@ class LocalRunner:
         """Any design: the GPU measures whatever is proposed."""
         return None
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        """``jobs`` taken one at a time (a stream the pipeline fills as cubins are
+        compiled): a measure or autotune job runs as soon as it is taken; sanitizer and
+        profile jobs, which run together, once ``jobs`` is exhausted."""
+        checked: list[Job] = []
+        profiled: list[Job] = []
         for job in jobs:
             if job.kind in (JobKind.MEASURE, JobKind.AUTOTUNE):
                 yield self.pool.run(job)
-        checked = [j for j in jobs if j.kind == JobKind.SANITIZE]
+            elif job.kind == JobKind.SANITIZE:
+                checked.append(job)
+            elif job.kind == JobKind.PROFILE:
+                profiled.append(job)
         if checked:
             yield from self._memcheck(checked)
-        profiled = [j for j in jobs if j.kind == JobKind.PROFILE]
         if profiled:
             yield from profile_jobs(profiled, self.device)
 

@@ -128,8 +128,8 @@ class ReplayRunner:
         answer (a design a later rule excluded cannot be proposed)."""
         return [d for d in self._designs.get(target, {}).values() if _legal(d)]
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
-        for job in jobs:
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        for job in jobs:  # one at a time, as the caller makes them
             yield self.answer(job)
 
     def answer(self, job: Job) -> JobResult:

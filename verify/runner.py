@@ -12,7 +12,7 @@ writes records.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 from cudal2.records import GpuInfo, Job, JobResult, KernelDesign, Target
@@ -30,10 +30,14 @@ class Runner(Protocol):
       runs no compiler.
     - ``designs(target)``: the designs it can answer for ``target`` (a replay: the
       recorded ones), which the proposers then search; None: any design.
-    - ``run(jobs)``: one answer per job, in any order, each carrying its job. What a
-      candidate does (a wrong result, a crash, a hang) is an answer, never an
-      exception. The caller may stop iterating at any time: jobs not yet answered are
-      then not run (or their answers dropped).
+    - ``run(jobs)``: one answer per job, in any order, each carrying its job. ``jobs``
+      may be any iterable, consumed lazily: the pipeline hands a round's jobs over as
+      their cubins finish compiling (a generator that blocks until the next is ready),
+      so a runner takes each job when it can start it, never the whole list first, and
+      iterates ``jobs`` once (it may be taken from another thread of the runner's, not
+      from two at once). What a candidate does (a wrong result, a crash, a hang) is an
+      answer, never an exception. The caller may stop iterating at any time: jobs not
+      yet answered are then not run (or their answers dropped).
     - ``close()``: releases workers; a runner is also a context manager.
     """
 
@@ -47,7 +51,7 @@ class Runner(Protocol):
 
     def designs(self, target: Target) -> Sequence[KernelDesign] | None: ...
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]: ...
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]: ...
 
     def close(self) -> None: ...
 

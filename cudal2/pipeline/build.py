@@ -15,13 +15,16 @@ artifact, toolchain and timing mode), so a killed build re-run repeats no finish
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from cudal2.database import Contents, MeasurementDB, latest
 from cudal2.generator.compile import (
@@ -40,6 +43,7 @@ from cudal2.manifest import Manifest
 from cudal2.packaging.native_build import NativeBuild, build_native
 from cudal2.packaging.runtime.table import DispatchTable
 from cudal2.packaging.wheel import package_name, write_wheel
+from cudal2.pipeline.compiling import Proposed, RoundStream
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.gate import SanitizerGate, ledger_of, shipped_kernels
 from cudal2.pipeline.profiling import profile_round
@@ -53,6 +57,7 @@ from cudal2.pipeline.results import (
 )
 from cudal2.pipeline.runners import make_runner
 from cudal2.pipeline.select import Selection
+from cudal2.pipeline.stages import StageClock, StageTimes
 from cudal2.policy import Proposer, make_proposer
 from cudal2.records import (
     BuildResult,
@@ -68,10 +73,15 @@ from cudal2.records import (
     TimingConfig,
 )
 from cudal2.verdicts import SanitizerLedger
-from cudal2.verify.gpu import gpu_names
+from cudal2.verify.gpu import gpu_models, gpu_names
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
+
+
+# The log line carrying the build's stage table as JSON (``StageTimes.as_json``), one line
+# for a script to cut out of a time-stamped log.
+STAGES_LINE = "build stages as JSON: "
 
 
 class BuildError(RuntimeError):
@@ -98,6 +108,7 @@ class BuildReport:
     skipped: int = 0  # database lines not believed (unreadable, malformed, lying)
     quarantined: list[Path] = field(default_factory=list)  # broken cache entries moved aside
     native: NativeBuild | None = None  # the native launcher shipped (None: a pure wheel)
+    stages: StageTimes | None = None  # where the build's seconds went (``pipeline.stages``)
 
 
 def shippable() -> Callable[[Measurement], bool]:
@@ -203,6 +214,8 @@ class Build:
         proposer: Proposer | None = None,
         native: bool = True,
         log: TextIO | None = None,  # None: sys.stderr as it is when the build is made
+        clock: StageClock | None = None,  # where the stages' seconds are counted
+        stages_json: Path | None = None,  # where the stage table is written as JSON
     ):
         self.manifest = manifest
         self.db = MeasurementDB(db_path)
@@ -223,6 +236,10 @@ class Build:
         self.skipped = 0
         self._live = True  # the runner runs jobs now (not a replay of this database)
         self.proposer_name = ""  # the measuring loop's proposer, as its records name it
+        # The wall counts from here: a CLI's imports are before it (docs/measuring.md).
+        self.clock = clock if clock is not None else StageClock()
+        self.stages_json = stages_json
+        self._spent = False  # the GPU-time budget ran out
 
     def say(self, msg: str) -> None:
         print(msg, file=self.log, flush=True)
@@ -249,55 +266,126 @@ class Build:
 
     def _answers(
         self,
-        runner: Runner,
-        jobs: Sequence[Job],
-        desc: str,
+        answers: Iterator[JobResult],
+        bar: Any,
         unit: str,
         started: float,
         unrecorded: list[Job] | None = None,
+        between: Callable[[], None] | None = None,
     ) -> Iterable[JobResult]:
-        """The runner's answers to ``jobs`` until the GPU-time budget is spent (checked
-        before each job starts: the runner runs the next job only when asked for it).
-        Jobs it has no answer for go to ``unrecorded``."""
+        """The runner's ``answers`` until the GPU-time budget is spent (checked before
+        each job starts: the runner runs the next job only when asked for it), each
+        counted on ``bar``. Jobs it has no answer for go to ``unrecorded``. ``between``:
+        called before each answer is awaited, and after the last."""
         budget = self.manifest.search.gpu_budget_s
-        bar = progress(len(jobs), desc, unit, self.log)
-        answers = iter(runner.run(jobs))
-        try:
-            while bar.n < len(jobs):
-                if time.monotonic() - started > budget:
-                    self.say(
-                        f"GPU-time budget of {budget:.0f} s spent: {len(jobs) - bar.n} "
-                        f"{unit}s left unmeasured (re-run to continue)"
-                    )
-                    return
-                res = next(answers, None)
-                if res is None:
-                    return
-                bar.update(1)
-                if not res.recorded:  # unmeasured: no failure, no time, no record
-                    self.counts["unmeasured"] += 1
-                    if unrecorded is not None:
-                        unrecorded.append(res.job)
-                    continue
-                yield res
-        finally:
-            bar.close()
+        while True:
+            if between is not None:
+                between()
+            if time.monotonic() - started > budget:
+                left = bar.total - bar.n
+                self.say(
+                    f"GPU-time budget of {budget:.0f} s spent: {left} {unit}s left "
+                    "unmeasured (re-run to continue)"
+                )
+                self._spent = True
+                return
+            res = next(answers, None)
+            if res is None:
+                if between is not None:
+                    between()
+                return
+            bar.update(1)
+            if not res.recorded:  # unmeasured: no failure, no time, no record
+                self.counts["unmeasured"] += 1
+                if unrecorded is not None:
+                    unrecorded.append(res.job)
+                continue
+            yield res
+
+    def _run(self, runner: Runner, jobs: Iterable[Job], stage: str) -> Iterator[JobResult]:
+        """The runner's answers to ``jobs``, the wait for each counted as ``stage``."""
+        return self.clock.timed(runner.run(jobs), stage)
+
+    # -- the runner's start, in the background -------------------------------------------
+    def _start(self, runner: Runner) -> tuple[Future[GpuInfo], tuple[str, str] | None]:
+        """``runner.start()`` in a thread of its own (worker spawn, CUDA init), and the
+        GPU model (name, arch) it will report where nvidia-smi can say so before it
+        returns (a runner on this host's GPU), so the proposer loads and the first round
+        is proposed and compiled meanwhile; None: wait for the start."""
+
+        def start() -> GpuInfo:
+            with self.clock.stage("runner start"):
+                return runner.start()
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="runner-start")
+        started = pool.submit(start)
+        pool.shutdown(wait=False)
+        return started, self._expected_gpu(runner)
+
+    def _expected_gpu(self, runner: Runner) -> tuple[str, str] | None:
+        if not runner.needs_cubins:  # a replay: its start is instant
+            return None
+        device = getattr(runner, "device", None)
+        if not isinstance(device, int):  # not one local GPU (a cluster): ask the runner
+            return None
+        models = gpu_models()
+        # nvidia-smi numbers every GPU of the host; CUDA only the visible ones.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            ids = [v.strip() for v in visible.split(",") if v.strip()]
+            if device >= len(ids) or not ids[device].isdigit():
+                return None  # GPU UUIDs or MIG instances: ask the runner
+            device = int(ids[device])
+        return models[device] if 0 <= device < len(models) else None
+
+    def _started(
+        self, runner: Runner, started: Future[GpuInfo], expected: tuple[str, str] | None
+    ) -> GpuInfo:
+        """The runner's GPU once it has started; a GPU other than the one proposed for
+        is a ``BuildError`` (the proposals were made for the wrong model)."""
+        with self.clock.stage("wait for runner"):
+            gpu = started.result()
+        if expected is not None and (gpu.name, gpu.arch) != expected:
+            raise BuildError(
+                f"{runner.name} measures on {gpu.name} ({gpu.arch}), but nvidia-smi named "
+                f"{expected[0]} ({expected[1]}) for it, which the proposals were made for: "
+                "set CUDA_VISIBLE_DEVICES to plain GPU indices, or pass --device"
+            )
+        return gpu
 
     # -- measuring (through the runner) ------------------------------------------------
-    def _measure(self, runner: Runner, gpu: GpuInfo, history: list[Measurement]) -> None:
+    def _measure(
+        self,
+        runner: Runner,
+        started_gpu: Future[GpuInfo],
+        expected: tuple[str, str] | None,
+        history: list[Measurement],
+    ) -> GpuInfo:
+        """The measuring loop; returns the runner's GPU (started by ``_start``)."""
         m = self.manifest
         timing = TimingConfig(mode=m.timing_mode, seed=m.search.seed)
-        self.say(
-            f"measuring with {runner.name}: {gpu.name} ({gpu.arch}, driver {gpu.driver}, "
-            f"{gpu.sm_count} SMs)"
-        )
+        gpu: GpuInfo | None = None
+
+        def ready() -> GpuInfo:
+            nonlocal gpu
+            if gpu is None:
+                gpu = self._started(runner, started_gpu, expected)
+                self.say(
+                    f"measuring with {runner.name}: {gpu.name} ({gpu.arch}, driver "
+                    f"{gpu.driver}, {gpu.sm_count} SMs)"
+                )
+            return gpu
+
+        # The GPU model the proposals are for: nvidia-smi's answer while the runner
+        # starts, else the runner's once started.
+        name, arch = expected if expected is not None else (ready().name, ready().arch)
         # Proposals come from what the runner can answer (a replay: the recorded designs;
         # the GPU: the legal space), so a replayed build searches its records.
         proposer = self.proposer or make_proposer(
             m.search.proposer,
             m.search.seed,
             m.search.families,
-            gpu=gpu.name,
+            gpu=name,
             updates=m.search.policy_updates,
             space=runner.designs,
             pdl=m.search.pdl,
@@ -306,10 +394,14 @@ class Build:
         self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)
         self.say(f"proposer: {describe() if describe else proposer.name}")
-        targets = [t for t in m.targets if t.arch == gpu.arch]
+        load = getattr(proposer, "load", None)
+        if load is not None:
+            with self.clock.stage("proposer load"):
+                load()
+        targets = [t for t in m.targets if t.arch == arch]
         skipped = len(m.targets) - len(targets)
         if skipped:
-            self.say(f"{skipped} targets are for other archs than {gpu.arch}: not measured here")
+            self.say(f"{skipped} targets are for other archs than {arch}: not measured here")
         # A job whose reuse key has a record is not run again: the record stands for it.
         prior = {} if self.remeasure else {x.reuse_key: x for x in history}
         this_build: list[Measurement] = []
@@ -322,69 +414,196 @@ class Build:
         plain_records: dict[Target, list[Measurement]] = {}
         for x in history:
             plain_records.setdefault(x.target, []).append(x)
-        started = time.monotonic()
+        budget_from: float | None = None
         for rnd in range(m.search.rounds):
             label = f"round {rnd + 1}/{m.search.rounds}"
-            proposals = {
-                t: _propose(
-                    proposer,
-                    t,
-                    (plain_records.get(t.plain, []) if t.epilogue != "none" else []) + this_build,
-                    m.search.candidates,
-                    unanswered.get(t, set()),
+
+            def propose(t: Target) -> list[KernelDesign]:
+                # in the stream's thread: reads only what earlier rounds left
+                with self.clock.stage("propose"):
+                    return _propose(
+                        proposer,
+                        t,
+                        (plain_records.get(t.plain, []) if t.epilogue != "none" else [])
+                        + this_build,
+                        m.search.candidates,
+                        unanswered.get(t, set()),
+                    )
+
+            stream = self._stream(runner, targets, propose, label)
+            try:
+                gpu = ready()
+                if budget_from is None:  # the budget is the GPU's time: from its start
+                    budget_from = time.monotonic()
+                proposals, round_ms = self._measure_round(
+                    runner,
+                    gpu,
+                    proposer.name,
+                    len(targets),
+                    stream,
+                    timing,
+                    prior,
+                    label,
+                    budget_from,
+                    unanswered,
                 )
-                for t in targets
-            }
-            designs = [d for ds in proposals.values() for d in ds]
-            builds = self._builds(runner, designs, f"{label}: compile")
-            jobs: list[Job] = []
-            round_ms: list[Measurement] = []
-            for t, ds in proposals.items():
-                for d in ds:
-                    b = builds[d.key]
+            finally:
+                stream.close()  # proposing stops; a compile still running is waited for
+            # Every round's results in one order, whichever job finished first: the
+            # proposer's update is deterministic only for the same results in the same order.
+            round_ms = in_proposal_order(round_ms, proposals)
+            with self.clock.stage("profile"):
+                round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
+            this_build.extend(round_ms)
+            with self.clock.stage("policy update"):
+                learned = proposer.observe(round_ms)
+            if learned:
+                self.say(learned)
+        gpu = ready()
+        if m.search.cublaslt:
+            # cuBLASLt autotunes plain GEMMs only: a fused epilogue's baseline is torch's
+            # unfused op, measured beside every candidate.
+            plain = [t for t in targets if t.epilogue == "none"]
+            started = budget_from if budget_from is not None else time.monotonic()
+            self._autotune_vendor(runner, gpu, plain, history, timing, started)
+        return gpu
+
+    def _measure_round(
+        self,
+        runner: Runner,
+        gpu: GpuInfo,
+        proposer_name: str,
+        targets: int,
+        stream: RoundStream,
+        timing: TimingConfig,
+        prior: dict[tuple, Measurement],
+        label: str,
+        started: float,
+        unanswered: dict[Target, set[str]],
+    ) -> tuple[dict[Target, list[KernelDesign]], list[Measurement]]:
+        """One round measured: each candidate's job handed to the runner as soon as its
+        cubin is compiled (``stream``: each target's proposals, then builds as they
+        finish), its answer recorded at once. Returns the round's proposals (by target,
+        in manifest order) and its records (measured, reused, compile failures) in the
+        order they came."""
+        proposals: dict[Target, list[KernelDesign]] = {}
+        uses: dict[str, list[tuple[Target, KernelDesign]]] = {}
+        made: set[tuple[Target, str]] = set()
+        built: dict[str, BuildResult] = {}
+        # Records made while the runner pulls jobs (perhaps from a thread of its own):
+        # the pipeline, the database's one writer, records them between answers.
+        settled: deque[tuple[Measurement, bool]] = deque()
+
+        def jobs() -> Iterator[Job]:
+            for b in self.clock.timed(stream, "wait for cubins"):
+                if isinstance(b, Proposed):
+                    proposals[b.target] = list(b.designs)
+                    for d in b.designs:
+                        uses.setdefault(d.key, []).append((b.target, d))
+                    if len(proposals) == targets:  # all proposed: the bar's exact total
+                        bar.total = sum(len(ds) for ds in proposals.values())
+                    continue
+                built[b.design_key] = b
+                for t, d in uses.get(b.design_key, []):
+                    if (t, d.key) in made:  # a design built once, proposed again since
+                        continue
+                    made.add((t, d.key))
                     job = kernel_job(t, d, b, timing, "")
                     old = prior.get(job.reuse_key(gpu.name))
                     if old is not None:
-                        round_ms.append(old)
-                        self.counts["reused"] += 1
+                        settled.append((old, False))
                     elif not b.ok:
-                        rec = compile_failure(job, b, gpu, proposer.name)
-                        self._append([rec])
-                        round_ms.append(rec)
+                        settled.append((compile_failure(job, b, gpu, proposer_name), True))
                     else:  # to be measured: its cubin, checked
                         cubin = self._cubin(runner, d, b.artifact_key)
-                        jobs.append(dataclasses.replace(job, cubin=cubin))
-            unrecorded: list[Job] = []
-            desc = f"{label}: measure"
-            for res in self._answers(runner, jobs, desc, "candidate", started, unrecorded):
+                        yield dataclasses.replace(job, cubin=cubin)
+
+        round_ms: list[Measurement] = []
+
+        def settle() -> None:
+            while settled:
+                rec, new = settled.popleft()
+                bar.update(1)
+                round_ms.append(rec)
+                if new:
+                    self._append([rec])
+                else:
+                    self.counts["reused"] += 1
+
+        # every target's full round until all are proposed (fewer where a space ran out)
+        bar = progress(targets * self.manifest.search.candidates, f"{label}: measure",
+                       "candidate", self.log)  # fmt: skip
+        unrecorded: list[Job] = []
+        todo = jobs()
+        answers = self._run(runner, todo, "measure")
+        try:
+            for res in self._answers(answers, bar, "candidate", started, unrecorded, settle):
                 assert res.job.design is not None
-                rec = measurement_from(res, builds[res.job.design.key], gpu, proposer.name)
+                rec = measurement_from(res, built[res.job.design.key], gpu, proposer_name)
                 self._append([rec])
                 round_ms.append(rec)
                 self.counts["measured"] += 1
                 if rec.status != Status.OK:
                     self._failed(rec.status)
-            for job in unrecorded:
-                if job.design is not None:
-                    unanswered.setdefault(job.target, set()).add(job.design.key)
-            round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
-            this_build.extend(round_ms)
-            learned = proposer.observe(round_ms)
-            if learned:
-                self.say(learned)
-        if m.search.cublaslt:
-            # cuBLASLt autotunes plain GEMMs only: a fused epilogue's baseline is torch's
-            # unfused op, measured beside every candidate.
-            plain = [t for t in targets if t.epilogue == "none"]
-            self._autotune_vendor(runner, gpu, plain, history, timing, started)
+            if not self._spent:
+                # A runner that stopped asking for jobs (or was given none: every
+                # candidate reused or failed to compile) has left the rest of the stream:
+                # the records it makes still count; its jobs were never run.
+                for job in todo:
+                    unrecorded.append(job)
+                    self.counts["unmeasured"] += 1
+                settle()
+        finally:
+            answers.close()
+            todo.close()
+            bar.close()
+        for job in unrecorded:
+            if job.design is not None:
+                unanswered.setdefault(job.target, set()).add(job.design.key)
+        return proposals, round_ms
 
-    def _builds(
-        self, runner: Runner, designs: Sequence[KernelDesign], desc: str
-    ) -> dict[str, BuildResult]:
-        """Each design's build: compiled where the runner needs cubins, else rendered."""
-        if runner.needs_cubins:
-            return self._compile(designs, desc)
-        return {d.key: rendered(d) for d in designs}
+    def _stream(
+        self,
+        runner: Runner,
+        targets: Sequence[Target],
+        propose: Callable[[Target], list[KernelDesign]],
+        label: str,
+    ) -> RoundStream:
+        """A round's proposals and builds as they come (``pipeline.compiling``): the
+        targets proposed for in order and compiled in chunks that fill every core, in
+        the background from now on."""
+        cores = self.jobs or os.cpu_count() or 1
+        bar = progress(len(targets), f"{label}: propose + compile", "target", self.log)
+
+        def compile_chunk(designs: list[KernelDesign], on_done: Callable[[BuildResult], None]):
+            with self.clock.stage("compile"):
+                self._compile_designs(runner, designs, f"{label}: compile", on_done)
+
+        return RoundStream(
+            targets,
+            propose,
+            compile_chunk,
+            chunk=2 * cores,
+            bar=bar,
+            on_end=lambda n: self.counts.update(compiled=n),
+        )
+
+    def _compile_designs(
+        self,
+        runner: Runner,
+        designs: list[KernelDesign],
+        desc: str,
+        on_done: Callable[[BuildResult], None],
+    ) -> None:
+        """Each design's build, handed to ``on_done`` as it finishes: compiled on all
+        cores (``runner.compile`` where the runner has one, else ``build_all``) where
+        the runner needs cubins, else only rendered (for the artifact keys)."""
+        if not runner.needs_cubins:
+            for d in designs:
+                on_done(rendered(d))
+            return
+        compile_all = getattr(runner, "compile", None) or build_all
+        compile_all(designs, self.cache, jobs=self.jobs, on_done=on_done)
 
     def _autotune_vendor(
         self,
@@ -409,8 +628,16 @@ class Build:
         done = set() if self.remeasure else {x.tuning_key for x in history if x.is_vendor}
         todo = [j for j in jobs if j.reuse_key(gpu.name) not in done]
         self.counts["reused"] += len(jobs) - len(todo)
-        desc = f"cuBLASLt {version} autotune"
-        for res in self._answers(runner, todo, desc, "target", started):
+        bar = progress(len(todo), f"cuBLASLt {version} autotune", "target", self.log)
+        answers = self._run(runner, todo, "autotune")
+        try:
+            self._vendor_records(self._answers(answers, bar, "target", started), gpu)
+        finally:
+            answers.close()
+            bar.close()
+
+    def _vendor_records(self, answers: Iterable[JobResult], gpu: GpuInfo) -> None:
+        for res in answers:
             if not res.vendor:  # the job failed before any algorithm was tried
                 self._failed("cublaslt")
                 self.say(f"cuBLASLt autotuning of {res.job.target.label} failed: {res.error}")
@@ -520,16 +747,28 @@ class Build:
         """Everything up to the table: the measuring loop through the runner, then the
         selection, its winners memchecked (reselecting past a failure). Returns the
         selections and the targets without a timed measurement."""
-        contents = self._load()
-        history = latest(contents.measurements)
-        runner = self.runner or self._default_runner(list(contents.measurements))
+        with self.clock.stage("start-up"):
+            contents = self._load()
+            history = latest(contents.measurements)
+            runner = self.runner or self._default_runner(list(contents.measurements))
         with runner:
-            gpu = runner.start()
-            self._measure(runner, gpu, history)
-            if self.counts["appended"]:
-                history = latest(self.db.load(warn=False).measurements)
-            checker = runner if self._live else None
-            selections, missing = self._select(checker, gpu, history, recheck=self.remeasure)
+            started, expected = self._start(runner)
+            try:
+                gpu = self._measure(runner, started, expected, history)
+            finally:
+                if not started.done():  # the build failed first: no start left running
+                    with self.clock.stage("wait for runner"):
+                        started.exception()
+            with self.clock.stage("select"):
+                if self.counts["appended"]:
+                    history = latest(self.db.load(warn=False).measurements)
+                checker = _Memchecking(runner, self.clock) if self._live else None
+                selections, missing = self._select(checker, gpu, history, recheck=self.remeasure)
+        with self.clock.stage("select"):
+            self._stale(history)
+        return selections, missing
+
+    def _stale(self, history: Sequence[Measurement]) -> None:
         usable = shippable()
         targets = set(self.manifest.targets)  # once, not once per history record
         stale = {
@@ -547,7 +786,6 @@ class Build:
                 f"{len(stale)} measured designs no longer build to the measured artifact "
                 "(template or nvcc changed): not shipped; re-measure on a GPU"
             )
-        return selections, missing
 
     def memcheck(
         self, runner: Runner, recheck: bool = False
@@ -572,21 +810,27 @@ class Build:
     def run(self) -> BuildReport:
         """The whole build: measure, select, compile the winners, write the wheel."""
         selections, missing = self.measure_and_select()
-        winners = [w.design for w in shipped_kernels(selections) if w.design]
-        self._compile(winners, "compile winners")
-        m = self.manifest
-        table, cubins = build_table(
-            name=m.name,
-            version=m.version,
-            package=m.package,
-            manifest_sha256=m.sha256,
-            selections=selections,
-            cubin_of=shipped_cubins(selections, self.cache),
-        )
-        # Once per build, whatever measured it (a GPU, a replay, --no-measure packaging
-        # of a split build): what the wheel ships beside the cubins.
-        native = self._native()
-        wheel = write_wheel(table, cubins, self.out_dir, native)
+        with self.clock.stage("package"):
+            winners = [w.design for w in shipped_kernels(selections) if w.design]
+            self._compile(winners, "compile winners")
+            m = self.manifest
+            table, cubins = build_table(
+                name=m.name,
+                version=m.version,
+                package=m.package,
+                manifest_sha256=m.sha256,
+                selections=selections,
+                cubin_of=shipped_cubins(selections, self.cache),
+            )
+            # Once per build, whatever measured it (a GPU, a replay, --no-measure packaging
+            # of a split build): what the wheel ships beside the cubins.
+            native = self._native()
+            wheel = write_wheel(table, cubins, self.out_dir, native)
+        stages = self.clock.times(len(self.manifest.targets))
+        self.say(f"where the build's seconds went (busy seconds per stage):\n{stages.table()}")
+        self.say(STAGES_LINE + json.dumps(stages.as_json(), separators=(",", ":")))
+        if self.stages_json is not None:
+            stages.write(self.stages_json)
         return BuildReport(
             wheel=wheel,
             table=table,
@@ -601,6 +845,7 @@ class Build:
             skipped=self.skipped,
             quarantined=list(self.cache.quarantined),
             native=native,
+            stages=stages,
         )
 
 
@@ -611,3 +856,30 @@ def _propose(
     if not skip:
         return proposer.propose(t, history, n)
     return [d for d in proposer.propose(t, history, n + len(skip)) if d.key not in skip][:n]
+
+
+def in_proposal_order(
+    ms: Sequence[Measurement], proposals: dict[Target, list[KernelDesign]]
+) -> list[Measurement]:
+    """A round's records by target (in manifest order: ``proposals``' order) and then
+    candidate (in proposal order), whichever was answered first."""
+    rank = {
+        (t, d.key): (i, j) for i, (t, ds) in enumerate(proposals.items()) for j, d in enumerate(ds)
+    }
+    last = (len(rank), 0)  # not proposed this round (none should be): after, stably
+    return sorted(ms, key=lambda x: rank.get((x.target, x.design_key), last))
+
+
+class _Memchecking:
+    """``runner`` for the sanitizer gate: the wait for each answer counted as the
+    "memcheck" stage (the gate runs only sanitizer jobs on it)."""
+
+    def __init__(self, runner: Runner, clock: StageClock):
+        self._runner = runner
+        self._clock = clock
+
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        return self._clock.timed(self._runner.run(jobs), "memcheck")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)

@@ -93,7 +93,8 @@ class ExportRunner:
     def designs(self, target: Target) -> Sequence[KernelDesign] | None:
         return None if self.space is None else self.space(target)
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        jobs = list(jobs)  # the whole round, to export it
         kernels = [j for j in jobs if j.kind == JobKind.MEASURE]
         if kernels:
             self.jobs = kernels
@@ -126,14 +127,15 @@ class _ExportBuild(Build):
     def _append(self, records: Iterable[Measurement]) -> None:
         self.kept.extend(records)
 
-    def _builds(self, runner, designs, desc):  # type: ignore[no-untyped-def]
+    def _compile_designs(self, runner, designs, desc, on_done):  # type: ignore[no-untyped-def]
         self.phase = desc.split(":", 1)[0]
         if self.compile:
             builds = self._compile(designs, desc)
         else:
             builds = {d.key: rendered(d) for d in designs}
         self.builds.update(builds)
-        return builds
+        for b in builds.values():
+            on_done(b)
 
 
 @dataclass

@@ -24,8 +24,13 @@ class Spy(ReplayRunner):
         self.jobs = []
 
     def run(self, jobs):
-        self.jobs += jobs
-        return super().run(jobs)
+        # ``jobs`` may be a stream filled as cubins compile: record each as it is taken
+        return super().run(self._taken(jobs))
+
+    def _taken(self, jobs):
+        for job in jobs:
+            self.jobs.append(job)
+            yield job
 
 
 def _build(tmp_path, log):

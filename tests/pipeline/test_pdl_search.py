@@ -164,7 +164,8 @@ def _jobs(manifest, db, tmp_path):
     runner = ReplayRunner(MeasurementDB(db).read(), name="the default database")
     asked = []
     run = runner.run
-    runner.run = lambda jobs: (asked.extend(jobs), run(jobs))[1]
+    # ``jobs`` may be a stream filled as cubins compile: record each as it is taken
+    runner.run = lambda jobs: run(asked.append(j) or j for j in jobs)
     b = Build(manifest, tmp_path / "build.jsonl", ArtifactCache(tmp_path / "c"), tmp_path,
               runner=runner, log=io.StringIO())  # fmt: skip
     b.measure_and_select()

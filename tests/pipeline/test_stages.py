@@ -1,0 +1,389 @@
+"""Where a build's seconds go (``pipeline.stages``), and the build keeping the GPU busy:
+a round's jobs handed to the runner as their cubins finish, the runner started while the
+proposer loads and the first round compiles, and each round's results observed in one
+fixed order whichever job the runner answered first.
+
+The builds replay the densely measured H100 hold-out corpus
+(bench/results/h100-corpus-holdout.measurements.jsonl.gz, as tests/pipeline/test_loop.py);
+the clock tests use a fake clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cudal2.generator.compile import ArtifactCache
+from cudal2.manifest import load_manifest
+from cudal2.pipeline import build as build_mod
+from cudal2.pipeline.build import STAGES_LINE, Build, BuildError, rendered
+from cudal2.pipeline.stages import GPU_STAGES, STAGES, StageClock, StageTimes
+from cudal2.policy import GridProposer
+from cudal2.records import JobKind, Measurement
+from cudal2.verify.replay import ReplayRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "bench" / "results" / "h100-corpus-holdout.measurements.jsonl.gz"
+MANIFEST = ROOT / "bench" / "manifests" / "corpus-holdout-h100.toml"
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact keys need nvcc")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- the clock ---------------------------------------------------------------------------
+def test_an_inner_stage_pauses_the_outer_one_and_the_wall_counts_from_the_start():
+    t = FakeClock()
+    clock = StageClock(t)
+    with clock.stage("measure"):
+        t.now += 2.0
+        with clock.stage("wait for cubins"):
+            t.now += 3.0
+        t.now += 1.0
+    with clock.stage("profile"):
+        t.now += 4.0
+    t.now += 0.5  # in no stage
+    times = clock.times(targets=2)
+    assert times.stages["measure"] == 3.0
+    assert times.stages["wait for cubins"] == 3.0
+    assert times.stages["profile"] == 4.0
+    assert set(times.stages) == set(STAGES)
+    assert times.wall_s == 10.5
+    assert times.gpu_busy_s == 7.0  # measure + profile: the wait for cubins is idle
+    assert times.gpu_idle_s == 3.5
+    assert times.targets_per_gpu_hour == pytest.approx(2 * 3600 / 10.5)
+
+
+def test_stages_of_two_threads_overlap_and_sum_to_more_than_the_wall():
+    t = FakeClock()
+    clock = StageClock(t)
+    entered, leave = threading.Event(), threading.Event()
+
+    def compile_() -> None:
+        with clock.stage("compile"):
+            entered.set()
+            leave.wait()
+
+    thread = threading.Thread(target=compile_)
+    thread.start()
+    entered.wait()
+    with clock.stage("measure"):
+        t.now += 5.0
+    leave.set()
+    thread.join()
+    times = clock.times(targets=1)
+    assert times.stages["compile"] == times.stages["measure"] == 5.0
+    assert times.busy_s == 10.0 > times.wall_s == 5.0
+    assert "stages overlap" in times.table()
+
+
+def test_timed_counts_the_wait_for_each_item_and_closes_what_it_stopped():
+    t = FakeClock()
+    clock = StageClock(t)
+    closed = []
+
+    def answers():
+        try:
+            for i in range(3):
+                t.now += 1.0  # the GPU's time for one answer
+                yield i
+        finally:
+            closed.append(True)
+
+    for i in clock.timed(answers(), "autotune"):
+        t.now += 10.0  # the caller's own time: not the runner's
+        if i == 1:
+            break
+    assert clock.times(1).stages["autotune"] == 2.0
+    assert closed == [True]
+
+
+@pytest.mark.parametrize("name", ["", "compiling", "Measure", "gpu"])
+def test_an_unknown_stage_is_refused(name):
+    with pytest.raises(ValueError, match="unknown build stage"), StageClock().stage(name):
+        pass
+
+
+def test_the_table_names_every_stage_and_the_json_round_trips(tmp_path):
+    times = StageTimes({s: float(i) for i, s in enumerate(STAGES)}, wall_s=120.0, targets=24)
+    table = times.table()
+    for s in STAGES:
+        assert s in table
+    assert "GPU busy" in table and "GPU idle" in table and "targets per GPU-hour" in table
+    path = tmp_path / "stages.json"
+    times.write(path)
+    back = StageTimes.from_json(json.loads(path.read_text()))
+    assert back == times
+    data = json.loads(path.read_text())
+    assert data["gpu_busy_s"] == sum(STAGES.index(s) for s in GPU_STAGES)
+    assert data["targets_per_gpu_hour"] == 720.0
+    assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file
+
+
+# -- builds over recorded measurements ---------------------------------------------------
+@pytest.fixture(scope="module")
+def recorded() -> list[Measurement]:
+    with gzip.open(DATA, "rt") as f:
+        return [Measurement.from_json(json.loads(line)) for line in f]
+
+
+def _space(recorded):
+    by_target: dict = {}
+    for m in recorded:
+        if m.design is not None:
+            by_target.setdefault(m.target, {})[m.design_key] = m.design
+    return lambda t: sorted(by_target.get(t, {}).values())
+
+
+def _manifest(which=(0, 7, 9), rounds=2, candidates=6, profile_top=1):
+    m = load_manifest(MANIFEST)
+    search = dataclasses.replace(
+        m.search, proposer="grid", rounds=rounds, candidates=candidates, profile_top=profile_top
+    )
+    return dataclasses.replace(m, search=search, targets=[m.targets[i] for i in which])
+
+
+class Shuffled(ReplayRunner):
+    """The replay runner answering each ``run`` in a seeded random order (as workers on
+    several GPUs finish), after taking all its jobs (seed None: in order)."""
+
+    def __init__(self, *args, seed: int | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.rng = None if seed is None else random.Random(seed)
+
+    def run(self, jobs):
+        jobs = list(jobs)
+        if self.rng is not None:
+            self.rng.shuffle(jobs)
+        for job in jobs:
+            yield self.answer(job)
+
+
+class OrderSensitive:
+    """Grid proposals, shifted by a digest of the history *in the order given*: a
+    stand-in for the policy, whose prompt and update depend on the order it is shown
+    the results. Records what it proposed and observed."""
+
+    name = "grid"
+
+    def __init__(self, space):
+        self.grid = GridProposer(space=space)
+        self.proposed: list = []
+        self.observed: list = []
+
+    def propose(self, target, history, n):
+        pool = self.grid.propose(target, history, 2 * n)
+        order = "".join(f"{x.target.key}{x.design_key}" for x in history)
+        shift = int(hashlib.sha256(order.encode()).hexdigest()[:8], 16) % max(1, len(pool) - n)
+        out = pool[shift : shift + n]
+        self.proposed.append((target, [d.key for d in out]))
+        return out
+
+    def observe(self, measurements):
+        self.observed.append([(x.target, x.design_key, x.metrics.get("dram") is not None)
+                              for x in measurements])  # fmt: skip
+        return None
+
+
+def _replay_build(tmp_path, recorded, seed, manifest=None):
+    m = manifest or _manifest()
+    runner = Shuffled(recorded, name="the corpus hold-out", seed=seed)
+    proposer = OrderSensitive(_space(recorded))
+    cache = ArtifactCache(tmp_path / "cache")
+    b = Build(m, tmp_path / "db.jsonl", cache, tmp_path / "out", runner=runner,
+              proposer=proposer, log=io.StringIO(), native=False,
+              stages_json=tmp_path / "stages.json")  # fmt: skip
+    return b, proposer, b.run()
+
+
+def _entries(table):
+    """The table's entries, but when their records were written (this build's clock)."""
+    return [dataclasses.replace(e, measured_at="") for e in table.entries]
+
+
+@needs_nvcc
+def test_a_runner_answering_in_any_order_gives_the_same_search_and_table(tmp_path, recorded):
+    b0, in_order, report0 = _replay_build(tmp_path / "in-order", recorded, seed=None)
+    assert len(in_order.observed) == 2 and all(in_order.observed)
+    assert report0.measured > 0
+    for seed in (1, 2):
+        b, shuffled, report = _replay_build(tmp_path / f"shuffled-{seed}", recorded, seed=seed)
+        assert shuffled.observed == in_order.observed
+        assert shuffled.proposed == in_order.proposed
+        # the runner did answer in another order: the database's lines show it
+        got = [(x.target, x.design_key) for x in b.db.read() if x.design is not None]
+        want = [(x.target, x.design_key) for x in b0.db.read() if x.design is not None]
+        assert got != want and sorted(got) == sorted(want)
+        assert _entries(report.table) == _entries(report0.table)
+        assert [s.winner.design_key if s.winner else None for s in report.selections] == [
+            s.winner.design_key if s.winner else None for s in report0.selections
+        ]
+
+
+@needs_nvcc
+def test_the_build_reports_its_stages_in_the_log_the_report_and_beside_the_wheel(
+    tmp_path, recorded
+):
+    b, _, report = _replay_build(tmp_path, recorded, seed=None)
+    times = report.stages
+    assert times is not None and set(times.stages) == set(STAGES)
+    assert times.targets == 3
+    # three threads at most: the build's, the runner's start, the compile
+    assert 0 < times.busy_s <= 3 * times.wall_s
+    for s in ("start-up", "propose", "measure", "profile", "policy update", "autotune",
+              "select", "package"):  # fmt: skip
+        assert times.stages[s] > 0, s
+    assert times.gpu_busy_s + times.gpu_idle_s == pytest.approx(times.wall_s)
+    log = b.log.getvalue()
+    assert "where the build's seconds went" in log
+    assert all(s in log for s in STAGES) and "targets per GPU-hour" in log
+    assert json.loads((tmp_path / "stages.json").read_text()) == times.as_json()
+    (line,) = [ln for ln in log.splitlines() if ln.startswith(STAGES_LINE)]
+    assert StageTimes.from_json(json.loads(line[len(STAGES_LINE) :])).wall_s == pytest.approx(
+        times.wall_s, abs=1e-3
+    )
+    assert [p.suffix for p in (tmp_path / "out").iterdir()] == [".whl"]  # the wheel alone
+
+
+class SlowCompiles(Shuffled):
+    """A runner that needs cubins and compiles them itself (``compile``, the Ray
+    runner's contract), ``delay_s`` per design, in order; it records when each design
+    finished compiling and when each measure job reached it."""
+
+    needs_cubins = True
+
+    def __init__(self, *args, delay_s: float = 0.02, start_s: float = 0.0, **kw):
+        super().__init__(*args, **kw)
+        self.delay_s, self.start_s = delay_s, start_s
+        self.compiled: dict[str, float] = {}
+        self.arrived: dict[str, float] = {}
+        self.started_at = self.proposed_at = 0.0
+
+    def start(self):
+        time.sleep(self.start_s)
+        self.started_at = time.monotonic()
+        return super().start()
+
+    def compile(self, designs, cache, jobs=None, on_done=None):
+        out = {}
+        for d in designs:
+            time.sleep(self.delay_s)
+            out[d.key] = rendered(d)
+            self.compiled[d.key] = time.monotonic()
+            if on_done is not None:
+                on_done(out[d.key])
+        return out
+
+    def run(self, jobs):
+        for job in jobs:
+            if job.kind == JobKind.MEASURE:
+                self.arrived[job.design.key] = time.monotonic()
+            yield self.answer(job)
+
+
+@pytest.fixture
+def no_cubins(monkeypatch):
+    """The fake compile writes no cubin: the job names a path nobody opens."""
+    monkeypatch.setattr(build_mod, "checked_cubin_path", lambda d, c, key: Path(f"/x/{key}"))
+
+
+@needs_nvcc
+def test_a_rounds_jobs_reach_the_runner_while_it_still_compiles(tmp_path, recorded, no_cubins):
+    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.05)
+    m = _manifest(rounds=1, candidates=8, profile_top=0)
+    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
+              proposer=GridProposer(space=_space(recorded)), log=io.StringIO())  # fmt: skip
+    b.measure_and_select()
+    assert runner.arrived and len(runner.compiled) > 4
+    # each job after its own cubin, and the first long before the last cubin
+    assert all(runner.arrived[k] >= runner.compiled[k] for k in runner.arrived)
+    assert min(runner.arrived.values()) < max(runner.compiled.values()) - 0.1
+    assert b.counts["compiled"] == len(runner.compiled)
+    times = b.clock.times(len(m.targets))
+    assert times.stages["compile"] >= 0.05 * len(runner.compiled)
+
+
+class Sees:
+    """A grid proposer taking ``slow_s`` per target, noting when each proposal was
+    asked for (the first also on the runner)."""
+
+    name = "grid"
+
+    def __init__(self, space, runner, slow_s=0.0):
+        self.grid, self.runner, self.slow_s = GridProposer(space=space), runner, slow_s
+        self.asked: list[float] = []
+
+    def propose(self, target, history, n):
+        self.asked.append(time.monotonic())
+        if not self.runner.proposed_at:
+            self.runner.proposed_at = self.asked[0]
+        time.sleep(self.slow_s)
+        return self.grid.propose(target, history, n)
+
+    def observe(self, measurements):
+        return None
+
+
+def _slow_start_build(tmp_path, recorded, monkeypatch, smi_name):
+    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0, start_s=0.5)
+    runner.device = 0  # one GPU of this host, as a LocalRunner
+    monkeypatch.setattr(build_mod, "gpu_models", lambda: [(smi_name, runner.gpu.arch)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    m = _manifest(rounds=1, candidates=2, profile_top=0)
+    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
+              proposer=Sees(_space(recorded), runner), log=io.StringIO())  # fmt: skip
+    return b, runner
+
+
+@needs_nvcc
+def test_the_runner_starts_while_the_first_round_is_proposed(
+    tmp_path, recorded, no_cubins, monkeypatch
+):
+    b, runner = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H100 80GB HBM3")
+    b.measure_and_select()
+    assert runner.gpu.name == "NVIDIA H100 80GB HBM3"
+    assert 0 < runner.proposed_at < runner.started_at
+    times = b.clock.times(3)
+    assert times.stages["runner start"] >= 0.5
+    assert "measuring with" in b.log.getvalue()
+
+
+@needs_nvcc
+def test_a_gpu_other_than_nvidia_smi_named_stops_the_build(
+    tmp_path, recorded, no_cubins, monkeypatch
+):
+    b, _ = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H200")
+    with pytest.raises(BuildError, match="nvidia-smi named NVIDIA H200"):
+        b.measure_and_select()
+
+
+@needs_nvcc
+def test_the_first_targets_are_measured_while_later_ones_are_proposed(
+    tmp_path, recorded, no_cubins
+):
+    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0)
+    proposer = Sees(_space(recorded), runner, slow_s=0.3)
+    m = _manifest(rounds=1, candidates=8, profile_top=0)
+    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
+              proposer=proposer, log=io.StringIO(), jobs=2)  # fmt: skip
+    b.measure_and_select()
+    assert len(proposer.asked) == 3
+    # a chunk is 4 new designs (2 x 2 cores): one target's 8; its jobs run meanwhile
+    assert min(runner.arrived.values()) < proposer.asked[-1]
+    assert len(runner.arrived) == len(runner.compiled)
