@@ -167,14 +167,24 @@ class HostRunner:
         """Any design: the GPUs measure whatever is proposed."""
         return None
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
-        kernel = [j for j in jobs if j.kind in (JobKind.MEASURE, JobKind.AUTOTUNE)]
-        if kernel:
-            yield from self._measure(kernel)
-        checked = [j for j in jobs if j.kind == JobKind.SANITIZE]
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        """``jobs`` may be a stream the pipeline fills as cubins are compiled: measure and
+        autotune jobs are taken from it one at a time, as a GPU frees up; sanitizer and
+        profile jobs, which run together, once it is exhausted."""
+        later: list[Job] = []
+
+        def kernel_jobs() -> Iterator[Job]:
+            for j in jobs:
+                if j.kind in (JobKind.MEASURE, JobKind.AUTOTUNE):
+                    yield j
+                else:
+                    later.append(j)
+
+        yield from self._measure(kernel_jobs())
+        checked = [j for j in later if j.kind == JobKind.SANITIZE]
         if checked:
             yield from self._memcheck(checked)
-        profiled = [j for j in jobs if j.kind == JobKind.PROFILE]
+        profiled = [j for j in later if j.kind == JobKind.PROFILE]
         if profiled:
             yield from self._profile(profiled)
 
@@ -217,7 +227,7 @@ class HostRunner:
         return dataclasses.replace(res, gpu=self._tags.get(device))
 
     # -- measure / cublaslt: one queue, a thread per GPU --------------------------------
-    def _measure(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
+    def _measure(self, jobs: Iterator[Job]) -> Iterator[JobResult]:
         self.start()
         pools = self.live
         if not pools:
@@ -234,22 +244,20 @@ class HostRunner:
         ]
         for t in threads:
             t.start()
-        running, answered = len(threads), 0
+        running = len(threads)
         wait = True  # for the jobs running when the caller stops, so the pools stay usable
         try:
-            while answered < len(jobs):
+            while running:
                 item = out.get()
                 if item is _DONE:
                     running -= 1
-                    if running == 0:  # every GPU retired: what is left cannot be run
-                        for job in feed.drain():
-                            answered += 1
-                            yield self._gone(job)
-                        return
                     continue
                 feed.taken()  # before the yield: the GPU may start its next job meanwhile
-                answered += 1
                 yield item
+            # Every GPU's thread is done: the jobs ran out, or every GPU is retired and
+            # what is left (re-queued, or not yet taken from the stream) cannot be run.
+            for job in feed.drain():
+                yield self._gone(job)
         except BaseException as e:
             # Interrupted (Ctrl-C): no waiting on running jobs; ``close()`` ends the workers.
             wait = isinstance(e, GeneratorExit)
@@ -335,30 +343,53 @@ class HostRunner:
 
 class _Feed:
     """The shared queue of one ``run``'s kernel jobs, and how far the GPUs may run ahead
-    of the caller (``ahead`` jobs started beyond the answers it has taken)."""
+    of the caller (``ahead`` jobs started beyond the answers it has taken). ``jobs`` may
+    be a stream that blocks until its next job exists (a cubin still compiling): one GPU's
+    thread at a time waits on it, outside the lock, while the others run and answer."""
 
-    def __init__(self, jobs: Sequence[Job], ahead: int):
-        self._pending = deque(jobs)
+    def __init__(self, jobs: Iterable[Job], ahead: int):
+        self._source = iter(jobs)
+        self._pending: deque[Job] = deque()  # put back by a retired GPU
         self._cond = threading.Condition()
         self._ahead = ahead
         self._started = 0  # started and not yet taken by the caller (or put back)
         self._running = 0
         self._stopped = False
+        self._pulling = False  # a thread is waiting on the stream
+        self._exhausted = False
 
     def next(self) -> Job | None:
         """The next job to run, waiting while the caller is ``ahead`` answers behind;
         None: nothing is left to run (or the caller stopped)."""
-        with self._cond:
-            while True:
+        while True:
+            with self._cond:
                 if self._stopped:
                     return None
-                if self._pending and self._started < self._ahead:
+                if self._started < self._ahead and self._pending:
                     self._started += 1
                     self._running += 1
                     return self._pending.popleft()
-                if not self._pending and self._running == 0:
+                if self._started < self._ahead and not self._exhausted and not self._pulling:
+                    self._pulling = True  # the slot is held while the stream is read
+                    self._started += 1
+                    self._running += 1
+                elif self._exhausted and not self._pending and self._running == 0:
                     return None  # and another GPU's re-queued job would be in _pending
-                self._cond.wait()
+                else:
+                    self._cond.wait()
+                    continue
+            job = next(self._source, None)  # may block: outside the lock
+            with self._cond:
+                self._pulling = False
+                if job is None or self._stopped:
+                    self._exhausted = self._exhausted or job is None
+                    self._started -= 1
+                    self._running -= 1
+                    self._cond.notify_all()
+                    if self._stopped:
+                        return None
+                    continue
+                return job
 
     def finished(self) -> None:
         """A job's answer is out."""
@@ -381,10 +412,12 @@ class _Feed:
             self._cond.notify_all()
 
     def drain(self) -> list[Job]:
+        """What no GPU ran: the jobs put back, and the rest of the stream."""
         with self._cond:
             jobs = list(self._pending)
             self._pending.clear()
-            return jobs
+            exhausted, self._exhausted = self._exhausted, True
+        return jobs if exhausted else jobs + list(self._source)
 
     def stop(self) -> None:
         """The caller is done: no job is started any more."""

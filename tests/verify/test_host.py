@@ -14,6 +14,7 @@ import functools
 import io
 import socket
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -123,6 +124,31 @@ def test_every_job_is_answered_once_and_tagged_with_its_gpu(n, jobs, replay, tmp
     assert all(g is not None and g.name == H100 and g.host == socket.gethostname() for g in tags)
     used = Counter(g.index for g in tags)
     assert set(used) <= set(range(n)) and (n == 1 or len(used) >= 2), used
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_of_jobs_is_measured_as_it_comes(n, jobs, tmp_path):
+    """The pipeline hands a round's jobs over as their cubins compile: the first answers
+    come back while the stream has jobs left to give, each job is taken once, and
+    a stream that ends early after a GPU is retired still answers every job it gave."""
+    gate = threading.Event()
+    taken: list[int] = []
+
+    def stream():
+        for i, j in enumerate(jobs[:8]):
+            if i == 4:
+                assert gate.wait(60), "no answer came back before the stream was finished"
+            taken.append(i)
+            yield j
+
+    with runner(range(n), tmp_path, delay_s=0.02) as r:
+        r.start()
+        answers = []
+        for a in r.run(stream()):
+            answers.append(a)
+            gate.set()  # one answer out: the stream may give its second half
+    assert taken == list(range(8))
+    assert set(by_key(answers)) == {key(j) for j in jobs[:8]}
 
 
 # -- faults: each costs what it must, and no more ----------------------------------------

@@ -49,12 +49,12 @@ def test_the_local_runner_answers_each_job_before_taking_the_next(
         log.append("checks")
         return (JobResult(j, Status.OK) for j in js)
 
-    def profile(js):
+    def profile(js, device):
         profiled.extend(js)
         return (JobResult(j, Status.OK) for j in js)
 
     monkeypatch.setattr(runner, "_memcheck", checks)
-    monkeypatch.setattr(local, "_profile", profile)
+    monkeypatch.setattr(local, "profile_jobs", profile)
     answers = runner.run(_stream(jobs, log))
     assert next(answers).job == jobs[0]
     assert log == [("taken", 0), ("ran", "measure")]  # not a job more taken
