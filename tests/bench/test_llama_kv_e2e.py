@@ -53,8 +53,15 @@ def test_dry_run_every_part(e2e, package, tmp_path):
     check = got["llama"]["check"]
     c = check["correctness"]
     assert c["ok"] and c["err_patched_vs_fp32"] < 1e-3  # fp32 vs fp32: rounding order only
-    assert check["memory"]["patch_memory"] == {"cpu": 2 * 4 * (128 * 64 + 192 * 64)}  # fp32
+    # fp32: the packed qkv and gate_up of 2 layers, the LM head with the final norm folded
+    packed = 2 * 4 * (128 * 64 + 192 * 64) + 4 * 97 * 64
+    assert check["memory"]["patch_memory"] == {"cpu": packed}
     assert check["report"]["layers"] == 2
+    # the path per M: the dry run asks for the fused forward (uncovered="fused")
+    paths = check["report"]["paths"]
+    assert {"1", "2", "16", "32"} <= set(paths)  # batches, the check's, the prefill's
+    assert paths["32"] == {"layers": {"fused_fallback": 2}, "lm_head": "fused_fallback"}
+    assert check["report"]["lm_head"]["epilogue"] == "rmsnorm"
     assert set(check["report"]["per_gemm"]) == {"qkv", "o_proj", "gate_up", "down"}
     assert check["one_decode_step"]["fallbacks"]  # the CPU: every op falls back
     for part in ("eager", "graph"):

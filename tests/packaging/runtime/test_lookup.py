@@ -141,3 +141,43 @@ def test_entries_for_lists_one_model(recorded_table):
         for arch in table.archs:
             want = [e for e in table.entries if (e.gpu, e.arch) == (gpu, arch)]
             assert table.entries_for(gpu, arch) == want
+
+
+def test_m_spans_are_the_lookup_rule(recorded_table):
+    """``m_spans`` (what ``Api.m_ranges`` reads) answers as ``lookup_exact`` at every M."""
+    table = recorded_table
+    for key, group in _axes(table.entries).items():
+        spans = table.m_spans(*key)
+        assert [e for _, _, e in spans] == group
+        top = group[-1].m_measured
+        for m in range(1, top + 3):
+            got = next((e for lo, hi, e in spans if lo <= m <= hi), None)
+            assert got is table.lookup_exact(*key[:4], m, *key[4:]), (key, m)
+
+
+def test_api_m_ranges_are_the_entries_that_launch(recorded_table):
+    """``Api.m_ranges`` (no device: any GPU model of the table) against a brute-force
+    lookup at every M: covered where some model's entry is a kernel / cuBLASLt entry, or
+    a fallback with an eager alternative (plain GEMMs)."""
+    from cudal2.packaging.runtime.api import Api
+
+    api = Api("not_a_package")
+    api._table = recorded_table
+    kinds = {e.kind for e in recorded_table.entries}
+    assert "kernel" in kinds  # the recorded table has launching entries to find
+    shapes = {(e.dtype, e.n, e.k, e.epilogue) for e in recorded_table.entries if e.layout == "tn"}
+    models = recorded_table.models()
+    checked = 0
+    for dtype, n, k, epilogue in sorted(shapes):
+        top = max(e.m_measured for e in recorded_table.entries if (e.n, e.k) == (n, k))
+        for m in range(1, top + 3):
+            want = False
+            for gpu, arch in models:
+                e = recorded_table.lookup_exact(gpu, arch, dtype, "tn", m, n, k, epilogue)
+                want |= e is not None and (
+                    e.kind in ("kernel", "cublaslt") or (epilogue == "none" and e.eager is not None)
+                )
+            assert api.covers_at(m, n, k, dtype, epilogue) is want, (dtype, n, k, epilogue, m)
+            checked += 1
+    assert checked
+    assert api.m_ranges(3, 5, "fp16") == ()  # a shape the table has not
