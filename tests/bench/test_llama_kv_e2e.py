@@ -92,3 +92,34 @@ def test_bad_arguments_exit_2(e2e, argv, message, capsys):
         e2e.parse(["--package", "x", "--out", "y", *argv])
     assert got.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_e2e_manifest_covers_the_run(e2e):
+    """bench/manifests/llama-e2e-h100.toml has a target for every GEMM the run's patched
+    models call at the run's default Ms (decode batches, the prefill, its LM head at 1
+    row), each with the epilogue patch_model looks up (the runtime's family table)."""
+    from cudal2.manifest import load_manifest
+    from cudal2.packaging.runtime.families import FAMILIES, layer_gemms
+
+    root = Path(__file__).resolve().parents[2]
+    m = load_manifest(root / "bench/manifests/llama-e2e-h100.toml")
+    have = {(t.m, t.n, t.k, t.epilogue) for t in m.targets if t.dtype == "fp16"}
+    args = e2e.parse(["--package", "x", "--out", "y"])
+    llama = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096)}
+    llama |= {"down": (4096, 14336), "lm_head": (128256, 4096)}
+    qwen2 = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584)}
+    qwen2 |= {"down": (3584, 18944), "lm_head": (152064, 3584)}
+    want = set()
+    for family, shapes, ms in (
+        ("llama", llama, [*args.batches, args.prefill]),
+        ("qwen2", qwen2, [1]),
+    ):
+        gemms = {g.proj: g.epilogue for g in layer_gemms(FAMILIES[family], "silu")}
+        for mm in ms:
+            for proj, (n, k) in shapes.items():
+                epilogue = gemms.get(proj, "rmsnorm")  # the head: the final norm folded
+                want |= {(mm, n, k, epilogue), (mm, n, k, "none")}
+                if proj == "lm_head":
+                    want.add((1, n, k, epilogue))  # the prefill's head: logits_to_keep=1
+    assert want <= have, sorted(want - have)
+    assert len(m.targets) == 50
