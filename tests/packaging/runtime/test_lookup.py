@@ -10,6 +10,8 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
 from cudal2.packaging.runtime.table import DispatchTable, TableEntry
 
 
@@ -155,16 +157,20 @@ def test_m_spans_are_the_lookup_rule(recorded_table):
             assert got is table.lookup_exact(*key[:4], m, *key[4:]), (key, m)
 
 
-def test_api_m_ranges_are_the_entries_that_launch(recorded_table):
+@pytest.mark.parametrize("which", ["recorded_table", "selected_table", "eager_table"])
+def test_api_m_ranges_are_the_entries_that_launch(request, which):
     """``Api.m_ranges`` (no device: any GPU model of the table) against a brute-force
     lookup at every M: covered where some model's entry is a kernel / cuBLASLt entry, or
-    a fallback with an eager alternative (plain GEMMs)."""
+    a fallback with an eager alternative (plain GEMMs). The selected and eager tables
+    have fallback entries (with and without an eager alternative) between kernels."""
     from cudal2.packaging.runtime.api import Api
 
+    recorded_table = request.getfixturevalue(which)
     api = Api("not_a_package")
     api._table = recorded_table
     kinds = {e.kind for e in recorded_table.entries}
-    assert "kernel" in kinds  # the recorded table has launching entries to find
+    assert "kernel" in kinds  # the table has launching entries to find
+    assert which == "recorded_table" or "fallback" in kinds
     shapes = {(e.dtype, e.n, e.k, e.epilogue) for e in recorded_table.entries if e.layout == "tn"}
     models = recorded_table.models()
     checked = 0
