@@ -187,3 +187,33 @@ def test_api_m_ranges_are_the_entries_that_launch(request, which):
             checked += 1
     assert checked
     assert api.m_ranges(3, 5, "fp16") == ()  # a shape the table has not
+
+
+def test_api_m_ranges_on_a_device_is_its_gpu_model(selected_table):
+    """With a device: the GPU model its calls resolve to (the device's checked info,
+    set here as the first call would), only that model's entries; a device that cannot
+    use the table (its reason set): nothing."""
+    from cudal2.packaging.runtime.api import Api, _Device
+
+    api = Api("not_a_package")
+    api._table = selected_table
+    (gpu, arch), *others = selected_table.models()
+    api._devices[0] = _Device(gpu, arch, None)
+    api._devices[1] = _Device(None, arch, "driver")
+    checked = 0
+    for e in selected_table.entries:
+        if e.layout != "tn":
+            continue
+        want = tuple(
+            (lo, hi)
+            for lo, hi, x in selected_table.m_spans(gpu, arch, e.dtype, "tn", e.n, e.k, e.epilogue)
+            if x.kind in ("kernel", "cublaslt") or (x.epilogue == "none" and x.eager is not None)
+        )
+        got = api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=0)
+        # merged: the same M set
+        assert {m for lo, hi in got for m in range(lo, hi + 1)} == {
+            m for lo, hi in want for m in range(lo, hi + 1)
+        }
+        assert api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=1) == ()
+        checked += 1
+    assert checked
