@@ -195,9 +195,22 @@ def test_api_m_ranges_on_a_device_is_its_gpu_model(selected_table):
     use the table (its reason set): nothing."""
     from cudal2.packaging.runtime.api import Api, _Device
 
+    (gpu, arch), *_ = selected_table.models()
+    # a second GPU model of the arch whose entries reach 5000 M further: "any model"
+    # would answer with its ranges too
+    other = [
+        dataclasses.replace(
+            e, gpu="Other GPU", m_max=e.m_max + 5000, m_measured=e.m_measured + 5000
+        )
+        for e in selected_table.entries
+    ]
+    table = dataclasses.replace(
+        selected_table,
+        entries=(*selected_table.entries, *other),
+        gpu_models=tuple(sorted({*selected_table.gpu_models, "Other GPU"})),
+    )
     api = Api("not_a_package")
-    api._table = selected_table
-    (gpu, arch), *others = selected_table.models()
+    api._table = table
     api._devices[0] = _Device(gpu, arch, None)
     api._devices[1] = _Device(None, arch, "driver")
     checked = 0
@@ -217,3 +230,6 @@ def test_api_m_ranges_on_a_device_is_its_gpu_model(selected_table):
         assert api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=1) == ()
         checked += 1
     assert checked
+    e = next(x for x in selected_table.entries if x.kind == "kernel" and x.layout == "tn")
+    anywhere = api.m_ranges(e.n, e.k, e.dtype, e.epilogue)
+    assert anywhere != api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=0)
