@@ -11,22 +11,32 @@ Per decoder layer the layer's class is swapped for a subclass whose forward runs
 so o -> gate_up -> down -> the next layer's qkv are GEMMs back to back, nothing between
 (Gemma-2 keeps its post-attention / post-feedforward norms: they sit between the GEMM and
 the residual add, so o_proj and down_proj run through plain ``linear`` there and the add
-stays torch's). The LM head runs through ``linear`` (``ops.patch_linear`` on that one
-module: it is patched where the table covers it). Rotary, the cache update and attention
+stays torch's). The LM head (``head="rmsnorm"``) runs the final norm and the head as one
+``linear_rmsnorm`` on a weight with the final norm folded in (the norm module passes its
+input on while patched); ``head="linear"`` keeps it plain (``ops.patch_linear`` on that
+one module). Rotary, the cache update and attention
 are the family's own functions (its module's ``apply_rotary_pos_emb``, transformers'
 ``ALL_ATTENTION_FUNCTIONS`` with the model's ``_attn_implementation``, eager as the
 default), with the arguments the family's attention passes them, so sdpa / eager /
 flash and static or dynamic caches behave as in the unpatched model.
 
-Where the table has no kernel for a GEMM, its op falls back to torch's unfused math; the
-patch's ``report()`` says per layer which GEMMs have a table entry and which fall back.
+The path per call: from its M (rows of the hidden states; static under torch.compile),
+a layer runs the fused forward where every fused-epilogue GEMM of it has a kernel entry
+at that M (``Api.m_ranges`` on the layer's device, read once at patch time); elsewhere,
+with the originals kept, its class's own forward on the original modules (the unpatched
+layer, bit for bit: never slower than unpatched), or with ``uncovered="fused"`` (and
+``originals`` "cpu" / "drop", which take the originals away) the fused forward, each
+uncovered op on torch's unfused math over the packed weights. The LM head decides the
+same way. ``report()`` says per layer which GEMMs have a table entry, at which M, and
+(``paths``) which path each M asked for or seen took.
 Inference only (``model.eval()``). What it does not know it refuses before touching the
 model (``PatchModelError``, naming the model type / config key and value).
 
 Memory: the folded qkv and gate_up weights are new tensors (the norm weight is folded in,
-so they cannot alias the originals); o_proj, down_proj and the LM head are used as they
-are. ``originals`` decides what happens to the replaced weights (q/k/v/gate/up, or Phi-3's
-qkv_proj/gate_up_proj): ``"keep"`` (default: nothing moves, ``restore()`` is free and
+so they cannot alias the originals), and so is the folded LM head weight; o_proj and
+down_proj are used as they are. ``originals`` decides what happens to the replaced
+weights (q/k/v/gate/up, or Phi-3's qkv_proj/gate_up_proj, and the LM head's unless it is
+tied to the embedding): ``"keep"`` (default: nothing moves, ``restore()`` is free and
 exact; they cost their bytes a second time), ``"cpu"`` (moved to host memory, moved back
 by ``restore()``, bit for bit; the parameter objects are kept, so anything sharing them
 sees them on the CPU while patched), ``"drop"`` (freed; ``restore()`` unfolds them from
