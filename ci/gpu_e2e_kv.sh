@@ -3,11 +3,13 @@
 # Llama-3.1-8B dimensions (32 layers, random fp16 weights), transformers' static cache
 # over a 1,024-token context, decode tokens/s at batch 1, 16, 64 under
 # torch.compile(mode="reduce-overhead") and eagerly, the unpatched model against
-# patch_model; prefill at 2,048 tokens; a Qwen2-style model (qkv bias) at batch 1; the
-# logits against fp32; the memory the patch adds. The wheel: built from
-# bench/manifests/layer-epilogues-h100.toml (ci/gpu_layer_build.sh; carry its folder):
+# patch_model; prefill at 2,048 tokens; Qwen2-7B (qkv bias) at batch 1; the logits
+# against fp32; the memory the patch adds; the path (fused / original / fused_fallback)
+# each layer and the LM head took at each M. The wheel: built from
+# bench/manifests/llama-e2e-h100.toml (ci/gpu_e2e_build.sh; carry its folder), which covers
+# every M the run makes (the layer wheel of ci/gpu_layer_build.sh covers decode only):
 #
-#   WHEEL=.layer-job/layer_epilogues_h100-0.1.0-py3-none-any.whl bash ci/gpu_e2e_kv.sh
+#   WHEEL=.e2e-job/<the wheel ci/gpu_e2e_build.sh wrote> bash ci/gpu_e2e_kv.sh
 #
 # Each part runs in its own process under PART_TIMEOUT (default 420 s) and merges its
 # results into $OUT/llama-kv-e2e.json (a part cut short loses only itself). The compiles

@@ -433,7 +433,9 @@ def _expand_model(
                     f"projection {proj!r} gives {dim} = {shown(value)}: a dimension must be "
                     f"an integer in [1, {MAX_DIM}]",
                 )
-    fused = _model_epilogues(r, entry, key_path, {proj: n for proj, n, _ in projections})
+    fused = _model_epilogues(
+        r, entry, key_path, {proj: n for proj, n, _ in projections}, config_path, lm_head
+    )
     return [
         (m, n, k, epilogue)
         for m in tokens
@@ -443,17 +445,36 @@ def _expand_model(
 
 
 def _model_epilogues(
-    r: _Reader, entry: dict[str, Any], key_path: str, projections: dict[str, int]
+    r: _Reader,
+    entry: dict[str, Any],
+    key_path: str,
+    projections: dict[str, int],
+    config_path: Path,
+    lm_head: bool,
 ) -> dict[str, tuple[str, ...]]:
     """``epilogues = { qkv = ["rmsnorm"], gate_up = ["rmsnorm_silu"], o = ["residual"],
     down = ["residual"] }``: per projection of this model (``projections``: name -> N on
     one rank), the fused epilogues its linears need (each a target of its own beside
     the plain one). A gated epilogue (``silu``, ``rmsnorm_gelu_tanh``, ...) needs an
-    even N: its weight is gate and up rows packed in pairs."""
+    even N: its weight is gate and up rows packed in pairs. ``epilogues = "auto"`` (a
+    ``fused = true`` model): those a wheel's ``patch_model`` runs for this architecture
+    (``models.patch_epilogues``: the runtime's family table), the LM head's with
+    ``lm_head = true``."""
     kp = f"{key_path}.epilogues"
     value = entry.get("epilogues", {})
+    if value == "auto":
+        if "qkv" not in projections:  # fused = false: q, k, v, gate, up as transformers has
+            raise r.fail(
+                kp, value, "needs fused = true (the projections patch_model runs: qkv, o, "
+                "gate_up, down)",
+            )  # fmt: skip
+        try:
+            auto = models.patch_epilogues(config_path, lm_head)
+        except models.ModelConfigError as e:
+            raise r.fail(kp, value, str(e)) from e
+        value = {proj: list(names) for proj, names in auto.items()}
     if not isinstance(value, dict):
-        raise r.fail(kp, value, "must be a table of projection = [epilogues]")
+        raise r.fail(kp, value, 'must be a table of projection = [epilogues], or "auto"')
     out = {}
     for proj, names in value.items():
         if proj not in projections:

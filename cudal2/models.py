@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cudal2.packaging.runtime.families import FamilyError, fused_epilogues
+
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3")
 
 # Phi-3's transformers modules are already fused (qkv_proj, gate_up_proj), so its
@@ -223,3 +225,18 @@ def projection_shapes(
         ("down", hidden, inter_rank),
         *head,
     ]
+
+
+def patch_epilogues(config_path: Path, lm_head: bool) -> dict[str, tuple[str, ...]]:
+    """Per fused projection (``qkv``, ``o``, ``gate_up``, ``down``, and ``lm_head`` with
+    ``lm_head``), the fused epilogues a transformers model of this config runs when
+    patched by a wheel's ``patch_model``: read from the runtime's own family table
+    (``cudal2.packaging.runtime.families``), so the build asks for what the patch looks
+    up. ``ModelConfigError`` naming the model type (and the value) it has no family for."""
+    path = resolve_config_path(config_path)
+    model_type = _raw_model_type(path)
+    config = _load_config(path)
+    try:
+        return fused_epilogues(model_type, config, lm_head)
+    except FamilyError as e:
+        raise ModelConfigError(f"model config {path}: {e}") from e

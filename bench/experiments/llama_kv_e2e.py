@@ -8,9 +8,16 @@ biases to N(0, 0.1)) so a wrong fold or a lost bias shows in the logits (seeded)
 patched model is a second module tree over the same parameters (``copy.deepcopy`` with
 the parameters in the memo), patched with ``patch_model(originals="keep")``: the memory it
 adds is only the packed qkv / gate_up weights. The Qwen2-style model (``--part qwen2``)
-is ``Qwen2ForCausalLM`` with the same dimensions (so its o / gate_up / down shapes are the
-wheel's) and Qwen2's q/k/v bias (its qkv runs ``linear_rmsnorm`` with the bias:
-epilogue ``rmsnorm_bias``, which the layer wheel has no entry for: a fallback, reported).
+is ``Qwen2ForCausalLM`` from ``manifests/configs/qwen2-7b/config.json`` (Qwen2-7B: 28
+layers, hidden 3584, its q/k/v bias: qkv runs ``linear_rmsnorm`` with the bias, epilogue
+``rmsnorm_bias``), decode at batch 1. The wheel: bench/manifests/llama-e2e-h100.toml
+(``epilogues = "auto"``), which covers both models' fused GEMMs and LM heads at the Ms run
+here (decode 1, 16, 64; prefill 2,048; Qwen2-7B at 1).
+
+The path per M. ``patch_model`` runs a layer fused where every fused GEMM of it has a
+kernel entry at the call's M, else (originals kept) the layer's own forward: ``check``
+and ``qwen2`` record ``paths`` (per M run here: how many layers took each path, and the
+LM head's), from ``ModelPatch.report(ms=...)`` and the eager calls seen.
 
 Decode (``graph``, ``eager``). A ``StaticCache`` per model and batch, of ``CONTEXT``
 (1,024) + ``--steps`` tokens, its first 1,024 positions filled with random K/V (N(0, 1),
@@ -66,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIG = Path(__file__).resolve().parents[2] / "manifests/configs/llama-3.1-8b"
+QWEN2_CONFIG = CONFIG.parent / "qwen2-7b"
 CONTEXT = 1024
 TOLERANCE = 2.0
 FLOOR = 1e-5  # of the largest |logit|: below it, errors are rounding order (fp32 dry run)
@@ -100,28 +108,17 @@ class Setup:
             self.torch.cuda.synchronize()
 
     def config(self, family: str = "llama") -> Any:
-        from transformers import AutoConfig, Qwen2Config
+        """Llama-3.1-8B's config, or Qwen2-7B's (``family="qwen2"``), with ``--layers``
+        of its decoder layers (at most its own count); the dry run's tiny sizes."""
+        from transformers import AutoConfig
 
-        cfg = AutoConfig.from_pretrained(str(CONFIG), local_files_only=True)
-        cfg.num_hidden_layers = self.args.layers
+        path = CONFIG if family == "llama" else QWEN2_CONFIG
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        cfg.num_hidden_layers = min(self.args.layers, cfg.num_hidden_layers)
         if self.dry:
             for k, v in TINY.items():
                 setattr(cfg, k, v)
             cfg.num_hidden_layers = 2
-        if family == "qwen2":
-            keep = [
-                "hidden_size",
-                "intermediate_size",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "num_hidden_layers",
-                "vocab_size",
-                "rms_norm_eps",
-                "max_position_embeddings",
-            ]
-            q = Qwen2Config(**{k: getattr(cfg, k) for k in keep}, rope_theta=1e6)
-            q.head_dim = cfg.head_dim
-            cfg = q
         cfg.bos_token_id = cfg.eos_token_id = None
         return cfg
 
@@ -156,7 +153,10 @@ def patched_copy(s: Setup, model: Any) -> tuple[Any, Any]:
     """New modules over the same parameters and buffers, patched with ``patch_model``."""
     shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     twin = copy.deepcopy(model, shared)
-    return twin, s.pkg.patch_model(twin, originals="keep")
+    # The dry run's fp32 has no table entry at any M: it asks for the fused forward (its
+    # ops on torch's fallbacks), so the CPU runs the code path the GPU's fused layers run.
+    uncovered = "fused" if s.dry else None
+    return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered)
 
 
 def static_cache(s: Setup, model: Any, batch: int, length: int, filled: int) -> Any:
@@ -278,8 +278,19 @@ def correctness(s: Setup, model: Any, patched: Any) -> dict:
     }
 
 
-def report_summary(patch: Any) -> dict:
-    rep = patch.report()
+def report_summary(patch: Any, ms: list[int]) -> dict:
+    """The patch's report in brief: per GEMM of the first layer its entries and in how
+    many layers it has one; the LM head's; per M (``ms`` and every eager call seen) how
+    many layers took each path (fused / original / fused_fallback) and the head's."""
+    rep = patch.report(ms=ms)
+    paths: dict[str, dict] = {}
+    for name, per_m in rep["paths"].items():
+        for m, path in per_m.items():
+            row = paths.setdefault(m, {"layers": {}, "lm_head": None})
+            if name == "lm_head":
+                row["lm_head"] = path
+            else:
+                row["layers"][path] = row["layers"].get(path, 0) + 1
     layers = rep["layers"]
     first = next(iter(layers.values()))
     per_gemm = {
@@ -297,7 +308,20 @@ def report_summary(patch: Any) -> dict:
         }
         for r in first
     }
-    return {"layers": len(layers), "per_gemm": per_gemm, "lm_head": rep["lm_head"]}
+    return {
+        "layers": len(layers),
+        "per_gemm": per_gemm,
+        "lm_head": rep["lm_head"],
+        "paths": dict(sorted(paths.items(), key=lambda kv: int(kv[0]))),
+    }
+
+
+def run_ms(s: Setup) -> list[int]:
+    """The Ms this run's calls make: decode batches, the prefill's tokens (its LM head:
+    1 row, logits_to_keep), the check's prompt and steps."""
+    prefill = 32 if s.dry else s.args.prefill
+    b, t = (2, 8) if s.dry else (4, 128)
+    return sorted({*s.args.batches, prefill, 1, b * t, b})
 
 
 def part_check(s: Setup, model: Any, patched: Any, patch: Any, mem: dict) -> dict:
@@ -305,7 +329,7 @@ def part_check(s: Setup, model: Any, patched: Any, patch: Any, mem: dict) -> dic
     res = {
         "correctness": correctness(s, model, patched),
         "memory": mem,
-        "report": report_summary(patch),
+        "report": report_summary(patch, run_ms(s)),
     }
     cache = static_cache(s, patched, 1, s.context + 1, s.context)
     ids = torch.zeros((1, 1), dtype=torch.long, device=s.device)
@@ -525,10 +549,11 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.monotonic()
         model = build(s, s.config("qwen2"))
         patched, patch = patched_copy(s, model)
-        got = {"correctness": correctness(s, model, patched), "report": report_summary(patch)}
+        got = {"correctness": correctness(s, model, patched)}
         batches, args.batches = args.batches, [1]
         got["graph"] = part_decode(s, model, patched, compiled=True)
         got["eager"] = part_decode(s, model, patched, compiled=False)
+        got["report"] = report_summary(patch, run_ms(s))
         args.batches = batches
         got["memory"] = patch.memory()
         got["wall_s"] = round(time.monotonic() - t1, 1)

@@ -724,6 +724,57 @@ class Api:
             self._covered = covered
         return (dtype, layout, n, k) in covered
 
+    def m_ranges(
+        self,
+        n: int,
+        k: int,
+        dtype: str,
+        epilogue: str = "none",
+        device: int | None = None,
+        layout: str = "tn",
+    ) -> tuple[tuple[int, int], ...]:
+        """The M ranges (first, last; ascending, merged) at which a call of (dtype,
+        layout, M, N, K) with fused ``epilogue`` finds a table entry that launches a
+        kernel: a ``kernel`` or ``cublaslt`` entry, or (plain GEMMs) a fallback entry's
+        eager alternative. ``device``: a CUDA device index, answered for its GPU as its
+        calls resolve it (nothing where the device cannot use the table); None: for any
+        GPU model of the table (what a CPU run asks: the path a GPU would take). Loads
+        and launches nothing; a call in range can still fall back at launch (alignment,
+        the recipe's fit, a failed load: ``stats`` counts those)."""
+        if device is None:
+            models = self.table.models()
+        else:
+            torch = _torch or _import_torch(self.package)
+            info = self._devices.get(device) or self._device_info(torch, device)
+            if info.reason is not None:
+                return ()
+            models = [(info.gpu, info.arch)]
+        spans = []
+        for gpu, arch in models:
+            for lo, hi, e in self.table.m_spans(gpu, arch, dtype, layout, n, k, epilogue):
+                launches = e.kind in ("kernel", "cublaslt")
+                if launches or (epilogue == "none" and e.eager is not None):
+                    spans.append((lo, hi))
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(spans):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        return tuple(merged)
+
+    def covers_at(
+        self,
+        m: int,
+        n: int,
+        k: int,
+        dtype: str,
+        epilogue: str = "none",
+        device: int | None = None,
+    ) -> bool:
+        """Whether a call at this M launches a table entry (``m_ranges``, layout tn)."""
+        return any(lo <= m <= hi for lo, hi in self.m_ranges(n, k, dtype, epilogue, device))
+
     def warmup(self, device: int | None = None) -> int:
         """Load every kernel of the table for ``device`` (default: the current one),
         and ready its cuBLASLt entries (library, handle, the current stream's

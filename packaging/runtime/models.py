@@ -11,22 +11,32 @@ Per decoder layer the layer's class is swapped for a subclass whose forward runs
 so o -> gate_up -> down -> the next layer's qkv are GEMMs back to back, nothing between
 (Gemma-2 keeps its post-attention / post-feedforward norms: they sit between the GEMM and
 the residual add, so o_proj and down_proj run through plain ``linear`` there and the add
-stays torch's). The LM head runs through ``linear`` (``ops.patch_linear`` on that one
-module: it is patched where the table covers it). Rotary, the cache update and attention
+stays torch's). The LM head (``head="rmsnorm"``) runs the final norm and the head as one
+``linear_rmsnorm`` on a weight with the final norm folded in (the norm module passes its
+input on while patched); ``head="linear"`` keeps it plain (``ops.patch_linear`` on that
+one module). Rotary, the cache update and attention
 are the family's own functions (its module's ``apply_rotary_pos_emb``, transformers'
 ``ALL_ATTENTION_FUNCTIONS`` with the model's ``_attn_implementation``, eager as the
 default), with the arguments the family's attention passes them, so sdpa / eager /
 flash and static or dynamic caches behave as in the unpatched model.
 
-Where the table has no kernel for a GEMM, its op falls back to torch's unfused math; the
-patch's ``report()`` says per layer which GEMMs have a table entry and which fall back.
+The path per call: from its M (rows of the hidden states; static under torch.compile),
+a layer runs the fused forward where every fused-epilogue GEMM of it has a kernel entry
+at that M (``Api.m_ranges`` on the layer's device, read once at patch time); elsewhere,
+with the originals kept, its class's own forward on the original modules (the unpatched
+layer, bit for bit: never slower than unpatched), or with ``uncovered="fused"`` (and
+``originals`` "cpu" / "drop", which take the originals away) the fused forward, each
+uncovered op on torch's unfused math over the packed weights. The LM head decides the
+same way. ``report()`` says per layer which GEMMs have a table entry, at which M, and
+(``paths``) which path each M asked for or seen took.
 Inference only (``model.eval()``). What it does not know it refuses before touching the
 model (``PatchModelError``, naming the model type / config key and value).
 
 Memory: the folded qkv and gate_up weights are new tensors (the norm weight is folded in,
-so they cannot alias the originals); o_proj, down_proj and the LM head are used as they
-are. ``originals`` decides what happens to the replaced weights (q/k/v/gate/up, or Phi-3's
-qkv_proj/gate_up_proj): ``"keep"`` (default: nothing moves, ``restore()`` is free and
+so they cannot alias the originals), and so is the folded LM head weight; o_proj and
+down_proj are used as they are. ``originals`` decides what happens to the replaced
+weights (q/k/v/gate/up, or Phi-3's qkv_proj/gate_up_proj, and the LM head's unless it is
+tied to the embedding): ``"keep"`` (default: nothing moves, ``restore()`` is free and
 exact; they cost their bytes a second time), ``"cpu"`` (moved to host memory, moved back
 by ``restore()``, bit for bit; the parameter objects are kept, so anything sharing them
 sees them on the CPU while patched), ``"drop"`` (freed; ``restore()`` unfolds them from
@@ -45,65 +55,20 @@ from typing import Any
 
 from . import fused
 from .api import dtype_name
+from .families import ACTS, BIAS_KEYS, FAMILIES, HEADS, Family, Gemm, layer_gemms
 from .ops import LinearPatch, patch_linear
 
 ORIGINALS = ("keep", "cpu", "drop")
+# What a call at an M the table has no fused entry for runs (module docstring).
+UNCOVERED = ("original", "fused")
 # The modeling code the fused forward matches (argument names, the cache's ``update``,
 # ``ALL_ATTENTION_FUNCTIONS.get_interface``): transformers 5 (read from 5.23). transformers
 # 4 passes ``past_key_value`` and the static cache wants ``cache_position``: refused.
 MIN_TRANSFORMERS = (5, 0)
-# transformers' hidden_act names of the gated activations the fused ops compute exactly
-# (ACT2FN: "silu" / "swish" are F.silu, "gelu_pytorch_tanh" is F.gelu(approximate="tanh")).
-ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 # Buffers the patch registers on a layer (non-persistent: not in state_dict).
 _BUFFERS = ("_cudal2_w_qkv", "_cudal2_b_qkv", "_cudal2_w_gate_up")
-
-
-@dataclass(frozen=True)
-class Family:
-    """What differs between the decoder families: the class-name prefix of their
-    modules, the norms' ``(1 + w)`` offset, the config key of the activation, which
-    modules are already fused (Phi-3), whether q/k/v carry a bias, whether the
-    attention/MLP outputs are normalised before the residual add (Gemma-2), and the
-    extra arguments their attention passes the attention function."""
-
-    prefix: str
-    norm_offset: float = 0.0
-    act_key: str = "hidden_act"
-    fused_modules: bool = False
-    qkv_bias: bool = False
-    post_norms: bool = False
-    attn_kwargs: Any = None  # (attention module) -> dict
-
-
-def _sliding_config(attn: Any) -> dict:
-    return {"sliding_window": getattr(attn.config, "sliding_window", None)}
-
-
-def _sliding_layer(attn: Any) -> dict:
-    return {"sliding_window": attn.sliding_window}
-
-
-def _gemma2_kwargs(attn: Any) -> dict:
-    return {"sliding_window": attn.sliding_window, "softcap": attn.attn_logit_softcapping}
-
-
-FAMILIES: dict[str, Family] = {
-    "llama": Family("Llama"),
-    "mistral": Family("Mistral", attn_kwargs=_sliding_config),
-    "qwen2": Family("Qwen2", qkv_bias=True, attn_kwargs=_sliding_layer),
-    "gemma": Family("Gemma", norm_offset=1.0),
-    "phi3": Family("Phi3", fused_modules=True, attn_kwargs=_sliding_config),
-    "gemma2": Family(
-        "Gemma2",
-        norm_offset=1.0,
-        act_key="hidden_activation",
-        post_norms=True,
-        attn_kwargs=_gemma2_kwargs,
-    ),
-}
-# Config keys whose True means a bias the family's fused forward does not carry.
-_BIAS_KEYS = ("attention_bias", "mlp_bias")
+# The report's name of each projection (families.PROJECTIONS are the manifest's).
+_REPORT_NAMES = {"qkv": "qkv", "o": "o_proj", "gate_up": "gate_up", "down": "down"}
 
 
 class PatchModelError(ValueError):
@@ -115,8 +80,9 @@ class PatchModelError(ValueError):
 class GemmReport:
     """One GEMM of a patched layer: the op that runs it, its epilogue and (N, K), and
     whether the table has an entry for (dtype, N, K, epilogue) (``entries``: GPU and M
-    range of each; the call still checks the GPU and M) or the op falls back to torch's
-    unfused math (``fallback``: why)."""
+    range of each) or the op falls back to torch's unfused math (``fallback``: why);
+    ``m_ranges``: the M ranges at which a call on the layer's device launches an entry
+    (``Api.m_ranges``; a CPU layer: on any GPU of the table)."""
 
     gemm: str
     op: str
@@ -126,6 +92,7 @@ class GemmReport:
     dtype: str
     entries: tuple[str, ...]
     fallback: str | None
+    m_ranges: tuple[tuple[int, int], ...] = ()
 
     def as_json(self) -> dict:
         return {
@@ -137,7 +104,34 @@ class GemmReport:
             "dtype": self.dtype,
             "entries": list(self.entries),
             "fallback": self.fallback,
+            "m_ranges": [list(r) for r in self.m_ranges],
         }
+
+
+# The path a patched layer (or the LM head) takes at one M: every fused GEMM has a
+# kernel entry there ("fused"); it has not, and the layer runs its class's own forward
+# on the original modules ("original"); it has not, and the fused forward runs anyway,
+# its uncovered ops on torch's unfused math over the packed weights ("fused_fallback").
+PATHS = ("fused", "original", "fused_fallback")
+
+
+@dataclass
+class _Route:
+    """Which path a call at M takes: ``fused_ms`` the M ranges where every fused GEMM
+    of the layer has a kernel entry (a tuple of int pairs: a constant to dynamo, so the
+    choice costs nothing under torch.compile and is part of the traced graph), and
+    ``uncovered`` what runs elsewhere (``UNCOVERED``). ``seen``: M -> path of the eager
+    calls made (compiled calls are traced once and not counted)."""
+
+    fused_ms: tuple[tuple[int, int], ...]
+    uncovered: str
+    seen: dict[int, str] = field(default_factory=dict)
+
+    def path(self, m: int) -> str:
+        for lo, hi in self.fused_ms:
+            if lo <= m <= hi:
+                return "fused"
+        return "original" if self.uncovered == "original" else "fused_fallback"
 
 
 @dataclass
@@ -154,6 +148,20 @@ class _Plan:
     attention_functions: Any
     ops: Any  # torch.ops.<namespace>: under torch.compile or where autograd records
     api: Any  # the Api: plain inference (the same dispatch, no dispatcher cost)
+    route: _Route
+
+
+@dataclass
+class _HeadPlan:
+    """The patched LM head's: the final norm it folds (its module and original class),
+    the norm's eps, the ops, and its route."""
+
+    norm: Any
+    norm_cls: type
+    eps: float
+    ops: Any
+    api: Any
+    route: _Route
 
 
 @dataclass
@@ -171,18 +179,42 @@ class _Patched:
     layer: Any
     cls: type
     gemms: list[GemmReport]
+    route: _Route
     moved: list[_Moved] = field(default_factory=list)
+
+
+@dataclass
+class _Head:
+    """The folded LM head: the head and its final norm, their original classes."""
+
+    head: Any
+    cls: type
+    plan: _HeadPlan
+    moved: list[_Moved] = field(default_factory=list)
+
+
+def _intersect(
+    a: tuple[tuple[int, int], ...], b: tuple[tuple[int, int], ...]
+) -> tuple[tuple[int, int], ...]:
+    """The M ranges in both ``a`` and ``b`` (each ascending, disjoint)."""
+    out = []
+    for lo1, hi1 in a:
+        for lo2, hi2 in b:
+            lo, hi = max(lo1, lo2), min(hi1, hi2)
+            if lo <= hi:
+                out.append((lo, hi))
+    return tuple(sorted(out))
 
 
 class ModelPatch:
     """What ``patch_model`` did: ``report()`` (per layer, per GEMM: table entry or
-    fallback), ``memory()`` (bytes added per device), ``restore()`` (also as a context
-    manager)."""
+    fallback; per M, the path), ``memory()`` (bytes added per device), ``restore()``
+    (also as a context manager)."""
 
     def __init__(
         self,
         layers: list[_Patched],
-        head: LinearPatch | None,
+        head: LinearPatch | _Head | None,
         head_report: Any,
         originals: str,
         added: dict[str, int],
@@ -196,14 +228,25 @@ class ModelPatch:
     @property
     def names(self) -> list[str]:
         """Qualified names of the patched decoder layers (and the LM head, if patched)."""
-        head = ["lm_head"] if self._head is not None and self._head.names else []
-        return [p.name for p in self._layers] + head
+        head = self._head
+        patched = isinstance(head, _Head) or (head is not None and head.names)
+        return [p.name for p in self._layers] + (["lm_head"] if patched else [])
 
-    def report(self) -> dict:
-        """Per decoder layer its GEMMs (``GemmReport.as_json``), and the LM head's."""
+    def report(self, ms: Any = ()) -> dict:
+        """Per decoder layer its GEMMs (``GemmReport.as_json``), and the LM head's;
+        ``paths``: per layer (and ``lm_head`` where folded), per M (a string key) the
+        path (``PATHS``) of every eager call seen and of each M in ``ms`` asked for."""
+        ms = [int(m) for m in ms]
+        routes = {p.name: p.route for p in self._layers}
+        if isinstance(self._head, _Head):
+            routes["lm_head"] = self._head.plan.route
+        paths = {
+            name: {str(m): r.path(m) for m in sorted({*ms, *r.seen})} for name, r in routes.items()
+        }
         return {
             "layers": {p.name: [g.as_json() for g in p.gemms] for p in self._layers},
             "lm_head": None if self._head_report is None else self._head_report.as_json(),
+            "paths": paths,
         }
 
     def memory(self) -> dict[str, int]:
@@ -216,16 +259,22 @@ class ModelPatch:
         weights unfolded from the packed ones, one rounding from the originals)."""
         for p in self._layers:
             layer = p.layer
-            for m in p.moved:  # before the packed buffers go: "drop" unfolds from them
-                data = m.unfold() if m.unfold is not None else m.param.data
-                m.param.data = data.to(m.device)
+            _bring_back(p.moved)  # before the packed buffers go: "drop" unfolds from them
             if getattr(type(layer), "_cudal2_original", None) is p.cls:
                 layer.__class__ = p.cls
             for name in _BUFFERS:
                 layer._buffers.pop(name, None)
             layer.__dict__.pop("_cudal2", None)
-        if self._head is not None:
-            self._head.restore()
+        head = self._head
+        if isinstance(head, _Head):
+            _bring_back(head.moved)
+            for module, cls in ((head.head, head.cls), (head.plan.norm, head.plan.norm_cls)):
+                if getattr(type(module), "_cudal2_original", None) is cls:
+                    module.__class__ = cls
+                module.__dict__.pop("_cudal2", None)
+            head.head._buffers.pop("_cudal2_w_head", None)
+        elif head is not None:
+            head.restore()
         self._layers, self._head, self._added = [], None, {}
 
     def __enter__(self) -> ModelPatch:
@@ -238,10 +287,24 @@ class ModelPatch:
         return f"ModelPatch({len(self._layers)} layers, originals={self.originals!r})"
 
 
+def _bring_back(moved: list[_Moved]) -> None:
+    for m in moved:
+        data = m.unfold() if m.unfold is not None else m.param.data
+        m.param.data = data.to(m.device)
+
+
 # -- the fused forward ----------------------------------------------------------------
 
 _torch: Any = None
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, str], type] = {}
+
+
+def _tokens(x: Any) -> int:
+    """M of a call: the rows of x [..., K] (static under torch.compile: part of the shape)."""
+    m = 1
+    for d in x.shape[:-1]:
+        m *= d
+    return m
 
 
 def _fused_forward(
@@ -261,6 +324,21 @@ def _fused_forward(
             "restore() the patch before training"
         )
     torch = _torch
+    path = p.route.path(_tokens(hidden_states))
+    if not torch.compiler.is_compiling():
+        p.route.seen[_tokens(hidden_states)] = path
+    if path == "original":
+        # No fused entry at this M: the class's own forward over the original modules
+        # (the patched layer is then the unpatched one, bit for bit).
+        return self._cudal2_original.forward(
+            self,
+            hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
     # Traced or recording autograd: the torch ops (the compiler sees them, CUDA graphs
     # capture them); plain inference: the Api's same dispatch without the dispatcher.
     ops = p.ops if torch.is_grad_enabled() or torch.compiler.is_compiling() else p.api
@@ -307,15 +385,37 @@ def _fused_forward(
     return ops.linear_residual(g, w_down, h)
 
 
-def _fused_class(cls: type) -> type:
-    sub = _CLASSES.get(cls)
+def _head_forward(self: Any, x: Any) -> Any:
+    """The LM head with the final norm folded in: ``linear_rmsnorm`` of the un-normalised
+    hidden states (the norm module passes them on unchanged). Where the table has no
+    kernel at this M and the originals are kept: the final norm's own forward, then the
+    head's (the unpatched model's ops, bit for bit; the norm is per row, so it commutes
+    with ``logits_to_keep``'s row slice)."""
+    h = self._cudal2
+    torch = _torch
+    path = h.route.path(_tokens(x))
+    if not torch.compiler.is_compiling():
+        h.route.seen[_tokens(x)] = path
+    if path == "original":
+        return self._cudal2_original.forward(self, h.norm_cls.forward(h.norm, x))
+    ops = h.ops if torch.is_grad_enabled() or torch.compiler.is_compiling() else h.api
+    return ops.linear_rmsnorm(x, self._cudal2_w_head, h.eps)
+
+
+def _passthrough(self: Any, x: Any) -> Any:
+    """The final norm of a model whose LM head folds it: nothing (the head normalises)."""
+    return x
+
+
+def _fused_class(cls: type, forward: Any = _fused_forward) -> type:
+    sub = _CLASSES.get((cls, forward.__name__))
     if sub is None:
         sub = type(
             f"Cudal2Fused{cls.__name__}",
             (cls,),
-            {"forward": _fused_forward, "_cudal2_original": cls},
+            {"forward": forward, "_cudal2_original": cls},
         )
-        _CLASSES[cls] = sub
+        _CLASSES[(cls, forward.__name__)] = sub
     return sub
 
 
@@ -397,7 +497,7 @@ def _check_model(torch: Any, model: Any) -> tuple[str, Family, Any, Any]:
     act = getattr(config, fam.act_key, None)
     if act not in ACTS:
         raise _refuse(mt, f"{fam.act_key} = {act!r} (supported: {', '.join(sorted(ACTS))})")
-    for key in _BIAS_KEYS:
+    for key in BIAS_KEYS:
         if getattr(config, key, False):
             raise _refuse(mt, f"{key} = True: the family's fused forward carries no such bias")
     layers, head = _decoder(model)
@@ -468,13 +568,15 @@ def _proj_rows(attn: Any, fam: Family) -> list[int]:
 # -- the packed weights ----------------------------------------------------------------
 
 
-def _gemm_report(api: Any, gemm: str, op: str, epilogue: str, w: Any) -> GemmReport:
+def _gemm_report(api: Any, name: str, gemm: Gemm, w: Any) -> GemmReport:
     """Whether the table has an entry for this GEMM: the lookup the Api makes (a
-    ``kernel`` entry for a fused epilogue, ``covers`` for a plain GEMM)."""
+    ``kernel`` entry for a fused epilogue, ``covers`` for a plain GEMM), and the M
+    ranges a call on w's device launches one at (``Api.m_ranges``)."""
+    op, epilogue = gemm.op, gemm.epilogue
     n, k = w.shape
     dtype = dtype_name(w.dtype)
     if dtype is None:
-        return GemmReport(gemm, op, epilogue, n, k, str(w.dtype), (), "dtype")
+        return GemmReport(name, op, epilogue, n, k, str(w.dtype), (), "dtype")
     entries = tuple(
         f"{e.gpu} M {e.m_min}-{e.m_max} {e.kind}"
         for e in api.table.entries
@@ -482,7 +584,20 @@ def _gemm_report(api: Any, gemm: str, op: str, epilogue: str, w: Any) -> GemmRep
     )
     fuses = api._fuses  # the fused op's own check: a kernel entry of that epilogue
     hit = api.covers(n, k, dtype) if epilogue == "none" else fuses(w.dtype, w, epilogue)
-    return GemmReport(gemm, op, epilogue, n, k, dtype, entries, None if hit else "no_entry")
+    device = w.device.index if w.is_cuda else None
+    ranges = api.m_ranges(n, k, dtype, epilogue, device)
+    return GemmReport(name, op, epilogue, n, k, dtype, entries, None if hit else "no_entry", ranges)
+
+
+def _route(gemms: list[GemmReport], uncovered: str) -> _Route:
+    """The route of a layer whose GEMMs are ``gemms``: fused where every fused-epilogue
+    GEMM has a kernel entry (plain ones fall back to the same ``F.linear`` the original
+    layer runs, so they do not decide)."""
+    fused_ms: tuple[tuple[int, int], ...] = ((1, 2**62),)
+    for g in gemms:
+        if g.epilogue != "none":
+            fused_ms = _intersect(fused_ms, g.m_ranges)
+    return _Route(fused_ms, uncovered)
 
 
 def _pack(torch: Any, fam: Family, layer: Any) -> tuple[Any, Any, Any, list[Any]]:
@@ -563,12 +678,25 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
-def patch_model(model: Any, api: Any, namespace: str, originals: str = "keep") -> ModelPatch:
+def patch_model(
+    model: Any,
+    api: Any,
+    namespace: str,
+    originals: str = "keep",
+    uncovered: str | None = None,
+    head: str = "rmsnorm",
+) -> ModelPatch:
     """Run ``model`` (a transformers Llama, Mistral, Qwen2, Gemma, Phi-3 or Gemma-2
     decoder, ``*ForCausalLM`` or its base model, in eval mode) through the package's
     fused ops, layer by layer (module docstring). ``originals``: ``"keep"``, ``"cpu"``
-    or ``"drop"`` (what happens to the weights the packed ones replace). Refuses what it
-    does not know with ``PatchModelError`` before changing anything."""
+    or ``"drop"`` (what happens to the weights the packed ones replace). ``uncovered``:
+    what a call at an M without a fused kernel entry runs: ``"original"`` (the layer's
+    own forward; the default with ``"keep"``, which it needs) or ``"fused"`` (the fused
+    forward, its ops on torch's unfused math; the default otherwise). ``head``:
+    ``"rmsnorm"`` (the final norm folded into the LM head, one ``linear_rmsnorm``; a new
+    [vocab, hidden] weight) or ``"linear"`` (the head as it is, through ``linear``: no
+    memory). Refuses what it does not know with ``PatchModelError`` before changing
+    anything."""
     global _torch
     import torch
 
@@ -577,20 +705,39 @@ def patch_model(model: Any, api: Any, namespace: str, originals: str = "keep") -
         raise ValueError(
             f"patch_model: originals must be one of {list(ORIGINALS)}, got {originals!r}"
         )
-    mt, fam, layers, head = _check_model(torch, model)
+    if uncovered is None:
+        uncovered = "original" if originals == "keep" else "fused"
+    if uncovered not in UNCOVERED:
+        raise ValueError(
+            f"patch_model: uncovered must be one of {list(UNCOVERED)}, got {uncovered!r}"
+        )
+    if uncovered == "original" and originals != "keep":
+        raise ValueError(
+            f"patch_model: uncovered='original' runs the original modules, which "
+            f"originals={originals!r} takes away: use originals='keep'"
+        )
+    if head not in HEADS:
+        raise ValueError(f"patch_model: head must be one of {list(HEADS)}, got {head!r}")
+    mt, fam, layers, lm_head = _check_model(torch, model)
     for i, layer in enumerate(layers):
         _check_layer(torch, mt, fam, i, layer)
+    final_norm = _final_norm(mt, model) if lm_head is not None and head == "rmsnorm" else None
+    tied = lm_head is not None and _tied(model, lm_head)
     if originals == "drop":
-        folded = ("input_layernorm", _mlp_norm_name(fam))  # what "drop" divides out
-        for i, layer in enumerate(layers):
-            for n in folded:
-                norm = getattr(layer, n)
-                if bool((norm.weight.float() + fam.norm_offset == 0).any()):
-                    raise _refuse(
-                        mt,
-                        f"layer {i}.{n} has a zero scale: originals='drop' could not "
-                        "unfold it (use 'keep' or 'cpu')",
-                    )
+        folded = [  # what "drop" divides out
+            (f"layer {i}.{n}", getattr(layer, n))
+            for i, layer in enumerate(layers)
+            for n in ("input_layernorm", _mlp_norm_name(fam))
+        ]
+        if final_norm is not None and not tied:
+            folded.append(("norm", final_norm))
+        for where, norm in folded:
+            if bool((norm.weight.float() + fam.norm_offset == 0).any()):
+                raise _refuse(
+                    mt,
+                    f"{where} has a zero scale: originals='drop' could not unfold it "
+                    "(use 'keep' or 'cpu')",
+                )
     ops = getattr(torch.ops, namespace)
     act = ACTS[getattr(model.config, fam.act_key)]
     prefix = "model.layers" if getattr(model, "model", None) is not None else "layers"
@@ -600,12 +747,34 @@ def patch_model(model: Any, api: Any, namespace: str, originals: str = "keep") -
         key = str(device)
         added[key] = added.get(key, 0) + n
 
+    def move(w: Any, unfold: Any, into: list[_Moved]) -> None:
+        """Take ``w`` (a replaced original) off its device as ``originals`` says."""
+        add(w.device, -_nbytes(w))
+        into.append(_Moved(w, w.device, unfold if originals == "drop" else None))
+        with torch.no_grad():
+            if originals == "cpu":
+                w.data = w.data.to("cpu")
+                add("cpu", _nbytes(w))
+            else:
+                w.data = w.data.new_empty((0,))
+
     done: list[_Patched] = []
     for i, layer in enumerate(layers):
-        attn, mlp = layer.self_attn, layer.mlp
+        attn = layer.self_attn
         mod = sys.modules[type(attn).__module__]
         w_qkv, b_qkv, w_gu, replaced = _pack(torch, fam, layer)
         mlp_norm = getattr(layer, _mlp_norm_name(fam))
+        weights = {
+            "qkv": w_qkv,
+            "o": attn.o_proj.weight,
+            "gate_up": w_gu,
+            "down": layer.mlp.down_proj.weight,
+        }
+        gemms = [
+            _gemm_report(api, _REPORT_NAMES[g.proj], g, weights[g.proj])
+            for g in layer_gemms(fam, act)
+        ]
+        route = _route(gemms, uncovered)
         plan = _Plan(
             family=fam,
             act=act,
@@ -617,52 +786,75 @@ def patch_model(model: Any, api: Any, namespace: str, originals: str = "keep") -
             attention_functions=mod.ALL_ATTENTION_FUNCTIONS,
             ops=ops,
             api=api,
+            route=route,
         )
-        gemms = [
-            _gemm_report(
-                api, "qkv", "linear_rmsnorm", "rmsnorm" if b_qkv is None else "rmsnorm_bias", w_qkv
-            ),
-        ]
-        if fam.post_norms:
-            gemms.append(_gemm_report(api, "o_proj", "linear", "none", attn.o_proj.weight))
-        else:
-            gemms.append(
-                _gemm_report(api, "o_proj", "linear_residual", "residual", attn.o_proj.weight)
-            )
-        gemms.append(_gemm_report(api, "gate_up", "linear_gated", f"rmsnorm_{act}", w_gu))
-        if fam.post_norms:
-            gemms.append(_gemm_report(api, "down", "linear", "none", mlp.down_proj.weight))
-        else:
-            gemms.append(
-                _gemm_report(api, "down", "linear_residual", "residual", mlp.down_proj.weight)
-            )
         layer.register_buffer("_cudal2_w_qkv", w_qkv, persistent=False)
         layer.register_buffer("_cudal2_b_qkv", b_qkv, persistent=False)
         layer.register_buffer("_cudal2_w_gate_up", w_gu, persistent=False)
         for t in (w_qkv, b_qkv, w_gu):
             if t is not None:
                 add(t.device, _nbytes(t))
-        entry = _Patched(f"{prefix}.{i}", layer, type(layer), gemms)
+        entry = _Patched(f"{prefix}.{i}", layer, type(layer), gemms, route)
         if originals != "keep":
             unfolders = _unfolders(fam, layer, replaced) if originals == "drop" else None
             for j, w in enumerate(replaced):
-                add(w.device, -_nbytes(w))
-                moved = _Moved(w, w.device, None if unfolders is None else unfolders[j])
-                with torch.no_grad():
-                    if originals == "cpu":
-                        w.data = w.data.to("cpu")
-                        add("cpu", _nbytes(w))
-                    else:
-                        w.data = w.data.new_empty((0,))
-                entry.moved.append(moved)
+                move(w, None if unfolders is None else unfolders[j], entry.moved)
         layer._cudal2 = plan
         layer.__class__ = _fused_class(type(layer))
         done.append(entry)
-    head_patch, head_report = None, None
-    if head is not None:
-        head_report = _gemm_report(api, "lm_head", "linear", "none", head.weight)
-        head_patch = patch_linear(head, api, namespace)
+    head_patch: Any = None
+    head_report = None
+    if lm_head is not None and final_norm is None:
+        head_report = _gemm_report(api, "lm_head", HEADS["linear"], lm_head.weight)
+        head_patch = patch_linear(lm_head, api, namespace)
+    elif lm_head is not None:
+        off = fam.norm_offset
+        with torch.no_grad():
+            w_head = fused.fold_rmsnorm(lm_head.weight, final_norm.weight, off)
+        head_report = _gemm_report(api, "lm_head", HEADS["rmsnorm"], w_head)
+        hplan = _HeadPlan(
+            norm=final_norm,
+            norm_cls=type(final_norm),
+            eps=_eps(final_norm),
+            ops=ops,
+            api=api,
+            route=_route([head_report], uncovered),
+        )
+        head_patch = _Head(lm_head, type(lm_head), hplan)
+        lm_head.register_buffer("_cudal2_w_head", w_head, persistent=False)
+        add(w_head.device, _nbytes(w_head))
+        if originals != "keep" and not tied:  # a tied weight is the embedding's: it stays
+            g = final_norm.weight
+
+            def unfold(w: Any = w_head, g: Any = g) -> Any:
+                return (w.float() / (g.float() + off)).to(w.dtype)
+
+            move(lm_head.weight, unfold, head_patch.moved)
+        lm_head._cudal2 = hplan
+        lm_head.__class__ = _fused_class(type(lm_head), _head_forward)
+        final_norm.__class__ = _fused_class(type(final_norm), _passthrough)
     return ModelPatch(done, head_patch, head_report, originals, added)
+
+
+def _final_norm(mt: str, model: Any) -> Any:
+    """The base model's final RMSNorm, which the LM head folds (refused if it has none)."""
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    if norm is None or not type(norm).__name__.endswith("RMSNorm"):
+        raise _refuse(
+            mt,
+            f"model.norm is {type(norm).__name__}, not an RMSNorm: the LM head cannot fold "
+            "it (head='linear' keeps the head as it is)",
+        )
+    if hasattr(type(norm), "_cudal2_original"):
+        raise _refuse(mt, "model.norm is already patched (restore() the earlier patch first)")
+    return norm
+
+
+def _tied(model: Any, lm_head: Any) -> bool:
+    """Whether the LM head's weight is the input embedding's (tie_word_embeddings)."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if get is not None else None
+    return emb is not None and getattr(emb, "weight", None) is lm_head.weight
 
 
 def _phi3_split(attn: Any) -> tuple[int, int, int]:

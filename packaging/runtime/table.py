@@ -538,6 +538,29 @@ class DispatchTable:
         i = bisect.bisect_left(ms, m)
         return group[i] if i < len(ms) else None
 
+    def m_spans(
+        self,
+        gpu: str,
+        arch: str,
+        dtype: str,
+        layout: str,
+        n: int,
+        k: int,
+        epilogue: str = "none",
+    ) -> list[tuple[int, int, TableEntry]]:
+        """(first M, last M, entry) of each M range ``lookup_exact`` answers with an
+        entry for this axis, by its rule (the entry measured at the nearest M at or
+        above covers M): ascending, adjacent, from M = 1 to the largest M measured."""
+        found = self._index.axes.get((gpu, arch, dtype, layout, n, k, epilogue))
+        if found is None:
+            return []
+        ms, group = found
+        return [(1 if i == 0 else ms[i - 1] + 1, ms[i], e) for i, e in enumerate(group)]
+
+    def models(self) -> list[tuple[str, str]]:
+        """Every (GPU model, arch) the table has entries for, sorted."""
+        return sorted(self._index.models)
+
     def entries_for(self, gpu: str, arch: str) -> list[TableEntry]:
         """Every entry of one model and arch (exact model name, no stand-in)."""
         return list(self._index.models.get((gpu, arch), ()))

@@ -53,8 +53,15 @@ def test_dry_run_every_part(e2e, package, tmp_path):
     check = got["llama"]["check"]
     c = check["correctness"]
     assert c["ok"] and c["err_patched_vs_fp32"] < 1e-3  # fp32 vs fp32: rounding order only
-    assert check["memory"]["patch_memory"] == {"cpu": 2 * 4 * (128 * 64 + 192 * 64)}  # fp32
+    # fp32: the packed qkv and gate_up of 2 layers, the LM head with the final norm folded
+    packed = 2 * 4 * (128 * 64 + 192 * 64) + 4 * 97 * 64
+    assert check["memory"]["patch_memory"] == {"cpu": packed}
     assert check["report"]["layers"] == 2
+    # the path per M: the dry run asks for the fused forward (uncovered="fused")
+    paths = check["report"]["paths"]
+    assert {"1", "2", "16", "32"} <= set(paths)  # batches, the check's, the prefill's
+    assert paths["32"] == {"layers": {"fused_fallback": 2}, "lm_head": "fused_fallback"}
+    assert check["report"]["lm_head"]["epilogue"] == "rmsnorm"
     assert set(check["report"]["per_gemm"]) == {"qkv", "o_proj", "gate_up", "down"}
     assert check["one_decode_step"]["fallbacks"]  # the CPU: every op falls back
     for part in ("eager", "graph"):
@@ -85,3 +92,34 @@ def test_bad_arguments_exit_2(e2e, argv, message, capsys):
         e2e.parse(["--package", "x", "--out", "y", *argv])
     assert got.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_e2e_manifest_covers_the_run(e2e):
+    """bench/manifests/llama-e2e-h100.toml has a target for every GEMM the run's patched
+    models call at the run's default Ms (decode batches, the prefill, its LM head at 1
+    row), each with the epilogue patch_model looks up (the runtime's family table)."""
+    from cudal2.manifest import load_manifest
+    from cudal2.packaging.runtime.families import FAMILIES, layer_gemms
+
+    root = Path(__file__).resolve().parents[2]
+    m = load_manifest(root / "bench/manifests/llama-e2e-h100.toml")
+    have = {(t.m, t.n, t.k, t.epilogue) for t in m.targets if t.dtype == "fp16"}
+    args = e2e.parse(["--package", "x", "--out", "y"])
+    llama = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096)}
+    llama |= {"down": (4096, 14336), "lm_head": (128256, 4096)}
+    qwen2 = {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584)}
+    qwen2 |= {"down": (3584, 18944), "lm_head": (152064, 3584)}
+    want = set()
+    for family, shapes, ms in (
+        ("llama", llama, [*args.batches, args.prefill]),
+        ("qwen2", qwen2, [1]),
+    ):
+        gemms = {g.proj: g.epilogue for g in layer_gemms(FAMILIES[family], "silu")}
+        for mm in ms:
+            for proj, (n, k) in shapes.items():
+                epilogue = gemms.get(proj, "rmsnorm")  # the head: the final norm folded
+                want |= {(mm, n, k, epilogue), (mm, n, k, "none")}
+                if proj == "lm_head":
+                    want.add((1, n, k, epilogue))  # the prefill's head: logits_to_keep=1
+    assert want <= have, sorted(want - have)
+    assert len(m.targets) == 50

@@ -10,6 +10,8 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
 from cudal2.packaging.runtime.table import DispatchTable, TableEntry
 
 
@@ -141,3 +143,93 @@ def test_entries_for_lists_one_model(recorded_table):
         for arch in table.archs:
             want = [e for e in table.entries if (e.gpu, e.arch) == (gpu, arch)]
             assert table.entries_for(gpu, arch) == want
+
+
+def test_m_spans_are_the_lookup_rule(recorded_table):
+    """``m_spans`` (what ``Api.m_ranges`` reads) answers as ``lookup_exact`` at every M."""
+    table = recorded_table
+    for key, group in _axes(table.entries).items():
+        spans = table.m_spans(*key)
+        assert [e for _, _, e in spans] == group
+        top = group[-1].m_measured
+        for m in range(1, top + 3):
+            got = next((e for lo, hi, e in spans if lo <= m <= hi), None)
+            assert got is table.lookup_exact(*key[:4], m, *key[4:]), (key, m)
+
+
+@pytest.mark.parametrize("which", ["recorded_table", "selected_table", "eager_table"])
+def test_api_m_ranges_are_the_entries_that_launch(request, which):
+    """``Api.m_ranges`` (no device: any GPU model of the table) against a brute-force
+    lookup at every M: covered where some model's entry is a kernel / cuBLASLt entry, or
+    a fallback with an eager alternative (plain GEMMs). The selected and eager tables
+    have fallback entries (with and without an eager alternative) between kernels."""
+    from cudal2.packaging.runtime.api import Api
+
+    recorded_table = request.getfixturevalue(which)
+    api = Api("not_a_package")
+    api._table = recorded_table
+    kinds = {e.kind for e in recorded_table.entries}
+    assert "kernel" in kinds  # the table has launching entries to find
+    assert which == "recorded_table" or "fallback" in kinds
+    shapes = {(e.dtype, e.n, e.k, e.epilogue) for e in recorded_table.entries if e.layout == "tn"}
+    models = recorded_table.models()
+    checked = 0
+    for dtype, n, k, epilogue in sorted(shapes):
+        top = max(e.m_measured for e in recorded_table.entries if (e.n, e.k) == (n, k))
+        for m in range(1, top + 3):
+            want = False
+            for gpu, arch in models:
+                e = recorded_table.lookup_exact(gpu, arch, dtype, "tn", m, n, k, epilogue)
+                want |= e is not None and (
+                    e.kind in ("kernel", "cublaslt") or (epilogue == "none" and e.eager is not None)
+                )
+            assert api.covers_at(m, n, k, dtype, epilogue) is want, (dtype, n, k, epilogue, m)
+            checked += 1
+    assert checked
+    assert api.m_ranges(3, 5, "fp16") == ()  # a shape the table has not
+
+
+def test_api_m_ranges_on_a_device_is_its_gpu_model(selected_table):
+    """With a device: the GPU model its calls resolve to (the device's checked info,
+    set here as the first call would), only that model's entries; a device that cannot
+    use the table (its reason set): nothing."""
+    from cudal2.packaging.runtime.api import Api, _Device
+
+    (gpu, arch), *_ = selected_table.models()
+    # a second GPU model of the arch whose entries reach 5000 M further: "any model"
+    # would answer with its ranges too
+    other = [
+        dataclasses.replace(
+            e, gpu="Other GPU", m_max=e.m_max + 5000, m_measured=e.m_measured + 5000
+        )
+        for e in selected_table.entries
+    ]
+    table = dataclasses.replace(
+        selected_table,
+        entries=(*selected_table.entries, *other),
+        gpu_models=tuple(sorted({*selected_table.gpu_models, "Other GPU"})),
+    )
+    api = Api("not_a_package")
+    api._table = table
+    api._devices[0] = _Device(gpu, arch, None)
+    api._devices[1] = _Device(None, arch, "driver")
+    checked = 0
+    for e in selected_table.entries:
+        if e.layout != "tn":
+            continue
+        want = tuple(
+            (lo, hi)
+            for lo, hi, x in selected_table.m_spans(gpu, arch, e.dtype, "tn", e.n, e.k, e.epilogue)
+            if x.kind in ("kernel", "cublaslt") or (x.epilogue == "none" and x.eager is not None)
+        )
+        got = api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=0)
+        # merged: the same M set
+        assert {m for lo, hi in got for m in range(lo, hi + 1)} == {
+            m for lo, hi in want for m in range(lo, hi + 1)
+        }
+        assert api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=1) == ()
+        checked += 1
+    assert checked
+    e = next(x for x in selected_table.entries if x.kind == "kernel" and x.layout == "tn")
+    anywhere = api.m_ranges(e.n, e.k, e.dtype, e.epilogue)
+    assert anywhere != api.m_ranges(e.n, e.k, e.dtype, e.epilogue, device=0)

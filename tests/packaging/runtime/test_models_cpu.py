@@ -28,6 +28,10 @@ from transformers.utils import logging as hf_logging
 hf_logging.set_verbosity_error()
 
 TOLERANCE = 2.0  # patched error vs fp32 at most this times the unpatched model's
+# The recorded table has no entry for the tiny shapes, so by default (originals="keep")
+# every call would run the layers' own forwards: the tests of the fused math ask for the
+# fused forward whatever the table (its ops then run their torch fallbacks).
+FUSED = dict(uncovered="fused")
 FP32_REL = 1e-5
 BASE = dict(
     vocab_size=97,
@@ -120,9 +124,10 @@ def test_fp32_logits_match(pkg, family):
     model = tiny(family)
     x = ids()
     want = logits(model, x)
-    with pkg.patch_model(model) as patch:
+    with pkg.patch_model(model, **FUSED) as patch:
         got = logits(model, x)
         assert len(patch.report()["layers"]) == 2
+        assert set(patch.report()["paths"]["model.layers.0"].values()) == {"fused_fallback"}
     assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
 
 
@@ -135,7 +140,7 @@ def test_half_logits_within_the_e2e_tolerance(pkg, family, dtype):
     x = ids(1)
     want = logits(ref, x)
     plain = logits(model, x)
-    with pkg.patch_model(model):
+    with pkg.patch_model(model, **FUSED):
         got = logits(model, x)
     err_plain = (plain - want).abs().max().item()
     err_patched = (got - want).abs().max().item()
@@ -145,7 +150,7 @@ def test_half_logits_within_the_e2e_tolerance(pkg, family, dtype):
 
 def _close(model, pkg, x) -> bool:
     want = logits(model, x)
-    with pkg.patch_model(model):
+    with pkg.patch_model(model, **FUSED):
         got = logits(model, x)
     return (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
 
@@ -184,7 +189,7 @@ def test_generate_gives_the_same_tokens(pkg, family, cache):
         kw["cache_implementation"] = "static"
     with torch.no_grad():
         want = model.generate(x, **kw)
-        with pkg.patch_model(model):
+        with pkg.patch_model(model, **FUSED):
             got = model.generate(x, **kw)
     assert want.shape == (2, 11)
     assert torch.equal(got, want)
@@ -195,7 +200,7 @@ def test_torch_compile_runs_the_ops(pkg):
     model = tiny("llama")
     x = ids()
     want = logits(model, x)
-    with pkg.patch_model(model):
+    with pkg.patch_model(model, **FUSED):
         compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         got = logits(compiled, x)
     assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
@@ -208,7 +213,7 @@ def test_base_model_and_eager_attention(pkg):
     x = ids()
     with torch.no_grad():
         want = base(x).last_hidden_state
-        with pkg.patch_model(base) as patch:
+        with pkg.patch_model(base, **FUSED) as patch:
             got = base(x).last_hidden_state
     assert patch.report()["lm_head"] is None
     assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
@@ -249,9 +254,14 @@ def test_drop_frees_and_unfolds(pkg, family):
     snap = snapshot(model)
     attn = model.model.layers[0].self_attn
     q = attn.qkv_proj.weight if family == "phi3" else attn.q_proj.weight
+    tied = model.lm_head.weight is model.model.embed_tokens.weight  # Gemma ties them
     patch = pkg.patch_model(model, originals="drop")
     assert q.numel() == 0
-    assert patch.memory() == {"cpu": 0}  # the packed weights take the originals' bytes
+    # the packed weights take the originals' bytes; a tied head's weight is the
+    # embedding's and stays, so its folded copy is added
+    head = model.lm_head.weight.numel() * 2 if tied else 0
+    assert (family == "gemma") == tied
+    assert patch.memory() == {"cpu": head}
     patch.restore()
     tensors, classes, _ = snap
     now = model.state_dict()
@@ -270,10 +280,14 @@ def test_memory_is_the_packed_weights(pkg, family):
     gate_up = 2 * c.intermediate_size * c.hidden_size
     bias = (c.num_attention_heads + 2 * c.num_key_value_heads) * d if family == "qwen2" else 0
     packed = c.num_hidden_layers * 2 * (qkv + gate_up + bias)
+    head = 2 * c.vocab_size * c.hidden_size  # the LM head with the final norm folded in
+    assert not c.tie_word_embeddings
     with pkg.patch_model(model) as patch:
+        assert patch.memory() == {"cpu": packed + head}
+    with pkg.patch_model(model, head="linear") as patch:  # no folded head: no bytes
         assert patch.memory() == {"cpu": packed}
     with pkg.patch_model(model, originals="cpu") as patch:  # off the CPU, onto the CPU
-        assert patch.memory() == {"cpu": packed}
+        assert patch.memory() == {"cpu": packed + head}
     with pkg.patch_model(model, originals="drop") as patch:
         assert patch.memory() == {"cpu": packed - c.num_hidden_layers * 2 * (qkv + gate_up)}
 
@@ -308,11 +322,10 @@ def test_report_names_every_gemm_and_its_fallback(pkg):
 
 
 @pytest.fixture
-def tiny_table_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
-    """The recorded table plus SYNTHETIC entries (a plumbing fixture, not figures: the
-    smallest fp16 kernel entry copied) for the tiny Llama's qkv (rmsnorm), o_proj
-    (residual) and LM head (plain), so the report has entries to find; gate_up and
-    down have none."""
+def table_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
+    """A factory: the recorded table plus SYNTHETIC entries (a plumbing fixture, not
+    figures: the smallest fp16 kernel entry copied), each (n, k, epilogue, m_max): an
+    entry measured at M = m_max, so the table covers M 1..m_max of that GEMM."""
     e = min(
         (
             x
@@ -322,33 +335,276 @@ def tiny_table_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, w
         key=lambda x: x.n * x.k,
     )
 
-    def entry(n, k, epilogue):
+    def entry(n, k, epilogue, m_max, dtype="fp16"):
         launch = dict(e.launch)
         if epilogue != "none":
             boxes = {"a": [64, launch["tile_m"]], "b": [64, launch["tile_n"]]}
             launch |= {"abi": "gemm_v3", "epilogue": epilogue, "tma": boxes}
-        return dataclasses.replace(e, n=n, k=k, launch=launch, epilogue=epilogue)
+        return dataclasses.replace(
+            e,
+            n=n,
+            k=k,
+            launch=launch,
+            epilogue=epilogue,
+            m_min=1,
+            m_max=m_max,
+            m_measured=m_max,
+            dtype=dtype,
+        )
 
-    extra = (entry(128, 64, "rmsnorm"), entry(64, 64, "residual"), entry(97, 64, "none"))
-    table = dataclasses.replace(recorded_table, entries=(*recorded_table.entries, *extra))
-    name = write_package(tmp_path, table, recorded_cubins)
+    names = []
+
+    def make(specs):
+        extra = tuple(entry(*spec) for spec in specs)
+        table = dataclasses.replace(recorded_table, entries=(*recorded_table.entries, *extra))
+        name = write_package(tmp_path, table, recorded_cubins)
+        names.append(name)
+        return importlib.import_module(name)
+
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield importlib.import_module(name)
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
+    yield make
+    for name in names:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+
+
+@pytest.fixture
+def tiny_table_package(table_package):
+    """Entries for the tiny Llama's qkv (rmsnorm), o_proj (residual) and LM head (plain
+    and with the final norm folded), so the report has entries to find; gate_up and
+    down have none."""
+    m = 64
+    specs = [(128, 64, "rmsnorm", m), (64, 64, "residual", m), (97, 64, "none", m)]
+    return table_package([*specs, (97, 64, "rmsnorm", m)])
 
 
 def test_report_finds_the_table_entries(tiny_table_package):
     model = tiny("llama", torch.float16)
-    with tiny_table_package.patch_model(model) as patch:
+    with tiny_table_package.patch_model(model, head="linear") as patch:
         rep = patch.report()
         assert patch.names[-1] == "lm_head"  # covered: patch_linear routed it
     rows = {r["gemm"]: r for r in rep["layers"]["model.layers.1"]}
     assert rows["qkv"]["fallback"] is None and rows["qkv"]["entries"]
+    assert rows["qkv"]["m_ranges"] == [[1, 64]]
     assert rows["o_proj"]["fallback"] is None
     assert rows["gate_up"]["fallback"] == rows["down"]["fallback"] == "no_entry"
-    assert rep["lm_head"]["fallback"] is None
+    assert rows["gate_up"]["m_ranges"] == []
+    assert rep["lm_head"]["fallback"] is None and rep["lm_head"]["epilogue"] == "none"
     assert type(model.lm_head) is torch.nn.Linear  # restored
+    with tiny_table_package.patch_model(model) as patch:  # the folded head: rmsnorm
+        rep = patch.report(ms=[1])
+    assert rep["lm_head"]["op"] == "linear_rmsnorm" and rep["lm_head"]["fallback"] is None
+    # gate_up and down have no entry: at every M the layers run their own forward
+    assert rep["paths"] == {
+        "model.layers.0": {"1": "original"},
+        "model.layers.1": {"1": "original"},
+        "lm_head": {"1": "fused"},
+    }
+
+
+# -- the path per M ----------------------------------------------------------------------
+
+COVERED_M = 8  # the synthetic entries cover M 1..8 of every fused GEMM of the tiny models
+
+
+def _tiny_specs(m_max=COVERED_M):
+    """Every fused GEMM of the tiny models (hidden 64, intermediate 96, 4 heads of 16, 2
+    KV heads, vocabulary 97), fp16 and bf16: qkv 128 x 64 (with and without bias), o 64
+    x 64, gate_up 192 x 64 (silu and gelu_tanh), down 64 x 96, the folded LM head 97 x
+    64. (An fp32 model has no entry at any M: the table's dtypes are fp16 / bf16.)"""
+    gemms = [
+        (128, 64, "rmsnorm"),
+        (128, 64, "rmsnorm_bias"),
+        (64, 64, "residual"),
+        (192, 64, "rmsnorm_silu"),
+        (192, 64, "rmsnorm_gelu_tanh"),
+        (64, 96, "residual"),
+        (97, 64, "rmsnorm"),
+    ]
+    return [(*g, m_max, dtype) for g in gemms for dtype in ("fp16", "bf16")]
+
+
+@pytest.fixture
+def m_package(table_package):
+    return table_package(_tiny_specs())
+
+
+# (dtype, originals, uncovered, M covered?) -> the path the layers take; where it is
+# "original" the outputs are the unpatched model's bit for bit.
+ROUTES = [
+    ("bf16", "keep", None, True, "fused"),
+    ("bf16", "keep", None, False, "original"),
+    ("fp32", "keep", None, True, "original"),  # no fp32 entries: never fused
+    ("fp32", "keep", None, False, "original"),
+    ("bf16", "keep", "fused", False, "fused_fallback"),
+    ("bf16", "keep", "fused", True, "fused"),
+    ("fp32", "keep", "fused", False, "fused_fallback"),
+    ("bf16", "cpu", None, False, "fused_fallback"),
+    ("bf16", "cpu", None, True, "fused"),
+    ("bf16", "drop", None, False, "fused_fallback"),
+]
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@pytest.mark.parametrize("row", ROUTES, ids=["-".join(map(str, r)) for r in ROUTES])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_path_per_m(m_package, family, row):
+    dtype, originals, uncovered, covered, path = row
+    model = tiny(family, DTYPES[dtype])
+    ref = copy.deepcopy(model).float()  # the same values in fp32
+    # M = batch x tokens rows: 2 x 3 = 6 is covered (<= 8); 2 x 9 = 18 is not
+    x = ids(3, batch=2, tokens=3 if covered else 9)
+    m = x.numel()
+    exact = logits(ref, x)
+    want = logits(model, x)
+    kw = {} if uncovered is None else {"uncovered": uncovered}
+    with m_package.patch_model(model, originals=originals, **kw) as patch:
+        got = logits(model, x)
+        rep = patch.report()
+    layers = [n for n in rep["paths"] if n != "lm_head"]
+    assert len(layers) == 2
+    assert {n: rep["paths"][n] for n in layers} == {n: {str(m): path} for n in layers}
+    # the head's M is the rows it is given (every row here): the same path
+    assert rep["paths"]["lm_head"] == {str(m): path}
+    if path == "original":
+        assert torch.equal(got, want)  # the original modules' forward, bit for bit
+        return
+    # the fused math: not the same rounding (so the equality above can fail)
+    assert not torch.equal(got, want)
+    if dtype == "fp32":
+        assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
+    else:
+        err_plain = (want - exact).abs().max().item()
+        assert 0 < (got - exact).abs().max().item() <= TOLERANCE * err_plain
+
+
+def test_a_gemm_without_an_entry_keeps_the_layer_original(table_package):
+    """One fused GEMM of the layer uncovered (gate_up) at M: the whole layer runs its own
+    forward; the head, covered, runs fused."""
+    specs = [s for s in _tiny_specs() if s[2] != "rmsnorm_silu"]
+    pkg = table_package(specs)
+    model = tiny("llama", torch.bfloat16)
+    ref = copy.deepcopy(model).float()
+    x = ids(4, batch=2, tokens=2)
+    want = logits(model, x)
+    with pkg.patch_model(model) as patch:
+        got = logits(model, x)
+        rep = patch.report(ms=[4, 9])
+    assert rep["paths"]["model.layers.0"] == {"4": "original", "9": "original"}
+    assert rep["paths"]["lm_head"] == {"4": "fused", "9": "original"}
+    exact = logits(ref, x)
+    assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+def test_generate_prefill_original_decode_fused(m_package, family):
+    """A 2 x 5 prompt (M = 10: no entry, the layers' own forward) then decode steps at
+    M = 2 (covered: fused): the same tokens as the unpatched model, and the report says
+    which path each M took. fp16: in bf16 the fused rounding flips a near-tied token of
+    the tiny Llama at the second step (its logits stay within the tolerance rule)."""
+    model = tiny(family, torch.float16)
+    x = ids(5, batch=2, tokens=5)
+    kw = dict(max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    with torch.no_grad():
+        want = model.generate(x, **kw)
+        with m_package.patch_model(model) as patch:
+            got = model.generate(x, **kw)
+            rep = patch.report()
+    assert torch.equal(got, want)
+    assert rep["paths"]["model.layers.1"] == {"2": "fused", "10": "original"}
+    assert rep["paths"]["lm_head"] == {"2": "fused"}  # logits_to_keep: the last row
+
+
+@pytest.mark.parametrize("covered", [True, False])
+def test_torch_compile_takes_the_path_of_its_m(m_package, covered):
+    """Under torch.compile the path is chosen while tracing, from the static M (a
+    constant of the graph: no graph break under fullgraph)."""
+    model = tiny("llama", torch.bfloat16)
+    x = ids(6, batch=2, tokens=3 if covered else 9)
+    want = logits(model, x)
+    exact = logits(copy.deepcopy(model).float(), x)
+    with m_package.patch_model(model) as patch:
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        got = logits(compiled, x)
+        assert patch.report()["paths"]["model.layers.0"] == {}  # traced calls: not counted
+    if covered:
+        assert not torch.equal(got, want)
+        assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
+    else:
+        assert torch.equal(got, want)
+
+
+def test_bad_uncovered(pkg):
+    with pytest.raises(ValueError, match="uncovered must be one of"):
+        pkg.patch_model(tiny("llama"), uncovered="torch")
+    with pytest.raises(ValueError, match="originals='drop' takes away"):
+        pkg.patch_model(tiny("llama"), originals="drop", uncovered="original")
+    with pytest.raises(ValueError, match="head must be one of"):
+        pkg.patch_model(tiny("llama"), head="fold")
+
+
+# -- the LM head -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_folded_head(m_package, family):
+    """The final norm folded into the head: its logits against the unpatched model's
+    (fp32), the final norm passing its input on while patched, restored after."""
+    model = tiny(family)
+    x = ids(7, batch=2, tokens=3)
+    want = logits(model, x)
+    norm_cls, head_cls = type(model.model.norm), type(model.lm_head)
+    with m_package.patch_model(model, uncovered="fused") as patch:
+        assert type(model.model.norm).__name__.startswith("Cudal2Fused")
+        got = logits(model, x)
+        assert patch.names[-1] == "lm_head"
+        assert patch.report()["lm_head"]["op"] == "linear_rmsnorm"
+    assert (got - want).abs().max().item() <= FP32_REL * want.abs().max().item()
+    assert (type(model.model.norm), type(model.lm_head)) == (norm_cls, head_cls)
+    assert "_cudal2_w_head" not in dict(model.lm_head.named_buffers())
+    assert torch.equal(logits(model, x), want)
+
+
+def test_a_broken_head_fold_fails(m_package, monkeypatch):
+    """Gemma's final norm (1 + w): the head's fold with the offset dropped is caught."""
+    model = tiny("gemma")
+    x = ids(7, batch=2, tokens=3)
+    want = logits(model, x)
+    models = rt(m_package)
+    real = models.fused.fold_rmsnorm
+    monkeypatch.setattr(
+        models.fused,
+        "fold_rmsnorm",
+        lambda w, g, off=0.0: real(w, g, 0.0 if w.shape[0] == 97 else off),
+    )
+    with m_package.patch_model(model, uncovered="fused"):
+        got = logits(model, x)
+    assert (got - want).abs().max().item() > FP32_REL * want.abs().max().item()
+
+
+@pytest.mark.parametrize("originals", ["cpu", "drop"])
+def test_the_head_weight_moves_unless_tied(m_package, originals):
+    llama, gemma = tiny("llama", torch.bfloat16), tiny("gemma", torch.bfloat16)
+    for model, tied in ((llama, False), (gemma, True)):
+        w = model.lm_head.weight
+        before = w.detach().clone()
+        with m_package.patch_model(model, originals=originals):
+            if tied:  # the embedding's weight: it stays where it is
+                assert w.numel() == before.numel()
+            elif originals == "drop":
+                assert w.numel() == 0
+        if originals == "drop" and not tied:  # unfolded: one rounding
+            assert torch.allclose(w.float(), before.float(), rtol=2**-7, atol=0)
+        else:
+            assert torch.equal(w, before)
+
+
+def test_head_linear_leaves_the_norm(pkg):
+    model = tiny("llama")
+    with pkg.patch_model(model, head="linear", **FUSED) as patch:
+        assert type(model.model.norm).__name__ == "LlamaRMSNorm"
+        assert patch.report()["lm_head"]["op"] == "linear"
+        assert "lm_head" not in patch.report()["paths"]
 
 
 # -- refusals ----------------------------------------------------------------------------
