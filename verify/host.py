@@ -389,6 +389,7 @@ class _Feed:
                     if self._stopped:
                         return None
                     continue
+                self._cond.notify_all()  # the stream is free: another idle GPU may read it
                 return job
 
     def finished(self) -> None:
