@@ -222,7 +222,8 @@ def test_the_kv_cache_end_to_end_table_is_made_from_its_results_file(tmp_path):
     d["llama"]["check"]["correctness"]["ok"] = False
     (tmp_path / standing.KV_E2E).write_text(json.dumps(d))
     table = standing.llama_kv_e2e(tmp_path)
-    assert f"| llama | graph | 16 | {r['tokens_per_s']['unpatched']:.1f} | 9999.5 | 8.888 (" in table
+    unpatched = r["tokens_per_s"]["unpatched"]
+    assert f"| llama | graph | 16 | {unpatched:.1f} | 9999.5 | 8.888 (" in table
     assert "FAILS" in table
     rows = sum(len(d[m].get(mode, {}).get("batches", {})) for m in d if m != "env"
                for mode in ("graph", "eager"))  # fmt: skip
