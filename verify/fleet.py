@@ -11,7 +11,8 @@ the GPU that answered it (``GpuInfo.index`` / ``host``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from cudal2.records import GpuInfo
 
@@ -43,6 +44,30 @@ def check_fleet(gpus: Sequence[GpuInfo], interchangeable: Sequence[Sequence[str]
             f"([runner] interchangeable = [{', '.join(repr(m) for m in models)}])"
         )
     return first
+
+
+def recorded_as(gpu: GpuInfo, first: GpuInfo) -> GpuInfo:
+    """The GPU an answer from ``gpu`` is recorded on, in a fleet that ``check_fleet``
+    let through with ``first``: its own ``GpuInfo`` (driver, clocks, index, host) with
+    the first GPU's model and architecture (for a GPU of the same model: itself)."""
+    if (gpu.name, gpu.arch) == (first.name, first.arch):
+        return gpu
+    return dataclasses.replace(gpu, name=first.name, arch=first.arch)
+
+
+def check_cublaslt(versions: Mapping[str, int | None]) -> int | None:
+    """The one cuBLASLt version the fleet's workers autotune with (``versions``: worker
+    -> its version), or ``FleetError``: one build records one version's algorithms (an
+    algorithm belongs to the library that offered it)."""
+    found = set(versions.values())
+    if len(found) > 1:
+        raise FleetError(
+            "the workers autotune with different cuBLASLt versions ("
+            + ", ".join(f"{w}: {v}" for w, v in versions.items())
+            + "): one build records one version's algorithms; install one "
+            "nvmath-python / cuBLAS for every worker (on every node)"
+        )
+    return found.pop() if found else None
 
 
 def _listing(gpus: Sequence[GpuInfo]) -> str:

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from cudal2.records import GpuInfo, Job, JobKind, JobResult, KernelDesign, Status, Target
-from cudal2.verify.fleet import FleetError, check_fleet
+from cudal2.verify.fleet import FleetError, check_cublaslt, check_fleet, recorded_as
 from cudal2.verify.gpu import gpu_names
 from cudal2.verify.local import memcheck_job, profile_jobs
 from cudal2.verify.pool import WorkerError, WorkerPool
@@ -59,7 +59,7 @@ class HostRunner:
     it). Every answer is tagged with the GPU that answered: its own ``GpuInfo``
     (driver, clocks, index, host) where it is of the model ``start()`` returned; for a
     GPU of another model grouped as interchangeable, its own with the first GPU's
-    model and architecture (``dataclasses.replace(g, name=first.name, arch=first.arch)``,
+    model and architecture (``verify.fleet.recorded_as``,
     the rule ``RayRunner`` follows too), so its records stand for the first GPU's model
     (the reuse key and the selection read the model) and still say which GPU measured.
 
@@ -144,22 +144,12 @@ class HostRunner:
                 )
             gpus = [p.gpu for p in self.pools if p.gpu is not None]
             first = check_fleet(gpus, self.interchangeable)
-            versions = {p.device: p.cublaslt_version for p in self.pools}
-            if len(set(versions.values())) > 1:
-                raise FleetError(
-                    "the GPUs' workers autotune with different cuBLASLt versions ("
-                    + ", ".join(f"device {d}: {v}" for d, v in versions.items())
-                    + "): one build records one version's algorithms; install one "
-                    "nvmath-python / cuBLAS for every worker"
-                )
+            check_cublaslt({f"device {p.device}": p.cublaslt_version for p in self.pools})
         except (WorkerError, FleetError):
             self.close()
             raise
         for p, g in zip(self.pools, gpus, strict=True):
-            same = g.name == first.name
-            self._tags[p.device] = g if same else dataclasses.replace(
-                g, name=first.name, arch=first.arch
-            )  # fmt: skip
+            self._tags[p.device] = recorded_as(g, first)
         self._gpu = first
         return first
 

@@ -59,7 +59,7 @@ from cudal2.records import (
     Target,
     sha256_hex,
 )
-from cudal2.verify.fleet import FleetError, check_fleet
+from cudal2.verify.fleet import FleetError, check_cublaslt, check_fleet, recorded_as
 
 START_TIMEOUT_S = 600.0  # every actor's inner runner started (a GPU worker: torch + CUDA)
 CLOSE_TIMEOUT_S = 30.0  # the actors' runners closed (worker processes stopped)
@@ -300,16 +300,17 @@ class RayRunner:
             self.close()  # the actors go, and their GPUs back to Ray
             raise
         for a in self._actors:  # recorded as the fleet's model; its own index and host
-            a.gpu = dataclasses.replace(a.gpu, name=first.name, arch=first.arch)
+            a.gpu = recorded_as(a.gpu, first)
         self.needs_cubins = any(x["needs_cubins"] for _, x in hellos)
-        versions = {x["cublaslt_version"] for _, x in hellos}
-        if len(versions) > 1:  # an algorithm belongs to the library that offered it
+        try:
+            versions = {
+                a.gpu.where: x["cublaslt_version"]
+                for a, (_, x) in zip(self._actors, hellos, strict=True)
+            }
+            self._cublaslt = check_cublaslt(versions)
+        except FleetError:
             self.close()
-            raise FleetError(
-                "the Ray actors autotune with different cuBLASLt versions "
-                f"({', '.join(map(str, sorted(versions, key=str)))}): install one on every node"
-            )
-        self._cublaslt = versions.pop()
+            raise
         self.name = f"{len(self._actors)} Ray actors ({hellos[0][1]['name']}) on {self._where()}"
         self._say(f"Ray: measuring on {', '.join(a.gpu.where for a in self._actors)}")
         self._gpu = first

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cudal2.verify.fleet import FleetError, check_fleet
+from cudal2.verify.fleet import FleetError, check_cublaslt, check_fleet, recorded_as
 
 H100 = "NVIDIA H100 80GB HBM3"
 H200 = "NVIDIA H200"
@@ -46,3 +46,27 @@ def test_a_fleet_is_one_model_unless_said_interchangeable(
             check_fleet(found, groups)
         for g in found:  # the message names every GPU, where it is
             assert f"node-1:{g.index}" in str(e.value)
+
+
+def test_an_interchangeable_gpu_is_recorded_as_the_fleets_model(recorded_measurements):
+    first = _gpu(recorded_measurements, H100, 0)
+    other = dataclasses.replace(_gpu(recorded_measurements, H200, 1), driver="other")
+    assert recorded_as(first, first) is first
+    got = recorded_as(other, first)
+    assert (got.name, got.arch, got.index, got.driver) == (H100, first.arch, 1, "other")
+
+
+@pytest.mark.parametrize(
+    "versions,error",
+    [
+        ({"a": 130100, "b": 130100}, None),
+        ({"a": None}, None),
+        ({"a": 130100, "b": 130000}, "a: 130100"),
+    ],
+)
+def test_one_cublaslt_version_per_fleet(versions, error):
+    if error is None:
+        assert check_cublaslt(versions) == next(iter(versions.values()))
+    else:
+        with pytest.raises(FleetError, match=error):
+            check_cublaslt(versions)
