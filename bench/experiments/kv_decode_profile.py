@@ -72,10 +72,11 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
         ),
         key=lambda r: -r["us_per_step"],
     )
-    layer_rows = [{"kernel": r["kernel"], "us_per_layer": r["us_per_step"]} for r in rows]
     return {
         "kernels": rows,
-        "by_role_us": {k: round(v, 3) for k, v in by_role({"kernels": layer_rows}).items()},
+        "by_role_us": {
+            k: round(v, 3) for k, v in by_role({"kernels": rows}, "us_per_step").items()
+        },
         "kernel_sum_us": round(sum(by_name.values()) / steps, 3),
         "span_us": round((end - start) / steps, 3),
         "launches_per_step": round(len(kernels) / steps, 2),

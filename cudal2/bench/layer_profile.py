@@ -45,11 +45,12 @@ def role(kernel: str) -> str:
     return "other"
 
 
-def by_role(variant: Mapping[str, Any]) -> dict[str, float]:
-    """µs per layer by role of one variant of a profiled case."""
+def by_role(variant: Mapping[str, Any], key: str = "us_per_layer") -> dict[str, float]:
+    """µs per layer (per ``key``: ``us_per_step`` for a whole decode step) by role of one
+    variant of a profiled case."""
     out: dict[str, float] = defaultdict(float)
     for k in variant["kernels"]:
-        out[role(k["kernel"])] += k["us_per_layer"]
+        out[role(k["kernel"])] += k[key]
     return {r: out.get(r, 0.0) for r in ROLES}
 
 
@@ -59,6 +60,16 @@ def read_times(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int, int, i
         (r["target"]["dtype"], r["target"]["m"], r["target"]["n"], r["target"]["k"]): r[
             "read_best"
         ]["median_us"]
+        for r in rows
+    }
+
+
+def vendor_times(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int, int, int], float]:
+    """(dtype, M, N, K) -> the best vendor's median µs timed beside the pure read."""
+    return {
+        (r["target"]["dtype"], r["target"]["m"], r["target"]["n"], r["target"]["k"]): r["vendor"][
+            "median_us"
+        ]
         for r in rows
     }
 
@@ -103,3 +114,75 @@ def load(profile_text: str, read_text: str) -> list[dict[str, Any]]:
     """``ceiling_rows`` of a profile JSON and a read-ceiling JSON Lines text."""
     reads = read_times([json.loads(line) for line in read_text.splitlines() if line.strip()])
     return ceiling_rows(json.loads(profile_text), reads)
+
+
+# -- the whole decode step (bench/experiments/kv_decode_profile.py) ----------------------
+
+# Llama-3.1-8B's LM head: vocabulary x hidden, read once per decode step.
+LM_HEAD_NK = (128256, 4096)
+
+
+def decode_ceiling_rows(
+    profile: Mapping[str, Any],
+    reads: Mapping[tuple[str, int, int, int], float],
+    read_tbps: float,
+    bench_ms: Mapping[str, Mapping[str, float]] | None = None,
+    targets: Mapping[str, float] | None = None,
+    vendors: Mapping[tuple[str, int, int, int], float] | None = None,
+) -> list[dict[str, Any]]:
+    """Per profiled batch of a whole compiled decode step (``kv_decode_profile.py``): the
+    GEMMs' pure-read time (32 layers' four GEMMs from ``reads`` at M = batch, plus the LM
+    head's bytes at ``read_tbps``, the fastest pure read measured), the patched step's
+    other kernels, and two ceilings on the speedup patching can give, each the unpatched
+    step over a patched step whose GEMMs run as fast as a pure read: ``ceiling`` keeps the
+    patched step's other kernels (attention, RoPE, the cache writes: identical in both
+    models but for what the fusions removed), ``ceiling_attention_only`` only its
+    attention. ``ceiling_bench`` takes the unpatched step from the benchmark (``bench_ms``:
+    batch -> {"unpatched": ms per step}, no profiler) instead of the profiled span.
+    ``gemm_fraction_needed``: how close to a pure read (reads / GEMM time) the patched
+    GEMMs must come for ``targets[batch]`` with today's other kernels (> 1: beyond
+    physics), ``gemm_fraction_now`` what they reach in the benchmark's patched step.
+    ``vendor_fraction``: the same for the best vendor kernel of each of the
+    layer's GEMMs timed beside its pure read (``vendors``), what the fastest measured
+    kernels reach in isolation."""
+    out = []
+    shape = layer_shape("llama-3.1-8b")
+    layers = profile["layers"]
+    for b, case in sorted(profile["batches"].items(), key=lambda x: int(x[0])):
+        m = int(b)
+        keys = [("fp16", m, n, k) for n, k in shape.gemms().values()]
+        if not all(key in reads for key in keys):
+            continue
+        head_us = 2 * LM_HEAD_NK[0] * LM_HEAD_NK[1] / (read_tbps * 1e6)
+        read = layers * sum(reads[key] for key in keys) + head_us
+        u = by_role(case["unpatched"], "us_per_step")
+        p = by_role(case["patched"], "us_per_step")
+        rest = sum(us for r, us in p.items() if r != "gemm")
+        span_u, span_p = case["unpatched"]["span_us"], case["patched"]["span_us"]
+        row = {
+            "batch": m,
+            "unpatched_span_us": span_u,
+            "patched_span_us": span_p,
+            "profiled_speedup": span_u / span_p,
+            "unpatched_gemm_us": u["gemm"],
+            "patched_gemm_us": p["gemm"],
+            "read_us": read,
+            "patched_rest_us": rest,
+            "attention_us": p["attention"],
+            "ceiling": span_u / (read + rest),
+            "ceiling_attention_only": span_u / (read + p["attention"]),
+        }
+        if vendors and all(key in vendors for key in keys):
+            row["vendor_fraction"] = sum(reads[k] for k in keys) / sum(vendors[k] for k in keys)
+        if bench_ms and b in bench_ms:
+            bench_u = bench_ms[b]["unpatched"] * 1e3
+            row["bench_unpatched_us"] = bench_u
+            row["ceiling_bench"] = bench_u / (read + rest)
+            if "patched" in bench_ms[b]:  # what the patched GEMMs reach today
+                row["gemm_fraction_now"] = read / (bench_ms[b]["patched"] * 1e3 - rest)
+            if targets and b in targets:
+                row["target"] = targets[b]
+                gemm_budget = bench_u / targets[b] - rest
+                row["gemm_fraction_needed"] = read / gemm_budget if gemm_budget > 0 else None
+        out.append(row)
+    return out

@@ -730,6 +730,50 @@ def llama_kv_e2e(root: Path) -> str:
     return "\n".join(lines)
 
 
+KV_PROFILE = "bench/results/h100-kv-decode-profile.json"  # ci/gpu_kv_profile.sh on the H100
+KV_TARGETS = {"1": 1.12, "16": 1.12, "64": 1.05}  # issue 21's decode targets under graphs
+
+
+def kv_decode_ceiling(root: Path) -> str:
+    """``docs/inference.md``'s ceiling of the end to end (``decode_ceiling_rows``): per
+    decode batch, where a compiled step's time goes and how close to a pure read the
+    patched GEMMs must come for issue 21's target."""
+    from cudal2.bench.layer_profile import decode_ceiling_rows, read_times, vendor_times
+
+    prof = json.loads((root / KV_PROFILE).read_text())
+    e2e = json.loads((root / KV_E2E).read_text())
+    ceil = [json.loads(x) for x in (root / READ_CEILING).read_text().splitlines() if x.strip()]
+    bench = {b: r["ms_per_step"] for b, r in e2e["llama"]["graph"]["batches"].items()}
+    rows = decode_ceiling_rows(
+        prof,
+        read_times(ceil),
+        max(r["read_tbps"] for r in ceil),
+        bench,
+        KV_TARGETS,
+        vendor_times(ceil),
+    )
+    lines = [
+        f"{prof['gpu']}, torch {prof['torch']}, package `{prof['package']}` "
+        f"(`{KV_PROFILE}` profiled, `{KV_E2E}` timed, reads from `{READ_CEILING}`). "
+        f"Llama-3.1-8B, {prof['layers']} layers, context {prof['context']}, compiled "
+        "(reduce-overhead); µs per decode step.",
+        "",
+        "| batch | unpatched step | patched step | GEMMs as pure reads | patched other "
+        "kernels (attention) | ceiling | target | GEMM speed needed (of a pure read) | "
+        "patched GEMMs today | best vendor GEMMs in isolation |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['bench_unpatched_us']:.0f} | "
+            f"{bench[str(r['batch'])]['patched'] * 1e3:.0f} | {r['read_us']:.0f} | "
+            f"{r['patched_rest_us']:.0f} ({r['attention_us']:.0f}) | {r['ceiling_bench']:.3f} | "
+            f"{r['target']:.2f} | {r['gemm_fraction_needed']:.3f} | "
+            f"{r['gemm_fraction_now']:.3f} | {r['vendor_fraction']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 ROOM_TIMING = "bench/results/h100-room-timing.json"  # ci/gpu_room.sh on the H100
 
 
@@ -870,6 +914,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "layer-ceiling": layer_ceiling,
     "splitk-epilogues": splitk_epilogues,
     "llama-kv-e2e": llama_kv_e2e,
+    "kv-decode-ceiling": kv_decode_ceiling,
     "room-timing": room_timing,
     "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,

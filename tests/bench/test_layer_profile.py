@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from cudal2.bench import standing
-from cudal2.bench.layer_profile import ceiling_rows, load, read_times, role
+from cudal2.bench.layer_profile import (
+    ceiling_rows,
+    decode_ceiling_rows,
+    load,
+    read_times,
+    role,
+    vendor_times,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,3 +125,58 @@ def test_the_splitk_epilogue_table_is_made_from_the_layer_database(tmp_path):
     assert t.n * t.k == 4096 * 14336  # the first fp16 residual target by name
     row = next(x for x in changed.splitlines() if f"| fp16 | {t.n}×{t.k} | residual | 40.0 |" in x)
     assert row.endswith(f"| {fastest.baselines_us['torch'] / 40.0:.3f} |")
+
+
+# -- the whole decode step (issue 21's end to end; bench/experiments/kv_decode_profile.py) --
+
+
+def _decode(**changes):
+    prof = json.loads((ROOT / standing.KV_PROFILE).read_text())
+    e2e = json.loads((ROOT / standing.KV_E2E).read_text())
+    ceil = [json.loads(x) for x in (ROOT / standing.READ_CEILING).read_text().splitlines() if x]
+    bench = {b: r["ms_per_step"] for b, r in e2e["llama"]["graph"]["batches"].items()}
+    args = (
+        dict(
+            profile=prof,
+            reads=read_times(ceil),
+            read_tbps=max(r["read_tbps"] for r in ceil),
+            bench_ms=bench,
+            targets=standing.KV_TARGETS,
+            vendors=vendor_times(ceil),
+        )
+        | changes
+    )
+    return {r["batch"]: r for r in decode_ceiling_rows(**args)}, args
+
+
+def test_the_decode_ceiling_sums_the_profiled_kernels_by_role():
+    rows, args = _decode()
+    assert sorted(rows) == [1, 16, 64]
+    for b, r in rows.items():
+        patched = args["profile"]["batches"][str(b)]["patched"]["kernels"]
+        rest = sum(k["us_per_step"] for k in patched if role(k["kernel"]) != "gemm")
+        assert r["patched_rest_us"] == pytest.approx(rest)
+        # 32 layers' GEMMs and the 1 GB LM head read once per step: ~5 ms on the H100
+        assert 4900 < r["read_us"] < 5300
+        assert r["ceiling_bench"] == pytest.approx(r["bench_unpatched_us"] / (r["read_us"] + rest))
+        assert r["ceiling_attention_only"] >= r["ceiling"]
+
+
+def test_which_decode_targets_are_within_reach_of_the_measured_kernels():
+    """docs/inference.md's reading of the table: at batch 16 the GEMMs would have to run
+    faster than any measured kernel runs in isolation; at batch 1 they need not."""
+    rows, _ = _decode()
+    assert rows[16]["gemm_fraction_needed"] > rows[16]["vendor_fraction"]
+    assert rows[1]["gemm_fraction_needed"] < rows[1]["vendor_fraction"]
+    assert all(r["gemm_fraction_now"] < r["vendor_fraction"] for r in rows.values())
+
+
+def test_a_lower_target_or_a_faster_read_needs_slower_gemms():
+    rows, args = _decode()
+    easier, _ = _decode(targets={b: t - 0.02 for b, t in args["targets"].items()})
+    faster, _ = _decode(read_tbps=args["read_tbps"] * 2)
+    for b in rows:
+        assert easier[b]["gemm_fraction_needed"] < rows[b]["gemm_fraction_needed"]
+        assert faster[b]["read_us"] < rows[b]["read_us"]
+    missing = {k: v for k, v in args["reads"].items() if k != ("fp16", 16, 28672, 4096)}
+    assert 16 not in _decode(reads=missing)[0]
