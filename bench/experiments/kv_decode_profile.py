@@ -31,6 +31,16 @@ import llama_kv_e2e as e2e  # this folder is on sys.path when run as a script
 from cudal2.bench.layer_profile import by_role, role
 
 
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: time some kernel ran."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
 def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> dict[str, Any]:
     """Per-kernel µs per step of ``steps`` compiled decode steps (graph replays)."""
     import torch
@@ -55,11 +65,17 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
     ]  # fmt: skip
     by_name: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    for e in kernels:
+    gap: dict[str, float] = defaultdict(float)  # idle GPU time just before each kernel
+    reach = None
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
         by_name[e.name] += e.device_time
         count[e.name] += 1
+        if reach is not None:
+            gap[e.name] += max(0.0, e.time_range.start - reach)
+        reach = max(reach or e.time_range.end, e.time_range.end)
     start = min(e.time_range.start for e in kernels)
     end = max(e.time_range.end for e in kernels)
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
     rows = sorted(
         (
             {
@@ -67,6 +83,7 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
                 "role": role(k),
                 "us_per_step": round(v / steps, 3),
                 "launches_per_step": round(count[k] / steps, 3),
+                "idle_before_us_per_step": round(gap[k] / steps, 3),
             }
             for k, v in by_name.items()
         ),
@@ -79,6 +96,9 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
         },
         "kernel_sum_us": round(sum(by_name.values()) / steps, 3),
         "span_us": round((end - start) / steps, 3),
+        # the GPU with no kernel running (launch gaps, a kernel waiting for the host):
+        # the span less the union of the kernels' intervals
+        "idle_us": round((end - start - busy) / steps, 3),
         "launches_per_step": round(len(kernels) / steps, 2),
     }
 
@@ -135,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("unpatched", "patched"):
             v = case[name]
             print(
-                f"batch {batch} {name}: span {v['span_us']} µs/step, kernels {v['kernel_sum_us']},"
+                f"batch {batch} {name}: span {v['span_us']} µs/step (idle {v['idle_us']}),"
+                f" kernels {v['kernel_sum_us']},"
                 f" launches {v['launches_per_step']} | {v['by_role_us']}",
                 flush=True,
             )

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 22 on the H100, one call: a kernel family's GPU tests, a sweep manifest built from
+# an empty database into a wheel (policy/grid proposals, every candidate verified and
+# timed beside torch, cuBLASLt autotuned), the SASS counts of every compiled kernel, then
+# cudal2-bench on the prefill shapes (llm-public M >= 1024, 4096^3, 8192^3) with that
+# wheel beside every vendor in one process, summarised at M >= 1024:
+#
+#   TESTS='<pytest -k expression>' SWEEP=bench/manifests/sweep-tma-v5-h100.toml \
+#     bash ci/gpu_prefill.sh                                   (carry .whl: nvmath-python)
+#
+# TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline), DTYPES (default
+# fp16). Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt,
+# sass.txt, the wheel (dist/), prefill.jsonl (bench rows) and prefill-summary.txt.
+set -euo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+SWEEP=${SWEEP:?SWEEP=path/to/sweep.toml is required}
+STEM=$(basename "$SWEEP" .toml)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
+rc=0
+if [ -n "${TESTS:-}" ]; then
+  step "gpu tests -k '$TESTS'"
+  timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m gpu tests/verify/test_kernels_gpu.py -q \
+    -p no:cacheprovider -k "$TESTS" > "$OUT/gpu-tests.txt" 2>&1 || rc=$?
+  tail -15 "$OUT/gpu-tests.txt"
+fi
+step "cudal2-build $SWEEP"
+DB="$OUT/$STEM.measurements.jsonl"
+/usr/bin/time -f "build wall time %e s" timeout "${BUILD_TIMEOUT:-400}" cudal2-build "$SWEEP" \
+  --measurements "$DB" --out "$OUT/dist" 2>&1 | tee "$OUT/build.txt" | noprogress | tail -45 || rc=$?
+step "SASS of every compiled kernel"
+mapfile -t cubins < <(ls "$CUDAL2_CACHE"/*/*/kernel.cubin 2>/dev/null)
+if [ ${#cubins[@]} -gt 0 ]; then sass_table "${cubins[@]}" > "$OUT/sass.txt"; sass_summary "$OUT/sass.txt"; fi
+WHEEL=$(ls "$OUT"/dist/*.whl 2>/dev/null | head -1 || true)
+if [ "${BENCH:-1}" = 1 ] && [ -n "$WHEEL" ]; then
+  step "cudal2-bench prefill shapes with $WHEEL"
+  read -r -a DTYPE_LIST <<<"${DTYPES:-fp16}"
+  timeout "${BENCH_TIMEOUT:-240}" cudal2-bench bench/shapes/llm-public-prefill.toml --kernels "$WHEEL" \
+    --mode "${MODE:-offline}" --dtype "${DTYPE_LIST[@]}" --out "$OUT/prefill.jsonl" 2>&1 | noprogress | tail -3 || rc=$?
+  for dtype in "${DTYPE_LIST[@]}"; do
+    for mode in ${MODE:-offline}; do
+      cudal2-bench summarize "$OUT/prefill.jsonl" --m-min 1024 --mode "$mode" --dtype "$dtype" \
+        2>&1 | tee -a "$OUT/prefill-summary.txt" | tail -30
+    done
+  done
+fi
+echo "exit $rc"
+exit "$rc"
