@@ -731,6 +731,8 @@ def llama_kv_e2e(root: Path) -> str:
 
 
 KV_PROFILE = "bench/results/h100-kv-decode-profile.json"  # ci/gpu_kv_profile.sh on the H100
+# the same at batch 1, 16 steps, with the GPU's idle time recorded (a second run)
+KV_PROFILE_IDLE = "bench/results/h100-kv-decode-profile-b1-idle.json"
 KV_TARGETS = {"1": 1.12, "16": 1.12, "64": 1.05}  # issue 21's decode targets under graphs
 
 
@@ -771,6 +773,15 @@ def kv_decode_ceiling(root: Path) -> str:
             f"{r['target']:.2f} | {r['gemm_fraction_needed']:.3f} | "
             f"{r['gemm_fraction_now']:.3f} | {r['vendor_fraction']:.3f} |"
         )
+    idle = json.loads((root / KV_PROFILE_IDLE).read_text())["batches"]["1"]
+    u, p = idle["unpatched"], idle["patched"]
+    lines += [
+        "",
+        f"Batch 1 again with the GPU's idle time (`{KV_PROFILE_IDLE}`, {idle['steps']} steps): "
+        f"unpatched span {u['span_us']:.0f} µs, idle {u['idle_us']:.0f} "
+        f"({u['launches_per_step']:.0f} kernels); patched span {p['span_us']:.0f} µs, "
+        f"idle {p['idle_us']:.0f} ({p['launches_per_step']:.0f} kernels).",
+    ]
     return "\n".join(lines)
 
 
