@@ -19,7 +19,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 rc=0
 if [ -n "${TESTS:-}" ]; then
   step "gpu tests -k '$TESTS'"
-  timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m gpu tests/verify/test_kernels_gpu.py -q \
+  # shellcheck disable=SC2086
+  timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m gpu \
+    ${TEST_PATHS:-tests/verify/test_kernels_gpu.py tests/verify/test_epilogue_gpu.py} -q \
     -p no:cacheprovider -k "$TESTS" > "$OUT/gpu-tests.txt" 2>&1 || rc=$?
   tail -15 "$OUT/gpu-tests.txt"
 fi
