@@ -912,6 +912,84 @@ def epilogue_gated_timing(root: Path) -> str:
     return "\n".join(lines)
 
 
+TMA_V5_SWEEP = "bench/results/h100-sweep-tma-v5.measurements.jsonl.gz"  # ci/gpu_prefill.sh
+TECHNIQUES = (
+    ("bulk store through a C buffer", "store"),
+    ("grouped tile walk", "raster"),
+    ("128 CTAs, not one per SM", "ctas"),
+    ("2-CTA multicast pair", "cluster_m"),
+)
+
+
+def tma_v5_sweep(root: Path) -> str:
+    """``docs/kernels.md``'s sm90tma v5 tables (``cudal2.bench.schedules``): per target of
+    the v5 sweep, each schedule's fastest kernel against torch in its own job, cuBLASLt's
+    autotuned algorithm likewise, the v5 winner's knobs and Nsight Compute figures; then
+    the gain of each technique."""
+    import statistics
+
+    from cudal2.bench.schedules import SCHEDULES, best_by_schedule, technique_gain, timed
+    from cudal2.database import MeasurementDB, latest
+
+    ms = latest(MeasurementDB(root / TMA_V5_SWEEP).read())
+    by_target = timed(ms)
+    lt = {
+        (m.target.dtype, m.target.m, m.target.n, m.target.k): m
+        for m in ms
+        if m.status == "ok" and m.vendor and (m.baseline_samples_us or {}).get("torch")
+    }
+    gpu = next((m.gpu.name for m in ms if m.gpu), "?")
+    ok = sum(m.status == "ok" for m in ms)
+    lines = [
+        f"{gpu}, tn, offline (`{TMA_V5_SWEEP}`: {len(ms)} records, {ok} correct). Each cell: "
+        "the schedule's fastest kernel as a speedup over torch timed in the same job "
+        "(> 1: faster); cuBLASLt: the build's autotuned algorithm, likewise.",
+        "",
+        "| dtype | M×N×K | torch TFLOP/s | " + " | ".join(SCHEDULES) + " | cuBLASLt | "
+        "v5's best (knobs) | its TFLOP/s | ncu tensor % |",
+        "|---|---|---:|" + "---:|" * len(SCHEDULES) + "---:|---|---:|---:|",
+    ]
+
+    def cell(t: Any) -> str:
+        return f"{t.speedup:.3f}" if t else "–"
+
+    for key in sorted(by_target, key=lambda k: (k[0], k[1], k[2], k[3])):
+        dtype, m, n, k = key
+        best = best_by_schedule(by_target[key])
+        flop = 2.0 * m * n * k
+        torch_us = statistics.median(r.torch_us for r in by_target[key])
+        v5 = best.get("persistent v5")
+        lt_cell = "–"
+        if key in lt:
+            r = lt[key]
+            lt_cell = f"{statistics.median(r.baseline_samples_us['torch']) / r.median_us:.3f}"
+        knobs = "–"
+        if v5:
+            shown = ("wgmma_n", "stages", "raster", "ctas", "store", "cluster_m")
+            knobs = ", ".join(f"{x} {v5.knobs[x]}" for x in shown if v5.knobs.get(x))
+        lines.append(
+            f"| {dtype} | {m}×{n}×{k} | {flop / torch_us / 1e6:.0f} | "
+            + " | ".join(cell(best.get(s)) for s in SCHEDULES)
+            + f" | {lt_cell} | {knobs} | "
+            + (f"{flop / v5.us / 1e6:.0f} | " if v5 else "– | ")
+            + (
+                f"{v5.metrics['ncu_tensor_pct']:.1f} |"
+                if v5 and "ncu_tensor_pct" in v5.metrics
+                else "– |"
+            )
+        )
+    lines += [
+        "",
+        "| technique | knob | gain (geomean over targets) | targets |",
+        "|---|---|---:|---:|",
+    ]
+    for label, knob in TECHNIQUES:
+        gain, n = technique_gain(by_target, knob)
+        if n:
+            lines.append(f"| {label} | `{knob}` | {gain:.3f} | {n} |")
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -930,6 +1008,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
+    "tma-v5-sweep": tma_v5_sweep,
 }
 
 _BLOCK = re.compile(
