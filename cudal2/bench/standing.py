@@ -928,7 +928,14 @@ def tma_v5_sweep(root: Path) -> str:
     the gain of each technique."""
     import statistics
 
-    from cudal2.bench.schedules import SCHEDULES, best_by_schedule, technique_gain, timed
+    from cudal2.bench.schedules import (
+        DEFAULTS,
+        SCHEDULES,
+        best_by_schedule,
+        schedule,
+        technique_gain,
+        timed,
+    )
     from cudal2.database import MeasurementDB, latest
 
     ms = latest(MeasurementDB(root / TMA_V5_SWEEP).read())
@@ -946,7 +953,7 @@ def tma_v5_sweep(root: Path) -> str:
         "(> 1: faster); cuBLASLt: the build's autotuned algorithm, likewise.",
         "",
         "| dtype | M×N×K | torch TFLOP/s | " + " | ".join(SCHEDULES) + " | cuBLASLt | "
-        "v5's best (knobs) | its TFLOP/s | ncu tensor % |",
+        "v5's best (knobs) | its TFLOP/s | ncu tensor % (the kernel profiled) |",
         "|---|---|---:|" + "---:|" * len(SCHEDULES) + "---:|---|---:|---:|",
     ]
 
@@ -964,19 +971,20 @@ def tma_v5_sweep(root: Path) -> str:
             r = lt[key]
             lt_cell = f"{statistics.median(r.baseline_samples_us['torch']) / r.median_us:.3f}"
         knobs = "–"
-        if v5:
-            shown = ("wgmma_n", "stages", "raster", "ctas", "store", "cluster_m")
-            knobs = ", ".join(f"{x} {v5.knobs[x]}" for x in shown if v5.knobs.get(x))
+        if v5:  # the tile, then the v5 knobs that are not at their defaults
+            shown = [f"{x} {v5.knobs[x]}" for x in ("wgmma_n", "stages") if x in v5.knobs]
+            shown += [
+                f"{x} {v5.knobs[x]}" for x, off in DEFAULTS.items() if v5.knobs.get(x, off) != off
+            ]
+            knobs = ", ".join(shown)
+        prof = next((r for r in by_target[key] if "ncu_tensor_pct" in r.metrics), None)
+        ncu = f"{prof.metrics['ncu_tensor_pct']:.1f} ({schedule(prof.knobs)})" if prof else "–"
         lines.append(
             f"| {dtype} | {m}×{n}×{k} | {flop / torch_us / 1e6:.0f} | "
             + " | ".join(cell(best.get(s)) for s in SCHEDULES)
             + f" | {lt_cell} | {knobs} | "
-            + (f"{flop / v5.us / 1e6:.0f} | " if v5 else "– | ")
-            + (
-                f"{v5.metrics['ncu_tensor_pct']:.1f} |"
-                if v5 and "ncu_tensor_pct" in v5.metrics
-                else "– |"
-            )
+            + (f"{flop / v5.us / 1e6:.0f}" if v5 else "–")
+            + f" | {ncu} |"
         )
     lines += [
         "",
