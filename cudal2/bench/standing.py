@@ -913,6 +913,7 @@ def epilogue_gated_timing(root: Path) -> str:
 
 
 TMA_V5_SWEEP = "bench/results/h100-sweep-tma-v5.measurements.jsonl.gz"  # ci/gpu_prefill.sh
+TMA_V5_SWEEP_BF16 = "bench/results/h100-sweep-tma-v5-bf16.measurements.jsonl.gz"  # likewise
 TECHNIQUES = (
     ("bulk store through a C buffer", "store"),
     ("grouped tile walk", "raster"),
@@ -938,7 +939,9 @@ def tma_v5_sweep(root: Path) -> str:
     )
     from cudal2.database import MeasurementDB, latest
 
-    ms = latest(MeasurementDB(root / TMA_V5_SWEEP).read())
+    ms = [
+        m for p in (TMA_V5_SWEEP, TMA_V5_SWEEP_BF16) for m in latest(MeasurementDB(root / p).read())
+    ]
     by_target = timed(ms)
     lt = {
         (m.target.dtype, m.target.m, m.target.n, m.target.k): m
@@ -948,7 +951,8 @@ def tma_v5_sweep(root: Path) -> str:
     gpu = next((m.gpu.name for m in ms if m.gpu), "?")
     ok = sum(m.status == "ok" for m in ms)
     lines = [
-        f"{gpu}, tn, offline (`{TMA_V5_SWEEP}`: {len(ms)} records, {ok} correct). Each cell: "
+        f"{gpu}, tn, offline (`{TMA_V5_SWEEP}` and `{TMA_V5_SWEEP_BF16}`: {len(ms)} records, "
+        f"{ok} correct). Each cell: "
         "the schedule's fastest kernel as a speedup over torch timed in the same job "
         "(> 1: faster); cuBLASLt: the build's autotuned algorithm, likewise.",
         "",
@@ -988,13 +992,14 @@ def tma_v5_sweep(root: Path) -> str:
         )
     lines += [
         "",
-        "| technique | knob | gain (geomean over targets) | targets |",
-        "|---|---|---:|---:|",
+        "| technique | knob | dtype | gain (geomean over targets) | targets |",
+        "|---|---|---|---:|---:|",
     ]
     for label, knob in TECHNIQUES:
-        gain, n = technique_gain(by_target, knob)
-        if n:
-            lines.append(f"| {label} | `{knob}` | {gain:.3f} | {n} |")
+        for dtype in sorted({k[0] for k in by_target}):
+            gain, n = technique_gain({k: v for k, v in by_target.items() if k[0] == dtype}, knob)
+            if n:
+                lines.append(f"| {label} | `{knob}` | {dtype} | {gain:.3f} | {n} |")
     return "\n".join(lines)
 
 
