@@ -315,6 +315,12 @@ PDL_PREFETCH = {
         "pdl_prefetch_l2(B + (long long)(blockIdx.x / tiles_m) * BN * ldb, ldb,\n"
         "                  max(0, min(BN, N - (int)(blockIdx.x / tiles_m) * BN)), K, false);"
     ),
+    # ... walking the tiles in groups (sm90tma v5's raster): its first tile's N tile.
+    ("sm90tma_persistent_grouped", "tn"): (
+        "pdl_prefetch_l2(B + (long long)raster_n(blockIdx.x, tiles_m, tiles) * BN * ldb, ldb,\n"
+        "                  max(0, min(BN, N - raster_n(blockIdx.x, tiles_m, tiles) * BN)), K,\n"
+        "                  false);"
+    ),
     ("sm90wgmma", "tn"): (
         "pdl_prefetch_l2(B + (long long)n0 * ldb, ldb, max(0, min(BN, N - n0)), K, false);"
     ),

@@ -399,6 +399,8 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx.update(tags.tma_v5(v5(d, "raster"), v5(d, "store")), c_pad=C_PAD)
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
+    if v5(d, "raster"):  # ... of the grouped walk's first tile
+        kernel = "sm90tma_persistent_grouped"
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
     # the row scale parks its sums after the barriers' bytes; its helper warps release
     # ring slots too
