@@ -273,6 +273,33 @@ def test_rendered_epilogue_source_is_unchanged(i, epilogue, trigger, digest):
     assert hashlib.sha256(src.encode()).hexdigest()[:16] == digest, design_name(d)
 
 
+# sm90tma v5 (issue 22) designs (persistent cooperative compute-orientation knobs as
+# sm90_tma.design takes them) and their digests, taken when v5 was added: the grouped
+# walk, the bulk store, both.
+GOLDEN_V5 = [
+    ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8),
+     "474ed94289978ea0"),
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, store=1),
+     "c6905f0cd7399df5"),
+    ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, raster=16,
+                  store=1), "6f3b3ae500a39f60"),
+]  # fmt: skip
+
+
+def _golden_v5(dtype: str, knobs: dict) -> KernelDesign:
+    from cudal2.generator.families import sm90_tma
+
+    return sm90_tma.design(dtype, **knobs)
+
+
+@pytest.mark.parametrize("dtype, knobs, digest", GOLDEN_V5)
+def test_rendered_v5_source_is_unchanged(dtype, knobs, digest):
+    d = _golden_v5(dtype, knobs)
+    src = render(d).replace(f"cudal2 {__version__} ", "cudal2 VERSION ")
+    src = src.replace(design_name(d), "<symbol>").replace(d.key, "<design key>")
+    assert hashlib.sha256(src.encode()).hexdigest()[:16] == digest, design_name(d)
+
+
 def test_golden_designs_use_every_template(monkeypatch):
     env, used = _env(), set()
     for method in ("get_template", "get_or_select_template"):
@@ -289,4 +316,6 @@ def test_golden_designs_use_every_template(monkeypatch):
         render(_golden_pdl(i, trigger))
     for i, epilogue, trigger, _ in GOLDEN_EPILOGUE:
         render(_golden_epilogue(i, epilogue, trigger))
+    for dtype, knobs, _ in GOLDEN_V5:
+        render(_golden_v5(dtype, knobs))
     assert sorted(set(ALL) - used) == []
