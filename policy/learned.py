@@ -91,6 +91,8 @@ class PolicyProposer:
         self.updates = updates
         self.online = online
         self._loaded: tuple[Any, Any, Any, OnlineLearner | None] | None = None
+        # per search space (its designs, in order): its grammar and the designs' keys
+        self._spaces: dict[tuple[KernelDesign, ...], tuple[Grammar, list[str]]] = {}
 
     def describe(self) -> str:
         adapter = f" + adapter {self.adapter.name}" if self.adapter else ""
@@ -125,12 +127,18 @@ class PolicyProposer:
 
         model, mcfg, ctx, learner = self._load()
         seen = measured_designs(target, history)
-        left = [d for d in search_space(target, self.families, self.space) if d.key not in seen]
-        if not left or n <= 0:
+        found = self._space(target)
+        if found is None or n <= 0:
+            return []
+        space, keys = found
+        drop = [i for i, k in enumerate(keys) if k in seen]
+        if len(drop) == len(keys):
             return []
         own = [row_of(m) for m in history if m.target == target and m.design is not None]
         prompt = ctx.prompt(target, own, mcfg.max_history)
-        grammar = Grammar(left)
+        # the space's grammar minus what was measured: what Grammar(left) would build
+        grammar = space.without(drop) if drop else space
+        left = grammar.designs
         digest = hashlib.sha256(f"{self.seed}:{target.key}:{len(seen)}".encode()).hexdigest()
         gen = torch.Generator().manual_seed(int(digest[:15], 16))
         draws = pm.sample(model, prompt, grammar, min(len(left), OVERSAMPLE * n), gen)
@@ -141,6 +149,20 @@ class PolicyProposer:
             chosen = set(picked)
             picked += grid_round(target, [d for d in left if d not in chosen], n - len(picked))
         return picked
+
+    def _space(self, target: Target) -> tuple[Grammar, list[str]] | None:
+        """The grammar of ``target``'s search space and its designs' keys, built once per
+        space: tokenising and keying a legal space of thousands of designs cost more than
+        sampling from it, and a build asks for it for every target and round. None: an
+        empty space."""
+        designs = tuple(dict.fromkeys(search_space(target, self.families, self.space)))
+        found = self._spaces.get(designs)
+        if found is None:
+            if not designs:
+                return None
+            found = (Grammar(designs), [d.key for d in designs])
+            self._spaces[designs] = found
+        return found
 
     def observe(self, measurements: Sequence[Measurement]) -> str | None:
         """The round's rewards (speedup over torch in the same process; failures

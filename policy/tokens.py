@@ -203,6 +203,47 @@ class Grammar:
         for s in self.seqs:
             for i in range(len(s)):
                 self._children.setdefault(tuple(s[:i]), set()).add(s[i])
+        self._through: dict[tuple[int, ...], int] | None = None  # ``without``'s, when asked
+
+    def without(self, drop: Iterable[int]) -> Grammar:
+        """The grammar of this one's designs but those at indices ``drop``: the designs,
+        token sequences and trie ``Grammar`` would build from the rest, in this order,
+        without tokenising them again (a build's proposer asks it of one legal space for
+        every target and round, minus what each has measured). The trie is shared where
+        no dropped design ran through it."""
+        gone = set(drop)
+        keep = [i for i in range(len(self.designs)) if i not in gone]
+        if not keep:
+            raise ValueError("a grammar needs at least one design")
+        if self._through is None:  # designs through each trie node (a prefix)
+            through: dict[tuple[int, ...], int] = {}
+            for s in self.seqs:
+                for i in range(1, len(s) + 1):
+                    node = tuple(s[:i])
+                    through[node] = through.get(node, 0) + 1
+            self._through = through
+        left: dict[tuple[int, ...], int] = {}
+        for i in gone:
+            s = self.seqs[i]
+            for j in range(1, len(s) + 1):
+                node = tuple(s[:j])
+                left[node] = left.get(node, self._through[node]) - 1
+        children = dict(self._children)
+        for node, n in left.items():
+            if n == 0:  # no design left through it: neither a child nor a prefix
+                children.pop(node, None)
+                parent = node[:-1]
+                if parent in children:
+                    children[parent] = children[parent] - {node[-1]}
+        for node in [n for n, c in children.items() if not c]:
+            del children[node]
+        g = object.__new__(Grammar)
+        g.designs = [self.designs[i] for i in keep]
+        g.index = self.index.difference(self.designs[i] for i in gone)
+        g.seqs = [self.seqs[i] for i in keep]
+        g._children = children
+        g._through = None
+        return g
 
     def allowed(self, prefix: Sequence[int]) -> list[int]:
         return sorted(self._children.get(tuple(prefix), ()))
@@ -219,6 +260,7 @@ class Grammar:
         v.index = set(v.designs)
         v.seqs = [design_tokens(d) for d in v.designs]
         v._children = self._children
+        v._through = None
         missing = [
             d.key[:12]
             for d, s in zip(v.designs, v.seqs, strict=True)

@@ -1,9 +1,11 @@
 """Nsight Compute metrics of a few kernels: the profiling feedback of the search.
 
 Each kernel runs once, in a child process under ``ncu --clock-control none`` (the
-GPU is measured as found; its clocks are never locked), on fresh random operands of
-its target. ncu replays the launch as many times as its counters need, flushing
-the caches before each pass. The report is read back as CSV (``ncu --import``),
+GPU is measured as found; its clocks are never locked), on random operands of its
+target. The child imports no torch (its import was ~4 s of every round's ~12 s on the
+H100): buffers, copies and the launch go through the CUDA driver's bindings. ncu
+replays the launch as many times as its counters need, flushing the caches before
+each pass. The report is read back as CSV (``ncu --import``),
 one row per profiled launch, in launch order.
 
 Metric names differ across GPUs and ncu versions, so each quantity lists
@@ -23,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -250,9 +253,20 @@ def summary(kernels: int, seconds: dict[str, float], unknown: list[str]) -> str:
     )
 
 
+# The profiled child's operands: each its first this many uniform values (as the
+# memcheck child's, ``sanitizer.host_operands``), repeated on the GPU to its size. Drawing
+# every value on the host would cost more than the torch import it replaces (a round's
+# 24 llama targets read 1.3 G values), and ncu counts what the kernel does with its
+# operands, never its result.
+OPERAND_BLOCK = 1 << 19
+
+
 def _child(job_path: str, phases_path: str | None = None) -> None:
-    """Runs under ncu: each job's kernel launched once, in job order. Writes its phase
-    seconds to ``phases_path`` (JSON) when given."""
+    """Runs under ncu: each job's kernel launched once, in job order, on random operands
+    in memory of its own, on the legacy default stream. Writes its phase seconds to
+    ``phases_path`` (JSON) when given. Its imports are the CUDA driver's bindings and the
+    runtime's launcher, as the memcheck child's (``sanitizer._child``): the tensor
+    library's import was ~4 s of each round's child on the H100 (the module's doc)."""
     steps: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -262,39 +276,66 @@ def _child(job_path: str, phases_path: str | None = None) -> None:
         steps[name] = round(steps.get(name, 0.0) + now - t, 3)
         t = now
 
-    import torch
-
     from cudal2.packaging.runtime import driver
-    from cudal2.verify.correctness import epilogue_operands, operands
     from cudal2.verify.launch import dense_epilogue, launch_dense
+    from cudal2.verify.sanitizer import host_operands, operand_shapes
 
+    drv = driver._driver()
+    check = driver._check
     done("imports")
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    stream = torch.cuda.current_stream().cuda_stream
-    torch.cuda.synchronize()
+    driver.ensure_context(0)
     done("cuda_init")
     for job in json.loads(Path(job_path).read_text()):
         target = Target.from_json(job["target"])
-        a, b = operands(target, "random", gen)
-        epi = epilogue_operands(target, "random", gen)
-        ptrs = {name: x.data_ptr() for name, x in epi.items()}
-        ops = dense_epilogue(target, ptrs.get("bias", 0), ptrs.get("residual", 0))
-        c = torch.empty((target.m, target.out_n), dtype=a.dtype, device="cuda")
-        torch.cuda.synchronize()
-        done("operands")
-        kernel = driver.Kernel(
-            Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
-        )
-        done("module_load")
-        launch_dense(
-            kernel, job["recipe"], target, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream,
-            epilogue=ops,
-        )  # fmt: skip
-        torch.cuda.synchronize()
-        done("launches")  # under ncu: its replays of the launch, too
+        shapes = operand_shapes(target)
+        ptrs: dict[str, int] = {}
+        try:
+            for name, block in host_operands(target, most=OPERAND_BLOCK).items():
+                nbytes = 2 * math.prod(shapes[name])
+                ptrs[name] = int(check(drv.cuMemAlloc(nbytes), f"cuMemAlloc({name})"))
+                fill_repeated(drv, ptrs[name], nbytes, block)
+            # the output: [M, out_n] (N/2 columns for a gated epilogue)
+            ptrs["c"] = int(check(drv.cuMemAlloc(target.m * target.out_n * 2), "cuMemAlloc(c)"))
+            ops = dense_epilogue(target, ptrs.get("bias", 0), ptrs.get("residual", 0))
+            check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+            done("operands")
+            kernel = driver.Kernel(
+                Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
+            )
+            done("module_load")
+            launch_dense(
+                kernel, job["recipe"], target, ptrs["a"], ptrs["b"], ptrs["c"], 0, epilogue=ops
+            )
+            check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+            done("launches")  # under ncu: its replays of the launch, too
+        finally:
+            for ptr in ptrs.values():
+                drv.cuMemFree(ptr)
     if phases_path:
         Path(phases_path).write_text(json.dumps(steps))
+
+
+def fill_repeated(drv: Any, ptr: int, nbytes: int, block: Any) -> list[tuple[int, int, int]]:
+    """Device memory ``[ptr, ptr + nbytes)`` filled with ``block`` (host bytes) repeated:
+    one copy from the host, then device-to-device copies of what is filled, doubling.
+    Returns the copies made, as (destination, source or -1 for the host, bytes)."""
+    first = min(block.nbytes, nbytes)
+    copies = [(ptr, -1, first)]
+    driver_check(drv.cuMemcpyHtoD(ptr, block, first), "cuMemcpyHtoD")
+    filled = first
+    while filled < nbytes:
+        n = min(filled, nbytes - filled)
+        driver_check(drv.cuMemcpyDtoD(ptr + filled, ptr, n), "cuMemcpyDtoD")
+        copies.append((ptr + filled, ptr, n))
+        filled += n
+    return copies
+
+
+def driver_check(result: tuple, what: str) -> Any:
+    """``driver._check`` (imported late: importing this module touches no CUDA)."""
+    from cudal2.packaging.runtime import driver
+
+    return driver._check(result, what)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -110,32 +111,39 @@ def memcheck(
     return SanitizerResult(False, f"memcheck exited {proc.returncode}:\n{text}", seconds)
 
 
-def host_operands(t: Target, seed: int = 0) -> dict[str, Any]:
-    """The launch's inputs on the host, as 16-bit patterns (numpy uint16) of the
-    working dtype, shaped as the kernel reads them: ``a`` [M, K], ``b`` ([N, K] for
-    tn, [K, N] for nn; a gated epilogue's scaled as in the trials), and the epilogue's
-    operands (``bias`` [N], ``residual`` [M, N]). Uniform in (-1, 1)."""
-    import numpy as np
-
+def operand_shapes(t: Target) -> dict[str, tuple[int, ...]]:
+    """The shapes the kernel reads its inputs in: ``a`` [M, K], ``b`` ([N, K] for tn,
+    [K, N] for nn), and the epilogue's operands (``bias`` [N], ``residual`` [M, N])."""
     from cudal2.records import EPILOGUE_OPERANDS
-    from cudal2.verify.correctness import gated_b_scale
 
-    rng = np.random.default_rng(seed)
-    shapes = {
+    return {
         "a": (t.m, t.k),
         "b": (t.n, t.k) if t.layout == "tn" else (t.k, t.n),
         **{n: {"bias": (t.n,), "residual": (t.m, t.n)}[n] for n in EPILOGUE_OPERANDS[t.epilogue]},
     }
+
+
+def host_operands(t: Target, seed: int = 0, most: int | None = None) -> dict[str, Any]:
+    """The launch's inputs on the host, as 16-bit patterns (numpy uint16) of the
+    working dtype, shaped as the kernel reads them (``operand_shapes``; a gated
+    epilogue's b scaled as in the trials). Uniform in (-1, 1). With ``most``, each is
+    only its first ``most`` values, flat (the profiling child repeats them on the GPU)."""
+    import numpy as np
+
+    from cudal2.verify.correctness import gated_b_scale
+
+    rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in shapes.items():
-        x = rng.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+    for name, shape in operand_shapes(t).items():
+        size = shape if most is None else (min(most, math.prod(shape)),)
+        x = rng.uniform(-1.0, 1.0, size=size).astype(np.float32)
         if name == "b":
             x *= np.float32(gated_b_scale(t))
-        out[name] = _bits(x, t.dtype)
+        out[name] = float_bits(x, t.dtype)
     return out
 
 
-def _bits(x, dtype: str):
+def float_bits(x, dtype: str):
     """float32 -> the 16-bit patterns of fp16 or bf16 (round to nearest even)."""
     import numpy as np
 

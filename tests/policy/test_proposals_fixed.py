@@ -1,0 +1,17 @@
+"""The learned proposer proposes what it did before it was made faster (issue 23): three
+rounds for the llama manifest's 24 targets, answered from the H100 build's recorded
+database, against the proposals recorded from the code before (``replayed_rounds``)."""
+
+from __future__ import annotations
+
+import json
+
+from .replayed_rounds import FIXTURE, replayed_rounds
+
+
+def test_policy_rounds_propose_what_they_did_before_the_speed_up():
+    want = json.loads(FIXTURE.read_text())
+    got = replayed_rounds(rounds=max(r["round"] for r in want))
+    assert len(got) == len(want) == 72
+    for g, w in zip(got, want, strict=True):
+        assert g == w, f"round {w['round']}, target {w['target'][:12]}: proposals differ"
