@@ -24,6 +24,10 @@ What travels (docs/runners.md, "A Ray cluster"):
 
 The database still has one writer, the pipeline, on the driver: actors only answer.
 
+Jobs stream in: ``run`` reads its jobs (the pipeline's stream, whose next job exists once
+its cubin is compiled) in a thread of its own, one job for each idle actor (``_Reader``),
+so measuring overlaps compiling and the stream is never drained ahead of the GPUs.
+
 Failures: an actor that dies (``RayActorError``) or gives no answer within its deadline
 (it is killed) loses only its one job in flight, which goes back to the queue for
 another actor (a job that hung ``MAX_LOSSES`` actors is answered ``timeout`` instead: it
