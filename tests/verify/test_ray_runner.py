@@ -8,8 +8,10 @@ What is checked: every job answered exactly once, tagged with the fake GPU that 
 it; an actor killed mid-batch (``ray.kill``) costs nothing (its job goes to another);
 a hung actor is killed and a job that hangs two is answered ``timeout``; every actor
 lost answers the rest ``runtime``, never a hang; a caller that stops starts nothing
-more; mixed GPU models are refused unless interchangeable; cubins travel by artifact
-key, checked (bytes corrupted in flight are never launched); compile tasks fill the
+more; a job stream is read as actors free up, never drained ahead (an actor killed
+while it blocks, a stream that raises, a caller that stops: no reader thread left);
+mixed GPU models are refused unless interchangeable; cubins travel by artifact key,
+checked (bytes corrupted in flight are never launched); compile tasks fill the
 artifact cache as ``build_all`` does; and a whole build through Ray, an actor killed in
 its first batch, writes the same records and the same dispatch table as a build on the
 replay runner directly.
