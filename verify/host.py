@@ -160,7 +160,8 @@ class HostRunner:
     def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
         """``jobs`` may be a stream the pipeline fills as cubins are compiled: measure and
         autotune jobs are taken from it one at a time, as a GPU frees up; sanitizer and
-        profile jobs, which run together, once it is exhausted."""
+        profile jobs, which run together, once it is exhausted. An error the stream
+        raises is raised here, after the answers to the jobs it gave."""
         later: list[Job] = []
 
         def kernel_jobs() -> Iterator[Job]:
@@ -244,6 +245,7 @@ class HostRunner:
                     continue
                 feed.taken()  # before the yield: the GPU may start its next job meanwhile
                 yield item
+            feed.raise_error()  # the stream failed: after the answers to the jobs it gave
             # Every GPU's thread is done: the jobs ran out, or every GPU is retired and
             # what is left (re-queued, or not yet taken from the stream) cannot be run.
             for job in feed.drain():
@@ -347,6 +349,7 @@ class _Feed:
         self._stopped = False
         self._pulling = False  # a thread is waiting on the stream
         self._exhausted = False
+        self._error: BaseException | None = None  # what the stream raised
 
     def next(self) -> Job | None:
         """The next job to run, waiting while the caller is ``ahead`` answers behind;
@@ -368,7 +371,21 @@ class _Feed:
                 else:
                     self._cond.wait()
                     continue
-            job = next(self._source, None)  # may block: outside the lock
+            try:
+                job = next(self._source, None)  # may block: outside the lock
+            except BaseException as e:  # noqa: BLE001 - the caller's, raised by raise_error()
+                # The stream failed (the pipeline's proposer or compile): it is over. This
+                # GPU's thread ends like the others, once the jobs started are answered;
+                # the error is the caller's, not this thread's (it would be lost here, and
+                # the other GPUs' threads would wait for this read for ever).
+                with self._cond:
+                    self._pulling = False
+                    self._exhausted = True
+                    self._error = self._error or e
+                    self._started -= 1
+                    self._running -= 1
+                    self._cond.notify_all()
+                return None
             with self._cond:
                 self._pulling = False
                 if job is None or self._stopped:
@@ -401,6 +418,13 @@ class _Feed:
         with self._cond:
             self._started -= 1
             self._cond.notify_all()
+
+    def raise_error(self) -> None:
+        """The stream's error, if it raised one."""
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
 
     def drain(self) -> list[Job]:
         """What no GPU ran: the jobs put back, and the rest of the stream."""

@@ -24,6 +24,10 @@ What travels (docs/runners.md, "A Ray cluster"):
 
 The database still has one writer, the pipeline, on the driver: actors only answer.
 
+Jobs stream in: ``run`` reads its jobs (the pipeline's stream, whose next job exists once
+its cubin is compiled) in a thread of its own, one job for each idle actor (``_Reader``),
+so measuring overlaps compiling and the stream is never drained ahead of the GPUs.
+
 Failures: an actor that dies (``RayActorError``) or gives no answer within its deadline
 (it is killed) loses only its one job in flight, which goes back to the queue for
 another actor (a job that hung ``MAX_LOSSES`` actors is answered ``timeout`` instead: it
@@ -35,12 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import re
 import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -68,6 +74,7 @@ MAX_LOSSES = 2  # actors a job may hang before it is answered rather than re-que
 # What a profile / sanitizer job may take in the default inner runner (ncu: 900 s,
 # compute-sanitizer: 600 s); the actor's deadline is this or ``job_timeout_s``, plus grace.
 SLOW_KIND_S = {JobKind.PROFILE: 900.0, JobKind.SANITIZE: 600.0}
+POLL_S = 0.02  # how often the loop looks for a job read while answers are awaited
 _KEY_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]{0,127}")
 
 
@@ -203,6 +210,7 @@ class _Actor:
     alive: bool = True
     abandoned: Any = None  # a call whose caller stopped iterating: the actor is busy
     abandoned_until: float = 0.0  # its deadline: past it, the actor is hung
+    sent_at: float = 0.0  # when it was last given a job (the idle longest go first)
 
 
 @dataclasses.dataclass
@@ -336,41 +344,62 @@ class RayRunner:
                 return None  # no actor left: run() answers every job "runtime"
         return self._designs[target]
 
-    def run(self, jobs: Sequence[Job]) -> Iterator[JobResult]:
-        """Answers as they come, one job in flight per actor. A caller that stops
-        iterating starts nothing more; the calls in flight then finish unheard."""
+    def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
+        """Answers as they come, one job in flight per actor. ``jobs`` may be a stream
+        that blocks until its next job exists (the pipeline's, a cubin still compiling):
+        a thread of its own reads it (``_Reader``), one job for each idle actor and no
+        more, so jobs are measured while later ones compile, and the loop that takes
+        answers, kills hung actors and re-queues a lost actor's job never waits on it.
+        A re-queued job goes before any new one. An error raised by ``jobs`` is raised
+        here. A caller that stops iterating starts nothing more (the reader stops
+        too); the calls in flight then finish unheard."""
         ray = _ray()
-        queue: deque[tuple[Job, int]] = deque((j, 0) for j in jobs)  # (job, actors it lost)
+        queue: deque[tuple[Job, int]] = deque()  # re-queued: (job, actors it hung)
         flying: dict[Any, _Flight] = {}
+        feed = _Reader(jobs)
+        wait = True  # for the reader's job in hand, so nothing reads the stream after us
         try:
-            while queue or flying:
+            while True:
                 self._reclaim(ray)
                 for actor in self._idle(flying):
-                    if not queue:
-                        break
-                    job, losses = queue.popleft()
+                    if queue:  # a lost actor's job, before any new one
+                        job, losses = queue.popleft()
+                        feed.served()
+                    else:
+                        nxt = feed.take()  # raises the stream's error, in its order
+                        if nxt is None:
+                            break
+                        job, losses = nxt, 0
                     sent = self._send(ray, actor, job)
                     if isinstance(sent, JobResult):  # its cubin could not be read here
                         yield sent
                         continue
-                    deadline = time.monotonic() + self._deadline(job)
+                    actor.sent_at = time.monotonic()
+                    deadline = actor.sent_at + self._deadline(job)
                     flying[sent] = _Flight(actor, job, deadline, losses)
+                if not any(a.alive for a in self._actors):  # then nothing is in flight
+                    why = self.losses[-1] if self.losses else "none started"
+                    left = [j for j, _ in queue]
+                    queue.clear()
+                    for job in itertools.chain(left, feed.rest()):
+                        yield JobResult(job, Status.RUNTIME, f"every Ray actor was lost ({why})")
+                    return
+                idle = self._idle(flying)
+                feed.ask(len(idle))  # one job read ahead per idle actor, no more
                 if not flying:
-                    if queue and not any(a.alive for a in self._actors):
-                        why = self.losses[-1] if self.losses else "none started"
-                        while queue:
-                            job, _ = queue.popleft()
-                            yield JobResult(
-                                job, Status.RUNTIME, f"every Ray actor was lost ({why})"
-                            )
+                    if not queue and feed.over():
                         return
-                    if queue:  # live actors, all busy with calls a caller abandoned
+                    if idle:  # the stream's next job (a cubin compiling), its end or error
+                        feed.wait(POLL_S)
+                    else:  # live actors, all busy with calls a caller abandoned
                         self._wait_abandoned(ray)
                     continue
                 now = time.monotonic()
                 wait_s = max(0.0, min(f.deadline for f in flying.values()) - now)
+                if idle and feed.reading():  # an idle actor waits for the stream: look again
+                    wait_s = min(wait_s, POLL_S)
                 ready, _ = ray.wait(list(flying), num_returns=1, timeout=wait_s)
-                if not ready:  # a deadline passed: that actor is hung
+                if not ready:  # a deadline passed (that actor is hung), or a job was read
                     for ref, f in list(flying.items()):
                         if f.deadline <= time.monotonic():
                             del flying[ref]
@@ -394,7 +423,12 @@ class RayRunner:
                     except Exception as exc:  # the inner runner raised: this job's answer
                         answer = JobResult(f.job, Status.RUNTIME, f"Ray actor: {_why(exc)}")
                     yield dataclasses.replace(answer, job=f.job, gpu=f.actor.gpu)
+        except BaseException as e:
+            # Ctrl-C: no waiting on a stream that may block (the thread is a daemon).
+            wait = not isinstance(e, KeyboardInterrupt)
+            raise
         finally:
+            feed.stop(wait)
             for ref, f in flying.items():  # finish unheard; the actor is busy until then
                 f.actor.abandoned, f.actor.abandoned_until = ref, f.deadline
 
@@ -520,8 +554,12 @@ class RayRunner:
         return max(self.job_timeout_s, SLOW_KIND_S.get(job.kind, 0.0)) + self.grace_s
 
     def _idle(self, flying: dict[Any, _Flight]) -> list[_Actor]:
+        """The actors free for a job, the one idle longest first: where the stream is
+        slower than the GPUs, its jobs are spread over them rather than all given to
+        the first (each GPU's records then say it worked, and a lost one costs less)."""
         busy = {id(f.actor) for f in flying.values()}
-        return [a for a in self._actors if a.alive and a.abandoned is None and id(a) not in busy]
+        free = [a for a in self._actors if a.alive and a.abandoned is None and id(a) not in busy]
+        return sorted(free, key=lambda a: a.sent_at)
 
     def _reclaim(self, ray: Any) -> None:
         """Actors whose abandoned call has finished are free again (or found dead, or
@@ -597,6 +635,125 @@ class RayRunner:
             return JobResult(flight.job, Status.TIMEOUT, f"hung {n} Ray actors; last: {why}")
         queue.appendleft((flight.job, n))
         return None
+
+
+class _Reader:
+    """One ``run``'s job stream, read by a thread of its own, on demand: ``ask(n)`` lets
+    it hold ``n`` jobs read and not yet taken (one per idle actor), so it never reads
+    further ahead than the actors can start (the pipeline's stream is not drained before
+    the first job is sent, and a caller that stops leaves the rest unread). ``next()``
+    of the stream may block (a cubin still compiling): only this thread waits on it.
+    An error the stream raises is kept and raised to the runner's caller, after the
+    jobs read before it."""
+
+    def __init__(self, jobs: Iterable[Job]):
+        self._source = iter(jobs)
+        self._cond = threading.Condition()
+        self._buffer: deque[Job] = deque()  # read, not yet taken
+        self._want = 0  # jobs to hold read (buffered, or being read)
+        self._reading = False  # the thread is inside the stream's next()
+        self._exhausted = False
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._read, name="ray-job-reader", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and len(self._buffer) >= self._want:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                self._reading = True
+            try:
+                job = next(self._source)
+            except StopIteration:
+                job = None
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                with self._cond:
+                    self._reading, self._error, self._exhausted = False, e, True
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._reading = False
+                if job is None:
+                    self._exhausted = True
+                else:
+                    self._buffer.append(job)
+                self._cond.notify_all()
+                if job is None:
+                    return
+
+    def ask(self, n: int) -> None:
+        """Hold ``n`` jobs read ahead (the idle actors)."""
+        with self._cond:
+            self._want = n
+            self._cond.notify_all()
+
+    def take(self) -> Job | None:
+        """The next job read, if one is (None: none yet, or the stream is over); the
+        stream's error once the jobs read before it are taken."""
+        with self._cond:
+            if self._buffer:
+                self._want = max(0, self._want - 1)
+                return self._buffer.popleft()
+            self._raise()
+            return None
+
+    def served(self) -> None:
+        """An idle actor was given a re-queued job: one job fewer to read for it."""
+        with self._cond:
+            self._want = max(0, self._want - 1)
+
+    def over(self) -> bool:
+        """Every job read and taken (the stream's error raised here)."""
+        with self._cond:
+            self._raise()
+            return self._exhausted and not self._buffer
+
+    def reading(self) -> bool:
+        """Jobs are asked for that have not arrived yet."""
+        with self._cond:
+            return not self._exhausted and len(self._buffer) < self._want
+
+    def wait(self, timeout: float) -> None:
+        """Until a job arrives, the stream ends or fails, or ``timeout`` s."""
+        with self._cond:
+            if not self._buffer and not self._exhausted:
+                self._cond.wait(timeout)
+
+    def rest(self) -> Iterator[Job]:
+        """Every job not taken, the stream read to its end (no actor left to run them)."""
+        while True:
+            with self._cond:
+                self._want = sys.maxsize
+                self._cond.notify_all()
+                while not self._buffer and not self._exhausted:
+                    self._cond.wait()
+                if not self._buffer:
+                    self._raise()
+                    return
+                job = self._buffer.popleft()
+            yield job
+
+    def stop(self, wait: bool = True) -> None:
+        """No more reading; the thread ends once a ``next()`` it is inside returns
+        (``wait``: joined, so nothing reads the stream after the runner's ``run``)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if wait:
+            self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def _read_cubin(path: Path, key: str) -> tuple[bytes, str]:

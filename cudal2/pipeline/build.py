@@ -323,11 +323,24 @@ class Build:
         return started, self._expected_gpu(runner)
 
     def _expected_gpu(self, runner: Runner) -> tuple[str, str] | None:
+        """The (name, arch) nvidia-smi gives for the GPU ``runner.start()`` will return,
+        before it starts: a ``LocalRunner``'s ``device``, or the first of a
+        ``HostRunner``'s ``devices`` (its start returns the first GPU's model; another
+        model there is refused, or recorded as the first's). None where that cannot be
+        said (a replay, a Ray cluster, GPU UUIDs or MIG instances): wait for the start."""
+
+        def _ordinal(x: object) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
         if not runner.needs_cubins:  # a replay: its start is instant
             return None
-        device = getattr(runner, "device", None)
-        if not isinstance(device, int):  # not one local GPU (a cluster): ask the runner
-            return None
+        device = getattr(runner, "device", None)  # one GPU of this host (LocalRunner)
+        if not _ordinal(device):
+            devices = getattr(runner, "devices", None)  # several (HostRunner)
+            if not (isinstance(devices, Sequence) and devices and _ordinal(devices[0])):
+                return None  # not GPUs of this host (a cluster): ask the runner
+            device = devices[0]
+        assert isinstance(device, int)
         models = gpu_models()
         # nvidia-smi numbers every GPU of the host; CUDA only the visible ones.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -340,11 +340,22 @@ class Sees:
         return None
 
 
-def _slow_start_build(tmp_path, recorded, monkeypatch, smi_name):
+def _slow_start_build(tmp_path, recorded, monkeypatch, smi_name, host=False):
+    """A runner that takes 0.5 s to start, on one GPU of this host (``device = 0``, as a
+    LocalRunner), or (``host``) on a HostRunner's ``devices = [1, 0]`` under
+    ``CUDA_VISIBLE_DEVICES=3,2`` (its first GPU: physical 2); nvidia-smi (faked) names
+    that GPU ``smi_name`` and every other GPU an A100."""
     runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0, start_s=0.5)
-    runner.device = 0  # one GPU of this host, as a LocalRunner
-    monkeypatch.setattr(build_mod, "gpu_models", lambda: [(smi_name, runner.gpu.arch)])
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    other = ("NVIDIA A100-SXM4-80GB", "sm_80")
+    if host:
+        runner.devices = [1, 0]
+        models = [other, other, (smi_name, runner.gpu.arch), other]
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    else:
+        runner.device = 0
+        models = [(smi_name, runner.gpu.arch), other]
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(build_mod, "gpu_models", lambda: models)
     m = _manifest(rounds=1, candidates=2, profile_top=0)
     b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
               proposer=Sees(_space(recorded), runner), log=io.StringIO())  # fmt: skip
@@ -352,10 +363,11 @@ def _slow_start_build(tmp_path, recorded, monkeypatch, smi_name):
 
 
 @needs_nvcc
+@pytest.mark.parametrize("host", [False, True], ids=["local", "host"])
 def test_the_runner_starts_while_the_first_round_is_proposed(
-    tmp_path, recorded, no_cubins, monkeypatch
+    tmp_path, recorded, no_cubins, monkeypatch, host
 ):
-    b, runner = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H100 80GB HBM3")
+    b, runner = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H100 80GB HBM3", host)
     b.measure_and_select()
     assert runner.gpu.name == "NVIDIA H100 80GB HBM3"
     assert 0 < runner.proposed_at < runner.started_at
@@ -365,12 +377,78 @@ def test_the_runner_starts_while_the_first_round_is_proposed(
 
 
 @needs_nvcc
+@pytest.mark.parametrize("host", [False, True], ids=["local", "host"])
 def test_a_gpu_other_than_nvidia_smi_named_stops_the_build(
-    tmp_path, recorded, no_cubins, monkeypatch
+    tmp_path, recorded, no_cubins, monkeypatch, host
 ):
-    b, _ = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H200")
+    b, _ = _slow_start_build(tmp_path, recorded, monkeypatch, "NVIDIA H200", host)
     with pytest.raises(BuildError, match="nvidia-smi named NVIDIA H200"):
         b.measure_and_select()
+
+
+H100_SMI, H200_SMI, A100_SMI = (
+    ("NVIDIA H100 80GB HBM3", "sm_90a"),
+    ("NVIDIA H200", "sm_90a"),
+    ("NVIDIA A100-SXM4-80GB", "sm_80"),
+)
+SMI = [H100_SMI, H200_SMI, A100_SMI]  # nvidia-smi's rows: physical GPUs 0, 1, 2
+EXPECTED = [
+    # (runner's attributes, CUDA_VISIBLE_DEVICES (None: unset), nvidia-smi's models, expected)
+    pytest.param({"device": 1}, None, SMI, H200_SMI, id="local"),
+    pytest.param({"device": 1}, "2,0", SMI, H100_SMI, id="local-visible"),
+    pytest.param({"devices": [0]}, None, SMI, H100_SMI, id="host-one"),
+    pytest.param({"devices": [2, 0, 1]}, None, SMI, A100_SMI, id="host-first-of-three"),
+    pytest.param({"devices": (1,)}, None, SMI, H200_SMI, id="host-tuple"),
+    pytest.param({"devices": [1, 0]}, "2,1", SMI, H200_SMI, id="host-visible-indices"),
+    pytest.param({"devices": [0]}, " 1 , 2 ", SMI, H200_SMI, id="host-visible-spaces"),
+    pytest.param({"devices": [0]}, "GPU-8f2e1c3a,GPU-77d1", SMI, None, id="host-uuids"),
+    pytest.param({"devices": [1]}, "0,GPU-77d1", SMI, None, id="host-uuid-second"),
+    pytest.param({"devices": [0]}, "MIG-5c1d2b9e", SMI, None, id="host-mig"),
+    pytest.param({"devices": [0]}, "", SMI, None, id="host-none-visible"),
+    pytest.param({"devices": [1]}, "2", SMI, None, id="host-past-visible"),
+    pytest.param({"devices": [3]}, None, SMI, None, id="host-past-nvidia-smi"),
+    pytest.param({"devices": [0]}, None, [], None, id="nvidia-smi-cannot-say"),
+    pytest.param({"devices": []}, None, SMI, None, id="host-no-devices"),
+    pytest.param({"devices": [-1]}, None, SMI, None, id="host-negative"),
+    pytest.param({"devices": [True]}, None, SMI, None, id="host-bool"),
+    pytest.param({"devices": "0"}, None, SMI, None, id="host-devices-a-string"),
+    pytest.param({}, None, SMI, None, id="a-cluster"),
+    pytest.param({"devices": [0], "needs_cubins": False}, None, SMI, None, id="a-replay"),
+]
+
+
+@pytest.mark.parametrize("attrs, visible, models, expected", EXPECTED)
+def test_the_gpu_model_expected_before_the_runner_starts(
+    tmp_path, recorded, monkeypatch, attrs, visible, models, expected
+):
+    """What ``_expected_gpu`` reads of a runner before its start: a LocalRunner's
+    ``device`` or a HostRunner's first ``devices`` entry, mapped to nvidia-smi's
+    numbering through ``CUDA_VISIBLE_DEVICES``; None (wait for the start) wherever the
+    mapping or nvidia-smi cannot say."""
+    import types
+
+    monkeypatch.setattr(build_mod, "gpu_models", lambda: models)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    b = Build(_manifest(rounds=1), tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"),
+              tmp_path, runner=ReplayRunner(recorded), log=io.StringIO())  # fmt: skip
+    runner = types.SimpleNamespace(**{"needs_cubins": True, **attrs})
+    assert b._expected_gpu(runner) == expected
+
+
+def test_a_host_runners_devices_are_what_the_build_reads(tmp_path, recorded, monkeypatch):
+    """The attribute read is the real HostRunner's (not started: no worker is spawned)."""
+    from cudal2.verify.host import HostRunner
+
+    monkeypatch.setattr(build_mod, "gpu_models", lambda: SMI)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2,0")
+    b = Build(_manifest(rounds=1), tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"),
+              tmp_path, runner=ReplayRunner(recorded), log=io.StringIO())  # fmt: skip
+    host = HostRunner([2, 0], needs_cubins=True)
+    assert b._expected_gpu(host) == H100_SMI  # its device 2: physical GPU 0
+    assert b._expected_gpu(HostRunner([1], needs_cubins=False)) is None  # answers by key
 
 
 @needs_nvcc

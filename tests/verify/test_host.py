@@ -151,6 +151,44 @@ def test_a_stream_of_jobs_is_measured_as_it_comes(n, jobs, tmp_path):
     assert set(by_key(answers)) == {key(j) for j in jobs[:8]}
 
 
+class StreamBroke(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_an_error_raised_by_the_job_stream_reaches_the_caller(n, jobs, tmp_path):
+    """The stream (the pipeline's: the proposer's or the compile's error is raised in
+    it) fails after 4 jobs, inside a GPU's thread: the caller gets that error once the
+    jobs taken before it are answered, and no thread waits for ever (the run is
+    consumed in a thread of the test's, so a hang fails the test instead of the suite)."""
+
+    def stream():
+        yield from jobs[:4]
+        raise StreamBroke("the proposer failed")
+
+    got: dict[str, object] = {}
+
+    def consume(r):
+        answers = []
+        try:
+            for a in r.run(stream()):
+                answers.append(a)
+        except BaseException as e:  # noqa: BLE001 - what the caller gets, checked below
+            got["error"] = e
+        got["answers"] = answers
+
+    with runner(range(n), tmp_path, delay_s=0.02) as r:
+        r.start()
+        t = threading.Thread(target=consume, args=(r,), daemon=True)
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the host runner hung on a stream that raised"
+        assert isinstance(got["error"], StreamBroke), got
+        assert set(by_key(got["answers"])) == {key(j) for j in jobs[:4]}  # each answered
+        again = list(r.run(jobs[4:8]))  # the GPUs go on
+    assert set(by_key(again)) == {key(j) for j in jobs[4:8]}
+
+
 # -- faults: each costs what it must, and no more ----------------------------------------
 FAULTS = [
     # id, faults (job indices stand for their keys), the faulted jobs' status, error part

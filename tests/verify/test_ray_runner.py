@@ -8,8 +8,10 @@ What is checked: every job answered exactly once, tagged with the fake GPU that 
 it; an actor killed mid-batch (``ray.kill``) costs nothing (its job goes to another);
 a hung actor is killed and a job that hangs two is answered ``timeout``; every actor
 lost answers the rest ``runtime``, never a hang; a caller that stops starts nothing
-more; mixed GPU models are refused unless interchangeable; cubins travel by artifact
-key, checked (bytes corrupted in flight are never launched); compile tasks fill the
+more; a job stream is read as actors free up, never drained ahead (an actor killed
+while it blocks, a stream that raises, a caller that stops: no reader thread left);
+mixed GPU models are refused unless interchangeable; cubins travel by artifact key,
+checked (bytes corrupted in flight are never launched); compile tasks fill the
 artifact cache as ``build_all`` does; and a whole build through Ray, an actor killed in
 its first batch, writes the same records and the same dispatch table as a build on the
 replay runner directly.
@@ -28,6 +30,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,7 +57,8 @@ NEEDS_NVCC = pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact k
 class FakeGpuRunner:
     """An actor's inner runner: the replay runner over ``DB``, as if on a GPU. The GPU
     it reports is the replayed one, renamed per fake GPU index (``models``); each job
-    takes ``delay_s``; the job of ``key()`` ``hang`` never returns; where ``launched`` names
+    takes ``delay_s`` (``delays``: by fake GPU index); the job of ``key()`` ``hang``
+    never returns; where ``launched`` names
     a folder, each job launched leaves a file there holding the sha256 of its cubin."""
 
     def __init__(self, spec: Fake):
@@ -79,7 +83,7 @@ class FakeGpuRunner:
         for job in jobs:
             if self.spec.hang == key(job):
                 time.sleep(3600)
-            time.sleep(self.spec.delay_s)
+            time.sleep(self.spec.delays.get(self.index, self.spec.delay_s))
             if self.spec.launched:
                 seen = sha256_hex(Path(job.cubin).read_bytes()) if job.cubin else ""
                 name = f"{job.artifact_key[:16]}-{job.kind}-{os.getpid()}-{time.monotonic_ns()}"
@@ -96,6 +100,7 @@ class Fake:
 
     db: str = str(DB)
     delay_s: float = 0.0
+    delays: dict[int, float] = dataclasses.field(default_factory=dict)  # by fake GPU index
     models: dict[int, str] = dataclasses.field(default_factory=dict)
     cublaslt: dict[int, int] = dataclasses.field(default_factory=dict)
     needs_cubins: bool = False
@@ -401,17 +406,33 @@ def test_compile_tasks_fill_the_cache_as_build_all_does(free, recorded, tmp_path
 
 # -- a whole build ---------------------------------------------------------------------------
 class KillingOne(RayRunner):
-    """Kills one actor after the 3rd answer of its first batch (the fault the issue
-    asks for: a lost actor mid-batch, inside a real build)."""
+    """From the 3rd answer of its first batch on, kills the first actor that has
+    answered and holds a job in flight (the fault the issue asks for: a lost actor
+    mid-batch, inside a real build). The jobs come from the build's stream, so an actor
+    may be idle, waiting for a cubin: one holding a job is chosen."""
 
     killed = False
 
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.holding: dict[int, tuple] = {}  # fake GPU index -> the job it was sent last
+        self.answered_by: set[int] = set()
+
+    def _send(self, ray_, actor, job):
+        self.holding[actor.gpu.index] = key(job)
+        return super()._send(ray_, actor, job)
+
     def run(self, jobs):
         for n, a in enumerate(super().run(jobs), 1):
+            if self.holding.get(a.gpu.index) == key(a.job):
+                del self.holding[a.gpu.index]
+            self.answered_by.add(a.gpu.index)
             yield a
-            if n == 3 and not self.killed:
+            busy = [i for i in self.holding if i in self.answered_by]
+            if n >= 3 and busy and not self.killed:
                 KillingOne.killed = True
-                ray.kill(self.actors[-1])
+                (victim,) = [x for x in self._actors if x.gpu.index == busy[0]]
+                ray.kill(victim.handle)
 
 
 def _records(path: Path):
@@ -539,3 +560,152 @@ def test_a_shipped_cubin_changed_on_the_actors_disk_is_fetched_again(free, recor
         assert all(a.status == Status.OK for a in r.run(jobs + jobs))
     want = {sha256_hex(cache.cubin(j.artifact_key)) for j in jobs}
     assert {p.read_text() for p in launched.iterdir()} == want  # the compiled bytes ran
+
+
+# -- a job stream, read as the actors free up (issue 23: measuring overlaps compiling) --------
+class Recording(RayRunner):
+    """Notes each job as it is sent to an actor (the actor's fake GPU index with it)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.sent: list[tuple[tuple, int]] = []
+
+    def _send(self, ray_, actor, job):
+        self.sent.append((key(job), actor.gpu.index))
+        return super()._send(ray_, actor, job)
+
+
+def recording(**kw) -> Recording:
+    kw.setdefault("actor_runner", Fake())
+    return Recording(log=lambda _: None, **kw)
+
+
+def readers() -> list:
+    """The Ray runner's job-reading threads still alive."""
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "ray-job-reader" and t.is_alive()]
+
+
+def test_the_job_stream_is_read_as_actors_free_up_not_drained_first(free, recorded):
+    """When job i is read, at least i - GPUS jobs were sent and i - 2 x GPUS answers
+    taken: one job read ahead per idle actor, one in flight per busy one. (Reading the
+    whole stream before the first send, as a ``deque(jobs)`` does, fails both.)"""
+    jobs = measure_jobs(recorded, 24)
+    answers: list = []
+    at_read: list[tuple[int, int]] = []  # (jobs sent, answers taken) when job i was read
+    with recording(actor_runner=Fake(delay_s=0.05)) as r:
+        r.start()
+
+        def stream():
+            for j in jobs:
+                at_read.append((len(r.sent), len(answers)))
+                yield j
+
+        for a in r.run(stream()):
+            answers.append(a)
+    once(answers, jobs)
+    for i, (sent, taken) in enumerate(at_read):
+        assert sent >= i - GPUS, (i, at_read)
+        assert taken >= i - 2 * GPUS, (i, at_read)
+    assert not readers()
+
+
+def test_an_actor_killed_while_the_stream_blocks_has_its_job_answered_once(free, recorded):
+    """Fake GPU 0 takes 5 s a job, the others 0.05 s. When the stream is asked for job
+    GPUS + 2, GPU 0 still holds the first job: its actor is killed and the stream's
+    next() then blocks 1.5 s (a slow compile). The loop does not wait on the stream: the
+    lost job goes to another actor and is answered during that wait, once."""
+    jobs = measure_jobs(recorded, 10)
+    answers: list = []
+    answered_at: dict[tuple, float] = {}
+    blocked: dict[str, Any] = {}
+    with recording(actor_runner=Fake(delay_s=0.05, delays={0: 5.0})) as r:
+        r.start()
+
+        def stream():
+            for i, j in enumerate(jobs):
+                if i == GPUS + 2:
+                    (held,) = [k for k, gpu in r.sent if gpu == 0]  # sent first, to GPU 0
+                    assert held not in answered_at
+                    (victim,) = [a for a in r._actors if a.gpu.index == 0]
+                    ray.kill(victim.handle)
+                    blocked.update({"held": held, "from": time.monotonic()})
+                    time.sleep(1.5)
+                    blocked["to"] = time.monotonic()
+                yield j
+
+        for a in r.run(stream()):
+            answers.append(a)
+            answered_at[key(a.job)] = time.monotonic()
+        assert len(r.actors) == GPUS - 1
+    once(answers, jobs)
+    assert all(a.status == Status.OK for a in answers)
+    assert len(r.losses) == 1 and "died" in r.losses[0], r.losses
+    held = blocked["held"]
+    (lost,) = [a for a in answers if key(a.job) == held]
+    assert lost.gpu.index != 0  # re-queued to another actor
+    assert blocked["from"] < answered_at[held] < blocked["to"]  # while the stream blocked
+    assert [k for k, _ in r.sent].count(held) == 2  # sent twice, answered once
+    assert not readers()
+
+
+class StreamBroke(RuntimeError):
+    pass
+
+
+def test_an_error_raised_by_the_job_stream_reaches_the_caller(free, recorded):
+    jobs = measure_jobs(recorded, 9)
+
+    def stream():
+        yield from jobs[:5]
+        raise StreamBroke("the proposer failed")
+
+    with recording(actor_runner=Fake(delay_s=0.02)) as r:
+        r.start()
+        answers = []
+        with pytest.raises(StreamBroke, match="the proposer failed"):
+            for a in r.run(stream()):
+                answers.append(a)
+        assert not readers()
+        assert {key(a.job) for a in answers} <= {key(j) for j in jobs[:5]}
+        again = list(r.run(jobs[5:]))  # the runner goes on (the calls left finish unheard)
+    once(again, jobs[5:])
+
+
+def test_a_caller_that_stops_leaves_no_reader_and_the_stream_unread(free, recorded):
+    jobs = measure_jobs(recorded, 30)
+    read: list[int] = []
+
+    def stream():
+        for i, j in enumerate(jobs):
+            read.append(i)
+            time.sleep(0.3)  # compiling, slower than measuring: the reader is inside next()
+            yield j
+
+    with recording(actor_runner=Fake(delay_s=0.05)) as r:
+        r.start()
+        it = r.run(stream())
+        first = [next(it), next(it)]
+        it.close()
+        assert not readers()  # stopped, and joined (its next() in hand returned first)
+        assert len(read) <= len(first) + 2 * GPUS  # not drained: the rest is never read
+        again = list(r.run(jobs[:6]))
+    once(again, jobs[:6])
+
+
+def test_every_actor_lost_answers_the_unread_stream_runtime(free, recorded):
+    jobs = measure_jobs(recorded, 20)
+    answers: list = []
+    with recording(actor_runner=Fake(delay_s=0.05)) as r:
+        r.start()
+        for a in r.run(iter(jobs)):
+            answers.append(a)
+            if len(answers) == 2:
+                for h in r.actors:
+                    ray.kill(h)
+    once(answers, jobs)
+    lost = [a for a in answers if a.status == Status.RUNTIME]
+    assert lost and all("every Ray actor was lost" in a.error for a in lost)
+    assert len(r.sent) < len(jobs)  # most were never sent: read only to be answered
+    assert not readers()
