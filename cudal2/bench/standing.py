@@ -1003,6 +1003,51 @@ def tma_v5_sweep(root: Path) -> str:
     return "\n".join(lines)
 
 
+BUILD_STAGES = "bench/results/h100-build-stages.json"  # ci/gpu_build_stages.sh on the H100
+STAGE_ROWS = ("runner start", "wait for runner", "propose", "compile", "wait for cubins",
+              "measure", "profile", "policy update", "autotune", "memcheck", "package")  # fmt: skip
+
+
+def build_stages(root: Path) -> str:
+    """``docs/runners.md``'s one-GPU build of the llama manifest before and after issue
+    23's work: wall, targets per GPU-hour and the stage table of each run."""
+    d = json.loads((root / BUILD_STAGES).read_text())
+    runs = [(name, d[name]) for name in ("after", "after2") if name in d]
+    before = d["before"]
+    lines = [
+        f"{d['gpu']}, {d['machine']}, `{d['manifest']}` ({d['targets']} targets), {d['how']} "
+        f"(`{BUILD_STAGES}`). Before (`{before['command']}`, {before['code']}): wall "
+        + ", ".join(f"{w:.1f}" for w in before["wall_s"])
+        + " s.",
+        "",
+        "| stage (busy s) | " + " | ".join(f"{n}" for n, _ in runs) + " |",
+        "|---|" + "---:|" * len(runs),
+    ]
+    for stage in STAGE_ROWS:
+        lines.append(
+            f"| {stage} | "
+            + " | ".join(f"{r['stages']['stages_s'].get(stage, 0):.1f}" for _, r in runs)
+            + " |"
+        )
+    for label, key in (("GPU busy", "gpu_busy_s"), ("build's own wall", "wall_s")):
+        lines.append(
+            f"| {label} | " + " | ".join(f"{r['stages'][key]:.1f}" for _, r in runs) + " |"
+        )
+    lines.append(
+        "| wall from the shell | " + " | ".join(f"{r['wall_s']:.1f}" for _, r in runs) + " |"
+    )
+    lines.append(
+        "| targets per GPU-hour (shell wall / build's wall) | "
+        + " | ".join(
+            f"{d['targets'] * 3600 / r['wall_s']:.0f} / {r['stages']['targets_per_gpu_hour']:.0f}"
+            for _, r in runs
+        )
+        + " |"
+    )
+    lines += ["", "Commands: " + "; ".join(f"{n}: `{r['command']}`" for n, r in runs) + "."]
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -1022,6 +1067,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
     "tma-v5-sweep": tma_v5_sweep,
+    "build-stages": build_stages,
 }
 
 _BLOCK = re.compile(
