@@ -8,8 +8,8 @@
 #   TESTS='<pytest -k expression>' SWEEP=bench/manifests/sweep-tma-v5-h100.toml \
 #     bash ci/gpu_prefill.sh                                   (carry .whl: nvmath-python)
 #
-# TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline), DTYPES (default
-# fp16). Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt,
+# TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
+# for both), DTYPES (default fp16). SEED_DB: a gzipped database the build starts from. Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt,
 # sass.txt, the wheel (dist/), prefill.jsonl (bench rows) and prefill-summary.txt.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
@@ -27,6 +27,9 @@ if [ -n "${TESTS:-}" ]; then
 fi
 step "cudal2-build $SWEEP"
 DB="$OUT/$STEM.measurements.jsonl"
+# SEED_DB: a (gzipped) database to start from, e.g. a shipped manifest's records with the
+# sweeps' added, so the build measures only what they lack and selects from them all.
+if [ -n "${SEED_DB:-}" ]; then gunzip -c "$SEED_DB" > "$DB"; echo "seeded with $(wc -l < "$DB") records"; fi
 /usr/bin/time -f "build wall time %e s" timeout "${BUILD_TIMEOUT:-400}" cudal2-build "$SWEEP" \
   --measurements "$DB" --out "$OUT/dist" 2>&1 | tee "$OUT/build.txt" | noprogress | tail -45 || rc=$?
 step "SASS of every compiled kernel"
@@ -37,11 +40,14 @@ if [ "${BENCH:-1}" = 1 ] && [ -n "$WHEEL" ]; then
   step "cudal2-bench prefill shapes with $WHEEL"
   read -r -a DTYPE_LIST <<<"${DTYPES:-fp16}"
   timeout "${BENCH_TIMEOUT:-240}" cudal2-bench bench/shapes/llm-public-prefill.toml --kernels "$WHEEL" \
-    --mode "${MODE:-offline}" --dtype "${DTYPE_LIST[@]}" --out "$OUT/prefill.jsonl" 2>&1 | noprogress | tail -3 || rc=$?
+    --mode "$( [ "${MODE:-offline}" = "offline server" ] && echo both || echo "${MODE:-offline}")" \
+    --dtype "${DTYPE_LIST[@]}" --out "$OUT/prefill.jsonl" 2>&1 | noprogress | tail -3 || rc=$?
   for dtype in "${DTYPE_LIST[@]}"; do
     for mode in ${MODE:-offline}; do
       cudal2-bench summarize "$OUT/prefill.jsonl" --m-min 1024 --mode "$mode" --dtype "$dtype" \
-        2>&1 | tee -a "$OUT/prefill-summary.txt" | tail -30
+        2>&1 | tee -a "$OUT/prefill-summary.txt" | tail -24
+      echo "$dtype $mode $(cudal2-bench summarize "$OUT/prefill.jsonl" --m-min 1024 --mode "$mode" \
+        --dtype "$dtype" --json | tr -d '\n ')" | tee -a "$OUT/prefill-summary.json.txt"
     done
   done
 fi
