@@ -9,8 +9,16 @@
 #     bash ci/gpu_prefill.sh                                   (carry .whl: nvmath-python)
 #
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
-# for both), DTYPES (default fp16). SEED_DB: a gzipped database the build starts from. Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt,
-# sass.txt, the wheel (dist/), prefill.jsonl (bench rows) and prefill-summary.txt.
+# for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
+# shipped llm-public records and the sweeps' (tracked files: nothing to carry):
+#
+#   SWEEP=manifests/llm-public-h100.toml DTYPES="fp16 bf16" MODE="offline server" \
+#     SEED_DB="manifests/llm-public-h100.measurements.jsonl bench/results/h100-sweep-tma-v5*.gz" \
+#     bash ci/gpu_prefill.sh
+#
+# Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt, sass.txt,
+# the wheel (dist/), prefill.jsonl (bench rows), prefill-summary.txt and
+# prefill-summary.json.txt (`cudal2-bench summarize --m-min 1024 --json` per dtype and mode).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 SWEEP=${SWEEP:?SWEEP=path/to/sweep.toml is required}
@@ -27,9 +35,12 @@ if [ -n "${TESTS:-}" ]; then
 fi
 step "cudal2-build $SWEEP"
 DB="$OUT/$STEM.measurements.jsonl"
-# SEED_DB: a (gzipped) database to start from, e.g. a shipped manifest's records with the
-# sweeps' added, so the build measures only what they lack and selects from them all.
-if [ -n "${SEED_DB:-}" ]; then gunzip -c "$SEED_DB" > "$DB"; echo "seeded with $(wc -l < "$DB") records"; fi
+# The seed: the build then measures only what the databases lack and selects from them all.
+if [ -n "${SEED_DB:-}" ]; then
+  # shellcheck disable=SC2086
+  zcat -f $SEED_DB > "$DB"
+  echo "seeded with $(wc -l < "$DB") records"
+fi
 /usr/bin/time -f "build wall time %e s" timeout "${BUILD_TIMEOUT:-400}" cudal2-build "$SWEEP" \
   --measurements "$DB" --out "$OUT/dist" 2>&1 | tee "$OUT/build.txt" | noprogress | tail -45 || rc=$?
 step "SASS of every compiled kernel"
