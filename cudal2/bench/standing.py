@@ -1048,6 +1048,38 @@ def build_stages(root: Path) -> str:
     return "\n".join(lines)
 
 
+PREFILL_BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"  # ci/gpu_prefill.sh
+
+
+def prefill_bench(root: Path) -> str:
+    """``docs/kernels.md``'s issue 22 summary: the llm-public wheel (rebuilt with the v5
+    sweeps' records) beside every vendor in one process on the prefill shapes, M >= 1024,
+    per dtype and timing mode (``cudal2-bench summarize --m-min 1024``)."""
+    rows = read_results(root / PREFILL_BENCH)
+    lines = [
+        f"`{PREFILL_BENCH}` (`cudal2-bench summarize … --m-min 1024`): the geomean speedup of "
+        "the wheel's dispatch over each baseline, its own kernels and cuBLASLt entries, wins "
+        "over the best vendor beyond the spread.",
+        "",
+        "| dtype | mode | shapes | × torch | × cuBLASLt autotune | × best vendor | own | "
+        "cuBLASLt | wins | floor frac |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for dtype in ("fp16", "bf16"):
+        for mode in ("offline", "server"):
+            s = summarize(rows, Filter(mode=mode, dtype=dtype, m_min=1024))
+            if not s["shapes"]:
+                continue
+            g = s["geomean_speedup"]
+            lines.append(
+                f"| {dtype} | {mode} | {s['shapes']} | {g['torch']:.3f} | "
+                f"{g['cublaslt_autotune']:.3f} | {g['best_vendor']:.3f} | "
+                f"{s['own_kernel_targets']} | {s['cublaslt_targets']} | "
+                f"{s['wins_vs_best_vendor']} | {s['floor_fraction_median']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -1068,6 +1100,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "epilogue-gated-timing": epilogue_gated_timing,
     "tma-v5-sweep": tma_v5_sweep,
     "build-stages": build_stages,
+    "prefill-bench": prefill_bench,
 }
 
 _BLOCK = re.compile(
