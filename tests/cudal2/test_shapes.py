@@ -33,14 +33,21 @@ def test_repo_copies_match_shared_when_present():
         assert load_shapes(f) == load_shapes(shared / f.name)
 
 
-# repository shape files that slice a shared one: (the shared list, the M range kept)
-SUBSETS = {"llm-public-decode.toml": ("llm-public.toml", (1, 256))}
+# repository shape files that slice a shared one: (the shared list, the M range kept,
+# shapes of the CUDA-L2 grid sample added first)
+SUBSETS = {
+    "llm-public-decode.toml": ("llm-public.toml", (1, 256), []),
+    # issue 22's prefill shapes: llm-public's M >= 1024 and fast.cu's 8192^3 (4096^3 is one)
+    "llm-public-prefill.toml": ("llm-public.toml", (1024, 1 << 31), [(8192, 8192, 8192)]),
+}
 
 
 @pytest.mark.parametrize("name", sorted(SUBSETS))
 def test_a_slice_is_its_lists_shapes_in_its_m_range(name):
-    whole, (lo, hi) = SUBSETS[name]
-    want = [s for s in load_shapes(SHAPES / whole) if lo <= s[0] <= hi]
+    whole, (lo, hi), extra = SUBSETS[name]
+    grid = load_shapes(SHAPES / "cuda-l2-grid-sample.toml")
+    assert all(s in grid for s in extra)
+    want = extra + [s for s in load_shapes(SHAPES / whole) if lo <= s[0] <= hi]
     assert load_shapes(SHAPES / name) == want and want
 
 
