@@ -204,3 +204,19 @@ def test_pairs_compile_to_hgmma_and_multicast_without_local_memory(tmp_path, d):
     assert "HGMMA" in listing and "UTMALDG" in listing and ".MULTICAST" in listing
     assert "LDL" not in listing and "STL" not in listing
     assert ("UBLKCP" in listing) == bool(sm90_tma.v5(d, "store"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
+def test_pair_pdl_designs_pass_the_sass_check(tmp_path, trigger):
+    """No global memory access before griddepcontrol.wait (the first pair tile's weight
+    prefetch comes after the cluster barrier and before the wait, as it may)."""
+    from cudal2.generator import sass
+
+    d = base.with_pdl(_pair("fp16", store=1, raster=8, ctas=128), trigger)
+    cache = ArtifactCache(tmp_path)
+    r = build(d, cache)
+    assert r.ok, r.error
+    if sass.tool_dir() is None:
+        pytest.skip("cuobjdump not installed")
+    assert sass.pdl_violations(sass.sass(checked_cubin(d, cache), r.symbol), trigger) == []
