@@ -28,17 +28,21 @@ CLUSTER_DIMS = {
     "none": "",
     "split_k": "__cluster_dims__(1, 1, SPLIT_K) ",
     "pair_m": "__cluster_dims__(1, 2, 1) ",
+    # the persistent kernel's pair (issue 22): a 1-D grid, the two CTAs adjacent along x
+    "pair_m_persistent": "__cluster_dims__(2, 1, 1) ",
 }
 COOPERATIVE_GROUPS_INCLUDE = {
     "none": "",
     "split_k": "#include <cooperative_groups.h>\n",
     "pair_m": "#include <cooperative_groups.h>\n",
+    "pair_m_persistent": "",
 }
 # The header comment's grid line says when the split is a compile-time cluster.
 CLUSTER_NOTE = {
     "none": "",
     "split_k": ", cluster (1, 1, SPLIT_K) fixed at compile time",
     "pair_m": "",
+    "pair_m_persistent": "",
 }
 
 # Split-K: how a rank reaches rank {1}'s copy of shared-memory address {0} (through
@@ -204,17 +208,63 @@ def sm90_stream(split_k: int) -> dict[str, Any]:
     return {**cluster_tags(split_k), **splitk_tags("sm90stream", split_k)}
 
 
+# sm90tma, ``ppair``: the blocks of the persistent kernel that differ for a multicast
+# pair (issue 22, cluster_m = 2 with persistent = 1), by cluster_m: the walk's first
+# tile, tile count and step (spelled in the kernel's variables), the loads, the slot
+# releases and the cluster barriers. The 1 row renders the persistent kernel byte for
+# byte as before the pair existed.
+_PP = "sm90_tma/persistent_pair/"
+_PU = "sm90_tma/persistent_unicast/"
+TMA_PERSISTENT_PAIR = {
+    1: {
+        "about": NONE,
+        "walk": NONE,
+        "init_sync": NONE,
+        "exit_sync": NONE,
+        "first": "blockIdx.x",
+        "count": "tiles",
+        "step": "gridDim.x",
+        "loads": _PU + "loads.cu.j2",
+        "release": _PU + "release.cu.j2",
+        "release_last": _PU + "release_last.cu.j2",
+    },
+    2: {
+        "about": _PP + "about.cu.j2",
+        "walk": _PP + "walk.cu.j2",
+        "init_sync": _PP + "init_sync.cu.j2",
+        "exit_sync": _PP + "exit_sync.cu.j2",
+        "first": "(blockIdx.x >> 1)",
+        "count": "pair_tiles",
+        "step": "(gridDim.x >> 1)",
+        "loads": _PP + "loads.cu.j2",
+        "release": _PP + "release.cu.j2",
+        "release_last": _PP + "release_last.cu.j2",
+    },
+}
+
+
 def sm90_tma(
     split_k: int, cluster_m: int, persistent: int, pingpong: bool, setmaxnreg: bool
 ) -> dict[str, Any]:
     """sm90tma: the kernel (one tile per CTA, or persistent), its ``schedule``, the
-    multicast ``pair`` and the register reallocation (``setmaxnreg``)."""
+    multicast ``pair`` (the one-tile kernel's; ``ppair`` the persistent kernel's) and the
+    register reallocation (``setmaxnreg``)."""
+    pair_persistent = persistent == 1 and cluster_m > 1
+    schedule = TMA_SCHEDULE["pingpong" if pingpong else "cooperative"]
+    if pair_persistent:  # a slot's empty barrier counts both CTAs' consumer warps
+        schedule = {**schedule, "empty_init": TMA_PAIR[2]["empty_init"]}
     return {
         **cluster_tags(split_k, cluster_m),
+        **(
+            {"cluster_dims": CLUSTER_DIMS["pair_m_persistent"], "cg_include": ""}
+            if pair_persistent
+            else {}
+        ),
         **splitk_tags("sm90tma", split_k),
         "kernel": TMA_KERNEL[persistent],
-        "schedule": TMA_SCHEDULE["pingpong" if pingpong else "cooperative"],
+        "schedule": schedule,
         "pair": TMA_PAIR[cluster_m],
+        "ppair": TMA_PERSISTENT_PAIR[cluster_m if persistent == 1 else 1],
         "setmaxnreg": TMA_SETMAXNREG[setmaxnreg],
     }
 
@@ -235,6 +285,18 @@ TMA_RASTER = {
         "m0": "raster_m(tile, tiles_m, tiles) * BM",
         "n0": "raster_n(tile, tiles_m, tiles) * BN",
     },
+    # The multicast pair (issue 22) walks pair tiles: pair row r holds M tiles 2r and
+    # 2r + 1 (the CTA's: 2r + crank); a grouped walk groups G / 2 pair rows.
+    "m_fastest_pair": {
+        "helpers": NONE,
+        "m0": "(2 * (tile % pairs_m) + crank) * BM",
+        "n0": "(tile / pairs_m) * BN",
+    },
+    "grouped_pair": {
+        "helpers": "sm90_tma/raster/grouped.cu.j2",
+        "m0": "(2 * raster_m(tile, pairs_m, pair_tiles) + crank) * BM",
+        "n0": "raster_n(tile, pairs_m, pair_tiles) * BN",
+    },
 }
 TMA_STORE = {
     0: {"tile": "sm90_tma/store/direct.cu.j2", "drain": NONE},
@@ -242,10 +304,12 @@ TMA_STORE = {
 }
 
 
-def tma_v5(raster: int, store: int) -> dict[str, Any]:
-    """sm90tma's persistent walk (``raster`` = G, 0 the M-fastest one) and store."""
-    walk = TMA_RASTER["grouped" if raster else "m_fastest"]
-    return {"raster": {**walk, "group": raster}, "store": TMA_STORE[store]}
+def tma_v5(raster: int, store: int, pair: bool = False) -> dict[str, Any]:
+    """sm90tma's persistent walk (``raster`` = G, 0 the M-fastest one; over pair tiles,
+    G / 2 pair rows a group, for a multicast ``pair``) and store."""
+    walk = TMA_RASTER[("grouped" if raster else "m_fastest") + ("_pair" if pair else "")]
+    group = raster // 2 if pair else raster
+    return {"raster": {**walk, "group": group}, "store": TMA_STORE[store]}
 
 
 # Designs that leave room (base.ROOM, docs/kernels.md "Designs that leave room"): the
@@ -314,6 +378,18 @@ PDL_PREFETCH = {
     ("sm90tma_persistent", "tn"): (
         "pdl_prefetch_l2(B + (long long)(blockIdx.x / tiles_m) * BN * ldb, ldb,\n"
         "                  max(0, min(BN, N - (int)(blockIdx.x / tiles_m) * BN)), K, false);"
+    ),
+    # ... as a multicast pair (issue 22): the N tile of its first pair tile.
+    ("sm90tma_persistent_pair", "tn"): (
+        "pdl_prefetch_l2(B + (long long)((blockIdx.x >> 1) / pairs_m) * BN * ldb, ldb,\n"
+        "                  max(0, min(BN, N - (int)((blockIdx.x >> 1) / pairs_m) * BN)), K,\n"
+        "                  false);"
+    ),
+    ("sm90tma_persistent_pair_grouped", "tn"): (
+        "pdl_prefetch_l2(B + (long long)raster_n(blockIdx.x >> 1, pairs_m, pair_tiles) * BN *\n"
+        "                      ldb, ldb,\n"
+        "                  max(0, min(BN, N - raster_n(blockIdx.x >> 1, pairs_m, pair_tiles) *\n"
+        "                                      BN)), K, false);"
     ),
     # ... walking the tiles in groups (sm90tma v5's raster): its first tile's N tile.
     ("sm90tma_persistent_grouped", "tn"): (

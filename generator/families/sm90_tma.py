@@ -277,14 +277,32 @@ def rules(d: KernelDesign) -> list[str]:
         reasons.append(
             f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0)"
         )
-    if k.cluster_m > 1 and (k.split_k != 1 or k.persistent):
-        reasons.append("a multicast cluster along M has one tile per CTA and split 1")
+    if k.cluster_m > 1:
+        reasons += _pair_reasons(d)
     reasons += _v5_reasons(d)
     reasons += mma_sync.smem_reason(smem_bytes(d))
     cap = CONSUMER_REGS if k.warpgroups > 1 else 255
     if acc_regs(d) + 40 > cap:
         reasons.append(f"{acc_regs(d)} accumulator registers + 40 > {cap} per thread")
     return reasons
+
+
+def _pair_reasons(d: KernelDesign) -> list[str]:
+    """Why a multicast pair (``cluster_m`` = 2) cannot have these knobs: split 1, and
+    one tile per CTA (v4) or the persistent cooperative kernel of two consumer
+    warpgroups in the compute orientation (issue 22's pair: B is the multicast operand,
+    halves of ``wgmma_n`` rows)."""
+    k = d.knobs
+    if k.split_k != 1:
+        return ["a multicast cluster along M has split 1"]
+    if k.persistent == 2:
+        return ["a multicast cluster along M: one tile per CTA or persistent cooperative"]
+    if k.persistent == 1 and (swapped(d) or k.warpgroups != 2):
+        return [
+            "a persistent multicast pair: the compute orientation (swap=0) with two "
+            "consumer warpgroups only"
+        ]
+    return []
 
 
 def _v5_reasons(d: KernelDesign) -> list[str]:
@@ -312,7 +330,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     consumer warpgroups, tiles of at least 128 x 128, the large-M side); then the
     ping-pong ones (tiles of at least 64 x 128); then the multicast clusters; then v5's
     persistent cooperative designs (tiles of at least 128 x 128, compute orientation):
-    each raster x ctas with the accumulator store, then with the bulk store."""
+    each raster x ctas with the accumulator store, then with the bulk store; then the
+    persistent multicast pairs (issue 22, ``_pair_designs``)."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -345,6 +364,24 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
             d = design(dtype, 2, mp, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=store)
             if min(tile_mn(d)) >= 128 and not check(d, sys.modules[__name__]):
                 out.append(d)
+    out += _pair_designs(dtype)
+    return out
+
+
+def _pair_designs(dtype: str) -> list[KernelDesign]:
+    """Issue 22's multicast pairs inside the persistent cooperative kernel (tiles of at
+    least 128 x 128, compute orientation): each stage count, raster and ctas with the
+    accumulator store, then with the bulk store."""
+    out = []
+    for store in STORE:
+        stages = V5_STAGES if store else STAGES
+        for mp, n, st, raster, ctas in itertools.product(M_BLOCKS, WGMMA_N, stages, RASTER, CTAS):
+            d = design(
+                dtype, 2, mp, False, n, st, 1, pers=1, cluster=2, raster=raster, ctas=ctas,
+                store=store,
+            )  # fmt: skip
+            if min(tile_mn(d)) >= 128 and not check(d, sys.modules[__name__]):
+                out.append(d)
     return out
 
 
@@ -365,6 +402,10 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe = gemm_v1_recipe(bm, bn, threads(d), smem_bytes(d), {"k": 8}, k.split_k, k.cluster_m)
     recipe["abi"] = "gemm_v2"
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
+    if k.persistent and k.cluster_m > 1:
+        # The persistent pair's grid is 1-D: clusters of two CTAs along x (the runtime
+        # launches whole clusters, driver.gemm_grid and the native launcher's plan).
+        recipe["cluster"] = [k.cluster_m, 1, 1]
     if k.persistent:
         recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
         if v5(d, "ctas"):  # absent: one CTA per SM slot (every earlier recipe)
@@ -396,11 +437,14 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
             k.split_k, k.cluster_m, k.persistent, pingpong=pingpong(d), setmaxnreg=k.warpgroups > 1
         )
     )
-    ctx.update(tags.tma_v5(v5(d, "raster"), v5(d, "store")), c_pad=C_PAD)
+    pair = k.persistent == 1 and k.cluster_m > 1
+    ctx.update(tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair), c_pad=C_PAD)
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
+    if pair:  # ... of its first pair tile
+        kernel = "sm90tma_persistent_pair"
     if v5(d, "raster"):  # ... of the grouped walk's first tile
-        kernel = "sm90tma_persistent_grouped"
+        kernel += "_grouped"
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
     # the row scale parks its sums after the barriers' bytes; its helper warps release
     # ring slots too

@@ -382,6 +382,31 @@ struct EpiArgs {
   int64_t ldc = 0;  // the output's row stride: N, or N / 2 after a gated activation
 };
 
+// A plan's grid for an M x N output, as driver.gemm_grid: one CTA per tile (and K
+// split) in whole clusters; a persistent plan one CTA per tile up to its slots, and with
+// a cluster along x (sm90tma's persistent multicast pair, cluster (2, 1, 1)) whole
+// clusters, each walking cluster tiles (ceil(M tiles / cx) x N tiles): cx x min(cluster
+// tiles, slots / cx), as driver.persistent_grid. cluster[0] == 1: exactly as before.
+void kernel_grid(const PlanDesc& p, int64_t m, int64_t n, unsigned grid[3]) {
+  int64_t gx = (n + p.tile_n - 1) / p.tile_n, gy = (m + p.tile_m - 1) / p.tile_m;
+  if (p.persistent) {
+    int64_t slots_ = static_cast<int64_t>(p.sm_count) * p.ctas_per_sm;
+    const int64_t cx = p.cluster[0] > 1 ? p.cluster[0] : 1;
+    if (cx == 1) {
+      grid[0] = static_cast<unsigned>(gx * gy < slots_ ? gx * gy : slots_);
+    } else {
+      const int64_t cluster_tiles = (gy + cx - 1) / cx * gx;
+      const int64_t clusters = slots_ / cx > 1 ? slots_ / cx : 1;
+      grid[0] = static_cast<unsigned>(cx * (cluster_tiles < clusters ? cluster_tiles : clusters));
+    }
+    grid[1] = grid[2] = 1;
+  } else {
+    grid[0] = static_cast<unsigned>((gx + p.cluster[0] - 1) / p.cluster[0] * p.cluster[0]);
+    grid[1] = static_cast<unsigned>((gy + p.cluster[1] - 1) / p.cluster[1] * p.cluster[1]);
+    grid[2] = static_cast<unsigned>(p.split_k);
+  }
+}
+
 // Launch a plan's kernel; `epi` (gemm_v3 plans only, and then required) appends the
 // epilogue's operands as `driver.launch_gemm` does: bias, residual, ldr, then eps for a
 // ROW_SCALED epilogue alone (the other kernels have no such parameter).
@@ -406,17 +431,12 @@ CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, co
     if (r == CUDA_SUCCESS) r = tensor_map(&tb, b, o.n, o.k, o.ldb, p.box_b);
     if (r != CUDA_SUCCESS) return r;
   }
-  int64_t gx = (o.n + p.tile_n - 1) / p.tile_n, gy = (o.m + p.tile_m - 1) / p.tile_m;
   CUlaunchConfig cfg{};
-  if (p.persistent) {
-    int64_t slots_ = static_cast<int64_t>(p.sm_count) * p.ctas_per_sm;
-    cfg.gridDimX = static_cast<unsigned>(gx * gy < slots_ ? gx * gy : slots_);
-    cfg.gridDimY = cfg.gridDimZ = 1;
-  } else {
-    cfg.gridDimX = static_cast<unsigned>((gx + p.cluster[0] - 1) / p.cluster[0] * p.cluster[0]);
-    cfg.gridDimY = static_cast<unsigned>((gy + p.cluster[1] - 1) / p.cluster[1] * p.cluster[1]);
-    cfg.gridDimZ = static_cast<unsigned>(p.split_k);
-  }
+  unsigned grid[3];
+  kernel_grid(p, o.m, o.n, grid);
+  cfg.gridDimX = grid[0];
+  cfg.gridDimY = grid[1];
+  cfg.gridDimZ = grid[2];
   cfg.blockDimX = p.block[0];
   cfg.blockDimY = p.block[1];
   cfg.blockDimZ = p.block[2];
@@ -1060,6 +1080,14 @@ CUDAL2_EXPORT const char* cudal2_native_epilogue(int i) {
 CUDAL2_EXPORT int cudal2_native_max_plans(void) { return kMaxPlans; }
 
 CUDAL2_EXPORT int cudal2_native_plan_bytes(void) { return sizeof(PlanDesc); }
+
+// The grid a plan launches for an M x N output (x, y, z into out[0..2]): the tests
+// check it against driver.gemm_grid's on a machine without a GPU.
+CUDAL2_EXPORT void cudal2_native_grid(const PlanDesc* plan, int64_t m, int64_t n, int64_t* out) {
+  unsigned grid[3];
+  kernel_grid(*plan, m, n, grid);
+  for (int i = 0; i < 3; ++i) out[i] = grid[i];
+}
 
 // The offsets of PlanDesc's fields, in declaration order, into out[n]: how many there are
 // (native.py checks its ctypes mirror field for field at load).

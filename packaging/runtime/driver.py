@@ -242,13 +242,29 @@ def persistent_slots(recipe: Mapping[str, Any], sms: int) -> int:
     return min(slots, int(cap)) if cap else slots
 
 
+def persistent_grid(recipe: Mapping[str, Any], m: int, n: int, sms: int) -> int:
+    """CTAs (grid x) of a persistent recipe on a GPU of ``sms`` SMs: one per tile up to
+    the slots (``persistent_slots``). A recipe with a cluster along x (sm90tma's
+    persistent multicast pair, cluster [2, 1, 1]) launches whole clusters, each walking
+    pair tiles (ceil(M tiles / 2) x N tiles): 2 x min(pair tiles, slots / 2); every
+    other recipe (cluster [1, ...] or none) launches exactly as before."""
+    gx, gy = _tiles(recipe, m, n)
+    slots = persistent_slots(recipe, sms)
+    cx = int((recipe.get("cluster") or [1, 1, 1])[0])
+    if cx <= 1:
+        return min(gx * gy, slots)
+    cluster_tiles = -(-gy // cx) * gx
+    return cx * min(cluster_tiles, max(1, slots // cx))
+
+
 def gemm_grid(recipe: Mapping[str, Any], m: int, n: int, device: int = 0) -> tuple[int, int, int]:
     """Grid of a gemm launch recipe for an M x N output: one CTA per output tile (and
     K split), in whole clusters; a persistent recipe launches one CTA per SM slot (at
-    most ``max_ctas``), at most one per tile."""
+    most ``max_ctas``), at most one per tile (``persistent_grid``: a persistent
+    cluster's grid, whole clusters)."""
     gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
-        return (min(gx * gy, persistent_slots(recipe, sm_count(device))), 1, 1)
+        return (persistent_grid(recipe, m, n, sm_count(device)), 1, 1)
     return (*_whole_clusters(recipe, gx, gy), recipe.get("split_k", 1))
 
 

@@ -136,6 +136,30 @@ _libs: dict[str, ctypes.CDLL] = {}  # path -> the loaded library (one load per f
 _load_lock = threading.Lock()
 
 
+def grid_fields(desc: PlanDesc, recipe: Mapping[str, Any], sms: int) -> None:
+    """The plan fields the launcher's grid is made of (``kernel_grid`` in launcher.cpp,
+    as ``driver.gemm_grid``), from a kernel recipe on a GPU of ``sms`` SMs."""
+    r = recipe
+    desc.tile_m, desc.tile_n = int(r["tile_m"]), int(r["tile_n"])
+    desc.split_k = int(r.get("split_k", 1))
+    desc.cluster[:] = list(r.get("cluster") or (1, 1, 1))
+    desc.persistent = int(bool(r.get("persistent")))
+    desc.ctas_per_sm = int(r.get("ctas_per_sm", 1))
+    desc.sm_count = sms if desc.persistent else 0
+    if desc.persistent and r.get("max_ctas"):
+        # The launcher's slots are sm_count x ctas_per_sm: hand it the capped count
+        # as slots of one (the plan struct, and the launcher, unchanged).
+        desc.sm_count = driver.persistent_slots(r, desc.sm_count)
+        desc.ctas_per_sm = 1
+
+
+def native_grid(lib: ctypes.CDLL, desc: PlanDesc, m: int, n: int) -> tuple[int, int, int]:
+    """The grid the launcher gives a plan for an M x N output (no GPU call)."""
+    out = (ctypes.c_int64 * 3)()
+    lib.cudal2_native_grid(ctypes.byref(desc), ctypes.c_int64(m), ctypes.c_int64(n), out)
+    return (out[0], out[1], out[2])
+
+
 def _library(path: str) -> ctypes.CDLL:
     with _load_lock:
         lib = _libs.get(path)
@@ -494,17 +518,7 @@ class Native:
         desc.function = int(plan.kernel.function(dev))
         desc.block[:] = list(r["block"])
         desc.smem = int(r["smem_bytes"])
-        desc.tile_m, desc.tile_n = int(r["tile_m"]), int(r["tile_n"])
-        desc.split_k = int(r.get("split_k", 1))
-        desc.cluster[:] = list(r.get("cluster") or (1, 1, 1))
-        desc.persistent = int(bool(r.get("persistent")))
-        desc.ctas_per_sm = int(r.get("ctas_per_sm", 1))
-        desc.sm_count = driver.sm_count(dev) if desc.persistent else 0
-        if desc.persistent and r.get("max_ctas"):
-            # The launcher's slots are sm_count x ctas_per_sm: hand it the capped count
-            # as slots of one (the plan struct, and the launcher, unchanged).
-            desc.sm_count = driver.persistent_slots(r, desc.sm_count)
-            desc.ctas_per_sm = 1
+        grid_fields(desc, r, driver.sm_count(dev) if r.get("persistent") else 0)
         if desc.abi >= 2:  # the tensor maps of gemm_v2 and gemm_v3
             desc.box_a[:] = list(r["tma"]["a"])
             desc.box_b[:] = list(r["tma"]["b"])

@@ -781,6 +781,13 @@ def _check_limits(recipe: Mapping[str, Any], e: TableEntry) -> None:
             f"key 'launch.persistent' must be 0, 1 (cooperative) or 2 (ping-pong), "
             f"got {persistent!r}"
         )
+    if persistent and (cluster[1] != 1 or cluster[2] != 1):
+        # A persistent grid is 1-D (x): its clusters, sm90tma's multicast pair [2, 1, 1],
+        # lie along x, and the runtime launches whole ones (driver.persistent_grid).
+        raise TableError(
+            f"key 'launch.cluster' of a persistent recipe must be [c, 1, 1] (its grid is "
+            f"1-D), got {list(cluster)}"
+        )
     if recipe.get("ctas_per_sm", 1) > lim.ctas_per_sm:
         raise TableError(
             f"key 'launch.ctas_per_sm' must be at most {lim.ctas_per_sm}, "

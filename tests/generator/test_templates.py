@@ -283,6 +283,11 @@ GOLDEN_V5 = [
      "c6905f0cd7399df5"),
     ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, raster=16,
                   store=1), "6f3b3ae500a39f60"),
+    # the persistent multicast pair (issue 22's second slice)
+    ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, cluster=2),
+     "119a2c71dcc87371"),
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, cluster=2,
+                  raster=8, ctas=128, store=1), "9f5d44be7fa34113"),
 ]  # fmt: skip
 
 

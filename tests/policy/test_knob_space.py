@@ -3,6 +3,7 @@ whose knobs take the given values, an optional knob left out counting as its def
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from cudal2.generator.families import sm90_tma
@@ -41,15 +42,44 @@ def test_the_v5_sweep_measures_every_v5_design_and_the_controls():
     assert (8192, 8192, 8192) in {(t.m, t.n, t.k) for t in m.targets}
     assert (4096, 4096, 4096) in {(t.m, t.n, t.k) for t in m.targets}
     p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs)
-    proposed = p.propose(m.targets[0], [], m.search.candidates)
-    assert len(proposed) == 80 < m.search.candidates  # the whole filtered space
+    # The persistent multicast pairs (issue 22's second slice, after this sweep ran) pass
+    # its filter too: its records hold the 80 designs without them (the whole filtered
+    # space then, fewer than its candidates).
+    proposed = p.propose(m.targets[0], [], 1000)
+    proposed = [d for d in proposed if (d.knobs.persistent, d.knobs.cluster_m) != (1, 2)]
+    assert len(proposed) == 80 < m.search.candidates
     v5 = [d for d in proposed if set(d.knobs.names()) & {"raster", "ctas", "store"}]
     every_v5 = [
         d
         for d in sm90_tma.space("sm_90a", "fp16", "tn")
-        if set(d.knobs.names()) & {"raster", "ctas", "store"}
+        if set(d.knobs.names()) & {"raster", "ctas", "store"} and d.knobs.cluster_m == 1
     ]
     assert sorted(d.key for d in v5) == sorted(d.key for d in every_v5)
     controls = [d for d in proposed if d not in v5]
     assert {(d.knobs.persistent, d.knobs.cluster_m) for d in controls} == {(0, 1), (0, 2), (1, 1)}
     assert {sm90_tma.tile_mn(d) for d in controls} >= {(128, 256), (256, 128)}
+
+
+PAIR_SWEEP = SWEEP.with_name("sweep-tma-v5-pair-h100.toml")
+
+
+def test_the_pair_sweep_measures_the_128x256_pairs_and_their_controls():
+    """sweep-tma-v5-pair-h100: the 12 persistent multicast pairs of 128x256 (3 and 4
+    stages) and the same 12 designs without the pair, on the v5 sweep's 17 targets."""
+    m = load_manifest(PAIR_SWEEP)
+    v5 = load_manifest(SWEEP)
+    assert [(t.m, t.n, t.k, t.dtype) for t in m.targets] == [
+        (t.m, t.n, t.k, t.dtype) for t in v5.targets
+    ]
+    p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs)
+    proposed = p.propose(m.targets[0], [], m.search.candidates)
+    assert len(proposed) == 24 < m.search.candidates  # the whole filtered space
+    assert {sm90_tma.tile_mn(d) for d in proposed} == {(128, 256)}
+    pairs = [d for d in proposed if d.knobs.cluster_m == 2]
+    controls = [d for d in proposed if d.knobs.cluster_m == 1]
+    assert len(pairs) == len(controls) == 12
+    assert all(d.knobs.persistent == 1 for d in proposed)
+    unpaired = {json.dumps({**d.knobs.as_json(), "cluster_m": 2}, sort_keys=True) for d in controls}
+    assert unpaired == {json.dumps(d.knobs.as_json(), sort_keys=True) for d in pairs}
+    best_v5 = [d for d in controls if sm90_tma.v5(d, "store") and d.knobs.stages == 3]
+    assert len(best_v5) == 6  # 128x256, 3 stages, the bulk store, raster x ctas

@@ -24,6 +24,8 @@ EPILOGUES = ["bias", "residual", "bias_residual"]
 # Residue shapes (M, N, K tails; odd N, so an odd ldr; tiles past M and N; K % 8 == 0
 # for the tensor maps), and one where persistent CTAs walk several tiles.
 SHAPES = [(1, 8, 8), (17, 40, 24), (130, 264, 72), (257, 129, 2056), (2100, 2056, 200)]
+# The persistent multicast pair (issue 22), 128x256.
+_PAIR = dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, cluster=2)
 # (the design's knobs as sm90_tma.design takes them), one per kernel shape
 DESIGNS = {
     "tile": dict(wgs=1, mp=1, swap=False, n=64, stages=4, split=1),
@@ -43,6 +45,10 @@ DESIGNS = {
     "persistent_bulk": dict(
         wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, raster=8, ctas=128, store=1
     ),
+    # the persistent multicast pair (issue 22; 2100 / 128 = 17 M tiles: the last pair's
+    # second CTA is past M and must add and store nothing), with and without the bulk store
+    "tma_v5_pair": _PAIR,
+    "tma_v5_pair_bulk": dict(_PAIR, stages=3, raster=8, ctas=128, store=1),
 }
 
 
@@ -91,7 +97,9 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         assert res.vendors == (f"torch+{epilogue}",)
 
 
-@pytest.mark.parametrize("shape", ["split4", "persistent_swap", "pingpong", "persistent_bulk"])
+@pytest.mark.parametrize(
+    "shape", ["split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk"]
+)
 def test_residual_in_place(tmp_path, shape):
     """C = A B^T + C: the output is the residual (each element read, then written)."""
     from cudal2.verify import correctness

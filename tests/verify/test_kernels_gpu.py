@@ -145,11 +145,28 @@ TMA_V5_DESIGNS = [
 V5_SHAPES = [*PINGPONG_SHAPES, (1000, 1001, 264), (4096, 4096, 4096)]
 
 
-def _v5_design(dtype: str, knobs: tuple[int, ...]) -> KernelDesign:
+# sm90tma v5 pair (issue 22): the 2-CTA multicast pair inside the persistent cooperative
+# kernel, the same knobs as TMA_V5_DESIGNS: 128x256 alone, with the bulk store, with
+# all three v5 knobs; 256x128 (2100 / 256 = 9 M tiles) with the bulk store and groups of
+# 16; 128x128 (64-row B halves) with groups of 8 and with the cap. V5_SHAPES: 1x8x8 (one
+# tile: the pair's second CTA past M), 2100x2056x1096 (17 M tiles: the last pair's second
+# CTA past M; 18 k tiles wrapping the ring across tiles), residues, 4096^3.
+TMA_V5_PAIR_DESIGNS = [
+    (1, 256, 4, 0, 0, 0),
+    (1, 256, 3, 0, 0, 1),
+    (1, 256, 3, 8, 128, 1),
+    (2, 128, 3, 16, 0, 1),
+    (1, 128, 4, 8, 0, 0),
+    (2, 128, 4, 0, 128, 0),
+]
+
+
+def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1) -> KernelDesign:
     mp, n, st, raster, ctas, store = knobs
     return sm90_tma.design(
-        dtype, 2, mp, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=store
-    )
+        dtype, 2, mp, False, n, st, 1, pers=1, cluster=cluster, raster=raster, ctas=ctas,
+        store=store,
+    )  # fmt: skip
 
 
 def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
@@ -254,6 +271,14 @@ def test_tma_v5_persistent_correct(tmp_path, dtype, knobs):
     _check_design(tmp_path, _v5_design(dtype, knobs), V5_SHAPES)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_PAIR_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_pair_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs, cluster=2)
+    assert launch_recipe(d)["cluster"] == [2, 1, 1]
+    _check_design(tmp_path, d, V5_SHAPES)
+
+
 # (N, ldc - N, C offset in elements): the bulk store's rows into a strided C: N % 8 != 0
 # with ldc % 8 == 0 (whole 16-byte chunks by cp.async.bulk, the last N % 8 columns by
 # plain stores), and a C 2 bytes past 16-byte alignment (every row by plain stores).
@@ -265,10 +290,21 @@ V5_STRIDED = [(2052, 4, 0), (1001, 7, 0), (2056, 8, 0), (2056, 8, 1), (264, 0, 3
 def test_tma_v5_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
     """The bulk store writes C[:, :N] of a padded [M, ldc] output as the contiguous
     launch does (bit for bit: the same kernel and operands), and nothing past column N."""
+    _strided_output(tmp_path, _v5_design(dtype, (1, 256, 3, 8, 128, 1)), n, pad, offset)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_STRIDED)
+def test_tma_v5_pair_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
+    """As above, the persistent multicast pair (17 M tiles: a CTA past M)."""
+    _strided_output(tmp_path, _v5_design(dtype, (1, 256, 3, 8, 128, 1), cluster=2), n, pad, offset)
+
+
+def _strided_output(tmp_path, d: KernelDesign, n: int, pad: int, offset: int) -> None:
     from cudal2.packaging.runtime import driver
     from cudal2.packaging.runtime.abi import GemmArgs
 
-    d = _v5_design(dtype, (1, 256, 3, 8, 128, 1))
+    dtype = d.dtype
     cache = ArtifactCache(tmp_path)
     b = build(d, cache)
     assert b.ok, b.error

@@ -72,3 +72,84 @@ def test_the_native_plan_gives_the_same_slots(h100, keys, m, n, gx):
     assert persistent == 1 and min(tiles, sms * per_sm) == gx  # launcher.cpp's grid
     if "max_ctas" not in keys:  # an older recipe's plan: exactly as before
         assert (sms, per_sm) == (SMS, recipe["ctas_per_sm"])
+
+
+# The persistent multicast pair (issue 22, cluster [2, 1, 1]): whole clusters, each
+# walking pair tiles (ceil(M tiles / 2) x N tiles): 2 x min(pair tiles, slots / 2).
+def _pair(**v5):
+    d = sm90_tma.design("fp16", 2, 1, False, 256, 3, 1, pers=1, cluster=2, **v5)
+    return sm90_tma.launch_recipe(d)
+
+
+# (the pair recipe's v5 knobs, M, N, the grid's x)
+PAIR_GRIDS = [
+    ({}, 4096, 4096, 132),  # 16 x 16 = 256 pair tiles: 66 clusters
+    ({"ctas": 128}, 4096, 4096, 128),
+    ({}, 2100, 2056, 132),  # 17 M tiles: 9 pair rows (the last CTA past M) x 9 N
+    ({}, 2100, 512, 2 * 9 * 2),  # ... x 2 N: 18 pair tiles
+    ({}, 1, 1, 2),  # one tile: one cluster, its second CTA past M
+    ({}, 129, 256, 2),  # 2 M tiles: one pair
+    ({}, 257, 256, 4),  # 3 M tiles: two pairs
+    ({"store": 1, "raster": 16}, 8192, 8192, 132),
+    ({"ctas": 128}, 1024, 2048, 2 * 4 * 8),  # 32 pair tiles
+]
+
+
+@pytest.mark.parametrize("v5, m, n, gx", PAIR_GRIDS)
+def test_the_pair_grid_is_whole_clusters(h100, v5, m, n, gx):
+    recipe = _pair(**v5)
+    assert recipe["cluster"] == [2, 1, 1] and recipe["tma"]["b"] == [64, 128]
+    grid = driver.gemm_grid(recipe, m, n)
+    assert grid == (gx, 1, 1) and grid[0] % 2 == 0
+    m_tiles = -(-m // 128)
+    pair_tiles = (m_tiles + 1) // 2 * -(-n // 256)
+    assert grid[0] // 2 <= pair_tiles  # no cluster without a pair tile
+
+
+@pytest.mark.parametrize("sms", [1, 2, 3, 131, 132, 133])
+def test_odd_slot_counts_round_down_to_clusters(sms):
+    recipe = _pair()
+    x = driver.persistent_grid(recipe, 8192, 8192, sms)
+    assert x % 2 == 0 and x == 2 * max(1, sms // 2)
+
+
+@pytest.fixture
+def lib(shipped_native, tmp_path):
+    if shipped_native is None:
+        pytest.skip("the native launcher cannot be built here (no g++ or nvcc)")
+    path = tmp_path / native.LIBRARY
+    path.write_bytes(shipped_native.files[native.LIBRARY])
+    return native._library(str(path))
+
+
+# Every recipe kind, the native grid against the Python one: the one-tile kernel (a
+# split, a multicast pair along y), the persistent ones (capped, ping-pong) and the
+# persistent pair.
+NATIVE_RECIPES = {
+    "one tile": sm90_tma.design("fp16", 2, 1, False, 256, 4, 1),
+    "split 4": sm90_tma.design("fp16", 1, 1, False, 128, 4, 4),
+    "pair one tile": sm90_tma.design("fp16", 2, 1, False, 112, 4, 1, cluster=2),
+    "persistent": sm90_tma.design("fp16", 2, 1, False, 256, 4, 1, pers=1),
+    "persistent ct128": sm90_tma.design("fp16", 2, 1, False, 256, 4, 1, pers=1, ctas=128),
+    "ping-pong": sm90_tma.design("fp16", 2, 1, False, 128, 4, 1, pers=2),
+    "pair persistent": sm90_tma.design("fp16", 2, 1, False, 256, 3, 1, pers=1, cluster=2),
+    "pair ct128": sm90_tma.design("fp16", 2, 2, False, 128, 3, 1, pers=1, cluster=2, ctas=128),
+}
+SHAPES = [(1, 1), (2100, 2056), (4096, 4096), (257, 7168), (8192, 8192), (64, 129)]
+
+
+@pytest.mark.parametrize("name", NATIVE_RECIPES)
+def test_the_native_launcher_launches_the_python_grid(lib, name):
+    d = NATIVE_RECIPES[name]
+    assert sm90_tma.rules(d) == [], name
+    recipe = sm90_tma.launch_recipe(d)
+    for sms in (132, 133):
+        desc = native.PlanDesc()
+        native.grid_fields(desc, recipe, sms)
+        for m, n in SHAPES:
+            gx, gy = -(-n // recipe["tile_n"]), -(-m // recipe["tile_m"])
+            if recipe.get("persistent"):
+                want = (driver.persistent_grid(recipe, m, n, sms), 1, 1)
+            else:
+                want = (*driver._whole_clusters(recipe, gx, gy), recipe["split_k"])
+            assert native.native_grid(lib, desc, m, n) == want, (name, sms, m, n)

@@ -105,6 +105,13 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     ("kernel", "launch.split_k", 0, "key 'launch.split_k' must be a positive integer"),
     ("kernel", "launch.cluster", [1, 2], "key 'launch.cluster' must be a list of 3 positive"),
     ("kernel", "launch.persistent", -1, "key 'launch.persistent' must be a non-negative"),
+    # a persistent grid is 1-D: its clusters (the multicast pair's [2, 1, 1]) along x
+    (
+        "kernel",
+        "launch",
+        lambda _, e: dict(e["launch"], persistent=1, cluster=[1, 2, 1]),
+        "key 'launch.cluster' of a persistent recipe must be [c, 1, 1] (its grid is 1-D)",
+    ),
     ("kernel", "launch.ctas_per_sm", 0, "key 'launch.ctas_per_sm' must be a positive integer"),
     ("kernel", "launch.max_ctas", 0, "key 'launch.max_ctas' must be a positive integer, got 0"),
     ("kernel", "launch.max_ctas", -128, "key 'launch.max_ctas' must be a positive integer"),
