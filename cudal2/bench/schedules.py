@@ -4,8 +4,9 @@ job, and what each of sm90tma v5's techniques gave (``docs/kernels.md``, "sm90tm
 
 A schedule is read off a design's knobs: one tile per CTA, the 2-CTA multicast pair
 (``cluster_m`` = 2), the persistent cooperative kernel of v2 (``persistent`` = 1 with v5's
-knobs at their defaults) and of v5 (any of ``raster``, ``ctas``, ``store`` set), or
-ping-pong (``persistent`` = 2). A technique's gain is, per target, the best persistent
+knobs at their defaults) and of v5 (any of ``raster``, ``ctas``, ``store`` set), the
+multicast pair inside it (``persistent`` = 1, ``cluster_m`` = 2), or ping-pong
+(``persistent`` = 2). A technique's gain is, per target, the best persistent
 cooperative kernel with the knob set over the best with it at its default (each as a
 speedup over its own job's torch), geomean over the targets that have both.
 """
@@ -21,7 +22,14 @@ from typing import Any
 
 V5_KNOBS = ("raster", "ctas", "store")  # sm90tma v5's knobs, each 0 by default
 DEFAULTS = {"raster": 0, "ctas": 0, "store": 0, "cluster_m": 1}  # a technique's "off"
-SCHEDULES = ("one tile", "multicast pair", "persistent", "persistent v5", "ping-pong")
+SCHEDULES = (
+    "one tile",
+    "multicast pair",
+    "persistent",
+    "persistent v5",
+    "persistent pair",
+    "ping-pong",
+)
 
 
 def schedule(knobs: dict[str, int]) -> str:
@@ -29,9 +37,9 @@ def schedule(knobs: dict[str, int]) -> str:
     if knobs.get("persistent", 0) == 2:
         return "ping-pong"
     if knobs.get("persistent", 0) == 1:
-        both = knobs.get("cluster_m", 1) > 1
-        v5 = any(knobs.get(k, 0) for k in V5_KNOBS) or both
-        return "persistent v5" if v5 else "persistent"
+        if knobs.get("cluster_m", 1) > 1:
+            return "persistent pair"
+        return "persistent v5" if any(knobs.get(k, 0) for k in V5_KNOBS) else "persistent"
     return "multicast pair" if knobs.get("cluster_m", 1) > 1 else "one tile"
 
 

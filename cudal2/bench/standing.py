@@ -914,6 +914,7 @@ def epilogue_gated_timing(root: Path) -> str:
 
 TMA_V5_SWEEP = "bench/results/h100-sweep-tma-v5.measurements.jsonl.gz"  # ci/gpu_prefill.sh
 TMA_V5_SWEEP_BF16 = "bench/results/h100-sweep-tma-v5-bf16.measurements.jsonl.gz"  # likewise
+TMA_V5_PAIR = "bench/results/h100-sweep-tma-v5-pair.measurements.jsonl.gz"  # likewise, fp16
 TECHNIQUES = (
     ("bulk store through a C buffer", "store"),
     ("grouped tile walk", "raster"),
@@ -939,20 +940,23 @@ def tma_v5_sweep(root: Path) -> str:
     )
     from cudal2.database import MeasurementDB, latest
 
-    ms = [
-        m for p in (TMA_V5_SWEEP, TMA_V5_SWEEP_BF16) for m in latest(MeasurementDB(root / p).read())
-    ]
+    paths = (TMA_V5_SWEEP, TMA_V5_SWEEP_BF16, TMA_V5_PAIR)
+    runs = {p: latest(MeasurementDB(root / p).read()) for p in paths}
+    ms = [m for p in paths for m in runs[p]]
     by_target = timed(ms)
-    lt = {
+    lt = {  # cuBLASLt as the v5 sweeps timed it (the pair sweep's own run is its own)
         (m.target.dtype, m.target.m, m.target.n, m.target.k): m
-        for m in ms
+        for p in (TMA_V5_SWEEP, TMA_V5_SWEEP_BF16)
+        for m in runs[p]
         if m.status == "ok" and m.vendor and (m.baseline_samples_us or {}).get("torch")
     }
     gpu = next((m.gpu.name for m in ms if m.gpu), "?")
     ok = sum(m.status == "ok" for m in ms)
     lines = [
-        f"{gpu}, tn, offline (`{TMA_V5_SWEEP}` and `{TMA_V5_SWEEP_BF16}`: {len(ms)} records, "
-        f"{ok} correct). Each cell: "
+        f"{gpu}, tn, offline ("
+        + ", ".join(f"`{p}`" for p in paths)
+        + f": {len(ms)} records, {ok} correct; the pair sweep is fp16 only, with its own "
+        "controls). Each cell: "
         "the schedule's fastest kernel as a speedup over torch timed in the same job "
         "(> 1: faster); cuBLASLt: the build's autotuned algorithm, likewise.",
         "",
@@ -992,14 +996,20 @@ def tma_v5_sweep(root: Path) -> str:
         )
     lines += [
         "",
-        "| technique | knob | dtype | gain (geomean over targets) | targets |",
-        "|---|---|---|---:|---:|",
+        "Each technique's gain within one sweep (its kernels with the knob set against its "
+        "kernels without, both timed in that run):",
+        "",
+        "| technique | knob | sweep | dtype | gain (geomean over targets) | targets |",
+        "|---|---|---|---|---:|---:|",
     ]
     for label, knob in TECHNIQUES:
-        for dtype in sorted({k[0] for k in by_target}):
-            gain, n = technique_gain({k: v for k, v in by_target.items() if k[0] == dtype}, knob)
-            if n:
-                lines.append(f"| {label} | `{knob}` | {dtype} | {gain:.3f} | {n} |")
+        for p in paths:
+            run = timed(runs[p])
+            for dtype in sorted({k[0] for k in run}):
+                gain, n = technique_gain({k: v for k, v in run.items() if k[0] == dtype}, knob)
+                if n:
+                    name = Path(p).name.removesuffix(".measurements.jsonl.gz")
+                    lines.append(f"| {label} | `{knob}` | `{name}` | {dtype} | {gain:.3f} | {n} |")
     return "\n".join(lines)
 
 

@@ -30,7 +30,8 @@ KNOBS = [
     ({"persistent": 1, "store": 1}, "persistent v5"),
     ({"persistent": 1, "raster": 8}, "persistent v5"),
     ({"persistent": 1, "ctas": 128}, "persistent v5"),
-    ({"persistent": 1, "cluster_m": 2}, "persistent v5"),
+    ({"persistent": 1, "cluster_m": 2}, "persistent pair"),
+    ({"persistent": 1, "cluster_m": 2, "store": 1}, "persistent pair"),
     ({"persistent": 1, "raster": 0, "ctas": 0, "store": 0}, "persistent"),
     ({"persistent": 2}, "ping-pong"),
 ]
@@ -90,4 +91,5 @@ def test_the_recorded_gains_of_the_v5_techniques(path):
 def test_the_sweep_table_is_made_from_the_database():
     table = standing.tma_v5_sweep(ROOT)
     assert table.count("\n| fp16 | ") == table.count("\n| bf16 | ") == 17
-    assert "| bulk store through a C buffer | `store` | bf16 |" in table
+    assert "| bulk store through a C buffer | `store` | `h100-sweep-tma-v5-bf16` | bf16 |" in table
+    assert "| 2-CTA multicast pair | `cluster_m` | `h100-sweep-tma-v5-pair` | fp16 |" in table
