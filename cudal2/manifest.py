@@ -67,6 +67,7 @@ _SEARCH_KEYS = (
     "policy_updates",
     "pdl",
     "room",
+    "knobs",
 )
 _TIMING_KEYS = ("mode",)
 _RUNNER_KEYS = ("kind", "devices", "interchangeable", "ray_address", "job_timeout_s")
@@ -129,6 +130,10 @@ class SearchSettings:
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
     pdl: bool = False  # each proposed tile followed by its PDL variants (policy/pdl.py)
     room: bool = False  # room designs in the space, measured with PDL (policy/room.py)
+    # Only designs whose knobs take these values ((name, values) pairs; a family's
+    # optional knob left out of a design counts as its default; a family without the
+    # knob is not searched). None: no restriction. A sweep's way to measure chosen knobs.
+    knobs: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -535,6 +540,30 @@ class _Budget:
             )
 
 
+def _knobs(r: _Reader, value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``search.knobs``: a table of knob name -> a non-empty list of values, each name a
+    knob of some family (required or optional) and each value in its domain there."""
+    from cudal2.generator.families.base import SHARED_KNOBS, family_optional
+
+    if not isinstance(value, dict) or not value:
+        raise r.fail("search.knobs", value, "must be a non-empty table of knob = [values]")
+    domains: dict[str, set[int]] = {}
+    for fam in FAMILIES.values():
+        for k in (*fam.KNOBS, *family_optional(fam), *SHARED_KNOBS):
+            domains.setdefault(k.name, set()).update(k.domain)
+    out = []
+    for name, values in value.items():
+        path = f"search.knobs.{name}"
+        if name not in domains:
+            raise r.fail(path, values, f"{name!r} is not a knob of any family")
+        got = tuple(r.integer(v, path, min(domains[name])) for v in r.nonempty_list(values, path))
+        bad = [v for v in got if v not in domains[name]]
+        if bad:
+            raise r.fail(path, values, f"{bad} not among the knob's values {sorted(domains[name])}")
+        out.append((name, got))
+    return tuple(out)
+
+
 def load_manifest(path: str | Path) -> Manifest:
     """Read, validate and expand a manifest file; raises ``ManifestError`` on any bad input."""
     try:
@@ -598,6 +627,7 @@ def load_manifest(path: str | Path) -> Manifest:
             s.get("policy_updates", d.policy_updates), "search.policy_updates"
         ),
         pdl=r.boolean(s.get("pdl", d.pdl), "search.pdl"),
+        knobs=_knobs(r, s["knobs"]) if "knobs" in s else None,
         room=r.boolean(s.get("room", d.room), "search.room"),
     )
     if search.room and not search.pdl:

@@ -63,7 +63,8 @@ def legality(design: KernelDesign) -> list[str]:
 
 def design_name(design: KernelDesign) -> str:
     """The design's procedural, readable name (also its kernel's symbol)."""
-    return base.name(design, family_of(design.family).KNOBS)
+    fam = family_of(design.family)
+    return base.name(design, fam.KNOBS, base.family_optional(fam))
 
 
 def launch_recipe(design: KernelDesign) -> dict[str, Any]:

@@ -219,6 +219,35 @@ def sm90_tma(
     }
 
 
+# sm90tma v5 (issue 22), the persistent cooperative kernel: its walk over the tiles
+# (``raster``: 0 the M-fastest walk as it was, G > 0 groups of G M tiles; the tile's
+# first row and column spelled in the kernel's variables) and its store (``store``: 0
+# from the accumulators as it was, 1 through the C buffer and bulk copies; ``drain``
+# after the tile loop). The 0 rows render the kernel byte for byte as before the knobs.
+TMA_RASTER = {
+    "m_fastest": {
+        "helpers": NONE,
+        "m0": "(tile % tiles_m) * BM",
+        "n0": "(tile / tiles_m) * BN",
+    },
+    "grouped": {
+        "helpers": "sm90_tma/raster/grouped.cu.j2",
+        "m0": "raster_m(tile, tiles_m, tiles) * BM",
+        "n0": "raster_n(tile, tiles_m, tiles) * BN",
+    },
+}
+TMA_STORE = {
+    0: {"tile": "sm90_tma/store/direct.cu.j2", "drain": NONE},
+    1: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
+}
+
+
+def tma_v5(raster: int, store: int) -> dict[str, Any]:
+    """sm90tma's persistent walk (``raster`` = G, 0 the M-fastest one) and store."""
+    walk = TMA_RASTER["grouped" if raster else "m_fastest"]
+    return {"raster": {**walk, "group": raster}, "store": TMA_STORE[store]}
+
+
 # Designs that leave room (base.ROOM, docs/kernels.md "Designs that leave room"): the
 # minimum of CTAs per SM the kernel is compiled for (``__launch_bounds__``'s second
 # argument, so ptxas caps its registers at the register file over that many CTAs), by

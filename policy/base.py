@@ -85,3 +85,34 @@ def search_space(
         and pdl_trigger(d) == "none"
         and epilogue(d) == target.epilogue
     ]
+
+
+KnobValues = Sequence[tuple[str, Sequence[int]]]
+
+
+def knob_value(d: KernelDesign, name: str) -> int | None:
+    """``d``'s value of knob ``name``: given, or an optional knob's default where the
+    design leaves it out; None where its family has no such knob."""
+    from cudal2.generator.families.base import SHARED_KNOBS, family_optional
+
+    given = d.knobs.as_json()
+    if name in given:
+        return given[name]
+    fam = FAMILIES[d.family]
+    for k in (*family_optional(fam), *SHARED_KNOBS):
+        if k.name == name:
+            return k.default
+    return None
+
+
+def knob_space(knobs: KnobValues, families: Sequence[str] | None, inner: Space | None) -> Space:
+    """Per target, the designs ``inner`` gives (else the target's search space) whose
+    knobs take the given values (manifest ``[search] knobs``): a sweep of chosen knobs."""
+    allowed = [(name, set(values)) for name, values in knobs]
+
+    def space(target: Target) -> Sequence[KernelDesign] | None:
+        given = inner(target) if inner is not None else None
+        designs = given if given is not None else search_space(target, families)
+        return [d for d in designs if all(knob_value(d, n) in v for n, v in allowed)]
+
+    return space

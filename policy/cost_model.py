@@ -113,7 +113,11 @@ def predicted_time_s(d: KernelDesign, t: Target) -> float:
     reduce = CLUSTER_REDUCE_S if f.split_k > 1 else 0.0
     rounds = 0.0
     if f.wgmma:
-        rounds = 1 if f.pingpong else math.ceil(blocks_on_busiest / occ)
+        # sm90tma v5's bulk store (issue 22): the copies drain under the next tile's
+        # main loop, priced as ping-pong's overlap. A prior, not yet measured (the
+        # conversion into the C buffer still runs with the tensor pipe idle).
+        overlapped = f.pingpong or f.store_overlap
+        rounds = 1 if overlapped else math.ceil(blocks_on_busiest / occ)
     return (
         max(compute, dram, l2)
         + fill

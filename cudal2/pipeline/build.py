@@ -390,6 +390,7 @@ class Build:
             space=runner.designs,
             pdl=m.search.pdl,
             room=m.search.room,
+            knobs=m.search.knobs,
         )
         self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)

@@ -214,7 +214,8 @@ class Features:
     straight into registers); ``fill_stages`` what its pipeline fill is priced at;
     ``wgmma`` whether it issues warpgroup MMAs; ``pingpong`` whether its epilogue runs
     under the other warpgroup's math; ``room_share`` CTAs of the design that fit one SM
-    together by its ``room`` knob (1: it promises nothing).
+    together by its ``room`` knob (1: it promises nothing); ``store_overlap`` whether
+    its output stores drain under the next tile's math (sm90tma v5's bulk store).
     """
 
     bm: int
@@ -232,12 +233,29 @@ class Features:
     wgmma: bool = False
     pingpong: bool = False
     room_share: int = 1
+    store_overlap: bool = False
 
 
-def make(family: str, arch: str, dtype: str, layout: str, **knobs: int) -> KernelDesign:
+def family_optional(family: ModuleType) -> tuple[Knob, ...]:
+    """A family's own optional knobs (``OPTIONAL_KNOBS`` in its module: each with a
+    default, left out of a design at it, so adding one changes no existing design's key,
+    name or source); after its required ``KNOBS`` in a design's name, before the
+    ``SHARED_KNOBS``. The policy's tokens do not spell them."""
+    return tuple(getattr(family, "OPTIONAL_KNOBS", ()))
+
+
+def make(
+    family: str,
+    arch: str,
+    dtype: str,
+    layout: str,
+    optional: tuple[Knob, ...] = (),
+    **knobs: int,
+) -> KernelDesign:
     """A design of ``family`` with these knob values (legality is checked separately);
-    an optional knob at its default is left out (one key per design)."""
-    defaults = {k.name: k.default for k in SHARED_KNOBS}
+    an optional knob (shared, or the family's own ``optional``) at its default is left
+    out (one key per design)."""
+    defaults = {k.name: k.default for k in (*SHARED_KNOBS, *optional)}
     kept = {n: v for n, v in knobs.items() if n not in defaults or v != defaults[n]}
     return KernelDesign(family, arch, dtype, layout, Knobs.of(**kept))
 
@@ -248,10 +266,12 @@ def declared_reasons(
     archs: tuple[str, ...],
     layouts: tuple[str, ...],
     knobs: tuple[Knob, ...],
+    optional: tuple[Knob, ...] = (),
 ) -> list[str]:
     """The checks every family's declaration implies: family, arch, dtype and layout
-    among its own, exactly its knobs (and any of the optional ``SHARED_KNOBS``, never
-    at its default: left out), and each value in its knob's domain."""
+    among its own, exactly its knobs (and any of the optional ``SHARED_KNOBS`` or the
+    family's own ``optional`` ones, never at its default: left out), and each value in
+    its knob's domain."""
     reasons: list[str] = []
     if d.family != family:
         reasons.append(f"family {d.family!r} is not {family!r}")
@@ -261,11 +281,11 @@ def declared_reasons(
         reasons.append(f"dtype {d.dtype!r} not in {DTYPES}")
     if d.layout not in layouts:
         reasons.append(f"layout {d.layout!r}: family {family!r} takes {layouts}")
-    declared = {k.name: k for k in (*knobs, *SHARED_KNOBS)}
+    declared = {k.name: k for k in (*knobs, *optional, *SHARED_KNOBS)}
     given = set(d.knobs.names())
     for name in sorted(given - set(declared)):
         reasons.append(f"{name} is not a knob of family {family!r} (its knobs: {list(declared)})")
-    for k in SHARED_KNOBS:
+    for k in (*optional, *SHARED_KNOBS):
         if k.name in given and getattr(d.knobs, k.name) == k.default:
             reasons.append(
                 f"{k.name}={k.default} is the default: leave it out (one key per design)"
@@ -283,7 +303,9 @@ def check(d: KernelDesign, family: ModuleType) -> list[str]:
     """Every reason ``d`` is illegal for ``family`` (a family module): the declared
     checks, then (when the design has exactly the family's knobs, so its rules can read
     each one) the family's own rules."""
-    reasons = declared_reasons(d, family.FAMILY, family.ARCHS, family.LAYOUTS, family.KNOBS)
+    reasons = declared_reasons(
+        d, family.FAMILY, family.ARCHS, family.LAYOUTS, family.KNOBS, family_optional(family)
+    )
     given = d.knobs.as_json().get(EPILOGUE.name, EPILOGUE.default)
     if given in EPILOGUE.domain and EPILOGUES[given] not in family_epilogues(family):
         reasons.append(
@@ -295,20 +317,21 @@ def check(d: KernelDesign, family: ModuleType) -> list[str]:
         reasons.append(
             f"room {ROOMS[given]!r}: family {family.FAMILY!r} renders {list(family_rooms(family))}"
         )
-    optional = {k.name for k in SHARED_KNOBS}
+    optional = {k.name for k in (*SHARED_KNOBS, *family_optional(family))}
     if set(d.knobs.names()) - optional == {k.name for k in family.KNOBS}:
         reasons += family.rules(d)
     return reasons
 
 
-def name(d: KernelDesign, knobs: tuple[Knob, ...]) -> str:
+def name(d: KernelDesign, knobs: tuple[Knob, ...], optional: tuple[Knob, ...] = ()) -> str:
     """The design's procedural name (also its kernel symbol): family, arch, dtype,
     layout, then each of the family's knobs by its label, in the declared order, then
-    the optional knobs the design sets (a plain design's name has none)."""
+    the optional knobs the design sets, the family's own (``optional``) first (a plain
+    design's name has none)."""
     arch = d.arch.replace("sm_", "sm").rstrip("a")
     parts: list[str] = []
     given = set(d.knobs.names())
-    for k in (*knobs, *(s for s in SHARED_KNOBS if s.name in given)):
+    for k in (*knobs, *(s for s in (*optional, *SHARED_KNOBS) if s.name in given)):
         label = k.spell(getattr(d.knobs, k.name))
         if label.startswith("x") and parts:
             parts[-1] += label

@@ -29,6 +29,16 @@ the same walk, but each warpgroup computes whole tiles (``64 x m_blocks`` rows o
 wgmma M side), the two taking turns on the ring through "turn" mbarriers, so one
 warpgroup's epilogue runs under the other's wgmmas.
 
+The v5 knobs of a persistent cooperative design (optional: left out of a design at 0,
+so every earlier design keeps its key, name and source): ``raster`` = G > 0 walks the
+tiles in groups of G M tiles (a super-row; the group's tiles column by column, its G M
+tiles of one N tile adjacent), so a wave of CTAs reads fewer A and B tiles from L2
+than the M-fastest walk over every M tile; ``ctas`` = c > 0 launches at most c CTAs
+(the recipe's ``max_ctas``; fast.cu: 128 beat 132); ``store`` = 1 stores each tile
+through a C buffer in shared memory with asynchronous bulk copies
+(``cp.async.bulk.global.shared::cta``, one per output row), so the consumers go on to
+the next tile's main loop while the copies drain.
+
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
 (``.multicast::cluster``), so B is read from L2 once per pair, and a ring slot is
@@ -76,6 +86,16 @@ SWAP_N = (8, 16, 32, 64, 128, 256)  # the wgmma N (the CTA's bm) of the swapped 
 PINGPONG_N = (64, 96, 112, 128, 160, 192, 256)
 STAGES = (4, 6, 8, 12)
 PERSISTENT = (0, 1, 2)  # one tile per CTA; persistent cooperative; persistent ping-pong
+# v5 (issue 22), persistent cooperative only. ``raster``: 0 the M-fastest walk; G: groups
+# of G M tiles (CUTLASS's and ThunderKittens' "swizzle", super-M 8 there).
+RASTER = (0, 8, 16)
+# ``ctas``: 0 one CTA per SM slot; c: at most c CTAs (fast.cu: 128 of the H100's 132 SMs).
+CTAS = (0, 128)
+STORE = (0, 1)  # 0: 4-byte stores from the accumulators; 1: C buffer + bulk copies
+# The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
+# writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
+# aligned, as cp.async.bulk asks of its shared-memory source.
+C_PAD = 8
 CLUSTER_M = (1, 2)  # CTAs of adjacent M tiles sharing (multicasting) the B tile
 SPLIT_K = (1, 2, 4, 8)
 BK = 64
@@ -109,6 +129,13 @@ KNOBS = (
     Knob("persistent", PERSISTENT, "p{}"),
     Knob("cluster_m", CLUSTER_M, "c{}"),
 )
+# The family's own optional knobs (base.family_optional): left out at 0.
+OPTIONAL_KNOBS = (
+    Knob("raster", RASTER, "r{}", default=0),
+    Knob("ctas", CTAS, "ct{}", default=0),
+    Knob("store", STORE, "st{}", default=0, spellings=((1, "bulk"),)),
+)
+_OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
 
 def design(
@@ -121,13 +148,26 @@ def design(
     split: int,
     pers: int = 0,
     cluster: int = 1,
+    raster: int = 0,
+    ctas: int = 0,
+    store: int = 0,
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
-    the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs."""
+    the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs
+    (the v5 ones left out at 0)."""
     return make(
-        FAMILY, "sm_90a", dtype, "tn", swap=int(swap), warpgroups=wgs, m_blocks=mp,
-        wgmma_n=n, stages=stages, split_k=split, persistent=pers, cluster_m=cluster,
+        FAMILY, "sm_90a", dtype, "tn", OPTIONAL_KNOBS, swap=int(swap), warpgroups=wgs,
+        m_blocks=mp, wgmma_n=n, stages=stages, split_k=split, persistent=pers,
+        cluster_m=cluster, raster=raster, ctas=ctas, store=store,
     )  # fmt: skip
+
+
+def v5(d: KernelDesign, knob: str) -> int:
+    """A v5 knob's value (``raster``, ``ctas``, ``store``; 0 where the design leaves it
+    out, or where it is out of the domain: the declared checks report that)."""
+    value = d.knobs.as_json().get(knob, _OPTIONAL_DEFAULTS[knob])
+    domain = {k.name: k.domain for k in OPTIONAL_KNOBS}[knob]
+    return value if value in domain else 0
 
 
 def swapped(d: KernelDesign) -> bool:
@@ -191,13 +231,20 @@ def _epilogue_or_none(d: KernelDesign) -> str:
     return ALL_EPILOGUES[value] if value in range(len(ALL_EPILOGUES)) else "none"
 
 
+def c_buffer_bytes(d: KernelDesign) -> int:
+    """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1), or 0."""
+    bm, bn = tile_mn(d)
+    return bm * (bn + C_PAD) * 2 if v5(d, "store") else 0
+
+
 def smem_bytes(d: KernelDesign) -> int:
-    """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers
-    and the alignment slack."""
+    """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers,
+    the bulk store's C buffer (after the barriers) and the alignment slack."""
     bm, bn = tile_mn(d)
     # the row scale's fp32 sums of squares of A's rows, [split_k][bm]
     rowsq = 4 * bm * d.knobs.split_k if _epilogue_or_none(d) in ROW_SCALED else 0
-    return max(ring_bytes(d), bm * (bn + 4) * 4) + BARRIER_BYTES + rowsq + ALIGN_SLACK
+    data = max(ring_bytes(d), bm * (bn + 4) * 4)
+    return data + BARRIER_BYTES + rowsq + c_buffer_bytes(d) + ALIGN_SLACK
 
 
 def min_blocks(d: KernelDesign) -> int:
@@ -232,6 +279,7 @@ def rules(d: KernelDesign) -> list[str]:
         )
     if k.cluster_m > 1 and (k.split_k != 1 or k.persistent):
         reasons.append("a multicast cluster along M has one tile per CTA and split 1")
+    reasons += _v5_reasons(d)
     reasons += mma_sync.smem_reason(smem_bytes(d))
     cap = CONSUMER_REGS if k.warpgroups > 1 else 255
     if acc_regs(d) + 40 > cap:
@@ -239,11 +287,32 @@ def rules(d: KernelDesign) -> list[str]:
     return reasons
 
 
+def _v5_reasons(d: KernelDesign) -> list[str]:
+    """Why the v5 knobs (``raster``, ``ctas``, ``store``) cannot take these values."""
+    k = d.knobs
+    set_ = [n for n in ("raster", "ctas", "store") if v5(d, n)]
+    if set_ and k.persistent != 1:
+        # The walk, the CTA cap and the C buffer are written for the cooperative
+        # persistent kernel (ping-pong has its own turns; one tile per CTA no walk).
+        return [f"{', '.join(set_)}: persistent cooperative designs only (persistent=1)"]
+    if v5(d, "store") and swapped(d):
+        # The C buffer is written row-major from the compute orientation's accumulator
+        # pairs (two adjacent columns of one row); swapped pairs are two rows.
+        return ["store=1: the compute orientation only (swap=0)"]
+    return []
+
+
+# The C buffer leaves room for fewer ring stages (128x256: 3).
+V5_STAGES = tuple(sorted({2, 3, 5, *STAGES}))
+
+
 def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     """Every legal design of this family for (arch, dtype, layout), in a fixed order:
     the compute orientation, then the swapped one; then the persistent designs (two
     consumer warpgroups, tiles of at least 128 x 128, the large-M side); then the
-    ping-pong ones (tiles of at least 64 x 128); then the multicast clusters."""
+    ping-pong ones (tiles of at least 64 x 128); then the multicast clusters; then v5's
+    persistent cooperative designs (tiles of at least 128 x 128, compute orientation):
+    each raster x ctas with the accumulator store, then with the bulk store."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -268,6 +337,14 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
             d = design(dtype, wgs, mp, swap, n, st, 1, cluster=2)
             if not check(d, sys.modules[__name__]):
                 out.append(d)
+    for store in STORE:
+        stages = V5_STAGES if store else STAGES
+        for mp, n, st, raster, ctas in itertools.product(M_BLOCKS, WGMMA_N, stages, RASTER, CTAS):
+            if not (store or raster or ctas):
+                continue  # today's persistent designs, above
+            d = design(dtype, 2, mp, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=store)
+            if min(tile_mn(d)) >= 128 and not check(d, sys.modules[__name__]):
+                out.append(d)
     return out
 
 
@@ -290,6 +367,8 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
     if k.persistent:
         recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
+        if v5(d, "ctas"):  # absent: one CTA per SM slot (every earlier recipe)
+            recipe["max_ctas"] = v5(d, "ctas")
     return epilogue_recipe(recipe, d)
 
 
@@ -317,6 +396,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
             k.split_k, k.cluster_m, k.persistent, pingpong=pingpong(d), setmaxnreg=k.warpgroups > 1
         )
     )
+    ctx.update(tags.tma_v5(v5(d, "raster"), v5(d, "store")), c_pad=C_PAD)
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
@@ -335,5 +415,5 @@ def features(d: KernelDesign) -> Features:
         bm=t.bm, bn=t.bn, bk=t.bk, threads=threads(d), warps=t.warps,
         regs=min(255, acc_regs(d) + 40), smem_bytes=smem_bytes(d), split_k=k.split_k,
         cluster_m=k.cluster_m, prefetch_tiles=k.stages, fill_stages=k.stages,
-        wgmma=True, pingpong=pingpong(d),
+        wgmma=True, pingpong=pingpong(d), store_overlap=bool(v5(d, "store")),
     )  # fmt: skip

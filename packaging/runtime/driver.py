@@ -233,14 +233,22 @@ def _whole_clusters(recipe: Mapping[str, Any], gx: int, gy: int) -> tuple[int, i
     return -(-gx // cx) * cx, -(-gy // cy) * cy
 
 
+def persistent_slots(recipe: Mapping[str, Any], sms: int) -> int:
+    """CTAs a persistent recipe launches at most on a GPU of ``sms`` SMs: one per SM
+    slot (``ctas_per_sm`` a SM), capped by ``max_ctas`` where the recipe has it (sm90tma
+    v5's ``ctas`` knob; a recipe without the key, every older wheel's, is uncapped)."""
+    slots = sms * int(recipe.get("ctas_per_sm", 1))
+    cap = recipe.get("max_ctas")
+    return min(slots, int(cap)) if cap else slots
+
+
 def gemm_grid(recipe: Mapping[str, Any], m: int, n: int, device: int = 0) -> tuple[int, int, int]:
     """Grid of a gemm launch recipe for an M x N output: one CTA per output tile (and
-    K split), in whole clusters; a persistent recipe launches one CTA per SM slot, at
-    most one per tile."""
+    K split), in whole clusters; a persistent recipe launches one CTA per SM slot (at
+    most ``max_ctas``), at most one per tile."""
     gx, gy = _tiles(recipe, m, n)
     if recipe.get("persistent"):
-        slots = sm_count(device) * int(recipe.get("ctas_per_sm", 1))
-        return (min(gx * gy, slots), 1, 1)
+        return (min(gx * gy, persistent_slots(recipe, sm_count(device))), 1, 1)
     return (*_whole_clusters(recipe, gx, gy), recipe.get("split_k", 1))
 
 

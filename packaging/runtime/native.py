@@ -500,6 +500,11 @@ class Native:
         desc.persistent = int(bool(r.get("persistent")))
         desc.ctas_per_sm = int(r.get("ctas_per_sm", 1))
         desc.sm_count = driver.sm_count(dev) if desc.persistent else 0
+        if desc.persistent and r.get("max_ctas"):
+            # The launcher's slots are sm_count x ctas_per_sm: hand it the capped count
+            # as slots of one (the plan struct, and the launcher, unchanged).
+            desc.sm_count = driver.persistent_slots(r, desc.sm_count)
+            desc.ctas_per_sm = 1
         if desc.abi >= 2:  # the tensor maps of gemm_v2 and gemm_v3
             desc.box_a[:] = list(r["tma"]["a"])
             desc.box_b[:] = list(r["tma"]["b"])

@@ -712,6 +712,8 @@ _RECIPE_RULES: tuple[tuple[str, bool, Any, str], ...] = (
     ("cluster", False, _positive_ints(3), "a list of 3 positive integers"),
     ("persistent", False, _non_negative_int, "a non-negative integer"),
     ("ctas_per_sm", False, _positive_int, "a positive integer"),
+    # sm90tma v5: a persistent grid of at most this many CTAs (absent: one per SM slot).
+    ("max_ctas", False, _positive_int, "a positive integer"),
     # Programmatic dependent launch: the kernel waits (griddepcontrol.wait) before it
     # reads A or writes C, so the launcher may set programmatic stream serialization.
     ("pdl", False, _is_bool, "true or false"),

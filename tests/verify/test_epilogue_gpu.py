@@ -38,6 +38,11 @@ DESIGNS = {
     "pair_bm64": dict(wgs=1, mp=1, swap=False, n=64, stages=4, split=1, cluster=2),
     "swap_wg2": dict(wgs=2, mp=1, swap=True, n=64, stages=8, split=1),
     "pingpong": dict(wgs=2, mp=2, swap=False, n=128, stages=4, split=1, pers=2),
+    # sm90tma v5 (issue 22): the grouped walk, 128 CTAs, the bulk store (the epilogue in
+    # registers, then the C buffer)
+    "persistent_bulk": dict(
+        wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, raster=8, ctas=128, store=1
+    ),
 }
 
 
@@ -86,7 +91,7 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         assert res.vendors == (f"torch+{epilogue}",)
 
 
-@pytest.mark.parametrize("shape", ["split4", "persistent_swap", "pingpong"])
+@pytest.mark.parametrize("shape", ["split4", "persistent_swap", "pingpong", "persistent_bulk"])
 def test_residual_in_place(tmp_path, shape):
     """C = A B^T + C: the output is the residual (each element read, then written)."""
     from cudal2.verify import correctness
@@ -176,7 +181,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
 @pytest.mark.parametrize(
     ("shape", "epilogue"),
     [("split4", "residual"), ("tile", "bias_residual"), ("split4_bm64", "rmsnorm_silu"),
-     ("swap_split8", "rmsnorm_bias"), ("pair_bm64", "gelu_tanh")],
+     ("swap_split8", "rmsnorm_bias"), ("pair_bm64", "gelu_tanh"),
+     ("persistent_bulk", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

@@ -126,6 +126,31 @@ TMA_CLUSTER_DESIGNS = [
     (True, 1, 1, 128, 6),
 ]
 
+# sm90tma v5, persistent cooperative (64-row blocks per warpgroup, wgmma n, stages,
+# raster, ctas, store): the grouped walk with groups of 8 and 16 M tiles (2100 / 128 =
+# 17 M tiles: a last group of 1; 2100 / 256 = 9: of 1 as well), the 128-CTA cap (each
+# CTA walks more tiles), the bulk store through the C buffer on 128x256, 256x128 and
+# 128x128 tiles with 2 to 5 stages (N = 2056, 264: whole 16-byte rows; N = 129, 1000 x
+# 1001 and 8: odd or unaligned ldc, the plain-store path), each knob alone and together.
+TMA_V5_DESIGNS = [
+    (1, 256, 4, 8, 0, 0),
+    (2, 128, 4, 16, 128, 0),
+    (1, 128, 6, 0, 128, 0),
+    (1, 256, 3, 0, 0, 1),
+    (1, 256, 3, 8, 128, 1),
+    (2, 128, 3, 16, 0, 1),
+    (1, 128, 5, 8, 128, 1),
+    (1, 256, 2, 16, 128, 1),
+]
+V5_SHAPES = [*PINGPONG_SHAPES, (1000, 1001, 264), (4096, 4096, 4096)]
+
+
+def _v5_design(dtype: str, knobs: tuple[int, ...]) -> KernelDesign:
+    mp, n, st, raster, ctas, store = knobs
+    return sm90_tma.design(
+        dtype, 2, mp, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=store
+    )
+
 
 def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
     from cudal2.packaging.runtime import driver
@@ -221,3 +246,59 @@ def test_tma_warp_specialised_multicast_cluster_correct(tmp_path, dtype, knobs):
     swap, wgs, mp, n, st = knobs
     d = sm90_tma.design(dtype, wgs, mp, swap, n, st, 1, cluster=2)
     _check_design(tmp_path, d, PINGPONG_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_persistent_correct(tmp_path, dtype, knobs):
+    _check_design(tmp_path, _v5_design(dtype, knobs), V5_SHAPES)
+
+
+# (N, ldc - N, C offset in elements): the bulk store's rows into a strided C: N % 8 != 0
+# with ldc % 8 == 0 (whole 16-byte chunks by cp.async.bulk, the last N % 8 columns by
+# plain stores), and a C 2 bytes past 16-byte alignment (every row by plain stores).
+V5_STRIDED = [(2052, 4, 0), (1001, 7, 0), (2056, 8, 0), (2056, 8, 1), (264, 0, 3)]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_STRIDED)
+def test_tma_v5_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
+    """The bulk store writes C[:, :N] of a padded [M, ldc] output as the contiguous
+    launch does (bit for bit: the same kernel and operands), and nothing past column N."""
+    from cudal2.packaging.runtime import driver
+    from cudal2.packaging.runtime.abi import GemmArgs
+
+    d = _v5_design(dtype, (1, 256, 3, 8, 128, 1))
+    cache = ArtifactCache(tmp_path)
+    b = build(d, cache)
+    assert b.ok, b.error
+    recipe = launch_recipe(d)
+    kernel = driver.Kernel(cache.cubin(b.artifact_key), b.symbol, recipe["smem_bytes"])
+    m, k = 2100, 1096
+    tdtype = torch.float16 if dtype == "fp16" else torch.bfloat16
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(22)
+    a = torch.randn(m, k, device="cuda", dtype=tdtype, generator=gen)
+    w = torch.randn(n, k, device="cuda", dtype=tdtype, generator=gen)
+    stream = torch.cuda.current_stream().cuda_stream
+    dense = torch.full((m, n), float("nan"), device="cuda", dtype=tdtype)
+    driver.launch_gemm(
+        kernel,
+        recipe,
+        GemmArgs(a.data_ptr(), w.data_ptr(), dense.data_ptr(), m, n, k, k, k, n),
+        stream,
+    )
+    ldc = n + pad
+    store = torch.full((m * ldc + offset,), float("nan"), device="cuda", dtype=tdtype)
+    c = store[offset:].view(m, ldc)
+    driver.launch_gemm(
+        kernel,
+        recipe,
+        GemmArgs(a.data_ptr(), w.data_ptr(), c.data_ptr(), m, n, k, k, k, ldc),
+        stream,
+    )
+    torch.cuda.synchronize()
+    assert torch.equal(c[:, :n], dense), f"{design_name(d)}: strided C differs"
+    assert torch.isnan(c[:, n:]).all() and torch.isnan(store[:offset]).all()
+    ref = (a.float() @ w.float().T).to(tdtype)
+    assert (dense.float() - ref.float()).abs().max() <= 0.05 * ref.float().abs().max()
