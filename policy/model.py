@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.policy.tokens import N_FIELDS, VOCAB, Grammar
+from cudal2.policy.tokens import VOCAB, Grammar
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
     state = load_file(str(weights))
     wte = "transformer.wte.weight"
     if known < len(VOCAB):
-        # Trained before the last tokens were appended (the room knob's): its ids mean
+        # Trained before the last tokens were appended (room's, sm90tma v5's): its ids mean
         # what they did; the new tokens get zero embeddings (a logit of 0 wherever a
         # grammar allows one, never where it does not), so it scores and samples every
         # design without them exactly as before. Retrain to learn them (docs/policy.md).
@@ -135,7 +135,7 @@ def _step_masks(grammar: Grammar) -> Any:
     cached = getattr(grammar, "_mask_tensor", None)
     if cached is not None:
         return cached
-    masks = torch.zeros(len(grammar.seqs), N_FIELDS, len(VOCAB), dtype=torch.bool)
+    masks = torch.zeros(len(grammar.seqs), grammar.fields, len(VOCAB), dtype=torch.bool)
     for i, steps in enumerate(grammar.masks()):
         for j, allowed in enumerate(steps):
             masks[i, j, allowed] = True
@@ -192,7 +192,7 @@ def sample(
     with torch.no_grad():
         logits, cache = _prefix_cache(model, prompt, n)
         logits = logits[:, -1, :]
-        for _ in range(N_FIELDS):
+        for _ in range(grammar.fields):  # the grammar's padded length (tokens.Grammar)
             mask = torch.zeros_like(logits, dtype=torch.bool)
             for row in range(n):
                 mask[row, grammar.allowed(fields[row])] = True
