@@ -195,3 +195,25 @@ def test_the_sweep_corpus_keeps_the_v5_knobs_and_trains_on_a_space_with_them(sma
     t = next(t for t in small_corpus.targets() if t.layout == "tn")
     assert t.layout == "tn" and ctx.space(t).fields == BASE_FIELDS
     assert not any(sets_family_optional(d) for d in ctx.space(t).designs)
+
+
+def test_the_committed_checkpoint_samples_and_scores_a_space_with_v5_designs():
+    """Where v5 designs are legal (sm90tma's persistent designs, fp16 tn), sampling
+    decodes all 12 fields and draws only designs of the space (v5 ones among them: an
+    untrained v5 token competes at logit 0 with <eod>), and the masked probabilities over
+    the space sum to 1."""
+    import torch
+
+    model, _, _ = pm.load(DEFAULT_CHECKPOINT)
+    space = [
+        d for d in design_space("sm_90a", "fp16", "tn", ["sm90tma"]) if d.knobs.persistent == 1
+    ]
+    g = Grammar(space)
+    assert g.fields == N_FIELDS and any(sets_family_optional(d) for d in space)
+    prompt = [tokens.BOS, *tokens.GpuFeatures().tokens(), tokens.DESIGN]
+    picks = pm.sample(model, prompt, g, 64, generator=torch.Generator().manual_seed(0))
+    drawn = [g.designs[i] for i in picks]
+    assert all(d in g.index for d in drawn)
+    assert any(sets_family_optional(d) for d in drawn)
+    with torch.no_grad():
+        assert torch.allclose(pm.score(model, prompt, g).exp().sum(), torch.tensor(1.0), atol=1e-4)
