@@ -42,13 +42,22 @@ def vocab_prefix(digest: str) -> int | None:
     return None
 
 
+# The vocabulary's length when the initial weights were last drawn whole (before sm90tma
+# v5's tokens). Tokens appended after it draw their initial rows from a generator of their
+# own, after every other weight, so appending tokens changes no other initial weight: a
+# model built from the same seed starts where it did, and training on a corpus that never
+# allows the new tokens (their logits masked, so no gradient reaches the rest through them)
+# runs as it did.
+INIT_VOCAB = 377
+
+
 def build_model(cfg: ModelConfig) -> Any:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(cfg.seed)
     hf = GPT2Config(
-        vocab_size=len(VOCAB),
+        vocab_size=min(INIT_VOCAB, len(VOCAB)),
         n_positions=cfg.n_positions,
         n_embd=cfg.n_embd,
         n_layer=cfg.n_layer,
@@ -60,7 +69,15 @@ def build_model(cfg: ModelConfig) -> Any:
         eos_token_id=1,
         pad_token_id=0,
     )
-    return GPT2LMHeadModel(hf)
+    model = GPT2LMHeadModel(hf)
+    if len(VOCAB) > INIT_VOCAB:
+        gen = torch.Generator().manual_seed(cfg.seed)
+        rows = torch.empty(len(VOCAB) - INIT_VOCAB, cfg.n_embd)
+        rows.normal_(0.0, hf.initializer_range, generator=gen)
+        model.resize_token_embeddings(len(VOCAB), mean_resizing=False)
+        with torch.no_grad():
+            model.transformer.wte.weight[INIT_VOCAB:] = rows
+    return model
 
 
 def save(model: Any, cfg: ModelConfig, path: str | Path, info: dict[str, Any]) -> None:

@@ -217,3 +217,26 @@ def test_the_committed_checkpoint_samples_and_scores_a_space_with_v5_designs():
     assert any(sets_family_optional(d) for d in drawn)
     with torch.no_grad():
         assert torch.allclose(pm.score(model, prompt, g).exp().sum(), torch.tensor(1.0), atol=1e-4)
+
+
+def test_appended_tokens_change_no_other_initial_weight():
+    """A model built for this vocabulary starts, in every weight but the appended tokens'
+    embedding rows, where a model of the vocabulary before them (``INIT_VOCAB``) started
+    from the same seed; so a corpus that never allows the v5 tokens trains as before."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    assert BEFORE["vocab_len"] == pm.INIT_VOCAB
+    cfg = pm.ModelConfig(n_embd=32, n_layer=1, n_head=2, seed=3)
+    model = pm.build_model(cfg)
+    torch.manual_seed(cfg.seed)
+    kw = {"n_positions": cfg.n_positions, "n_embd": 32, "n_layer": 1, "n_head": 2}
+    drop = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    before = GPT2LMHeadModel(GPT2Config(vocab_size=pm.INIT_VOCAB, **kw, **drop)).state_dict()
+    now = model.state_dict()
+    assert now.keys() == before.keys()
+    for k, w in before.items():
+        assert torch.equal(now[k][: w.shape[0]], w), k
+    wte = model.transformer.wte.weight
+    assert wte.shape[0] == len(VOCAB) and model.lm_head.weight.data_ptr() == wte.data_ptr()
+    assert 0.01 < float(wte[pm.INIT_VOCAB :].std()) < 0.03  # GPT-2's 0.02 init
