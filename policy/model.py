@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.policy.tokens import N_FIELDS, VOCAB, Grammar
+from cudal2.policy.tokens import VOCAB, Grammar
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,22 @@ def vocab_prefix(digest: str) -> int | None:
     return None
 
 
+# The vocabulary's length when the initial weights were last drawn whole (before sm90tma
+# v5's tokens). Tokens appended after it draw their initial rows from a generator of their
+# own, after every other weight, so appending tokens changes no other initial weight: a
+# model built from the same seed starts where it did, and training on a corpus that never
+# allows the new tokens (their logits masked, so no gradient reaches the rest through them)
+# runs as it did.
+INIT_VOCAB = 377
+
+
 def build_model(cfg: ModelConfig) -> Any:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(cfg.seed)
     hf = GPT2Config(
-        vocab_size=len(VOCAB),
+        vocab_size=min(INIT_VOCAB, len(VOCAB)),
         n_positions=cfg.n_positions,
         n_embd=cfg.n_embd,
         n_layer=cfg.n_layer,
@@ -60,7 +69,15 @@ def build_model(cfg: ModelConfig) -> Any:
         eos_token_id=1,
         pad_token_id=0,
     )
-    return GPT2LMHeadModel(hf)
+    model = GPT2LMHeadModel(hf)
+    if len(VOCAB) > INIT_VOCAB:
+        gen = torch.Generator().manual_seed(cfg.seed)
+        rows = torch.empty(len(VOCAB) - INIT_VOCAB, cfg.n_embd)
+        rows.normal_(0.0, hf.initializer_range, generator=gen)
+        model.resize_token_embeddings(len(VOCAB), mean_resizing=False)
+        with torch.no_grad():
+            model.transformer.wte.weight[INIT_VOCAB:] = rows
+    return model
 
 
 def save(model: Any, cfg: ModelConfig, path: str | Path, info: dict[str, Any]) -> None:
@@ -109,7 +126,7 @@ def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
     state = load_file(str(weights))
     wte = "transformer.wte.weight"
     if known < len(VOCAB):
-        # Trained before the last tokens were appended (the room knob's): its ids mean
+        # Trained before the last tokens were appended (room's, sm90tma v5's): its ids mean
         # what they did; the new tokens get zero embeddings (a logit of 0 wherever a
         # grammar allows one, never where it does not), so it scores and samples every
         # design without them exactly as before. Retrain to learn them (docs/policy.md).
@@ -135,7 +152,7 @@ def _step_masks(grammar: Grammar) -> Any:
     cached = getattr(grammar, "_mask_tensor", None)
     if cached is not None:
         return cached
-    masks = torch.zeros(len(grammar.seqs), N_FIELDS, len(VOCAB), dtype=torch.bool)
+    masks = torch.zeros(len(grammar.seqs), grammar.fields, len(VOCAB), dtype=torch.bool)
     for i, steps in enumerate(grammar.masks()):
         for j, allowed in enumerate(steps):
             masks[i, j, allowed] = True
@@ -192,7 +209,7 @@ def sample(
     with torch.no_grad():
         logits, cache = _prefix_cache(model, prompt, n)
         logits = logits[:, -1, :]
-        for _ in range(N_FIELDS):
+        for _ in range(grammar.fields):  # the grammar's padded length (tokens.Grammar)
             mask = torch.zeros_like(logits, dtype=torch.bool)
             for row in range(n):
                 mask[row, grammar.allowed(fields[row])] = True

@@ -2,16 +2,20 @@
 tokens decoded one at a time under a grammar mask.
 
 A prompt is ``<bos> gpu... target... (<h> design... speed status metrics...)* <design>``,
-and the design follows as ``N_FIELDS`` tokens: ``family=...``, then that family's own
-knobs in its declared order (``name=value``), then ``room=...`` where the design leaves
-room (the optional ``room`` knob; docs/kernels.md "Designs that leave room"), then
-``<eod>`` up to ``N_FIELDS``. The
+and the design follows as its fields: ``family=...``, then that family's own knobs in
+its declared order (``name=value``), then the family's own optional knobs it sets
+(``base.family_optional``: sm90tma v5's ``raster``, ``ctas``, ``store``, in their
+declared order), then ``room=...`` where the design leaves room (the optional ``room``
+knob; docs/kernels.md "Designs that leave room"), then ``<eod>`` up to the grammar's
+field count (at least ``BASE_FIELDS``, at most ``N_FIELDS``). An optional knob at its
+default is spelled by leaving its token out, so a design that sets none is the token
+sequence it was before the knob existed. The
 vocabulary is derived from the family registry (``cudal2.generator.families``): every
 family, and every value of every knob's domain (a knob name shared by families shares
 its tokens). The grammar (``Grammar``) is a trie over a set of legal designs: at every
 position it allows only tokens that continue to at least one design of the set, so
 every sample is legal (the set is the arch's design space) or measured (the set is a
-target's measured designs, for replay).
+target's measured designs, for replay). ``decode`` reads a design back from its tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cudal2.generator import FAMILIES, family_of
-from cudal2.generator.families.base import ROOM, family_rooms
+from cudal2.generator.families.base import (
+    ROOM,
+    SHARED_KNOBS,
+    Knob,
+    family_optional,
+    family_rooms,
+    make,
+)
 from cudal2.hardware import DATASHEETS, REFERENCE_GPU, datasheet
 from cudal2.records import DTYPES, LAYOUTS, KernelDesign, Status, Target
 
@@ -31,25 +42,58 @@ KNOB_VALUES: dict[str, tuple[int, ...]] = {}
 for _fam in FAMILY_NAMES:
     for _knob in FAMILIES[_fam].KNOBS:
         KNOB_VALUES[_knob.name] = tuple(sorted({*KNOB_VALUES.get(_knob.name, ()), *_knob.domain}))
+
+
 # The optional knobs the policy spells, by the values a design may set (their default
 # is spelled by leaving the token out, so a design without them is the token sequence
-# it was before they existed). Only ``room``: the PDL trigger is expanded after the
-# proposal (policy.pdl) and the epilogue is the target's. Their tokens come last in the
-# vocabulary, so the ids of every earlier token stay what a checkpoint trained before
-# them learned (``model.load`` extends such a checkpoint).
-OPTIONAL_KNOBS = (ROOM,)
+# it was before they existed): ``room``, then every family's own optional knobs
+# (``base.family_optional``, first declaring family first; sm90tma v5's). Not the PDL
+# trigger (expanded after the proposal, policy.pdl) nor the epilogue (the target's).
+# Their tokens come last in the vocabulary, in this order, so the ids of every earlier
+# token stay what a checkpoint trained before them learned (``model.load`` extends such
+# a checkpoint): room's after the required knobs' (issue 20), v5's after room's.
+def _optional_knobs() -> tuple[Knob, ...]:
+    out: dict[str, Knob] = {ROOM.name: ROOM}
+    for fam in FAMILY_NAMES:
+        for knob in family_optional(FAMILIES[fam]):
+            if knob.name in KNOB_VALUES or knob.name in {k.name for k in SHARED_KNOBS}:
+                # a required or shared knob's name: its tokens would be spelled twice
+                raise ValueError(f"family {fam}: optional knob {knob.name!r} is already a knob")
+            if knob.name in out and out[knob.name] != knob:
+                raise ValueError(f"family {fam}: optional knob {knob.name!r} declared twice")
+            out[knob.name] = knob
+    return tuple(out.values())
 
 
-def _spells_optional(family: str) -> int:
-    """How many optional-knob fields a design of ``family`` may add: one where it
-    renders room."""
-    return 1 if len(family_rooms(FAMILIES[family])) > 1 else 0
+OPTIONAL_KNOBS = _optional_knobs()
 
 
-# Design positions: the family, then at most this many knobs (shorter families pad
-# with <eod>, which the grammar forces, so padding costs no probability). A family
-# that renders room has room for its token (sm90tma, the longest, renders none).
-N_FIELDS = 1 + max(len(FAMILIES[f].KNOBS) + _spells_optional(f) for f in FAMILY_NAMES)
+def spelled_optional(family: str) -> tuple[Knob, ...]:
+    """The optional knobs a design of ``family`` may spell, in its tokens' order: the
+    family's own (declared order), then ``room`` where the family renders room."""
+    mod = FAMILIES[family]
+    return (*family_optional(mod), *((ROOM,) if len(family_rooms(mod)) > 1 else ()))
+
+
+def sets_family_optional(d: KernelDesign) -> bool:
+    """Whether ``d`` sets one of its family's own optional knobs (sm90tma v5's)."""
+    given = d.knobs.as_json()
+    return any(
+        given.get(k.name, k.default) != k.default for k in family_optional(family_of(d.family))
+    )
+
+
+# Design positions: the family, then at most this many knobs. A grammar pads its designs
+# with <eod> (which it then forces, so padding costs no probability) to its longest
+# design, and to at least ``BASE_FIELDS``: the longest design that sets no family's own
+# optional knob (sm90tma's 8 knobs; sm90stream's 7 and room), the fields every
+# checkpoint before sm90tma v5's tokens decoded, so a grammar without v5 designs scores
+# and samples exactly as it did (the same sequences, the same draws). ``N_FIELDS``: the
+# longest design of all (sm90tma's 8 knobs and its 3 optional ones).
+BASE_FIELDS = 1 + max(
+    len(FAMILIES[f].KNOBS) + (len(family_rooms(FAMILIES[f])) > 1) for f in FAMILY_NAMES
+)
+N_FIELDS = 1 + max(len(FAMILIES[f].KNOBS) + len(spelled_optional(f)) for f in FAMILY_NAMES)
 SPECIAL = ("<pad>", "<bos>", "<h>", "<design>", "<eod>")
 SPEED_STEP = 0.05  # log-speedup buckets
 SPEED_MIN, SPEED_MAX = -2.0, 0.4
@@ -145,14 +189,46 @@ def target_tokens(t: Target, sm_count: int = 132) -> list[int]:
 
 
 def design_tokens(d: KernelDesign, pad: bool = True) -> list[int]:
-    """The design as the family's token and its knobs' tokens, in the family's declared
-    order; padded with <eod> to ``N_FIELDS`` (where it is decoded) unless ``pad`` is
-    false (in a prompt's history)."""
+    """The design as the family's token, its knobs' tokens in the family's declared
+    order, then the optional knobs it sets (``spelled_optional``); padded with <eod> to
+    ``BASE_FIELDS`` (where it is decoded; a grammar pads further to its longest design)
+    unless ``pad`` is false (in a prompt's history)."""
     knobs = [tok(f"{k.name}={getattr(d.knobs, k.name)}") for k in family_of(d.family).KNOBS]
     given = d.knobs.as_json()
-    optional = [tok(f"{k.name}={given[k.name]}") for k in OPTIONAL_KNOBS if k.name in given]
+    optional = [
+        tok(f"{k.name}={given[k.name]}")
+        for k in spelled_optional(d.family)
+        if given.get(k.name, k.default) != k.default
+    ]
     out = [tok(f"family={d.family}"), *knobs, *optional]
-    return out + [EOD] * (N_FIELDS - len(out)) if pad else out
+    return _padded(out, BASE_FIELDS) if pad else out
+
+
+def _padded(seq: list[int], fields: int) -> list[int]:
+    return seq + [EOD] * (fields - len(seq))
+
+
+def decode(ids: Sequence[int], arch: str, dtype: str, layout: str) -> KernelDesign:
+    """The design whose tokens (``design_tokens``, padded or not) are ``ids``, for
+    (arch, dtype, layout), which the tokens do not spell; legality is checked
+    separately. A sequence that spells no design raises ValueError naming why."""
+    words = [VOCAB[i] if 0 <= i < len(VOCAB) else f"<id {i}>" for i in ids]
+    while words and words[-1] == "<eod>":
+        words.pop()
+    if not words or not words[0].startswith("family=") or words[0][7:] not in FAMILIES:
+        raise ValueError(f"tokens {words[:1]} do not start with a family")
+    family = words[0][7:]
+    fields = [*family_of(family).KNOBS, *spelled_optional(family)]
+    values: dict[str, int] = {}
+    rest = words[1:]
+    for knob in fields:
+        if rest and rest[0].partition("=")[0] == knob.name:
+            values[knob.name] = int(rest.pop(0).partition("=")[2])
+        elif knob.default is None:
+            raise ValueError(f"{family} tokens {words}: knob {knob.name!r} is missing")
+    if rest:
+        raise ValueError(f"{family} tokens {words}: {rest} out of place")
+    return make(family, arch, dtype, layout, family_optional(FAMILIES[family]), **values)
 
 
 @dataclass(frozen=True)
@@ -198,7 +274,10 @@ class Grammar:
         if not self.designs:
             raise ValueError("a grammar needs at least one design")
         self.index = set(self.designs)
-        self.seqs = [design_tokens(d) for d in self.designs]
+        own = [design_tokens(d) for d in self.designs]
+        # every design padded to the longest (at least BASE_FIELDS: design_tokens's)
+        self.fields = max(len(s) for s in own)
+        self.seqs = [_padded(s, self.fields) for s in own]
         self._children: dict[tuple[int, ...], set[int]] = {}
         for s in self.seqs:
             for i in range(len(s)):
@@ -258,13 +337,14 @@ class Grammar:
         v = object.__new__(Grammar)
         v.designs = list(designs)
         v.index = set(v.designs)
-        v.seqs = [design_tokens(d) for d in v.designs]
+        v.fields = self.fields
+        v.seqs = [_padded(design_tokens(d), self.fields) for d in v.designs]
         v._children = self._children
         v._through = None
         missing = [
             d.key[:12]
             for d, s in zip(v.designs, v.seqs, strict=True)
-            if s[-1] not in self.allowed(s[:-1])
+            if len(s) != self.fields or s[-1] not in self.allowed(s[:-1])
         ]
         if missing:
             raise ValueError(f"designs not in the grammar: {missing[:3]}")

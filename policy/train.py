@@ -35,7 +35,7 @@ from cudal2.policy import model as pm
 from cudal2.policy.corpus import Corpus, Row
 from cudal2.policy.reward import entry, neighbour_history, reward
 from cudal2.policy.room import is_room
-from cudal2.policy.tokens import Grammar, gpu_features, prompt_tokens
+from cudal2.policy.tokens import Grammar, gpu_features, prompt_tokens, sets_family_optional
 from cudal2.records import Target
 
 
@@ -84,12 +84,19 @@ class Context:
         # The legal space holds room designs where the corpus has measured some (the
         # grammar must spell what it scores; a corpus without them trains as before)
         self.room = any(is_room(r.design) for r in corpus.rows)
+        # Likewise designs that set a family's own optional knobs (sm90tma v5's): the
+        # legal space holds them where the corpus has measured some, so a corpus without
+        # them trains and replays as before (the untrained tokens are never allowed)
+        self.family_optional = any(sets_family_optional(r.design) for r in corpus.rows)
         self._neigh: dict[Target, list] = {}
 
     def space(self, t: Target) -> Grammar:
         key = (t.arch, t.dtype, t.layout)
         if key not in self._space:
-            self._space[key] = Grammar(design_space(*key, room=self.room))
+            space = design_space(*key, room=self.room)
+            if not self.family_optional:
+                space = [d for d in space if not sets_family_optional(d)]
+            self._space[key] = Grammar(space)
         return self._space[key]
 
     def neighbour_entries(self, t: Target) -> list:

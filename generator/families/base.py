@@ -240,7 +240,8 @@ def family_optional(family: ModuleType) -> tuple[Knob, ...]:
     """A family's own optional knobs (``OPTIONAL_KNOBS`` in its module: each with a
     default, left out of a design at it, so adding one changes no existing design's key,
     name or source); after its required ``KNOBS`` in a design's name, before the
-    ``SHARED_KNOBS``. The policy's tokens do not spell them."""
+    ``SHARED_KNOBS``. The policy's tokens spell the values a design sets, after the
+    family's knobs (``policy.tokens.spelled_optional``)."""
     return tuple(getattr(family, "OPTIONAL_KNOBS", ()))
 
 

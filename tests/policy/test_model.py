@@ -7,6 +7,7 @@ import torch
 from cudal2.generator import design_space
 from cudal2.policy import model as pm
 from cudal2.policy.tokens import (
+    BASE_FIELDS,
     EOD,
     N_FIELDS,
     VOCAB,
@@ -28,17 +29,21 @@ def test_every_legal_design_has_tokens_and_a_path_in_the_grammar(dtype, layout):
     g = Grammar(space)
     assert len(g.designs) == len(space)
     for d, seq in zip(g.designs[::97], g.seqs[::97], strict=True):
-        assert len(seq) == N_FIELDS == len(design_tokens(d))
+        own = design_tokens(d, pad=False)
+        assert len(seq) == g.fields and len(design_tokens(d)) == max(BASE_FIELDS, len(own))
         for i, tok in enumerate(seq):
             assert tok in g.allowed(seq[:i])
         # the family's knobs, then <eod> padding, which the grammar forces
-        own = design_tokens(d, pad=False)
         assert seq[: len(own)] == own and all(t == EOD for t in seq[len(own) :])
-        assert all(g.allowed(seq[:i]) == [EOD] for i in range(len(own), N_FIELDS))
+        assert all(g.allowed(seq[:i]) == [EOD] for i in range(len(own), g.fields))
+    # padded to the longest design: sm90tma v5's (tn) spell 3 more fields
+    assert g.fields == (N_FIELDS if layout == "tn" else BASE_FIELDS)
 
 
 def test_longest_prompt_fits_the_model(tiny_model_config):
-    d = design_space("sm_90a", "fp16", "tn")[0]
+    # the longest design (sm90tma v5, every optional knob set)
+    d = max(design_space("sm_90a", "fp16", "tn"), key=lambda d: len(design_tokens(d, pad=False)))
+    assert len(design_tokens(d, pad=False)) == N_FIELDS
     full = HistoryEntry(d, 0.1, "ok", 0.5, 0.5)
     cfg = pm.ModelConfig()
     p = prompt_tokens(GpuFeatures(), T, [full] * 50, cfg.max_history)
