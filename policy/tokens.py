@@ -276,7 +276,8 @@ class Grammar:
         self.index = set(self.designs)
         own = [design_tokens(d) for d in self.designs]
         # every design padded to the longest (at least BASE_FIELDS: design_tokens's)
-        self.fields = max(len(s) for s in own)
+        self._lengths = [len(s) for s in own]
+        self.fields = max(self._lengths)
         self.seqs = [_padded(s, self.fields) for s in own]
         self._children: dict[tuple[int, ...], set[int]] = {}
         for s in self.seqs:
@@ -316,10 +317,19 @@ class Grammar:
                     children[parent] = children[parent] - {node[-1]}
         for node in [n for n, c in children.items() if not c]:
             del children[node]
+        # padded to the longest design left, as Grammar(rest) pads: the fields past it
+        # held only <eod> and leave the trie
+        fields = max(self._lengths[i] for i in keep)
+        seqs = [self.seqs[i] for i in keep]
+        if fields < self.fields:
+            seqs = [s[:fields] for s in seqs]
+            children = {node: c for node, c in children.items() if len(node) < fields}
         g = object.__new__(Grammar)
         g.designs = [self.designs[i] for i in keep]
         g.index = self.index.difference(self.designs[i] for i in gone)
-        g.seqs = [self.seqs[i] for i in keep]
+        g._lengths = [self._lengths[i] for i in keep]
+        g.fields = fields
+        g.seqs = seqs
         g._children = children
         g._through = None
         return g

@@ -21,6 +21,7 @@ def _same(got: Grammar, want: Grammar) -> None:
     assert got.designs == want.designs
     assert got.seqs == want.seqs
     assert got.index == want.index
+    assert got.fields == want.fields  # padded to the longest design left (v5's are longer)
     assert got._children == want._children  # every prefix's allowed tokens, no stale node
 
 
@@ -63,6 +64,16 @@ def test_without_a_whole_family_drops_its_token(space):
     got = space.without(drop)
     _same(got, Grammar(d for d in space.designs if d.family != "sm80mma"))
     assert len(got.allowed([])) == len(space.allowed([])) - 1
+
+
+def test_without_the_long_designs_pads_as_the_rest_would(space):
+    """v5's designs spell up to three more knobs: dropping all of them leaves a grammar of
+    the base length, as Grammar(rest) builds it (the sampler decodes ``fields`` positions)."""
+    long = [i for i, s in enumerate(space.seqs) if space._lengths[i] > min(space._lengths)]
+    assert long and space.fields > min(space._lengths)
+    got = space.without(long)
+    _same(got, Grammar(d for i, d in enumerate(space.designs) if i not in set(long)))
+    assert got.fields == min(space._lengths)
 
 
 def test_without_every_design_is_refused(space):

@@ -74,7 +74,15 @@ def test_every_design_of_every_space_round_trips_and_pre_v5_ids_are_mains(
     for d, seq in zip(g.designs, g.seqs, strict=True):
         assert decode(seq, "sm_90a", dtype, layout) == d
         assert decode(design_tokens(d, pad=False), "sm_90a", dtype, layout) == d
-    plain = [d for d in space if not sets_family_optional(d)]
+    # main's designs before v5: none sets a v5 knob, and none is the persistent multicast
+    # pair (v5's second slice, which sets none of them: its tokens are new sequences of old
+    # tokens, checked to round-trip above)
+    plain = [
+        d
+        for d in space
+        if not sets_family_optional(d)
+        and not (d.family == "sm90tma" and d.knobs.persistent == 1 and d.knobs.cluster_m == 2)
+    ]
     lines = "".join(f"{d.key} {' '.join(map(str, design_tokens(d, pad=False)))}\n" for d in plain)
     want = BEFORE["spaces"][f"{fam} {dtype} {layout}"]
     assert len(plain) == want["designs"]
