@@ -31,16 +31,6 @@ import llama_kv_e2e as e2e  # this folder is on sys.path when run as a script
 from cudal2.bench.layer_profile import by_role, role
 
 
-def busy_us(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of (start, end) intervals: time some kernel ran."""
-    total, reach = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
-
-
 def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> dict[str, Any]:
     """Per-kernel µs per step of ``steps`` compiled decode steps (graph replays)."""
     import torch
@@ -65,17 +55,18 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
     ]  # fmt: skip
     by_name: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
-    gap: dict[str, float] = defaultdict(float)  # idle GPU time just before each kernel
-    reach = None
+    # idle GPU time just before each kernel: since the latest end of the kernels before it
+    # (summed, the span less the union of the kernels' intervals)
+    gap: dict[str, float] = defaultdict(float)
+    reach: float | None = None
     for e in sorted(kernels, key=lambda e: e.time_range.start):
         by_name[e.name] += e.device_time
         count[e.name] += 1
         if reach is not None:
             gap[e.name] += max(0.0, e.time_range.start - reach)
-        reach = max(reach or e.time_range.end, e.time_range.end)
+        reach = e.time_range.end if reach is None else max(reach, e.time_range.end)
     start = min(e.time_range.start for e in kernels)
     end = max(e.time_range.end for e in kernels)
-    busy = busy_us([(e.time_range.start, e.time_range.end) for e in kernels])
     rows = sorted(
         (
             {
@@ -96,9 +87,8 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
         },
         "kernel_sum_us": round(sum(by_name.values()) / steps, 3),
         "span_us": round((end - start) / steps, 3),
-        # the GPU with no kernel running (launch gaps, a kernel waiting for the host):
-        # the span less the union of the kernels' intervals
-        "idle_us": round((end - start - busy) / steps, 3),
+        # the GPU with no kernel running (launch gaps, a kernel waiting for the host)
+        "idle_us": round(sum(gap.values()) / steps, 3),
         "launches_per_step": round(len(kernels) / steps, 2),
     }
 
