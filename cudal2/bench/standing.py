@@ -1002,9 +1002,10 @@ def tma_v5_sweep(root: Path) -> str:
         "| technique | knob | sweep | dtype | gain (geomean over targets) | targets |",
         "|---|---|---|---|---:|---:|",
     ]
+    per_run = {p: timed(runs[p]) for p in paths}  # each sweep's kernels, once
     for label, knob in TECHNIQUES:
         for p in paths:
-            run = timed(runs[p])
+            run = per_run[p]
             for dtype in sorted({k[0] for k in run}):
                 gain, n = technique_gain({k: v for k, v in run.items() if k[0] == dtype}, knob)
                 if n:
