@@ -45,6 +45,14 @@ model's (today's e2e rule). ``check`` also records the patch's memory
 per-layer report (which GEMMs hit a table entry, which fall back) and the package's hit
 / fallback counts over one patched eager decode step.
 
+A bound (``bound``, not in the default parts): the ``graph`` decode with a third model,
+the patched one with RoPE and the KV-cache write taken out (each layer's rotary an
+identity, each cache layer's ``update`` returning its tensors unwritten): what a qkv
+epilogue that rotated q and k and wrote k and v into the cache itself could at most gain,
+since such an epilogue still reads and writes what these kernels did, minus their
+launches. Its logits are wrong by design; only its time is reported
+(``speedup_bound``: unpatched over it, paired as ``speedup``).
+
 Each part is rerun-safe: the results JSON (``--out``) is read, the part's key replaced,
 and written atomically after every part, so parts can run in separate processes (one
 10-minute command each; ci/gpu_e2e_kv.sh) and a run cut short keeps what it finished.
@@ -61,6 +69,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import importlib
 import json
 import os
@@ -69,6 +78,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +87,7 @@ QWEN2_CONFIG = CONFIG.parent / "qwen2-7b"
 CONTEXT = 1024
 TOLERANCE = 2.0
 FLOOR = 1e-5  # of the largest |logit|: below it, errors are rounding order (fp32 dry run)
-PARTS = ("check", "eager", "prefill", "graph", "qwen2")
+PARTS = ("check", "eager", "prefill", "graph", "qwen2", "bound")
 # --dry-run: a tiny Llama on the CPU (the code paths, not figures).
 TINY = dict(
     hidden_size=64,
@@ -186,6 +196,32 @@ def rewind(cache: Any, position: int) -> None:
         layer.cumulative_length.fill_(position)
 
 
+def _no_rotary(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    return q, k
+
+
+def _unwritten_update(self: Any, key_states: Any, value_states: Any, *a: Any, **kw: Any) -> Any:
+    return self.keys, self.values
+
+
+def bound_twin(s: Setup, model: Any) -> tuple[Any, Any]:
+    """``bound``'s model: a patched twin whose fused layers skip RoPE (an identity in
+    each layer's plan); its cache skips the write (``unwritten``)."""
+    twin, patch = patched_copy(s, model)
+    for layer in twin.model.layers:
+        plan = layer.__dict__.get("_cudal2")
+        if plan is not None:
+            layer._cudal2 = dataclasses.replace(plan, rotary=_no_rotary)
+    return twin, patch
+
+
+def unwritten(cache: Any) -> Any:
+    """The cache with every layer's ``update`` returning its tensors as they are."""
+    for layer in cache.layers:
+        layer.update = types.MethodType(_unwritten_update, layer)
+    return cache
+
+
 def step_fn(model: Any, cache: Any) -> Any:
     def step(ids: Any) -> Any:
         return model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
@@ -226,12 +262,17 @@ def summarise(times: dict[str, list[float]], batch: int, steps: int) -> dict:
         "ms_per_step": {n: round(t / steps * 1e3, 3) for n, t in med.items()},
         "speedup": round(med["unpatched"] / med["patched"], 4),
     }
-    ratio = sorted(u / p for u, p in zip(times["unpatched"], times["patched"], strict=True))
-    out["paired_speedup"] = round(statistics.median(ratio), 4)
-    out["paired_p20_p80"] = [
-        round(ratio[len(ratio) // 5], 4),
-        round(ratio[(4 * len(ratio)) // 5], 4),
-    ]
+    for other, key in (("patched", ""), ("bound", "_bound")):
+        if other not in times:
+            continue
+        ratio = sorted(u / p for u, p in zip(times["unpatched"], times[other], strict=True))
+        if key:
+            out[f"speedup{key}"] = round(med["unpatched"] / med[other], 4)
+        out[f"paired_speedup{key}"] = round(statistics.median(ratio), 4)
+        out[f"paired_p20_p80{key}"] = [
+            round(ratio[len(ratio) // 5], 4),
+            round(ratio[(4 * len(ratio)) // 5], 4),
+        ]
     return out
 
 
@@ -345,16 +386,23 @@ def part_check(s: Setup, model: Any, patched: Any, patch: Any, mem: dict) -> dic
     return res
 
 
-def part_decode(s: Setup, model: Any, patched: Any, compiled: bool) -> dict:
+def part_decode(s: Setup, model: Any, patched: Any, compiled: bool, bound: Any = None) -> dict:
+    """Decode timed per batch; ``bound``: a third model (``bound_twin``) on an
+    ``unwritten`` cache, timed beside the two."""
     torch = s.torch
     args = s.args
     rows = {}
+    models = [("unpatched", model), ("patched", patched)]
+    if bound is not None:
+        models.append(("bound", bound))
     for batch in args.batches:
         t0 = time.monotonic()
         runs, row = {}, {"batch": batch}
         ids = torch.zeros((batch, 1), dtype=torch.long, device=s.device)
-        for name, m in (("unpatched", model), ("patched", patched)):
+        for name, m in models:
             cache = static_cache(s, m, batch, s.context + args.steps, s.context)
+            if name == "bound":
+                unwritten(cache)
             step = step_fn(m, cache)
             if compiled:
                 with torch.no_grad():
@@ -473,7 +521,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--batches must be positive integers, got {args.batches}")
     if args.prefill < 1:
         ap.error(f"--prefill must be at least 1, got {args.prefill}")
-    args.part = list(dict.fromkeys(args.part or PARTS))
+    args.part = list(dict.fromkeys(args.part or [p for p in PARTS if p != "bound"]))
     return args
 
 
@@ -532,6 +580,11 @@ def main(argv: list[str] | None = None) -> int:
                 got = part_check(s, model, patched, patch, mem)
             elif part == "prefill":
                 got = part_prefill(s, model, patched)
+            elif part == "bound":
+                twin, twin_patch = bound_twin(s, model)
+                got = part_decode(s, model, patched, compiled=True, bound=twin)
+                twin_patch.restore()
+                del twin
             else:
                 got = part_decode(s, model, patched, compiled=part == "graph")
             got["wall_s"] = round(time.monotonic() - t1, 1)

@@ -123,3 +123,40 @@ def test_the_e2e_manifest_covers_the_run(e2e):
                     want.add((1, n, k, epilogue))  # the prefill's head: logits_to_keep=1
     assert want <= have, sorted(want - have)
     assert len(m.targets) == 50
+
+
+def test_the_bound_part(e2e, package, tmp_path):
+    """``bound``: a third model timed beside the two, the patched one without RoPE and
+    without the cache write. Its cache is left as it was (the patched model's is
+    written), its logits differ from the patched model's (RoPE is gone), and the part's
+    rows carry its paired speedup."""
+    import torch
+
+    out = tmp_path / "kv.json"
+    argv = ["--dry-run", "--package", package.__name__, "--out", str(out)]
+    argv += ["--batches", "1", "--steps", "2", "--reps", "2", "--part", "bound"]
+    assert e2e.main(argv) == 0
+    row = json.loads(out.read_text())["llama"]["bound"]["batches"]["1"]
+    assert set(row["tokens_per_s"]) == {"unpatched", "patched", "bound"}
+    assert row["speedup_bound"] > 0 and len(row["paired_p20_p80_bound"]) == 2
+
+    s = e2e.Setup(e2e.parse(argv))
+    model = e2e.build(s, s.config())
+    patched, patch = e2e.patched_copy(s, model)
+    twin, twin_patch = e2e.bound_twin(s, model)
+    ids = torch.ones((1, 1), dtype=torch.long)
+    got = {}
+    with torch.no_grad():
+        for name, m, cache in (
+            ("patched", patched, e2e.static_cache(s, patched, 1, s.context + 2, s.context)),
+            ("bound", twin, e2e.unwritten(e2e.static_cache(s, twin, 1, s.context + 2, s.context))),
+        ):
+            before = [layer.keys.clone() for layer in cache.layers]
+            got[name] = e2e.step_fn(m, cache)(ids)
+            kept = all(
+                torch.equal(b, layer.keys) for b, layer in zip(before, cache.layers, strict=True)
+            )
+            assert kept == (name == "bound"), name
+    assert not torch.allclose(got["patched"], got["bound"])
+    twin_patch.restore()
+    patch.restore()
