@@ -730,6 +730,55 @@ def llama_kv_e2e(root: Path) -> str:
     return "\n".join(lines)
 
 
+# The same wheel's records on a second lent H100 (2026-11-25): graph decode again, and the
+# bound without RoPE and the cache write (llama_kv_e2e.py --part bound)
+KV_E2E_2 = "bench/results/h100-llama-kv-e2e-machine2.json"
+
+
+def kv_e2e_bound(root: Path) -> str:
+    """``docs/inference.md``'s second H100: the graph decode per batch beside the first
+    H100's (``KV_E2E``), and the bound of a qkv epilogue doing RoPE and the cache write."""
+    first = json.loads((root / KV_E2E).read_text())["llama"]["graph"]["batches"]
+    d = json.loads((root / KV_E2E_2).read_text())
+    env, graph, bound = d["env"], d["llama"]["graph"]["batches"], d["llama"]["bound"]["batches"]
+    m = env["machine"]
+    lines = [
+        f"{env['gpu']} (serial {m['nvidia_smi_serial']}, power limit {m['power_limit_w']} W, "
+        f"driver {m['driver']}), torch {env['torch']}, package `{env['package']}` "
+        f"(`{KV_E2E_2}`; the first H100's figures from `{KV_E2E}`). ms per decode step under "
+        "graphs; speedups paired per block (p20–p80).",
+        "",
+        "| batch | target | first H100: unpatched / patched ms, speedup | this H100: unpatched / "
+        "patched ms, speedup | bound run: unpatched / patched / no RoPE nor cache write ms | "
+        "speedup patched | speedup without RoPE and the cache write |",
+        "|---:|---:|---|---|---|---|---|",
+    ]
+
+    def pair(r: dict, key: str = "") -> str:
+        lo, hi = r[f"paired_p20_p80{key}"]
+        return f"{r[f'paired_speedup{key}']:.3f} ({lo:.3f}–{hi:.3f})"
+
+    for b in sorted(bound, key=int):
+        f, g, r = first.get(b), graph.get(b), bound[b]
+        ms = r["ms_per_step"]
+        cells = [
+            b,
+            f"{KV_TARGETS[b]:.2f}",
+            f"{f['ms_per_step']['unpatched']:.3f} / {f['ms_per_step']['patched']:.3f}, {pair(f)}"
+            if f
+            else "–",
+            f"{g['ms_per_step']['unpatched']:.3f} / {g['ms_per_step']['patched']:.3f}, {pair(g)}"
+            if g
+            else "–",
+            f"{ms['unpatched']:.3f} / {ms['patched']:.3f} / {ms['bound']:.3f}",
+            pair(r),
+            pair(r, "_bound"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"{env['note'][0].upper()}{env['note'][1:]}."]
+    return "\n".join(lines)
+
+
 KV_PROFILE = "bench/results/h100-kv-decode-profile.json"  # ci/gpu_kv_profile.sh on the H100
 # the same at batch 1, 16 steps, with the GPU's idle time recorded (a second run)
 KV_PROFILE_IDLE = "bench/results/h100-kv-decode-profile-b1-idle.json"
@@ -1105,6 +1154,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "splitk-epilogues": splitk_epilogues,
     "llama-kv-e2e": llama_kv_e2e,
     "kv-decode-ceiling": kv_decode_ceiling,
+    "kv-e2e-bound": kv_e2e_bound,
     "room-timing": room_timing,
     "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,
