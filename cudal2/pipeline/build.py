@@ -359,10 +359,12 @@ class Build:
         with self.clock.stage("wait for runner"):
             gpu = started.result()
         if expected is not None and (gpu.name, gpu.arch) != expected:
+            # the setting that chose the GPU: a host runner's devices, a local one's --device
+            choose = "[runner] devices" if hasattr(runner, "devices") else "--device"
             raise BuildError(
                 f"{runner.name} measures on {gpu.name} ({gpu.arch}), but nvidia-smi named "
                 f"{expected[0]} ({expected[1]}) for it, which the proposals were made for: "
-                "set CUDA_VISIBLE_DEVICES to plain GPU indices, or pass --device"
+                f"set CUDA_VISIBLE_DEVICES to plain GPU indices, or choose the GPU with {choose}"
             )
         return gpu
 

@@ -451,6 +451,33 @@ def test_a_host_runners_devices_are_what_the_build_reads(tmp_path, recorded, mon
     assert b._expected_gpu(HostRunner([1], needs_cubins=False)) is None  # answers by key
 
 
+@pytest.mark.parametrize(
+    "attrs, hint",
+    [
+        ({"device": 1}, "choose the GPU with --device"),
+        ({"devices": [1]}, "choose the GPU with [runner] devices"),
+    ],
+)
+def test_a_runner_on_another_gpu_than_proposed_for_is_refused(tmp_path, recorded, attrs, hint):
+    """The runner started on a GPU model other than the one nvidia-smi named (which the
+    proposals were made for): a BuildError naming both and the setting that chose it."""
+    import types
+    from concurrent.futures import Future
+
+    from cudal2.pipeline.build import BuildError
+    from cudal2.records import GpuInfo
+
+    b = Build(_manifest(rounds=1), tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"),
+              tmp_path, runner=ReplayRunner(recorded), log=io.StringIO())  # fmt: skip
+    runner = types.SimpleNamespace(name="the runner", **attrs)
+    started: Future = Future()
+    started.set_result(GpuInfo("NVIDIA H200", "sm_90a", 132, "580", "13.0"))
+    assert b._started(runner, started, ("NVIDIA H200", "sm_90a")).name == "NVIDIA H200"
+    with pytest.raises(BuildError, match="H100") as got:
+        b._started(runner, started, ("NVIDIA H100 80GB HBM3", "sm_90a"))
+    assert "measures on NVIDIA H200" in str(got.value) and hint in str(got.value)
+
+
 @needs_nvcc
 def test_the_first_targets_are_measured_while_later_ones_are_proposed(
     tmp_path, recorded, no_cubins
