@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import llama_kv_e2e as e2e  # this folder is on sys.path when run as a script
 
-from cudal2.bench.layer_profile import by_role, role
+from cudal2.bench.layer_profile import kernel_table, profiled_kernels
 
 
 def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> dict[str, Any]:
@@ -49,48 +48,7 @@ def profile_steps(s: e2e.Setup, fn: Any, cache: Any, ids: Any, steps: int) -> di
                 torch.compiler.cudagraph_mark_step_begin()
                 x = fn(x).argmax(-1)
             torch.cuda.synchronize()
-    kernels = [
-        e for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0
-    ]  # fmt: skip
-    by_name: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    # idle GPU time just before each kernel: since the latest end of the kernels before it
-    # (summed, the span less the union of the kernels' intervals)
-    gap: dict[str, float] = defaultdict(float)
-    reach: float | None = None
-    for e in sorted(kernels, key=lambda e: e.time_range.start):
-        by_name[e.name] += e.device_time
-        count[e.name] += 1
-        if reach is not None:
-            gap[e.name] += max(0.0, e.time_range.start - reach)
-        reach = e.time_range.end if reach is None else max(reach, e.time_range.end)
-    start = min(e.time_range.start for e in kernels)
-    end = max(e.time_range.end for e in kernels)
-    rows = sorted(
-        (
-            {
-                "kernel": k[:160],
-                "role": role(k),
-                "us_per_step": round(v / steps, 3),
-                "launches_per_step": round(count[k] / steps, 3),
-                "idle_before_us_per_step": round(gap[k] / steps, 3),
-            }
-            for k, v in by_name.items()
-        ),
-        key=lambda r: -r["us_per_step"],
-    )
-    return {
-        "kernels": rows,
-        "by_role_us": {
-            k: round(v, 3) for k, v in by_role({"kernels": rows}, "us_per_step").items()
-        },
-        "kernel_sum_us": round(sum(by_name.values()) / steps, 3),
-        "span_us": round((end - start) / steps, 3),
-        # the GPU with no kernel running (launch gaps, a kernel waiting for the host)
-        "idle_us": round(sum(gap.values()) / steps, 3),
-        "launches_per_step": round(len(kernels) / steps, 2),
-    }
+    return kernel_table(profiled_kernels(prof), steps, "step")
 
 
 def profile_batch(s: e2e.Setup, model: Any, patched: Any, batch: int, steps: int) -> dict:

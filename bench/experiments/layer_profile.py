@@ -23,7 +23,6 @@ import argparse
 import importlib
 import json
 import sys
-from collections import defaultdict
 from typing import Any
 
 from cudal2.bench.layer import (
@@ -34,7 +33,7 @@ from cudal2.bench.layer import (
     make_state,
     make_weights,
 )
-from cudal2.bench.layer_profile import by_role, role
+from cudal2.bench.layer_profile import kernel_table, profiled_kernels
 from cudal2.bench.layer_run import _dtype
 from cudal2.verify.timing import operand_sets
 
@@ -75,37 +74,7 @@ def profile_case(pkg: Any, model: str, dtype: str, m: int, reps: int) -> dict[st
                 for _ in range(reps):
                     g.replay()
                 torch.cuda.synchronize()
-            kernels = [
-                e for e in prof.events()
-                if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0
-            ]  # fmt: skip
-            by_name: dict[str, float] = defaultdict(float)
-            count: dict[str, int] = defaultdict(int)
-            for e in kernels:
-                by_name[e.name] += e.device_time
-                count[e.name] += 1
-            calls = reps * nsets
-            start = min(e.time_range.start for e in kernels)
-            end = max(e.time_range.end for e in kernels)
-            rows = sorted(
-                (
-                    {
-                        "kernel": k[:160],
-                        "role": role(k),
-                        "us_per_layer": round(v / calls, 3),
-                        "launches_per_layer": round(count[k] / calls, 3),
-                    }
-                    for k, v in by_name.items()
-                ),
-                key=lambda r: -r["us_per_layer"],
-            )
-            out[name] = {
-                "kernels": rows,
-                "by_role_us": {k: round(v, 3) for k, v in by_role({"kernels": rows}).items()},
-                "kernel_sum_us": round(sum(by_name.values()) / calls, 3),
-                "span_us": round((end - start) / calls, 3),
-                "launches_per_layer": round(len(kernels) / calls, 2),
-            }
+            out[name] = kernel_table(profiled_kernels(prof), reps * nsets, "layer")
     del graphs, layers, weights, states
     torch.cuda.empty_cache()
     return out

@@ -45,6 +45,63 @@ def role(kernel: str) -> str:
     return "other"
 
 
+def kernel_table(
+    kernels: Sequence[tuple[str, float, float, float]], per: int, unit: str
+) -> dict[str, Any]:
+    """Profiled kernels ``(name, start µs, end µs, GPU µs)`` summed by name, per ``per``
+    (layers or decode steps, named by ``unit``): each kernel's GPU time, launches, and
+    the GPU's idle time just before it (since the latest end of the kernels started
+    before it: with PDL a kernel starts before the one it waits for ends, so its
+    duration holds that wait and the durations overlap); the totals, the span, and the
+    idle time (the span less the union of the kernels' intervals)."""
+    by_name: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    gap: dict[str, float] = defaultdict(float)
+    reach: float | None = None
+    for name, start, end, gpu_us in sorted(kernels, key=lambda e: e[1]):
+        by_name[name] += gpu_us
+        count[name] += 1
+        if reach is not None:
+            gap[name] += max(0.0, start - reach)
+        reach = end if reach is None else max(reach, end)
+    rows = sorted(
+        (
+            {
+                "kernel": k[:160],
+                "role": role(k),
+                f"us_per_{unit}": round(v / per, 3),
+                f"launches_per_{unit}": round(count[k] / per, 3),
+                f"idle_before_us_per_{unit}": round(gap[k] / per, 3),
+            }
+            for k, v in by_name.items()
+        ),
+        key=lambda r: -r[f"us_per_{unit}"],
+    )
+    span = max(e[2] for e in kernels) - min(e[1] for e in kernels)
+    return {
+        "kernels": rows,
+        "by_role_us": {
+            k: round(v, 3) for k, v in by_role({"kernels": rows}, f"us_per_{unit}").items()
+        },
+        "kernel_sum_us": round(sum(by_name.values()) / per, 3),
+        "span_us": round(span / per, 3),
+        # the GPU with no kernel running (launch gaps, a kernel waiting for the host)
+        "idle_us": round(sum(gap.values()) / per, 3),
+        f"launches_per_{unit}": round(len(kernels) / per, 2),
+    }
+
+
+def profiled_kernels(prof: Any) -> list[tuple[str, float, float, float]]:
+    """A ``torch.profiler`` run's GPU kernels as ``kernel_table`` takes them."""
+    import torch
+
+    return [
+        (e.name, e.time_range.start, e.time_range.end, e.device_time)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0
+    ]
+
+
 def by_role(variant: Mapping[str, Any], key: str = "us_per_layer") -> dict[str, float]:
     """µs per layer (per ``key``: ``us_per_step`` for a whole decode step) by role of one
     variant of a profiled case."""

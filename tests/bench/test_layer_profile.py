@@ -180,3 +180,45 @@ def test_a_lower_target_or_a_faster_read_needs_slower_gemms():
         assert faster[b]["read_us"] < rows[b]["read_us"]
     missing = {k: v for k, v in args["reads"].items() if k != ("fp16", 16, 28672, 4096)}
     assert 16 not in _decode(reads=missing)[0]
+
+
+# kernel_table: (kernels as (name, start, end, GPU µs), per, unit) -> (per kernel name:
+# (µs, launches, idle before), kernel sum, span, idle), all per unit
+KERNEL_TABLES = [
+    pytest.param(
+        [("hgemm_a", 0, 10, 10), ("triton_b", 12, 20, 8), ("hgemm_a", 25, 30, 5)], 1,
+        {"hgemm_a": (15, 2, 5), "triton_b": (8, 1, 2)}, 23, 30, 7, id="gaps",
+    ),
+    pytest.param(  # PDL: b starts inside a and waits there: durations overlap, no idle
+        [("hgemm_a", 0, 10, 10), ("hgemm_b", 5, 20, 15)], 1,
+        {"hgemm_a": (10, 1, 0), "hgemm_b": (15, 1, 0)}, 25, 20, 0, id="pdl-overlap",
+    ),
+    pytest.param(  # c's gap counts from a's end, the latest end before it, not b's
+        [("hgemm_a", 0, 30, 30), ("sdpa_b", 5, 10, 5), ("hgemm_c", 32, 40, 8)], 1,
+        {"hgemm_a": (30, 1, 0), "sdpa_b": (5, 1, 0), "hgemm_c": (8, 1, 2)}, 43, 40, 2,
+        id="nested",
+    ),
+    pytest.param(  # two steps: everything halved
+        [("hgemm_a", 100, 110, 10), ("hgemm_a", 114, 124, 10)], 2,
+        {"hgemm_a": (10, 1, 2)}, 10, 12, 2, id="per-two", 
+    ),
+    pytest.param(  # unsorted input: sorted by start first
+        [("hgemm_a", 25, 30, 5), ("hgemm_a", 0, 10, 10), ("triton_b", 12, 20, 8)], 1,
+        {"hgemm_a": (15, 2, 5), "triton_b": (8, 1, 2)}, 23, 30, 7, id="unsorted",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernels, per, want, total, span, idle", KERNEL_TABLES)
+@pytest.mark.parametrize("unit", ["step", "layer"])
+def test_kernel_table(kernels, per, want, total, span, idle, unit):
+    from cudal2.bench.layer_profile import kernel_table
+
+    got = kernel_table(kernels, per, unit)
+    rows = {r["kernel"]: r for r in got["kernels"]}
+    assert {k: (r[f"us_per_{unit}"], r[f"launches_per_{unit}"],
+                r[f"idle_before_us_per_{unit}"]) for k, r in rows.items()} == want  # fmt: skip
+    assert [r["kernel"] for r in got["kernels"]] == sorted(want, key=lambda k: -want[k][0])
+    assert (got["kernel_sum_us"], got["span_us"], got["idle_us"]) == (total, span, idle)
+    assert got[f"launches_per_{unit}"] == round(len(kernels) / per, 2)
+    assert sum(got["by_role_us"].values()) == pytest.approx(total)
