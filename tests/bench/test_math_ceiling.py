@@ -320,3 +320,131 @@ def test_the_kernel_compiles_to_hgmma_without_local_memory(tmp_path, script):
         body = functions[name]
         assert body.count(f"HGMMA.{op}.F32") == k16_steps * per_step, name
         assert not re.search(r"\s(LDL|STL)[.\s]", body), name
+
+
+# -- the GPU run's plumbing on the CPU: a stand-in nvidia-smi (its env line and a sample
+# every 10 ms: the parsing, the monitor's process and windows) and stand-ins for the
+# kernel and the timing function; the figures are the stand-ins', not measurements. --
+
+FAKE_SMI = """#!{python}
+import sys, time
+from datetime import datetime
+args = " ".join(sys.argv[1:])
+if "timestamp" not in args:
+    print("NVIDIA H100 80GB HBM3, 580.159.04, 700.00, 700.00, 1980")
+    sys.exit(0)
+while True:
+    now = datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+    print(f"{{now}}, 650.00, 1755, 61", flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.fixture
+def fake_smi(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(python=sys.executable))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    return smi
+
+
+def test_the_monitor_reads_nvidia_smi_into_windows(script, fake_smi):
+    import time
+
+    mon = script.Monitor(0)
+    assert mon.source == "nvidia-smi -lms 100"  # pynvml is not installed here
+    t0 = time.time()
+    time.sleep(0.3)
+    t1 = time.time()
+    mon.stop()
+    assert mon._proc.poll() is not None  # the sampler process is gone
+    w = mc.window(mon.samples, t0, t1)
+    assert w["samples"] >= 5 and w["power_w"] == 650.0 and w["sm_mhz"] == 1755.0
+    env = script.gpu_env(0)
+    assert env["gpu"] == "NVIDIA H100 80GB HBM3" and env["power_limit_w"] == 700.0
+
+
+class FakeKernel:
+    """MathKernel's interface without a GPU."""
+
+    def __init__(self, cubin, sms):
+        self.sms = sms
+
+    def grid(self, grid):
+        return self.sms if grid == "sms" else int(grid)
+
+    def rounds_for(self, flops, grid):
+        return max(1, round(flops / (self.grid(grid) * 16777216)))
+
+    def flops(self, rounds, grid):
+        return self.grid(grid) * rounds * 16777216
+
+    def launcher(self, kernel, grid, operands, rounds):
+        return lambda j: None
+
+    def check(self, kernel):
+        return {"kernel": kernel, "max_rel_err": 0.0, "ok": True}
+
+    def fixed_us(self):
+        return 3.0
+
+    def short_run(self, seconds, idle_s):
+        return {"rounds": 1, "seconds": seconds, "idle_s": idle_s, "tflops": 1.0}
+
+
+def test_a_cpu_run_through_the_measurement_plumbing(script, fake_smi, tmp_path, monkeypatch):
+    import time
+
+    import torch
+
+    from cudal2.bench import bench as bench_mod
+    from cudal2.packaging.runtime import driver
+    from cudal2.verify import timing
+
+    def sustained(fns, nsets, seconds, reps, seed):
+        out = {}
+        for name in fns:
+            out[name] = []
+            for _ in range(reps):
+                t0 = time.time()
+                time.sleep(0.06)
+                out[name].append(timing.SustainedRun(1000, 0.05, t0, time.time()))
+        return out
+
+    monkeypatch.setattr(timing, "time_sustained", sustained)
+    monkeypatch.setattr(
+        bench_mod, "make_operands", lambda t, n, s: bench_mod.Operands([], [], [], [])
+    )
+    monkeypatch.setattr(driver, "sm_count", lambda i: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(script, "MathKernel", FakeKernel)
+    monkeypatch.setattr(script, "SHORT_IDLE_S", 0.0)
+    monkeypatch.chdir(ROOT)
+    shapes = tmp_path / "shapes.toml"
+    shapes.write_text("shapes = [[4096, 4096, 4096], [2048, 2048, 2048], [1024, 8192, 1024]]\n")
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(b"stand-in")
+    out = tmp_path / "out.json"
+    argv = ["--shapes", str(shapes), "--cubin", str(cubin), "--out", str(out)]
+    assert script.main([*argv, "--seconds", "0.05", "--reps", "2"]) == 0
+    got = mc.load(out.read_text(), "out.json")
+    assert [tuple(s["target"][d] for d in "mnk") for s in got["shapes"]] == [
+        (4096, 4096, 4096),
+        (2048, 2048, 2048),
+        (1024, 8192, 1024),
+    ]  # the file's order, whatever order they ran in
+    assert [s["llm_public"] for s in got["shapes"]] == [True, False, True]
+    assert got["env"]["monitor"] == "nvidia-smi -lms 100" and got["env"]["power_limit_w"] == 700.0
+    assert sorted(got["variants"]) == sorted(script.VARIANTS)
+    for s in got["shapes"]:
+        assert len(s["runs"]["torch"]) == len(s["runs"]["math"]) == 2
+        assert s["torch"]["power_w"] == 650.0  # the stand-in's samples, in each run's window
+        flops = 2.0 * s["target"]["m"] * s["target"]["n"] * s["target"]["k"]
+        assert s["torch"]["tflops"] == pytest.approx(flops / 50.0 / 1e6, rel=1e-3)
+        assert s["math"]["tflops"] == pytest.approx(s["math_flops_per_call"] / 50.0 / 1e6, rel=1e-3)
+    assert got["summary"]["shapes"] == 2 and got["summary"]["llm_public_shapes"] == 2
+    assert got["fixed_us"] == 3.0 and got["checks"][0]["ok"]
