@@ -187,3 +187,93 @@ def time_eager(fns: Mapping[str, Callable[[], object]], cfg: TimingConfig) -> di
             end.synchronize()
             samples[name].append(start.elapsed_time(end) * 1000.0)
     return {name: Timing(tuple(s)) for name, s in samples.items()}
+
+
+@dataclass(frozen=True)
+class SustainedRun:
+    """One sustained run of ``time_sustained``: ``calls`` back-to-back calls that took
+    ``seconds`` of GPU time (CUDA events), between host wall-clock times ``t0`` and
+    ``t1`` (``time.time()``; the GPU ran nothing else meanwhile, so samples a monitor
+    took in that window belong to this run)."""
+
+    calls: int
+    seconds: float
+    t0: float
+    t1: float
+
+    @property
+    def us_per_call(self) -> float:
+        return self.seconds * 1e6 / self.calls
+
+    def as_json(self) -> dict:
+        return {
+            "calls": self.calls,
+            "seconds": round(self.seconds, 6),
+            "us_per_call": round(self.us_per_call, 4),
+            "t0": round(self.t0, 3),
+            "t1": round(self.t1, 3),
+        }
+
+
+def time_sustained(
+    fns: Mapping[str, Callable[[int], object]],
+    nsets: int,
+    seconds: float = 2.0,
+    reps: int = 3,
+    seed: int = 0,
+    graph_s: float = 0.02,
+) -> dict[str, list[SustainedRun]]:
+    """Time each callable over long runs, as the power limit sees them: each callable is
+    captured into a CUDA graph of calls cycling through the operand sets (about
+    ``graph_s`` of work, sized by a timed replay), and one run replays its graph back to
+    back for at least ``seconds``, bracketed by CUDA events. ``reps`` runs of each, in a
+    fresh random order every repetition (as ``time_interleaved``). The host waits for
+    each run before the next starts, so its wall-clock window is the run's (a power or
+    clock monitor reads the window; ``time_interleaved`` queues every sample at once)."""
+    import torch
+
+    rng = random.Random(seed)
+    names = list(fns)
+    for name in names:
+        for j in range(min(nsets, 2)):
+            fns[name](j)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int, int]] = {}
+    for name in names:
+        calls, took = nsets, 0.0
+        while True:  # grow the graph until one replay lasts graph_s (a few tries)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                for i in range(calls):
+                    fns[name](i % nsets)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            g.replay()  # warm
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            took = start.elapsed_time(end) / 1000.0
+            if took >= graph_s / 2 or calls >= 65536:
+                break
+            calls = min(65536, math.ceil(calls * graph_s / max(took, 1e-6)))
+        graphs[name] = (g, calls, max(1, math.ceil(seconds / took)))
+    runs: dict[str, list[SustainedRun]] = {n: [] for n in names}
+    for _ in range(reps):
+        rng.shuffle(names)
+        for name in names:
+            g, calls, replays = graphs[name]
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            t0 = time.time()
+            start.record()
+            for _ in range(replays):
+                g.replay()
+            end.record()
+            end.synchronize()
+            t1 = time.time()
+            gpu_s = start.elapsed_time(end) / 1000.0
+            runs[name].append(SustainedRun(calls * replays, gpu_s, t0, t1))
+    return runs

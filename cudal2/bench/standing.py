@@ -24,6 +24,9 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
   (``ResultsMissing``), and no document may hold it.
 - ``layer-ceiling``: where the layer's time goes and its read ceiling
   (``LAYER_PROFILE`` beside ``READ_CEILING``, ``cudal2.bench.layer_profile``).
+- ``math-ceiling``: issue 22's power-bound ceiling per prefill shape (``MATH_CEILING``,
+  ``cudal2.bench.math_ceiling``); until that file is committed the block cannot be made
+  (``ResultsMissing``), and no document may hold it.
 """
 
 from __future__ import annotations
@@ -1140,6 +1143,23 @@ def prefill_bench(root: Path) -> str:
     return "\n".join(lines)
 
 
+MATH_CEILING = "bench/results/h100-math-ceiling.json"  # ci/gpu_math_ceiling.sh on the H100
+
+
+def math_ceiling(root: Path) -> str:
+    """The math ceiling's table (``cudal2.bench.math_ceiling``): per prefill shape, torch,
+    the best vendor and a kernel that only issues wgmma, sustained under the power limit."""
+    from cudal2.bench import math_ceiling as mc
+
+    path = root / MATH_CEILING
+    if not path.exists():
+        raise ResultsMissing(
+            f"{MATH_CEILING} is not committed: run ci/gpu_math_ceiling.sh on the H100 and "
+            "commit its math-ceiling.json there"
+        )
+    return mc.markdown(mc.load(path.read_text(), MATH_CEILING), MATH_CEILING)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -1162,6 +1182,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tma-v5-sweep": tma_v5_sweep,
     "build-stages": build_stages,
     "prefill-bench": prefill_bench,
+    "math-ceiling": math_ceiling,
 }
 
 _BLOCK = re.compile(

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cudal2.verify.timing import TimingConfig, operand_sets, time_interleaved, time_with_sync
+from cudal2.verify.timing import (
+    TimingConfig,
+    operand_sets,
+    time_interleaved,
+    time_sustained,
+    time_with_sync,
+)
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -56,3 +62,21 @@ def test_sync_timing_sees_what_events_see():
 def test_rejects_unknown_mode():
     with pytest.raises(ValueError, match="timing mode"):
         time_interleaved({}, 1, TimingConfig(mode="warp"))
+
+
+def test_sustained_runs_last_their_seconds_in_windows_of_their_own():
+    a = [torch.randn(2048, 2048, device="cuda", dtype=torch.float16) for _ in range(2)]
+    b = [torch.randn(8192, 8192, device="cuda", dtype=torch.float16) for _ in range(2)]
+    runs = time_sustained(
+        {"small": lambda j: a[j] @ a[j], "big": lambda j: b[j] @ b[j]}, 2, seconds=0.3, reps=2
+    )
+    assert [len(runs["small"]), len(runs["big"])] == [2, 2]
+    every = sorted((r for rs in runs.values() for r in rs), key=lambda r: r.t0)
+    for r in every:
+        # Sized by a warm replay; clocks only fall under sustained load, so runs lengthen.
+        assert r.seconds >= 0.8 * 0.3 and r.t1 - r.t0 >= r.seconds * 0.99
+    for r, nxt in zip(every, every[1:], strict=False):
+        assert r.t1 <= nxt.t0  # the host waited: no two runs share a window
+    # 64x the FLOPs: at least 20x the time per call.
+    big = min(r.us_per_call for r in runs["big"])
+    assert big > 20 * max(r.us_per_call for r in runs["small"])

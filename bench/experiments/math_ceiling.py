@@ -1,0 +1,441 @@
+"""The power-bound ceiling for prefill GEMMs: the most fp16 tensor-core work any kernel
+sustains under this GPU's power limit, beside torch.matmul on each prefill shape.
+
+    python bench/experiments/math_ceiling.py --out FILE
+        [--shapes bench/shapes/llm-public-prefill.toml]
+        [--bench bench/results/h100-llm-public-prefill-v5.jsonl] [--seconds 2] [--reps 3]
+    python bench/experiments/math_ceiling.py --dry-run RAW.json --out FILE   (CPU)
+
+In one process, per shape (fp16 tn): torch.matmul as cudal2-bench calls it (operands
+uniform(-1, 1), rotated past L2 as ``verify.timing.operand_sets`` sizes them) and the
+math kernel (math_ceiling.cu: wgmma on operands loaded into shared memory once, one CTA
+per SM, the shape's FLOPs per launch), each run back to back for >= ``--seconds``,
+``--reps`` runs each interleaved in random order (``verify.timing.time_sustained``),
+while a monitor samples power draw, SM clock and temperature (pynvml if importable,
+else ``nvidia-smi -lms 100``). Before the shapes: a check of the kernel's arithmetic
+(the sums of its accumulators against the operands' column sums), and one short
+(20 ms) run after an idle pause, the rate before the power limit bites; then the
+variants (zero operands, m64n128k16, a grid of 128 CTAs) beside the base kernel, run as
+long at 8192^3's FLOPs per launch. The shapes run in a seeded random order.
+
+``cudal2.bench.math_ceiling.analyse`` adds the ceiling per shape: math TFLOP/s over the
+best vendor's, the latter this run's torch TFLOP/s times the best vendor's speedup over
+torch in ``--bench``. The results file is rewritten (atomically) after every shape, so a
+run cut short still leaves what it measured. ``--dry-run RAW.json`` runs only the
+analysis on a recorded-format raw file (tests use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from cudal2.bench.math_ceiling import analyse, parse_smi_line, window
+from cudal2.bench.report import read_results
+
+HERE = Path(__file__).resolve().parent
+ARGS_TYPES = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+THREADS = 256
+KTILES = 4  # k tiles per round (math_ceiling.cu), all on the one tile in shared memory
+TILE_M, TILE_N, TILE_K = 128, 256, 64
+FLOPS_PER_ROUND = 2 * TILE_M * TILE_N * TILE_K * KTILES  # per CTA
+SMEM_BYTES = (TILE_M + TILE_N) * TILE_K * 2 + 1024  # as math_ceiling.cu
+PUBLIC_SHAPES = "bench/shapes/llm-public.toml"  # issue 22's 16: its M >= 1024 shapes
+SHORT_S, SHORT_IDLE_S = 0.02, 2.0
+SETTLED = 0.5  # power and clock: the samples of each run's second half
+VARIANT_SHAPE = (8192, 8192, 8192)  # the variants do this shape's FLOPs per launch
+# name -> (kernel, grid: "sms" or a CTA count, operands, what the docs call it)
+VARIANTS = {
+    "base": ("math_n256", "sms", "random", "m64n256k16, random operands, one CTA per SM"),
+    "zeros": ("math_n256", "sms", "zeros", "m64n256k16, zero operands"),
+    "n128": ("math_n128", "sms", "random", "two m64n128k16 per k16 step"),
+    "grid128": ("math_n256", 128, "random", "m64n256k16, 128 CTAs"),
+}
+
+
+def compile_cubin() -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "math_ceiling.cubin"
+        cmd = [
+            "nvcc",
+            "-cubin",
+            "-arch=sm_90a",
+            "-O3",
+            "-o",
+            str(out),
+            str(HERE / "math_ceiling.cu"),
+        ]
+        subprocess.run(cmd, check=True)
+        return out.read_bytes()
+
+
+class Monitor:
+    """Samples (host time, power W, SM MHz, temperature °C) in the background: through
+    pynvml every 20 ms where it imports, else from ``nvidia-smi -lms 100``."""
+
+    def __init__(self, index: int) -> None:
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.source = "pynvml"
+            target = self._poll_nvml
+        except Exception:  # not installed, or no NVML: nvidia-smi reads the same counters
+            self._nvml = None
+            self.source = "nvidia-smi -lms 100"
+            query = "timestamp,power.draw,clocks.sm,temperature.gpu"
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "-i", str(index), f"--query-gpu={query}",
+                 "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=subprocess.PIPE, text=True, bufsize=1,
+            )  # fmt: skip
+            target = self._read_smi
+        self._thread = threading.Thread(target=target, daemon=True)
+        self._thread.start()
+
+    def _poll_nvml(self) -> None:
+        nv, h = self._nvml, self._handle
+        while not self._stop.wait(0.02):
+            self.samples.append(
+                (
+                    time.time(),
+                    nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                    float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                    float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                )
+            )
+
+    def _read_smi(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            if (s := parse_smi_line(line)) is not None:
+                self.samples.append(s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=10)
+        self._thread.join(timeout=10)
+
+
+def gpu_env(index: int) -> dict:
+    """The GPU, its power limit and driver (nvidia-smi), torch's version."""
+    import torch
+
+    fields = "name,driver_version,power.limit,enforced.power.limit,clocks.max.sm"
+    line = subprocess.run(
+        ["nvidia-smi", "-i", str(index), f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    name, driver, limit, enforced, max_sm = (p.strip() for p in line.split(","))
+
+    def num(x: str) -> float | None:
+        try:
+            return float(x)
+        except ValueError:
+            return None
+
+    return {
+        "gpu": name,
+        "driver": driver,
+        "power_limit_w": num(limit),
+        "enforced_power_limit_w": num(enforced),
+        "max_sm_mhz": num(max_sm),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+    }
+
+
+class MathKernel:
+    """math_ceiling.cu's kernels and their per-CTA operand tiles (random and zero)."""
+
+    def __init__(self, cubin: bytes, sms: int) -> None:
+        import torch
+
+        from cudal2.packaging.runtime import driver
+
+        self.sms = sms
+        self.kernels = {n: driver.Kernel(cubin, n, SMEM_BYTES) for n in ("math_n128", "math_n256")}
+        probe = torch.zeros(1, dtype=torch.int32, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        driver.Kernel(cubin, "smem_bytes", 0).launch(
+            (1, 1, 1), (1, 1, 1), stream, (probe.data_ptr(),), (ctypes.c_void_p,)
+        )
+        if int(probe.item()) != SMEM_BYTES:
+            got = int(probe.item())
+            raise RuntimeError(
+                f"math_ceiling.cu asks {got} B of shared memory, the host {SMEM_BYTES}"
+            )
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(0)
+        ctas = max(sms, 128)
+        a = torch.rand(ctas * TILE_M * TILE_K, generator=gen, device="cuda") * 2 - 1
+        b = torch.rand(ctas * TILE_N * TILE_K, generator=gen, device="cuda") * 2 - 1
+        self.operands = {
+            "random": (a.half(), b.half()),
+            "zeros": (torch.zeros_like(a, dtype=torch.half), torch.zeros_like(b, dtype=torch.half)),
+        }
+        self.out = torch.empty(ctas * THREADS, dtype=torch.float32, device="cuda")
+
+    def grid(self, grid: int | str) -> int:
+        return self.sms if grid == "sms" else int(grid)
+
+    def rounds_for(self, flops: float, grid: int | str) -> int:
+        """Rounds (of KTILES k tiles each) that do about ``flops`` on ``grid`` CTAs."""
+        return max(1, round(flops / (self.grid(grid) * FLOPS_PER_ROUND)))
+
+    def flops(self, rounds: int, grid: int | str) -> int:
+        return self.grid(grid) * rounds * FLOPS_PER_ROUND
+
+    def launcher(self, kernel: str, grid: int | str, operands: str, rounds: int):
+        import torch
+
+        a, b = self.operands[operands]
+        kern, ctas = self.kernels[kernel], self.grid(grid)
+
+        def run(j: int) -> None:
+            stream = torch.cuda.current_stream().cuda_stream
+            args = (a.data_ptr(), b.data_ptr(), self.out.data_ptr(), rounds)
+            kern.launch((ctas, 1, 1), (THREADS, 1, 1), stream, args, ARGS_TYPES)
+
+        return run
+
+    def check(self, kernel: str) -> dict:
+        """One round on every CTA: each CTA's accumulator sums must add up to KTILES
+        times the sum over k of colsum(A)[k] * colsum(B)[k] (fp64 reference); a wrong
+        swizzle or descriptor pairs A's and B's k differently per row and breaks it."""
+        import torch
+
+        self.launcher(kernel, "sms", "random", 1)(0)
+        torch.cuda.synchronize()
+        a, b = (x.double() for x in self.operands["random"])
+        a = a[: self.sms * TILE_M * TILE_K].view(self.sms, TILE_M, TILE_K)
+        b = b[: self.sms * TILE_N * TILE_K].view(self.sms, TILE_N, TILE_K)
+        ref = KTILES * (a.sum(1) * b.sum(1)).sum(1)
+        scale = KTILES * (a.abs().sum(1) * b.abs().sum(1)).sum(1)
+        got = self.out[: self.sms * THREADS].view(self.sms, THREADS).double().sum(1)
+        err = float(((got - ref).abs() / scale).max())
+        return {"kernel": kernel, "max_rel_err": err, "ok": err < 1e-6}
+
+    def fixed_us(self) -> float:
+        """A launch without wgmma (rounds = 0: the tile loads, the sums, the kernel
+        boundary), timed in a graph of back-to-back launches: what each launch costs
+        beyond its math, which a shape's launches pay as a GEMM's do."""
+        from cudal2.verify.timing import TimingConfig, time_interleaved
+
+        fn = self.launcher("math_n256", "sms", "random", 0)
+        return time_interleaved({"rounds0": fn}, 2, TimingConfig(reps=20), est_us=5.0)[
+            "rounds0"
+        ].median_us
+
+    def short_run(self, seconds: float, idle_s: float) -> dict:
+        """One launch of about ``seconds`` after ``idle_s`` of idle: the unthrottled rate."""
+        import torch
+
+        rounds = self.rounds_for(seconds * 900e12, "sms")  # sized at ~900 TFLOP/s
+        fn = self.launcher("math_n256", "sms", "random", rounds)
+        torch.cuda.synchronize()
+        time.sleep(idle_s)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(0)
+        end.record()
+        end.synchronize()
+        took = start.elapsed_time(end) / 1000.0
+        flops = self.flops(rounds, "sms")
+        return {"rounds": rounds, "seconds": round(took, 6), "idle_s": idle_s,
+                "tflops": round(flops / took / 1e12, 2)}  # fmt: skip
+
+
+def runs_json(runs, flops: float, mon: Monitor) -> list[dict]:
+    """Each run's record, its TFLOP/s and the monitor's summary of the run's second half
+    (the settled state: NVML's power reading averages over up to a second)."""
+    return [
+        {
+            **r.as_json(),
+            "tflops": round(flops / r.us_per_call / 1e6, 2),
+            **window(mon.samples, r.t0 + SETTLED * (r.t1 - r.t0), r.t1),
+        }
+        for r in runs
+    ]
+
+
+def measure_shape(m: int, n: int, k: int, mk: MathKernel, mon: Monitor, args) -> dict:
+    import torch
+
+    from cudal2.bench.bench import make_operands
+    from cudal2.records import Target
+    from cudal2.verify.timing import operand_sets, time_sustained
+
+    t = Target(arch="sm_90a", dtype="fp16", layout="tn", m=m, n=n, k=k)
+    nsets = operand_sets(t.min_bytes)
+    ops = make_operands(t, nsets, args.seed)
+    w_t = [w.t() for w in ops.w_tn]
+    flops = 2.0 * m * n * k
+    rounds = mk.rounds_for(flops, "sms")
+    fns = {
+        "torch": lambda j: torch.matmul(ops.a[j], w_t[j], out=ops.c[j]),
+        "math": mk.launcher("math_n256", "sms", "random", rounds),
+    }
+    runs = time_sustained(fns, nsets, args.seconds, args.reps, args.seed)
+    return {
+        "target": {"m": m, "n": n, "k": k, "dtype": "fp16", "layout": "tn"},
+        "operand_sets": nsets,
+        "math_rounds": rounds,
+        "math_flops_per_call": mk.flops(rounds, "sms"),
+        "runs": {
+            "torch": runs_json(runs["torch"], flops, mon),
+            "math": runs_json(runs["math"], mk.flops(rounds, "sms"), mon),
+        },
+    }
+
+
+def measure_variants(mk: MathKernel, mon: Monitor, args) -> dict:
+    from cudal2.verify.timing import time_sustained
+
+    flops = 2.0 * math.prod(VARIANT_SHAPE)
+    fns, per_call = {}, {}
+    for name, (kernel, grid, operands, _) in VARIANTS.items():
+        rounds = mk.rounds_for(flops, grid)
+        fns[name] = mk.launcher(kernel, grid, operands, rounds)
+        per_call[name] = mk.flops(rounds, grid)
+    runs = time_sustained(fns, 2, args.seconds, args.variant_reps, args.seed)
+    return {
+        name: {
+            "label": label,
+            "grid": mk.grid(grid),
+            "kernel": kernel,
+            "operands": operands,
+            "runs": runs_json(runs[name], per_call[name], mon),
+        }  # fmt: skip
+        for name, (kernel, grid, operands, label) in VARIANTS.items()
+    }
+
+
+def write_json(path: Path, d: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def summary_lines(res: dict) -> list[str]:
+    out = []
+    for s in res["shapes"]:
+        t = s["target"]
+        c = s.get("ceiling_speedup")
+        out.append(
+            f"{t['m']:>5}x{t['n']}x{t['k']:<6} torch {s['torch']['tflops']:7.1f}  "
+            f"math {s['math']['tflops']:7.1f} TFLOP/s  ceiling "
+            + (f"{c:.3f}" if c is not None else "-")
+        )
+    sm = res["summary"]
+    out.append(
+        f"{sm['shapes']} shapes: geomean ceiling {sm['geomean_ceiling']} x best vendor "
+        f"({sm['geomean_ceiling_llm_public']} over the {sm['llm_public_shapes']} llm-public ones); "
+        f"{sm['shapes_allowing_target']} allow 1.03"
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="bench/shapes/llm-public-prefill.toml")
+    ap.add_argument("--bench", default="bench/results/h100-llm-public-prefill-v5.jsonl")
+    ap.add_argument("--seconds", type=float, default=2.0, help="each sustained run lasts this long")
+    ap.add_argument("--reps", type=int, default=3, help="sustained runs per callable and shape")
+    ap.add_argument("--variant-reps", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cubin", help="a compiled math_ceiling.cu (default: compile with nvcc)")
+    ap.add_argument("--dry-run", metavar="RAW", help="analyse a recorded-format raw file (CPU)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    try:
+        bench_rows = read_results(args.bench)
+        if args.dry_run:
+            raw = json.loads(Path(args.dry_run).read_text())
+            res = analyse(raw, bench_rows, args.bench)
+            write_json(out, res)
+            print("\n".join(summary_lines(res)))
+            return 0
+        if args.seconds <= 0 or args.reps < 1 or args.variant_reps < 1:
+            raise ValueError("--seconds must be > 0, --reps and --variant-reps >= 1")
+        if shutil.which("nvidia-smi") is None:
+            raise ValueError("nvidia-smi not found: the power limit and the samples need it")
+    except (OSError, ValueError, KeyError) as e:
+        print(f"math_ceiling: {e}", file=sys.stderr)
+        return 2
+    return measure(args, bench_rows, out)
+
+
+def measure(args, bench_rows: list[dict], out: Path) -> int:
+    import torch
+
+    from cudal2.packaging.runtime import driver
+    from cudal2.shapes import load_shapes
+
+    index = torch.cuda.current_device()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    smi_index = int(visible.split(",")[index]) if visible.replace(",", "").isdigit() else index
+    cubin = Path(args.cubin).read_bytes() if args.cubin else compile_cubin()
+    shapes = load_shapes(args.shapes)
+    public = {s for s in load_shapes(PUBLIC_SHAPES) if s[0] >= 1024}
+    sms = driver.sm_count(index)
+    mk = MathKernel(cubin, sms)
+    env = {**gpu_env(smi_index), "sm_count": sms, "seconds": args.seconds, "reps": args.reps}
+    env.update(variant_reps=args.variant_reps, dry_run=False)
+    kernel = {"source": "bench/experiments/math_ceiling.cu", "tile": [TILE_M, TILE_N, TILE_K]}
+    kernel.update(ktiles_per_round=KTILES, threads=THREADS, flops_per_round_cta=FLOPS_PER_ROUND)
+    raw = {
+        "env": env,
+        "kernel": kernel,
+        "checks": [mk.check("math_n256"), mk.check("math_n128")],
+        "fixed_us": round(mk.fixed_us(), 3),
+        "shapes": [],
+    }
+    print(json.dumps(raw["env"]), "\nchecks:", raw["checks"], flush=True)
+    print(f"a launch without wgmma: {raw['fixed_us']} us", flush=True)
+    mon = Monitor(smi_index)
+    raw["env"]["monitor"] = mon.source
+    try:
+        raw["short"] = mk.short_run(SHORT_S, SHORT_IDLE_S)
+        print("short run:", raw["short"], flush=True)
+        raw["variants"] = measure_variants(mk, mon, args)
+        order = list(shapes)
+        random.Random(args.seed).shuffle(order)  # no shape always runs on a cold GPU
+        for m, n, k in order:
+            rec = measure_shape(m, n, k, mk, mon, args)
+            torch.cuda.empty_cache()  # this shape's operands, before the next one's
+            rec["llm_public"] = (m, n, k) in public
+            raw["shapes"].append(rec)
+            raw["shapes"].sort(key=lambda r: shapes.index(tuple(r["target"][d] for d in "mnk")))
+            write_json(out, analyse(raw, bench_rows, args.bench))
+            one = analyse({**raw, "shapes": [rec]}, bench_rows, args.bench)
+            print(summary_lines(one)[0], flush=True)
+    finally:
+        mon.stop()
+    res = analyse(raw, bench_rows, args.bench)
+    write_json(out, res)
+    print("\n".join(summary_lines(res)))
+    return 0 if all(c["ok"] for c in raw["checks"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
