@@ -142,6 +142,11 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
     }
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  // The wait names no register: without this fence on every accumulator the compiler may
+  // read some of them before it, while the last group still writes them (measured: 256
+  // accumulators of a CTA short of the last group's share).
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < 128; ++i) sum += d[i];

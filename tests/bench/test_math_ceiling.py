@@ -4,9 +4,9 @@ the scaling by the torch ratio between this run and the bench file), its hostile
 inputs, the monitor's parsing and windows, ``--dry-run`` end to end, the docs block;
 and math_ceiling.cu compiles for sm_90a to HGMMA with no local memory.
 
-tests/bench/data/math-ceiling-raw.json is a format fixture (the raw record the script
-writes, with made-up rates: no GPU run exists yet); the expectations below are computed
-from its inputs and from the committed bench file, never written down."""
+tests/bench/data/math-ceiling-raw.json is the H100 run's raw record (the committed
+bench/results/h100-math-ceiling.json before its analysis); the expectations below are
+computed from its inputs and from the committed bench file, never written down."""
 
 from __future__ import annotations
 
