@@ -636,6 +636,10 @@ class Job:
     artifact was rendered from (None for a hand-written fixture kernel). ``toolchain``
     and ``timing.mode`` complete the reuse key: a runner's answer to this job is what a
     record of ``reuse_key(gpu)`` stands for.
+
+    ``profile_metrics``: the Nsight Compute quantities a ``profile`` job asks for (our
+    names, the keys of ``verify.profile.METRICS``); empty: every one. Not part of the
+    reuse key: the profile enriches the same record.
     """
 
     kind: JobKind
@@ -647,6 +651,7 @@ class Job:
     symbol: str = ""
     recipe: dict[str, Any] = field(default_factory=dict)
     cubin: str = ""
+    profile_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", JobKind(self.kind))
@@ -669,6 +674,7 @@ class Job:
             "symbol": self.symbol,
             "recipe": dict(self.recipe),
             "cubin": self.cubin,
+            **({"profile_metrics": list(self.profile_metrics)} if self.profile_metrics else {}),
         }
 
     @classmethod
@@ -683,6 +689,7 @@ class Job:
             symbol=d.get("symbol", ""),
             recipe=dict(d.get("recipe") or {}),
             cubin=d.get("cubin", ""),
+            profile_metrics=tuple(d.get("profile_metrics") or ()),
         )
 
 

@@ -74,6 +74,7 @@ from cudal2.records import (
 )
 from cudal2.verdicts import SanitizerLedger
 from cudal2.verify.gpu import gpu_models, gpu_names
+from cudal2.verify.profile import quantities
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -466,8 +467,15 @@ class Build:
             # Every round's results in one order, whichever job finished first: the
             # proposer's update is deterministic only for the same results in the same order.
             round_ms = in_proposal_order(round_ms, proposals)
-            with self.clock.stage("profile"):
-                round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
+            if rnd < m.search.rounds - 1 or m.search.profile_last_round:
+                with self.clock.stage("profile"):
+                    round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
+            elif m.search.profile_top > 0:
+                # Its feedback would go to an observe after which nothing is proposed.
+                self.say(
+                    f"{label}: not profiled (the last round: nothing is proposed after it; "
+                    "search.profile_last_round = true profiles it)"
+                )
             this_build.extend(round_ms)
             with self.clock.stage("policy update"):
                 learned = proposer.observe(round_ms)
@@ -665,7 +673,8 @@ class Build:
     def _profile(
         self, runner: Runner, gpu: GpuInfo, ms: list[Measurement], top: int
     ) -> list[Measurement]:
-        """The round's Nsight Compute feedback (``pipeline.profiling.profile_round``)."""
+        """The round's Nsight Compute feedback (``pipeline.profiling.profile_round``):
+        the quantities of the manifest's ``search.profile_metrics``."""
         return profile_round(
             runner,
             gpu,
@@ -674,6 +683,7 @@ class Build:
             lambda x: self._cubin(runner, x.design, x.artifact_key),
             self._append,
             self.say,
+            quantities(self.manifest.search.profile_metrics),
         )
 
     def _cubins(self, runner: Runner, ms: Sequence[Measurement]) -> dict[str, str]:
