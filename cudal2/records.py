@@ -723,6 +723,10 @@ class JobResult:
     # The GPU that answered, where a runner measures on several (None: the runner's one
     # GPU, as ``start`` returned it).
     gpu: GpuInfo | None = None
+    # The job's wall seconds on its worker: what the worker reports, else the round trip
+    # the parent saw (the job sent to its answer read, ``verify/pool.py``); None where no
+    # worker ran it (a replay). Where a build's measure stage goes (``pipeline.stages``).
+    job_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -748,6 +752,7 @@ class JobResult:
             "metrics": dict(self.metrics),
             "vendor": dict(self.vendor),
             **({} if self.gpu is None else {"gpu": self.gpu.as_json()}),
+            **({} if self.job_s is None else {"job_s": self.job_s}),
         }
 
     @classmethod
@@ -763,4 +768,5 @@ class JobResult:
             metrics=dict(d.get("metrics") or {}),
             vendor=dict(d.get("vendor") or {}),
             gpu=None if d.get("gpu") is None else GpuInfo.from_json(d["gpu"]),
+            job_s=None if d.get("job_s") is None else float(d["job_s"]),
         )

@@ -295,7 +295,8 @@ class Build:
                 if between is not None:
                     between()
                 return
-            bar.update(1)
+            with self.clock.stage("record"):
+                bar.update(1)
             if not res.recorded:  # unmeasured: no failure, no time, no record
                 self.counts["unmeasured"] += 1
                 if unrecorded is not None:
@@ -543,14 +544,17 @@ class Build:
         round_ms: list[Measurement] = []
 
         def settle() -> None:
-            while settled:
-                rec, new = settled.popleft()
-                bar.update(1)
-                round_ms.append(rec)
-                if new:
-                    self._append([rec])
-                else:
-                    self.counts["reused"] += 1
+            if not settled:
+                return
+            with self.clock.stage("record"):
+                while settled:
+                    rec, new = settled.popleft()
+                    bar.update(1)
+                    round_ms.append(rec)
+                    if new:
+                        self._append([rec])
+                    else:
+                        self.counts["reused"] += 1
 
         # every target's full round until all are proposed (fewer where a space ran out)
         bar = progress(targets * self.manifest.search.candidates, f"{label}: measure",
@@ -561,12 +565,14 @@ class Build:
         try:
             for res in self._answers(answers, bar, "candidate", started, unrecorded, settle):
                 assert res.job.design is not None
-                rec = measurement_from(res, built[res.job.design.key], gpu, proposer_name)
-                self._append([rec])
-                round_ms.append(rec)
-                self.counts["measured"] += 1
-                if rec.status != Status.OK:
-                    self._failed(rec.status)
+                self.clock.measured(res.job_s)  # the measure stage's split (``stages``)
+                with self.clock.stage("record"):
+                    rec = measurement_from(res, built[res.job.design.key], gpu, proposer_name)
+                    self._append([rec])
+                    round_ms.append(rec)
+                    self.counts["measured"] += 1
+                    if rec.status != Status.OK:
+                        self._failed(rec.status)
             if not self._spent:
                 # A runner that stopped asking for jobs (or was given none: every
                 # candidate reused or failed to compile) has left the rest of the stream:
