@@ -16,6 +16,7 @@
 # in the jobs and outside them), $NAME-ncu.txt (each Nsight Compute call's line: its
 # runs' seconds, ncu's replay passes per kernel, the child's phases),
 # $NAME-profile-metrics.txt (which ncu_* keys the build's records carry, how many each),
+# ncu-passes.json / ncu-passes.txt (ci/ncu_passes.py; PASSES=0: not run),
 # job-phases.json / job-profile.txt / job-profile-summary.txt.
 source "$(dirname "$0")/gpu_env.sh"
 NAME=${NAME:-before}
@@ -51,6 +52,13 @@ for line in open(sys.argv[1]):
 print(json.dumps(dict(sorted(keys.items())), indent=1))
 PYEOF
 cat "$OUT/$NAME-ncu.txt" "$OUT/$NAME-profile-metrics.txt" 2>/dev/null | tail -12
+# What each set of Nsight Compute quantities costs in replay passes (ci/ncu_passes.py:
+# the search's set, each of its quantities alone, all seven), after the build: its wall
+# is not the build's. PASSES=0 skips it.
+if [ "${PASSES:-1}" = 1 ]; then
+  step "ncu passes per quantity set"
+  timeout "${PASSES_TIMEOUT:-300}" $PY ci/ncu_passes.py "$OUT" 2>&1 | tail -8 | tee "$OUT/ncu-passes.txt"
+fi
 if [ "${PROFILE:-1}" = 1 ]; then
   step "job profile"
   timeout "${PROFILE_TIMEOUT:-150}" $PY ci/job_profile.py "$db" --targets 6 --per-target 5 --out "$OUT" \
