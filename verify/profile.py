@@ -61,9 +61,9 @@ METRICS: dict[str, tuple[str, ...]] = {
 }
 _SCALE = {"ncu_duration_us": 1e-3}  # ncu reports base units: ns
 # What the search reads (``policy/reward.py``'s ``entry``: the DRAM and tensor-pipe
-# shares), and the duration, which costs no replay pass of its own (a start and end
-# timestamp of the launch, taken in the pass the counters need anyway). The other four
-# are what makes ncu replay each kernel 9 times on the H100: ``sm__throughput`` is a
+# shares), and the duration: a timestamp pair of the launch, not a hardware counter, so
+# it should cost no replay pass of its own (``ci/ncu_passes.py`` counts). With the other
+# four too, ncu replayed each kernel 9 times on the H100: ``sm__throughput`` is a
 # breakdown (the max over many units' throughputs, each its own counters), and L2 hits,
 # occupancy and DRAM bytes add counters of their own.
 SEARCH_QUANTITIES: tuple[str, ...] = ("ncu_dram_pct", "ncu_tensor_pct", "ncu_duration_us")
