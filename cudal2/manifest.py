@@ -62,6 +62,8 @@ _SEARCH_KEYS = (
     "gpu_budget_s",
     "seed",
     "profile_top",
+    "profile_metrics",
+    "profile_last_round",
     "families",
     "cublaslt",
     "policy_updates",
@@ -79,6 +81,10 @@ _MODEL_KEYS = ("config", "tokens", "tp", "fused", "lm_head", "epilogues", *_OVER
 # its plain target), and the layout they are built for (sm90tma: tn only).
 FUSED_EPILOGUES = tuple(e for e in EPILOGUES if e != "none")
 EPILOGUE_LAYOUTS = ("tn",)
+
+# Which Nsight Compute quantities a build collects (``verify.profile.quantities``): the
+# ones the search reads, or every one the profiler knows.
+PROFILE_METRICS = ("search", "all")
 
 _MISSING = object()
 
@@ -117,7 +123,12 @@ class SearchSettings:
     families searched, whether cuBLASLt is autotuned per target as one more
     candidate, whether the policy's weights are updated between rounds, whether
     each proposed tile is followed by its PDL variants (within ``candidates``), and
-    whether designs that leave room for the next kernel are searched (with PDL only)."""
+    whether designs that leave room for the next kernel are searched (with PDL only).
+
+    ``profile_metrics``: which Nsight Compute quantities are collected, ``search`` (what
+    the proposers read, ``verify.profile.SEARCH_QUANTITIES``: fewer replay passes) or
+    ``all``; ``profile_last_round``: whether the last round is profiled too (nothing
+    proposes after it, so by default it is not)."""
 
     proposer: str = "policy"
     candidates: int = 8
@@ -125,6 +136,8 @@ class SearchSettings:
     gpu_budget_s: float = 1800.0
     seed: int = 0
     profile_top: int = 2
+    profile_metrics: str = "search"  # one of PROFILE_METRICS
+    profile_last_round: bool = False
     families: tuple[str, ...] | None = None  # kernel families searched (None: all)
     cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
@@ -616,6 +629,12 @@ def load_manifest(path: str | Path) -> Manifest:
         seed=r.integer(s.get("seed", d.seed), "search.seed", 0, MAX_SEED),
         profile_top=r.integer(
             s.get("profile_top", d.profile_top), "search.profile_top", 0, MAX_CANDIDATES
+        ),
+        profile_metrics=r.choice(
+            s.get("profile_metrics", d.profile_metrics), "search.profile_metrics", PROFILE_METRICS
+        ),
+        profile_last_round=r.boolean(
+            s.get("profile_last_round", d.profile_last_round), "search.profile_last_round"
         ),
         families=(
             r.choices(s["families"], "search.families", tuple(sorted(FAMILIES)))

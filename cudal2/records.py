@@ -636,6 +636,10 @@ class Job:
     artifact was rendered from (None for a hand-written fixture kernel). ``toolchain``
     and ``timing.mode`` complete the reuse key: a runner's answer to this job is what a
     record of ``reuse_key(gpu)`` stands for.
+
+    ``profile_metrics``: the Nsight Compute quantities a ``profile`` job asks for (our
+    names, the keys of ``verify.profile.METRICS``); empty: every one. Not part of the
+    reuse key: the profile enriches the same record.
     """
 
     kind: JobKind
@@ -647,6 +651,7 @@ class Job:
     symbol: str = ""
     recipe: dict[str, Any] = field(default_factory=dict)
     cubin: str = ""
+    profile_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", JobKind(self.kind))
@@ -669,6 +674,7 @@ class Job:
             "symbol": self.symbol,
             "recipe": dict(self.recipe),
             "cubin": self.cubin,
+            **({"profile_metrics": list(self.profile_metrics)} if self.profile_metrics else {}),
         }
 
     @classmethod
@@ -683,6 +689,7 @@ class Job:
             symbol=d.get("symbol", ""),
             recipe=dict(d.get("recipe") or {}),
             cubin=d.get("cubin", ""),
+            profile_metrics=tuple(d.get("profile_metrics") or ()),
         )
 
 
@@ -716,6 +723,10 @@ class JobResult:
     # The GPU that answered, where a runner measures on several (None: the runner's one
     # GPU, as ``start`` returned it).
     gpu: GpuInfo | None = None
+    # The job's wall seconds on its worker: what the worker reports, else the round trip
+    # the parent saw (the job sent to its answer read, ``verify/pool.py``); None where no
+    # worker ran it (a replay). Where a build's measure stage goes (``pipeline.stages``).
+    job_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -741,6 +752,7 @@ class JobResult:
             "metrics": dict(self.metrics),
             "vendor": dict(self.vendor),
             **({} if self.gpu is None else {"gpu": self.gpu.as_json()}),
+            **({} if self.job_s is None else {"job_s": self.job_s}),
         }
 
     @classmethod
@@ -756,4 +768,5 @@ class JobResult:
             metrics=dict(d.get("metrics") or {}),
             vendor=dict(d.get("vendor") or {}),
             gpu=None if d.get("gpu") is None else GpuInfo.from_json(d["gpu"]),
+            job_s=None if d.get("job_s") is None else float(d["job_s"]),
         )

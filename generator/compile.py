@@ -6,7 +6,8 @@ cubin's sha256 and size in ``build.json``; every read checks them, and a broken 
 quarantined and compiled again. A compile error is recorded (``ok: false`` and the
 compiler's text), never raised. nvcc runs as ``generator/nvcc.py`` says: the source at a
 fixed path (so equal sources give byte-identical cubins on every machine), in a process
-group that dies with the build, its temporary files inside the cache.
+group that dies with the build, its temporary files inside the cache, at a lower CPU
+priority than the build (``NVCC_NICENESS``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ _T = TypeVar("_T")
 
 BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas=-v", "-lineinfo")
 COMPILE_TIMEOUT_S = 300
+# How much nvcc's niceness is raised above the build's (``nvcc.run_guarded``): compiles
+# fill every core while the measuring worker and the pipeline's threads feed the GPU on
+# the same CPUs; niced, nvcc takes only what they leave (a lone compile runs as fast).
+NVCC_NICENESS = 10
 
 
 class NvccNotFoundError(RuntimeError):
@@ -121,9 +126,15 @@ def artifact_key_of(design: KernelDesign) -> str:
     return artifact_key(render(design), design.arch, BASE_FLAGS + arch_flags(design.arch))
 
 
-def build(design: KernelDesign, cache: ArtifactCache, stop: nvcc.Stop | None = None) -> BuildResult:
-    """Compile one design (or return its cached result, checked). Never raises on a
-    compile error; raises ``CompileInterruptedError`` when nvcc was killed (``stop``)."""
+def build(
+    design: KernelDesign,
+    cache: ArtifactCache,
+    stop: nvcc.Stop | None = None,
+    niceness: int = NVCC_NICENESS,
+) -> BuildResult:
+    """Compile one design (or return its cached result, checked), nvcc's niceness
+    raised by ``niceness``. Never raises on a compile error; raises
+    ``CompileInterruptedError`` when nvcc was killed (``stop``)."""
     source = render(design)
     flags = BASE_FLAGS + arch_flags(design.arch)
     key = artifact_key(source, design.arch, flags)
@@ -131,7 +142,9 @@ def build(design: KernelDesign, cache: ArtifactCache, stop: nvcc.Stop | None = N
     if hit is not None:
         return hit
     with cache.scratch() as work:
-        run, cubin = nvcc.compile_cubin(_nvcc(), flags, source, key, work, COMPILE_TIMEOUT_S, stop)
+        run, cubin = nvcc.compile_cubin(
+            _nvcc(), flags, source, key, work, COMPILE_TIMEOUT_S, stop, niceness
+        )
         if run.killed:  # not the source's fault: recording a failure would be a lie
             raise CompileInterruptedError(f"nvcc was killed compiling {symbol(design)}")
         if run.returncode is None:
@@ -163,8 +176,11 @@ def build_all(
     cache: ArtifactCache,
     jobs: int | None = None,
     on_done: Callable[[BuildResult], None] | None = None,
+    niceness: int = NVCC_NICENESS,
 ) -> dict[str, BuildResult]:
-    """Compile designs in parallel (nvcc runs as subprocesses, so threads suffice).
+    """Compile designs in parallel (nvcc runs as subprocesses, so threads suffice),
+    each nvcc's niceness raised by ``niceness`` (``NVCC_NICENESS``: below the build's
+    measuring; 0: as the build's own).
 
     Returns design key -> BuildResult. Cached designs cost one render and a checked
     file read. On any exception (Ctrl-C included) the compiles not started are dropped
@@ -178,7 +194,7 @@ def build_all(
     stop = nvcc.Stop()
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        for res in pool.map(lambda d: build(d, cache, stop), unique.values()):
+        for res in pool.map(lambda d: build(d, cache, stop, niceness), unique.values()):
             results[res.design_key] = res
             if on_done:
                 on_done(res)

@@ -26,6 +26,11 @@ caller's folder instead: a correct cubin, not a reproducible one (a warning says
 on any exception (Ctrl-C included: ``Stop``) and at interpreter exit (``kill_running``); the guard
 kills it when the build dies of a signal, SIGKILL included (Linux:
 ``PR_SET_PDEATHSIG``).
+
+**Priority.** The guard raises the group's niceness (``niceness``; the compiles of
+``generator/compile.py`` ask for ``compile.NVCC_NICENESS``): a build compiles on every
+core while the same host's CPUs feed the GPU (the measuring worker, the pipeline's
+threads, the proposer), and those must not wait behind 16 ptxas processes.
 """
 
 from __future__ import annotations
@@ -117,10 +122,14 @@ def run_guarded(
     env: dict[str, str],
     timeout_s: float,
     stop: Stop | None = None,
+    niceness: int = 0,
 ) -> NvccRun:
     """Run ``cmd`` in a process group of its own that dies with this process (and
-    with ``stop``); a batch already stopped runs nothing (killed: -SIGKILL)."""
-    guard = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), *cmd]
+    with ``stop``), its niceness raised by ``niceness`` (>= 0); a batch already stopped
+    runs nothing (killed: -SIGKILL)."""
+    if niceness < 0:
+        raise ValueError(f"niceness is raised, never lowered: got {niceness}")
+    guard = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), str(niceness), *cmd]
     with _running_lock:
         if stop is not None and stop.stopped:
             return NvccRun(-signal.SIGKILL, "", "")
@@ -299,10 +308,11 @@ def compile_cubin(
     workdir: Path,
     timeout_s: float,
     stop: Stop | None = None,
+    niceness: int = 0,
 ) -> tuple[NvccRun, bytes | None]:
     """Compile ``source`` (artifact ``key``) with ``flags`` into ``workdir`` (a folder
-    of this compile's own, inside the cache): nvcc's output and the cubin's bytes, or
-    None when nvcc failed or wrote none."""
+    of this compile's own, inside the cache), nvcc's niceness raised by ``niceness``:
+    nvcc's output and the cubin's bytes, or None when nvcc failed or wrote none."""
     tmp = workdir / "nvcc-tmp"
     tmp.mkdir(exist_ok=True)
     out = workdir / "kernel.cubin"
@@ -311,7 +321,9 @@ def compile_cubin(
     src_fallback.mkdir(exist_ok=True)
     with fixed_source(key, source, src_fallback, timeout_s) as cu:
         cmd = [nvcc, *flags, "-o", str(out), str(cu)]
-        run = run_guarded(cmd, cwd=workdir, env=env, timeout_s=timeout_s, stop=stop)
+        run = run_guarded(
+            cmd, cwd=workdir, env=env, timeout_s=timeout_s, stop=stop, niceness=niceness
+        )
     if run.returncode != 0:
         return run, None
     try:

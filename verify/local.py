@@ -100,13 +100,18 @@ def memcheck_job(job: Job, timeout_s: float, device: int) -> JobResult:
 
 
 def profile_jobs(jobs: Sequence[Job], device: int) -> Iterator[JobResult]:
-    """``profile`` jobs answered by one Nsight Compute run on CUDA device ``device``."""
+    """``profile`` jobs answered by one Nsight Compute run on CUDA device ``device``,
+    collecting what any of them asks for (``Job.profile_metrics``; one asking for every
+    quantity: every one)."""
+    asks = [j.profile_metrics for j in jobs]
+    wanted = () if not all(asks) else tuple(sorted({q for a in asks for q in a}))
     res = profile(
         [
             {"cubin": j.cubin, "symbol": j.symbol, "recipe": j.recipe, "target": j.target.as_json()}
             for j in jobs
         ],
         device=device,
+        wanted=wanted,
     )
     for job, metrics in zip(jobs, res.metrics, strict=True):
         # A profiling failure is no verdict on the kernel: the pipeline goes on without.

@@ -8,7 +8,9 @@ fresh worker. The build itself never sees a CUDA context. ``LocalRunner``
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +18,10 @@ from cudal2.records import GpuInfo, Job, JobResult, Status
 from cudal2.verify.worker import worker_main
 
 START_TIMEOUT_S = 300
+
+
+def _since(t0: float) -> float:
+    return round(time.perf_counter() - t0, 6)
 
 
 class WorkerError(RuntimeError):
@@ -92,21 +98,27 @@ class WorkerPool:
             # job's doing, so the job goes to a fresh worker instead of being charged.
             self._discard()
             self.start()
+        # The round trip: the job's seconds where the worker does not report its own
+        # (``JobResult.job_s``): its work, the pipe and the JSON both ways.
+        sent = time.perf_counter()
         try:
             self._conn.send(job.as_json())
             if not self._conn.poll(self.job_timeout_s):
                 self._discard()
                 why = f"no answer within {self.job_timeout_s:.0f} s (hang?)"
-                return JobResult(job, Status.TIMEOUT, why)
+                return JobResult(job, Status.TIMEOUT, why, job_s=_since(sent))
             answer = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             code = self._proc.exitcode if self._proc is not None else None
             self._discard()
-            return JobResult(job, Status.RUNTIME, f"measuring worker died (exit code {code})")
+            why = f"measuring worker died (exit code {code})"
+            return JobResult(job, Status.RUNTIME, why, job_s=_since(sent))
+        took = _since(sent)
         if answer.get("fatal", False):
             self._proc.join(30)  # a CUDA error: the worker exits right after answering
             self._discard()
-        return JobResult.from_json(answer["result"])
+        res = JobResult.from_json(answer["result"])
+        return res if res.job_s is not None else dataclasses.replace(res, job_s=took)
 
     def close(self) -> None:
         if self._proc is not None:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,16 @@ METRICS: dict[str, tuple[str, ...]] = {
     "ncu_dram_bytes": ("dram__bytes.sum",),
 }
 _SCALE = {"ncu_duration_us": 1e-3}  # ncu reports base units: ns
+# What the search reads (``policy/reward.py``'s ``entry``: the DRAM and tensor-pipe
+# shares), and the duration: a timestamp pair of the launch, not a hardware counter, so
+# it should cost no replay pass of its own (``ci/ncu_passes.py`` counts). With the other
+# four too, ncu replayed each kernel 9 times on the H100: ``sm__throughput`` is a
+# breakdown (the max over many units' throughputs, each its own counters), and L2 hits,
+# occupancy and DRAM bytes add counters of their own.
+SEARCH_QUANTITIES: tuple[str, ...] = ("ncu_dram_pct", "ncu_tensor_pct", "ncu_duration_us")
+# A manifest's ``search.profile_metrics`` -> the quantities collected.
+QUANTITY_SETS: dict[str, tuple[str, ...]] = {"search": SEARCH_QUANTITIES, "all": tuple(METRICS)}
+_PASSES_RE = re.compile(r"==PROF== Profiling .*- (\d+) pass(?:es)?\s*$", re.M)
 KERNEL_PREFIX = "hgemm_"  # every family's procedural kernel names start so
 _UNKNOWN_RE = re.compile(r"Failed to find metric\s+'?([A-Za-z0-9_.]+)'?")
 
@@ -73,6 +84,23 @@ class ProfileResult:
     # Where the seconds went: "ncu_run_<i>" each ncu run (wall), "child_<phase>" the
     # profiled child's own phases (its last run), "import" the report's CSV export
     seconds: dict[str, float] = field(default_factory=dict)
+    passes: list[int] = field(default_factory=list)  # ncu's replay passes per kernel
+
+
+def quantities(choice: str) -> tuple[str, ...]:
+    """The quantities (``METRICS`` keys) a manifest's ``search.profile_metrics`` names."""
+    try:
+        return QUANTITY_SETS[choice]
+    except KeyError:
+        raise ValueError(
+            f"unknown profile metric set {choice!r}: one of {', '.join(QUANTITY_SETS)}"
+        ) from None
+
+
+def passes_of(log: str) -> list[int]:
+    """The replay passes ncu reported per profiled kernel (``==PROF== Profiling "k":
+    0%....100% - 9 passes``), in launch order."""
+    return [int(n) for n in _PASSES_RE.findall(log)]
 
 
 # ncu path -> metric names it reported unknown (this process: later rounds skip them)
@@ -163,18 +191,29 @@ def ncu_command(
 
 
 def profile(
-    jobs: list[dict[str, Any]], timeout_s: float = 900, device: int | None = None
+    jobs: list[dict[str, Any]],
+    timeout_s: float = 900,
+    device: int | None = None,
+    wanted: Sequence[str] = (),
 ) -> ProfileResult:
     """``jobs``: dicts with cubin, symbol, recipe and target (as ``Target.as_json``),
     launched under ncu on CUDA device ``device`` of this process (None: the child sees
-    what this process sees and runs on its device 0)."""
+    what this process sees and runs on its device 0). ``wanted``: the quantities
+    collected (``METRICS`` keys; empty: every one): fewer counters, fewer replays."""
+    unasked = sorted(set(wanted) - set(METRICS))
+    if unasked:
+        raise ValueError(f"unknown Nsight Compute quantities {unasked}: {', '.join(METRICS)}")
     if not jobs:
         return ProfileResult([])
     ncu = find_ncu()
     if ncu is None:
         return ProfileResult([{} for _ in jobs], "ncu not found (Nsight Compute)")
     unknown = _UNKNOWN.setdefault(ncu, set())
-    alt = {k: [m for m in v if m not in unknown] for k, v in METRICS.items()}
+    alt = {
+        k: [m for m in v if m not in unknown]
+        for k, v in METRICS.items()
+        if not wanted or k in wanted
+    }
     seconds: dict[str, float] = {}
     env = dict(os.environ)
     if device is not None:  # ncu's child sees that GPU alone, as its device 0
@@ -224,12 +263,13 @@ def profile(
                 [{} for _ in jobs], f"ncu --import: exit {imported.returncode}\n{imported.stderr}"
             )
         rows = parse_raw_csv(imported.stdout, names)
-    print(summary(len(jobs), seconds, sorted(unknown)), file=sys.stderr, flush=True)
+    passes = passes_of(text)
+    print(summary(len(jobs), seconds, sorted(unknown), passes), file=sys.stderr, flush=True)
     if len(rows) != len(jobs):
         return ProfileResult(
             [{} for _ in jobs], f"ncu profiled {len(rows)} launches, expected {len(jobs)}"
         )
-    return ProfileResult(rows, "", names, imported.stdout, text[-20000:], seconds)
+    return ProfileResult(rows, "", names, imported.stdout, text[-20000:], seconds, passes)
 
 
 def child_seconds(path: Path) -> dict[str, float]:
@@ -240,14 +280,20 @@ def child_seconds(path: Path) -> dict[str, float]:
         return {}
 
 
-def summary(kernels: int, seconds: dict[str, float], unknown: list[str]) -> str:
-    """One line: where a profiling call's seconds went."""
+def summary(
+    kernels: int, seconds: dict[str, float], unknown: list[str], passes: Sequence[int] = ()
+) -> str:
+    """One line: where a profiling call's seconds went (and ncu's replay passes per
+    kernel, where its log said)."""
     runs = [v for k, v in seconds.items() if k.startswith("ncu_run_")]
     child = ", ".join(
         f"{k.removeprefix('child_')} {v:.1f}" for k, v in seconds.items() if k.startswith("child_")
     )
+    low, high = (min(passes), max(passes)) if passes else (0, 0)
+    per_kernel = f", {low}{f'-{high}' if high > low else ''} passes per kernel" if passes else ""
     return (
-        f"ncu: {kernels} kernels, {len(runs)} run(s) {' + '.join(f'{r:.1f}' for r in runs)} s"
+        f"ncu: {kernels} kernels, {len(runs)} run(s) "
+        f"{' + '.join(f'{r:.1f}' for r in runs)} s{per_kernel}"
         f" (child: {child or 'no phases'}); report import {seconds.get('import', 0.0):.1f} s"
         + (f"; metrics ncu does not know, skipped: {', '.join(unknown)}" if unknown else "")
     )

@@ -16,7 +16,7 @@ What each kind of job is answered with, from the records of the replayed GPU mod
 - ``cublaslt``: the latest cuBLASLt record of the target, library version and mode,
   whichever algorithm it holds;
 - ``profile``: the Nsight Compute counters of the key's standing (latest) record, if
-  it has any;
+  it has any: those the job asks for (``Job.profile_metrics``), as ncu would collect;
 - ``sanitizer``: what the recorded checks (``cudal2.verdicts``) say of the job's key
   on the replayed GPU model: ``sanitizer`` where the artifact's failure stands, ``ok``
   where the key passes the ship gate, and "not recorded" for a key unchecked or
@@ -138,7 +138,9 @@ class ReplayRunner:
             m = self._standing.get(key)
             if m is None or not is_profiled(m.metrics):
                 return JobResult.not_recorded(job, "no profile recorded")
-            ncu = {k: v for k, v in m.metrics.items() if k in METRICS}
+            # what ncu would have collected for the job: the quantities it asks for
+            asked = job.profile_metrics or tuple(METRICS)
+            ncu = {k: v for k, v in m.metrics.items() if k in asked}
             return JobResult(job, Status.OK, metrics=ncu)
         if job.kind == JobKind.SANITIZE:
             check = CheckKey(self.gpu.name, job.toolchain, job.artifact_key, job.target.key)

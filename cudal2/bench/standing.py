@@ -1068,14 +1068,18 @@ def tma_v5_sweep(root: Path) -> str:
 
 BUILD_STAGES = "bench/results/h100-build-stages.json"  # ci/gpu_build_stages.sh on the H100
 STAGE_ROWS = ("runner start", "wait for runner", "propose", "compile", "wait for cubins",
-              "measure", "profile", "policy update", "autotune", "memcheck", "package")  # fmt: skip
+              "measure", "record", "profile", "policy update", "autotune", "memcheck",
+              "package")  # fmt: skip
+# Rows only runs recorded since have (``pipeline.stages``): shown where one of them does.
+NEWER_ROWS = ("record",)
 
 
 def build_stages(root: Path) -> str:
     """``docs/runners.md``'s one-GPU build of the llama manifest before and after issue
-    23's work: wall, targets per GPU-hour and the stage table of each run."""
+    23's work: wall, targets per GPU-hour and the stage table of each run (every
+    ``after*`` run, in the order recorded; the measure stage's split where a run has it)."""
     d = json.loads((root / BUILD_STAGES).read_text())
-    runs = [(name, d[name]) for name in ("after", "after2") if name in d]
+    runs = [(name, r) for name, r in d.items() if name.startswith("after") and "stages" in r]
     before = d["before"]
     lines = [
         f"{d['gpu']}, {d['machine']}, `{d['manifest']}` ({d['targets']} targets), {d['how']} "
@@ -1086,12 +1090,24 @@ def build_stages(root: Path) -> str:
         "| stage (busy s) | " + " | ".join(f"{n}" for n, _ in runs) + " |",
         "|---|" + "---:|" * len(runs),
     ]
+
+    def cell(stages: dict[str, float], stage: str) -> str:
+        return f"{stages[stage]:.1f}" if stage in stages else "–"
+
     for stage in STAGE_ROWS:
-        lines.append(
-            f"| {stage} | "
-            + " | ".join(f"{r['stages']['stages_s'].get(stage, 0):.1f}" for _, r in runs)
-            + " |"
-        )
+        timed = [r["stages"]["stages_s"] for _, r in runs]
+        if stage in NEWER_ROWS and not any(stage in t for t in timed):
+            continue
+        lines.append(f"| {stage} | " + " | ".join(cell(t, stage) for t in timed) + " |")
+        splits = [r["stages"].get("measure_split", {}) for _, r in runs]
+        if stage == "measure" and any(splits):
+            for label, key in (
+                ("in the worker's jobs", "in_jobs_s"),
+                ("outside them", "outside_s"),
+            ):
+                lines.append(
+                    f"| measure: {label} | " + " | ".join(cell(x, key) for x in splits) + " |"
+                )
     for label, key in (("GPU busy", "gpu_busy_s"), ("build's own wall", "wall_s")):
         lines.append(
             f"| {label} | " + " | ".join(f"{r['stages'][key]:.1f}" for _, r in runs) + " |"

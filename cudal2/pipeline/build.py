@@ -74,6 +74,7 @@ from cudal2.records import (
 )
 from cudal2.verdicts import SanitizerLedger
 from cudal2.verify.gpu import gpu_models, gpu_names
+from cudal2.verify.profile import quantities
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -294,7 +295,8 @@ class Build:
                 if between is not None:
                     between()
                 return
-            bar.update(1)
+            with self.clock.stage("record"):
+                bar.update(1)
             if not res.recorded:  # unmeasured: no failure, no time, no record
                 self.counts["unmeasured"] += 1
                 if unrecorded is not None:
@@ -468,8 +470,15 @@ class Build:
             # Every round's results in one order, whichever job finished first: the
             # proposer's update is deterministic only for the same results in the same order.
             round_ms = in_proposal_order(round_ms, proposals)
-            with self.clock.stage("profile"):
-                round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
+            if rnd < m.search.rounds - 1 or m.search.profile_last_round:
+                with self.clock.stage("profile"):
+                    round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
+            elif m.search.profile_top > 0:
+                # Its feedback would go to an observe after which nothing is proposed.
+                self.say(
+                    f"{label}: not profiled (the last round: nothing is proposed after it; "
+                    "search.profile_last_round = true profiles it)"
+                )
             this_build.extend(round_ms)
             with self.clock.stage("policy update"):
                 learned = proposer.observe(round_ms)
@@ -537,14 +546,17 @@ class Build:
         round_ms: list[Measurement] = []
 
         def settle() -> None:
-            while settled:
-                rec, new = settled.popleft()
-                bar.update(1)
-                round_ms.append(rec)
-                if new:
-                    self._append([rec])
-                else:
-                    self.counts["reused"] += 1
+            if not settled:
+                return
+            with self.clock.stage("record"):
+                while settled:
+                    rec, new = settled.popleft()
+                    bar.update(1)
+                    round_ms.append(rec)
+                    if new:
+                        self._append([rec])
+                    else:
+                        self.counts["reused"] += 1
 
         # every target's full round until all are proposed (fewer where a space ran out)
         bar = progress(targets * self.manifest.search.candidates, f"{label}: measure",
@@ -555,12 +567,14 @@ class Build:
         try:
             for res in self._answers(answers, bar, "candidate", started, unrecorded, settle):
                 assert res.job.design is not None
-                rec = measurement_from(res, built[res.job.design.key], gpu, proposer_name)
-                self._append([rec])
-                round_ms.append(rec)
-                self.counts["measured"] += 1
-                if rec.status != Status.OK:
-                    self._failed(rec.status)
+                self.clock.measured(res.job_s)  # the measure stage's split (``stages``)
+                with self.clock.stage("record"):
+                    rec = measurement_from(res, built[res.job.design.key], gpu, proposer_name)
+                    self._append([rec])
+                    round_ms.append(rec)
+                    self.counts["measured"] += 1
+                    if rec.status != Status.OK:
+                        self._failed(rec.status)
             if not self._spent:
                 # A runner that stopped asking for jobs (or was given none: every
                 # candidate reused or failed to compile) has left the rest of the stream:
@@ -667,7 +681,8 @@ class Build:
     def _profile(
         self, runner: Runner, gpu: GpuInfo, ms: list[Measurement], top: int
     ) -> list[Measurement]:
-        """The round's Nsight Compute feedback (``pipeline.profiling.profile_round``)."""
+        """The round's Nsight Compute feedback (``pipeline.profiling.profile_round``):
+        the quantities of the manifest's ``search.profile_metrics``."""
         return profile_round(
             runner,
             gpu,
@@ -676,6 +691,7 @@ class Build:
             lambda x: self._cubin(runner, x.design, x.artifact_key),
             self._append,
             self.say,
+            quantities(self.manifest.search.profile_metrics),
         )
 
     def _cubins(self, runner: Runner, ms: Sequence[Measurement]) -> dict[str, str]:

@@ -120,6 +120,7 @@ class MeasureJob:
     records: tuple[Measurement, ...] = ()
     final_round: bool = False
     exported_by: str = __version__
+    profile_metrics: tuple[str, ...] = ()  # the Nsight Compute quantities (empty: all)
 
     @property
     def empty(self) -> bool:
@@ -141,6 +142,7 @@ class MeasureJob:
             "proposer": self.proposer,
             "timing": self.timing.as_json(),
             "profile_top": self.profile_top,
+            "profile_metrics": list(self.profile_metrics),
             "budget_s": self.budget_s,
             "measure": [k.as_json() for k in self.measure],
             "checks": [k.as_json() for k in self.checks],
@@ -171,6 +173,7 @@ class MeasureJob:
                 proposer=str(d["proposer"]),
                 timing=TimingConfig.from_json(d["timing"]),
                 profile_top=int(d["profile_top"]),
+                profile_metrics=tuple(str(q) for q in d.get("profile_metrics") or ()),
                 budget_s=float(d["budget_s"]),
                 measure=tuple(KernelJob.from_json(k) for k in d["measure"]),
                 checks=tuple(KernelJob.from_json(k) for k in d["checks"]),
@@ -334,6 +337,7 @@ class JobMeasurer:
                 lambda x: self._cubin(by_key[x.artifact_key]),
                 self.db.append,
                 self.say,
+                job.profile_metrics,
             )
             report.autotuned = self._autotune(runner, gpu, history, started)
             checks = list(self.job.checks)

@@ -8,7 +8,7 @@ job (``pipeline.job``), which has no compiler: nothing here imports nvcc.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cudal2.pipeline.results import job_for
@@ -27,11 +27,13 @@ def profile_round(
     cubin: Callable[[Measurement], str],
     append: Callable[[Iterable[Measurement]], None],
     say: Callable[[str], None],
+    wanted: Sequence[str] = (),
 ) -> list[Measurement]:
     """Nsight Compute metrics for each target's ``top`` fastest correct candidates of
     ``ms`` (unless they have them already), recorded (``append``) as enriched copies of
     their measurements; the returned list carries them to the proposer. ``cubin``: a
-    measurement's cubin path on the runner's host."""
+    measurement's cubin path on the runner's host. ``wanted``: the quantities collected
+    (``verify.profile.quantities``; empty: every one)."""
     if top <= 0:
         return ms
     by_target: dict[Target, list[Measurement]] = {}
@@ -47,7 +49,7 @@ def profile_round(
     if not chosen:
         return ms
     say(f"profiling {len(chosen)} candidates with Nsight Compute")
-    jobs = [job_for(JobKind.PROFILE, x, cubin(x)) for x in chosen.values()]
+    jobs = [job_for(JobKind.PROFILE, x, cubin(x), wanted) for x in chosen.values()]
     metrics: dict[tuple, dict[str, Any]] = {}
     errors: list[str] = []
     for res in runner.run(jobs):

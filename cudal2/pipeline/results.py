@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from cudal2 import __version__
@@ -65,9 +66,10 @@ def kernel_job(
     )
 
 
-def job_for(kind: JobKind, m: Measurement, cubin: str) -> Job:
+def job_for(kind: JobKind, m: Measurement, cubin: str, profile_metrics: Sequence[str] = ()) -> Job:
     """A ``profile`` or ``sanitizer`` job for the kernel of a recorded measurement: its
-    answer is about the same reuse key."""
+    answer is about the same reuse key. ``profile_metrics``: the Nsight Compute
+    quantities a profile job asks for (empty: every one)."""
     assert m.design is not None, "a vendor record has no kernel to profile or check"
     return Job(
         kind,
@@ -79,6 +81,7 @@ def job_for(kind: JobKind, m: Measurement, cubin: str) -> Job:
         design_name(m.design),
         launch_recipe(m.design),
         cubin,
+        tuple(profile_metrics),
     )
 
 

@@ -53,6 +53,7 @@ from cudal2.records import (
     Target,
     TimingConfig,
 )
+from cudal2.verify.profile import quantities
 
 # --dry-run's estimate of GPU time per measured candidate and per cuBLASLt autotuning,
 # from the committed H100 builds' record timestamps: 1,024 candidates in 228 s
@@ -243,6 +244,8 @@ def export_job(
             kj = KernelJob(dataclasses.replace(j, cubin=cubin_name(j.artifact_key)), build, sha)
             kernel_jobs[kind].append(kj)
     proposer = b.kept[0].proposer if b.kept else _proposer_name(b, manifest)
+    last = phase == f"round {manifest.search.rounds}/{manifest.search.rounds}"
+    top = manifest.search.profile_top
     job = MeasureJob(
         manifest=manifest.name,
         manifest_version=manifest.version,
@@ -252,13 +255,16 @@ def export_job(
         arch=info.arch,
         proposer=proposer,
         timing=timing,
-        profile_top=manifest.search.profile_top,
+        # the last round's profile would feed no proposal: not asked for unless the
+        # manifest says so (as a one-machine build)
+        profile_top=0 if last and not manifest.search.profile_last_round else top,
+        profile_metrics=quantities(manifest.search.profile_metrics),
         budget_s=manifest.search.gpu_budget_s,
         measure=tuple(kernel_jobs["measure"]),
         checks=tuple(kernel_jobs["checks"]),
         autotune=autotune,
         records=tuple(b.kept),
-        final_round=phase == f"round {manifest.search.rounds}/{manifest.search.rounds}",
+        final_round=last,
     )
     folder = None
     if compile_ and not job.empty:

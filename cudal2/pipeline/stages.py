@@ -10,6 +10,12 @@ one thread.
 
 "GPU-busy" is what the GPU did: measure + profile + autotune + memcheck, each the time
 the build waited on the runner's next answer. The rest of the wall the GPU idled.
+
+The measure stage is split by the answers' own job seconds (``JobResult.job_s``: what
+the worker reports, else the round trip its pool saw): the seconds "in the worker's
+jobs", and the rest of the wait, "outside them" (the runner waiting for the next cubin
+in another thread, the pipe, the runner's own threads). What the pipeline does with
+each answer (the record made and written, progress) is the "record" stage, beside it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ STAGES: tuple[str, ...] = (
     "compile",  # nvcc on all cores (in the background while a round is measured)
     "wait for cubins",  # the runner had nothing to measure until the next cubin
     "measure",
+    "record",  # the pipeline's own work on each answer: the record made, written, counted
     "profile",  # Nsight Compute on each round's best
     "policy update",  # the proposer's observe (the policy's weights updated)
     "autotune",  # cuBLASLt
@@ -48,15 +55,31 @@ GPU_STAGES: tuple[str, ...] = ("measure", "profile", "autotune", "memcheck")
 
 
 @dataclass(frozen=True)
+class MeasureSplit:
+    """The measure stage's answers: how many carried their job seconds, and those
+    seconds summed (what the workers spent on the jobs, as they or their pools saw it)."""
+
+    jobs: int
+    in_jobs_s: float
+
+    def outside_s(self, measure_s: float) -> float:
+        """The measure stage's seconds outside the jobs (none where the runner ran the
+        next job while the pipeline recorded the last: the jobs then overlap "record")."""
+        return max(0.0, measure_s - self.in_jobs_s)
+
+
+@dataclass(frozen=True)
 class StageTimes:
     """A build's busy seconds per stage (every name of ``STAGES``), its wall seconds,
     and the number of targets it built. Busy seconds of overlapping stages sum to more
-    than the wall."""
+    than the wall. ``split``: the measure stage's answers' job seconds (None: no answer
+    carried them, as a replay's)."""
 
     stages: dict[str, float]
     wall_s: float
     targets: int
     overlapped: tuple[str, ...] = field(default=("runner start", "propose", "compile"))
+    split: MeasureSplit | None = None
 
     @property
     def gpu_busy_s(self) -> float:
@@ -85,15 +108,26 @@ class StageTimes:
             "targets_per_gpu_hour": round(self.targets_per_gpu_hour, 1),
             "gpu_stages": list(GPU_STAGES),
             "overlapped": list(self.overlapped),
+            **({} if self.split is None else {"measure_split": self._split_json(self.split)}),
+        }
+
+    def _split_json(self, split: MeasureSplit) -> dict[str, Any]:
+        measure = self.stages.get("measure", 0.0)
+        return {
+            "jobs": split.jobs,
+            "in_jobs_s": round(split.in_jobs_s, 3),
+            "outside_s": round(split.outside_s(measure), 3),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StageTimes:
+        split = d.get("measure_split")
         return cls(
             {s: float(v) for s, v in d["stages_s"].items()},
             float(d["wall_s"]),
             int(d["targets"]),
             tuple(d.get("overlapped", ())),
+            None if split is None else MeasureSplit(int(split["jobs"]), float(split["in_jobs_s"])),
         )
 
     def table(self) -> str:
@@ -106,6 +140,8 @@ class StageTimes:
             gpu = "  GPU" if s in GPU_STAGES else ""
             bg = "  (background)" if s in self.overlapped else ""
             lines.append(f"{s:<{width}}  {secs:8.1f}  {share:7.0%}{gpu}{bg}")
+            if s == "measure" and self.split is not None:
+                lines += self._split_lines(self.split, secs, width)
         lines += [
             f"{'busy, all stages':<{width}}  {self.busy_s:8.1f}",
             f"{'wall':<{width}}  {self.wall_s:8.1f}",
@@ -123,6 +159,16 @@ class StageTimes:
     def _share(self, secs: float) -> float:
         return secs / self.wall_s if self.wall_s > 0 else 0.0
 
+    def _split_lines(self, split: MeasureSplit, measure: float, width: int) -> list[str]:
+        each = f", {split.in_jobs_s / split.jobs * 1e3:.0f} ms each" if split.jobs else ""
+        outside = split.outside_s(measure)
+        return [
+            f"{'  in the jobs':<{width}}  {split.in_jobs_s:8.1f}  "
+            f"{self._share(split.in_jobs_s):7.0%}  ({split.jobs} jobs{each})",
+            f"{'  outside them':<{width}}  {outside:8.1f}  {self._share(outside):7.0%}"
+            "  (the next cubin, the pipe, the runner's threads)",
+        ]
+
     def write(self, path: Path) -> None:
         """The JSON, written atomically (a temporary file, then renamed)."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -138,6 +184,8 @@ class StageClock:
         self.clock = clock
         self.started = clock() if started is None else started
         self._busy: dict[str, float] = {}
+        self._jobs = 0  # the measure stage's answers that carried their job seconds
+        self._job_s = 0.0
         self._lock = threading.Lock()
         self._local = threading.local()  # each thread's stack of [stage, resumed at]
 
@@ -188,8 +236,17 @@ class StageClock:
             if close is not None:  # a caller that stops early stops the runner's answers
                 close()
 
+    def measured(self, job_s: float | None) -> None:
+        """One measure answer's job seconds (``JobResult.job_s``; None: it has none)."""
+        if job_s is None:
+            return
+        with self._lock:
+            self._jobs += 1
+            self._job_s += job_s
+
     def times(self, targets: int) -> StageTimes:
         """The stages so far, the wall up to now."""
         with self._lock:
             busy = {s: self._busy.get(s, 0.0) for s in STAGES}
-        return StageTimes(busy, self.clock() - self.started, targets)
+            split = MeasureSplit(self._jobs, self._job_s) if self._jobs else None
+        return StageTimes(busy, self.clock() - self.started, targets, split=split)

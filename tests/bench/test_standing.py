@@ -117,6 +117,27 @@ def test_the_epilogue_table_is_made_from_its_results_file(tmp_path):
     assert table.count("| 9.999 |") == 1
 
 
+def test_the_build_stage_table_gets_a_newer_run_s_rows_only_with_it(tmp_path):
+    """The committed runs have no "record" stage nor measure split: the block shows
+    neither. A later run (as ci/gpu_build_stages.sh's after3 will be) that has them gets
+    its column and the rows, "–" for the runs without."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.BUILD_STAGES).read_text())
+    before = standing.build_stages(ROOT)
+    assert "| record |" not in before and "measure: in the worker's jobs" not in before
+    newer = json.loads(json.dumps(d["after2"]))
+    newer["stages"]["stages_s"]["record"] = 2.5
+    newer["stages"]["measure_split"] = {"jobs": 792, "in_jobs_s": 41.25, "outside_s": 28.621}
+    d["after3"] = newer
+    (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
+    table = standing.build_stages(tmp_path)
+    header = next(x for x in table.splitlines() if x.startswith("| stage (busy s)"))
+    assert header == "| stage (busy s) | after | after2 | after3 |"
+    assert "| record | – | – | 2.5 |" in table
+    assert "| measure: in the worker's jobs | – | – | 41.2 |" in table
+    assert "| measure: outside them | – | – | 28.6 |" in table
+
+
 def test_the_gated_epilogue_table_is_made_from_its_results_file(tmp_path):
     """Each row's figures (and fused − plain) and the passed-job count come from the file."""
     (tmp_path / "bench" / "results").mkdir(parents=True)

@@ -158,6 +158,13 @@ def test_defaults(tmp_path: Path) -> None:
     assert m.timing_mode == "offline"
     assert m.targets == (Target("sm_90a", "fp16", "tn", 64, 4096, 4096),)
     assert m.package == "cudal2_kernels_t"
+    # Nsight Compute: the search's quantities, the last round not profiled, unless asked
+    assert (m.search.profile_metrics, m.search.profile_last_round) == ("search", False)
+    asked = _load(
+        tmp_path,
+        PACKAGE + '[search]\nprofile_metrics = "all"\nprofile_last_round = true\n' + ONE_TARGET,
+    ).search
+    assert (asked.profile_metrics, asked.profile_last_round) == ("all", True)
 
 
 def test_all_sections(tmp_path: Path) -> None:
@@ -279,6 +286,8 @@ BAD: list[tuple[str, str, Any]] = [
     ("[search]\nrounds = 0\n" + ONE_TARGET, "search.rounds", 0),
     ("[search]\nseed = -1\n" + ONE_TARGET, "search.seed", -1),
     ("[search]\nprofile_top = -1\n" + ONE_TARGET, "search.profile_top", -1),
+    ("[search]\nprofile_metrics = 'few'\n" + ONE_TARGET, "search.profile_metrics", "few"),
+    ("[search]\nprofile_last_round = 0\n" + ONE_TARGET, "search.profile_last_round", 0),
     ("[search]\nfamilies = ['sm100x']\n" + ONE_TARGET, "search.families[0]", "sm100x"),
     ("[search]\nfamilies = []\n" + ONE_TARGET, "search.families", []),
     # [search] knobs: names of some family's knobs, lists of values in their domains

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,27 @@ def test_compile_error_is_recorded_not_raised(tmp_path, monkeypatch):
     assert not r.ok and "error" in r.error.lower()
     assert cache.get(r.artifact_key) == r
     assert not (cache.entry(r.artifact_key) / "kernel.cubin").exists()
+
+
+def test_nvcc_runs_niced_and_its_error_is_still_recorded(tmp_path, monkeypatch):
+    """build_all runs nvcc at a raised niceness (below the build's measuring threads):
+    an nvcc stand-in prints the niceness it runs at and fails; the build records that
+    text as the compile error, as it records nvcc's own."""
+    comp.nvcc_version()  # the real nvcc's version, cached: the key stays what it is
+    fake = tmp_path / "nvcc"
+    fake.write_text(
+        f"#!{sys.executable}\nimport os, sys\n"
+        "print(f'kernel.cu(1): error: niceness {os.nice(0)}', file=sys.stderr)\nsys.exit(1)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(comp, "_nvcc", lambda: str(fake))
+    res = build_all([_d("fp16", "nn")], ArtifactCache(tmp_path / "cache"), jobs=1)
+    (r,) = res.values()
+    niced = min(os.nice(0) + comp.NVCC_NICENESS, 19)
+    assert not r.ok and f"error: niceness {niced}" in r.error
+    assert comp.NVCC_NICENESS > 0
+    plain = build_all([_d("bf16", "nn")], ArtifactCache(tmp_path / "other"), niceness=0)
+    assert f"error: niceness {os.nice(0)}" in next(iter(plain.values())).error
 
 
 def test_a_cubin_does_not_depend_on_where_its_cache_is(tmp_path):

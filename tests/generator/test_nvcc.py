@@ -4,6 +4,7 @@ process group that dies with the build."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -94,6 +95,23 @@ def test_the_guard_passes_on_the_status(tmp_path):
     run = nvcc.run_guarded(["sh", "-c", "echo out; echo err >&2; exit 3"], cwd=tmp_path,
                            env=dict(os.environ), timeout_s=30)  # fmt: skip
     assert (run.returncode, run.stdout, run.stderr, run.killed) == (3, "out\n", "err\n", False)
+
+
+_NICENESS = [sys.executable, "-c", "import os; print(os.nice(0))"]
+
+
+def test_the_command_runs_niced_and_its_children_too(tmp_path):
+    """The guard raises the niceness of what it runs, and nvcc's own children (cicc,
+    ptxas) inherit it: seen from a child of the command."""
+    own = os.nice(0)
+    run = nvcc.run_guarded(["sh", "-c", f"{shlex.join(_NICENESS)}; exit 4"], cwd=tmp_path,
+                           env=dict(os.environ), timeout_s=30, niceness=7)  # fmt: skip
+    assert (run.returncode, run.stdout.strip()) == (4, str(min(own + 7, 19)))
+    plain = nvcc.run_guarded(_NICENESS, cwd=tmp_path, env=dict(os.environ), timeout_s=30)
+    assert plain.stdout.strip() == str(own)
+    with pytest.raises(ValueError, match="niceness is raised, never lowered"):
+        nvcc.run_guarded(_NICENESS, cwd=tmp_path, env=dict(os.environ), timeout_s=30,
+                         niceness=-1)  # fmt: skip
 
 
 def test_the_guard_takes_its_group_down_when_the_build_dies(tmp_path):

@@ -30,6 +30,7 @@ from cudal2.pipeline.build import Build
 from cudal2.pipeline.job import JOB_FILE, JobBundleError, JobMeasurer, read_job
 from cudal2.pipeline.split import describe, export_job
 from cudal2.records import CheckEvent, JobKind, JobResult, Measurement, Status
+from cudal2.verify.profile import METRICS, SEARCH_QUANTITIES
 from cudal2.verify.replay import ReplayRunner
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="the export compiles")
@@ -164,6 +165,15 @@ def test_export_leaves_nothing_behind_and_job_is_checked(tmp_path, recorded, art
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]  # no temporary left
     job = read_job(out)
     assert len(job.measure) == 4 and job.final_round
+    # the last round is not profiled unless the manifest asks; the search's quantities
+    assert (job.profile_top, job.profile_metrics) == (0, SEARCH_QUANTITIES)
+    asked = dataclasses.replace(
+        manifest,
+        search=dataclasses.replace(manifest.search, profile_last_round=True, profile_metrics="all"),
+    )
+    again = export_job(asked, db, artifact_cache, None, gpu=gpu.gpu.name, space=gpu.designs,
+                       log=io.StringIO()).job  # fmt: skip
+    assert (again.profile_top, again.profile_metrics) == (1, tuple(METRICS))
     assert {p.name for p in (out / "cubins").iterdir()} == {
         f"{k.job.artifact_key}.cubin" for k in job.measure
     }

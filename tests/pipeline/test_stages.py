@@ -136,6 +136,48 @@ def test_the_table_names_every_stage_and_the_json_round_trips(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file
 
 
+def test_the_measure_stage_is_split_by_the_answers_job_seconds(tmp_path):
+    """The worker's jobs and the rest of the measure stage's wait, in the table and the
+    JSON; answers without job seconds (a replay) count in neither; the pipeline's own
+    work on the answers is "record", not "measure"."""
+    t = FakeClock()
+    clock = StageClock(t)
+    for job_s in (0.05, None, 0.07):
+        with clock.stage("measure"):
+            t.now += 0.1
+        clock.measured(job_s)
+        with clock.stage("record"):
+            t.now += 0.01
+    times = clock.times(targets=1)
+    assert times.stages["measure"] == pytest.approx(0.3)
+    assert times.stages["record"] == pytest.approx(0.03)
+    assert (times.split.jobs, times.split.in_jobs_s) == (2, pytest.approx(0.12))
+    assert times.as_json()["measure_split"] == {"jobs": 2, "in_jobs_s": 0.12, "outside_s": 0.18}
+    table = times.table().splitlines()
+    at = next(i for i, line in enumerate(table) if line.startswith("measure "))
+    assert table[at + 1].split()[:4] == ["in", "the", "jobs", "0.1"]
+    assert "(2 jobs, 60 ms each)" in table[at + 1]
+    assert table[at + 2].split()[:3] == ["outside", "them", "0.2"]
+    assert table[at + 3].startswith("record ")
+    path = tmp_path / "stages.json"
+    times.write(path)
+    assert StageTimes.from_json(json.loads(path.read_text())).as_json() == times.as_json()
+    # jobs that overlap the recording (a runner that ran ahead): nothing outside them
+    ahead = dataclasses.replace(times, split=dataclasses.replace(times.split, in_jobs_s=0.5))
+    assert ahead.as_json()["measure_split"]["outside_s"] == 0.0
+
+
+def test_the_committed_stage_tables_read_back_without_a_split():
+    """The H100 runs recorded before the split (bench/results/h100-build-stages.json)
+    read back as they were: no split rows, and no "record" seconds."""
+    d = json.loads((ROOT / "bench" / "results" / "h100-build-stages.json").read_text())
+    for run in ("after", "after2"):
+        times = StageTimes.from_json(d[run]["stages"])
+        assert times.split is None and times.stages.get("record", 0.0) == 0.0
+        assert "in the jobs" not in times.table()
+        assert times.gpu_busy_s == pytest.approx(d[run]["stages"]["gpu_busy_s"], abs=0.01)
+
+
 # -- builds over recorded measurements ---------------------------------------------------
 @pytest.fixture(scope="module")
 def recorded() -> list[Measurement]:

@@ -20,7 +20,9 @@ the child process imports it again.
 - ``dead``: devices whose worker never starts;
 - ``models``: device -> the GPU model its hello names (mixed fleets);
 - ``cublaslt``: device -> the cuBLASLt version its hello names;
-- ``delay_s``: seconds each job takes (so several GPUs share a batch).
+- ``delay_s``: seconds each job takes (so several GPUs share a batch);
+- ``job_s``: the job seconds the worker reports in its answers (``JobResult.job_s``;
+  absent: none, as the real worker before it timed its jobs).
 """
 
 from __future__ import annotations
@@ -79,4 +81,6 @@ def replay_worker(conn: Any, device: int, db: str, faults: dict[str, Any] | None
             time.sleep(3600)
         time.sleep(faults.get("delay_s", 0.0))
         res: JobResult = replay.answer(job)
+        if "job_s" in faults:
+            res = dataclasses.replace(res, job_s=faults["job_s"])
         conn.send({"result": res.as_json()})

@@ -490,6 +490,14 @@ def test_a_build_through_the_host_runner_equals_one_through_one_gpu(
     assert report.measured == expected_report.measured and report.measured > 0
     # every measure / cublaslt job was run once, by one worker
     assert max(ran(tmp_path).values()) == 1
+    # the measure stage split by the answers' job seconds (the pools' round trips: the
+    # stand-in reports none), each at least its 10 ms; a replay runs no worker: no split
+    split = report.stages.split
+    assert expected_report.stages.split is None
+    assert split.jobs == report.measured - sum(m.is_vendor for m in got)
+    assert split.in_jobs_s >= 0.01 * split.jobs
+    assert "  in the jobs" in report.stages.table()
+    assert report.stages.stages["record"] > 0  # the pipeline's own work on the answers
 
 
 def test_a_killed_build_resumed_measures_each_job_once(recorded, one_gpu_build, tmp_path):

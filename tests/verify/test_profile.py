@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -88,7 +89,9 @@ def test_build_records_profiled_copies_and_feeds_them_on(tmp_path, recorded_meas
     written = MeasurementDB(tmp_path / "db.jsonl").read()
     assert [w.reuse_key for w in written] == [m.reuse_key for m in fastest]
     for w, vals in zip(written, RECORD["metrics"], strict=True):
-        assert {k: w.metrics[k] for k in vals} == vals
+        # the default manifest's profile_metrics: the search's quantities, no more
+        asked = {k: v for k, v in vals.items() if k in prof.SEARCH_QUANTITIES}
+        assert {k: v for k, v in w.metrics.items() if k in prof.METRICS} == asked
     assert len(out) == len(ms) and sum(w in out for w in written) == n
     assert b._profile(runner, runner.start(), out, n) == out  # already profiled: nothing again
 
@@ -107,7 +110,7 @@ def test_the_local_runner_profiles_a_batch_in_one_ncu_run(
     jobs = [job_for(JobKind.PROFILE, m, f"/c/{m.artifact_key}") for m in kernels[:3]]
     calls = []
 
-    def fake_profile(batch, device=None):
+    def fake_profile(batch, device=None, wanted=()):
         calls.append(batch)
         return prof.ProfileResult([RECORD["metrics"][i] for i in range(len(batch))], error)
 
@@ -137,8 +140,9 @@ with open(os.environ["FAKE_NCU_CALLS"], "a") as f:
 bad = [m for m in metrics if m in os.environ["FAKE_NCU_UNKNOWN"].split(",")]
 for m in bad:
     print(f"==ERROR== Failed to find metric '{m}'")
-if not bad:  # the child ran: its phases
+if not bad:  # the child ran: its phases, and ncu's lines as the H100 printed them
     Path(args[-1]).write_text(json.dumps({"imports": 1.5, "cuda_init": 0.5, "launches": 2.0}))
+    print(Path(os.environ["FAKE_NCU_LOG"]).read_text(), end="", file=sys.stderr)
 sys.exit(1 if bad else 0)
 '''
 
@@ -153,6 +157,7 @@ def fake_ncu(tmp_path, monkeypatch):
     calls = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_NCU_CALLS", str(calls))
     monkeypatch.setenv("FAKE_NCU_RAW", str(DATA / "ncu-h100-raw.csv"))
+    monkeypatch.setenv("FAKE_NCU_LOG", str(DATA / "ncu-h100-log.txt"))
     monkeypatch.setattr(prof, "find_ncu", lambda: str(exe))
     monkeypatch.setattr(prof, "_UNKNOWN", {})
     return lambda: [json.loads(x) for x in calls.read_text().splitlines()]
@@ -197,3 +202,61 @@ def test_the_ncu_command_keeps_the_clocks_and_profiles_only_the_candidates(tmp_p
     assert opt("--launch-count") == "24" and opt("--metrics") == "a.sum,b.pct"
     assert opt("--target-processes") == "application-only"
     assert cmd[-3:] == ["cudal2.verify.profile", str(tmp_path / "j"), str(tmp_path / "p")]
+
+
+def test_ncu_s_replay_passes_per_kernel_are_read_from_its_log(fake_ncu, monkeypatch, capsys):
+    """The H100's log of the 7 quantities: 9 passes per kernel, on the summary line."""
+    log = (DATA / "ncu-h100-log.txt").read_text()
+    assert prof.passes_of(log) == [9, 9, 9]
+    assert prof.passes_of('==PROF== Profiling "k" - 0: 0%....50%....100% - 1 pass\n') == [1]
+    monkeypatch.setenv("FAKE_NCU_UNKNOWN", "")
+    res = prof.profile(RECORD["jobs"])
+    assert res.passes == [9, 9, 9]
+    line = capsys.readouterr().err
+    assert line.startswith("ncu: 3 kernels, 1 run(s) ") and " s, 9 passes per kernel (child" in line
+
+
+@pytest.mark.parametrize("choice", ["search", "all"])
+def test_the_metric_set_is_what_ncu_is_asked_for_and_what_comes_back(fake_ncu, monkeypatch, choice):
+    """``search``: only the quantities the search reads (fewer counters, fewer replay
+    passes); ``all``: every one. The answer carries what was asked, nothing else."""
+    monkeypatch.setenv("FAKE_NCU_UNKNOWN", "")
+    wanted = prof.quantities(choice)
+    res = prof.profile(RECORD["jobs"], wanted=wanted)
+    (call,) = fake_ncu()
+    assert sorted(call) == sorted(prof.METRICS[q][0] for q in wanted)
+    assert res.metrics == [{k: v for k, v in m.items() if k in wanted} for m in RECORD["metrics"]]
+    if choice == "search":
+        assert len(call) == 3 and "sm__throughput.avg.pct_of_peak_sustained_elapsed" not in call
+
+
+def test_an_unknown_metric_set_or_quantity_is_refused():
+    with pytest.raises(ValueError, match="unknown profile metric set 'some'"):
+        prof.quantities("some")
+    with pytest.raises(ValueError, match="unknown Nsight Compute quantities"):
+        prof.profile(RECORD["jobs"], wanted=("ncu_bogus",))
+
+
+def test_the_search_set_holds_everything_the_search_reads(recorded_measurements):
+    """What the proposers read of a profile (``policy.reward.entry``) is the same from
+    the search set as from all seven quantities, for every recorded profile."""
+    from cudal2.policy.corpus import Row
+    from cudal2.policy.reward import entry
+    from cudal2.policy.tokens import gpu_features
+
+    gpu = gpu_features("NVIDIA H100 80GB HBM3")
+    ms = [m for m in recorded_measurements if m.design is not None and m.status == "ok"][:5]
+    assert len(ms) == 5
+    checked = 0
+    for m in ms:
+        row = Row(m.target, m.design, "ok", m.median_us, 2.0 * m.median_us, m.gpu.name,
+                  m.proposer, 0.5, dict(m.metrics), 1000)  # fmt: skip
+        for vals in RECORD["metrics"]:
+            full = dataclasses.replace(row, metrics={**row.metrics, **vals})
+            few = {k: v for k, v in vals.items() if k in prof.SEARCH_QUANTITIES}
+            part = dataclasses.replace(row, metrics={**row.metrics, **few})
+            assert entry(full, 0.0, gpu) == entry(part, 0.0, gpu)
+            assert entry(full, 0.0, gpu) != entry(row, 0.0, gpu)  # the profile is read
+            checked += 1
+    assert checked == 15
+    assert set(prof.SEARCH_QUANTITIES) <= set(prof.METRICS)
