@@ -716,6 +716,12 @@ class JobResult:
     # The GPU that answered, where a runner measures on several (None: the runner's one
     # GPU, as ``start`` returned it).
     gpu: GpuInfo | None = None
+    # The measuring worker's own wall seconds for the job, and their phases (module load,
+    # operands, correctness, pdl pair, timing capture, timing replay): where a build's
+    # time goes. They cross the pipe with the answer and are never recorded (a record's
+    # ``metrics`` feed the corpus); None / empty: a runner that does not say.
+    job_s: float | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -741,6 +747,8 @@ class JobResult:
             "metrics": dict(self.metrics),
             "vendor": dict(self.vendor),
             **({} if self.gpu is None else {"gpu": self.gpu.as_json()}),
+            **({} if self.job_s is None else {"job_s": self.job_s}),
+            **({"phases_s": dict(self.phases_s)} if self.phases_s else {}),
         }
 
     @classmethod
@@ -756,4 +764,6 @@ class JobResult:
             metrics=dict(d.get("metrics") or {}),
             vendor=dict(d.get("vendor") or {}),
             gpu=None if d.get("gpu") is None else GpuInfo.from_json(d["gpu"]),
+            job_s=d.get("job_s"),
+            phases_s=dict(d.get("phases_s") or {}),
         )

@@ -1,7 +1,8 @@
 """Stand-in measuring workers for the host runner's CPU tests: a worker process per "GPU"
 that answers from a ``ReplayRunner`` over a recorded H100 database, speaking the real
-worker's pipe protocol (``verify/worker.py``: a hello with the GPU, then a ``Job`` as
-JSON in and ``{"result": ...}`` out), with faults chosen by the test.
+worker's pipe protocol through the worker's own loop (``verify/worker.py``'s ``serve``: a
+hello with the GPU, then a ``Job`` as JSON in and ``{"result": ...}`` out, prepare
+messages readied while the pipe is empty), with faults chosen by the test.
 
 It is imported by its module name (``host_workers``, the tests put this folder on
 ``sys.path``) because the ``spawn`` context pickles a worker's entry point by name and
@@ -20,7 +21,11 @@ the child process imports it again.
 - ``dead``: devices whose worker never starts;
 - ``models``: device -> the GPU model its hello names (mixed fleets);
 - ``cublaslt``: device -> the cuBLASLt version its hello names;
-- ``delay_s``: seconds each job takes (so several GPUs share a batch).
+- ``delay_s``: seconds each job takes (so several GPUs share a batch);
+- ``prepare_s``: seconds each target's preparation takes (logged ``device prepare
+  <target label>`` in ``state/ran.log``);
+- ``prepare_crash``: target labels whose preparation kills the worker (``os._exit``);
+  ``prepare_cuda``: labels whose preparation raises a CUDA error (the worker leaves).
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.database import MeasurementDB
-from cudal2.records import Job, JobKind, JobResult
+from cudal2.records import Job, JobKind, JobResult, Target, TimingConfig
+from cudal2.verify.inputs import InputCache
 from cudal2.verify.replay import ReplayRunner
+from cudal2.verify.worker import serve
 
 
 def job_key(job: Job) -> str:
@@ -60,11 +67,8 @@ def replay_worker(conn: Any, device: int, db: str, faults: dict[str, Any] | None
     )
     version = faults.get("cublaslt", {}).get(device, replay.cublaslt_version)
     conn.send({"hello": gpu.as_json(), "cublaslt_version": version})
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        job = Job.from_json(msg)
+
+    def answer(job: Job) -> JobResult:
         key = job_key(job)
         if state:
             with open(state / "ran.log", "a") as f:
@@ -78,5 +82,16 @@ def replay_worker(conn: Any, device: int, db: str, faults: dict[str, Any] | None
         if key in faults.get("hang", ()):
             time.sleep(3600)
         time.sleep(faults.get("delay_s", 0.0))
-        res: JobResult = replay.answer(job)
-        conn.send({"result": res.as_json()})
+        return replay.answer(job)
+
+    def ready(t: Target, timing: TimingConfig) -> None:
+        time.sleep(faults.get("prepare_s", 0.0))
+        if t.label in faults.get("prepare_crash", ()):
+            os._exit(3)
+        if t.label in faults.get("prepare_cuda", ()):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if state:
+            with open(state / "ran.log", "a") as f:
+                f.write(f"{device} prepare {t.label}\n")
+
+    serve(conn, answer, ready, InputCache())
