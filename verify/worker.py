@@ -386,9 +386,11 @@ def serve(
     ``None`` ends it."""
     todo: deque[tuple[Target, TimingConfig]] = deque()
     read = 0  # prepare messages read
+    done, busy_s = 0, 0.0  # targets prepared, and their seconds (logged once all are)
     while True:
         if todo and not conn.poll(0):
             t, cfg = todo.popleft()
+            t0 = time.perf_counter()
             try:
                 with inputs.without_eviction():
                     ready(t, cfg)
@@ -408,6 +410,14 @@ def serve(
                     file=sys.stderr,
                 )
                 todo.clear()
+            done, busy_s = done + 1, busy_s + time.perf_counter() - t0
+            if not todo:  # (the build's log has the worker's stderr)
+                print(
+                    f"prepared {done} targets in {busy_s:.1f} s between jobs "
+                    f"(cache {inputs.bytes / 2**30:.1f} of {inputs.max_bytes / 2**30:.1f} GiB)",
+                    file=sys.stderr,
+                )
+                done, busy_s = 0, 0.0
             continue
         msg = conn.recv()
         if msg is None:

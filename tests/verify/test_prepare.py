@@ -172,3 +172,17 @@ def test_the_host_runner_asks_every_gpu_to_prepare(jobs, replay, tmp_path):
     for device in ("0", "1"):
         mine = [line.split(" ", 2)[2] for line in lines if line.startswith(f"{device} prepare")]
         assert mine == [t.label for t in targets]
+
+
+def test_the_local_runner_asks_its_worker_to_prepare(jobs, replay, tmp_path):
+    from cudal2.verify.local import LocalRunner
+
+    r = LocalRunner()
+    r.pool = pool(tmp_path)  # its one worker, answering from the recorded database
+    with r:
+        r.start()
+        r.prepare([j.target for j in jobs[:2]], TIMING)
+        wait_for(lambda: sum(k == "prepare" for k, _ in events(tmp_path)) == 2)
+        answers = list(r.run(jobs[:3]))
+    assert [a.job for a in answers] == jobs[:3]
+    assert all(same(a, replay.answer(a.job)) for a in answers)
