@@ -141,8 +141,7 @@ def test_torch_timed_from_the_kept_graph_reads_as_when_captured_in_the_job(cubin
         b = Timing(tuple(x for r in kept[1:] for x in pick(r)))
         noise = max(a.spread, b.spread, 0.05)
         assert abs(b.median_us - a.median_us) / a.median_us <= noise, (name, a, b)
-    # the candidate's jobs do not capture torch again: their capture phase is the
-    # candidate's alone (the first job captured both)
+    # (printed: each kept job's capture seconds; the first captured torch's graph too)
     caps = [r.phases_s["timing_capture"] for r in kept]
     assert all(r.job_s and r.job_s >= sum(r.phases_s.values()) * 0.99 for r in kept)
     print(f"{t.label}: timing_capture s, kept graph: {caps}")
@@ -188,10 +187,11 @@ def test_a_kept_graph_outlives_what_later_jobs_free_and_eviction_frees_it(t):
         a, b = sets.sets[j]
         want = correctness.vendor(t, a, b, epi=sets.epis[j])
         assert not torch.isnan(outs[j]).any(), j  # every output written by the replay
-        # (bitwise equal but for cuBLAS's choices on another stream)
-        torch.testing.assert_close(outs[j], want, rtol=2e-3, atol=2e-3)
+        # (bit for bit but for cuBLAS's choices on another stream: within a few roundings)
+        err = float((outs[j].float() - want.float()).abs().max())
+        assert err <= 8 * correctness.OUT_EPS[t.dtype] * float(want.float().abs().max()), j
     sets_bytes = sets.nbytes
-    del g, sets, outs, a, b, want
+    del g, sets, outs, a, b, want, x
     cache.drop_target(t)
     gc.collect()
     torch.cuda.synchronize()
