@@ -1,6 +1,6 @@
 """What every candidate of a target shares, kept by a measuring worker: each
-correctness trial's inputs, fp32 reference and vendor errors, and the operand sets
-the timing rotates through.
+correctness trial's inputs, fp32 reference and vendor errors, the operand sets the
+timing rotates through, and torch's graph over them.
 
 They depend only on (target, seed, trial), never on the candidate: a trial draws
 from a generator of its own (``correctness.derived_seed``), the timing pool from
@@ -43,8 +43,9 @@ from cudal2.records import Target, TimingConfig
 from cudal2.verify import correctness
 from cudal2.verify.timing import Captured
 
-# The device memory kept: a 4096x28672x4096 target's three trials (A 32 MB, B 235 MB,
-# the fp32 reference 470 MB each) and its two timing sets come to 2.7 GB.
+# The least device memory a worker may keep (its bound where the free memory is unknown):
+# a 4096x28672x4096 target's three trials (A 32 MB, B 235 MB, the fp32 reference 470 MB
+# each) and its two timing sets come to 2.7 GB.
 MAX_BYTES = 4 << 30
 # The share of the GPU's free memory a worker keeps at most (``bound_bytes``).
 FREE_SHARE = 0.25
