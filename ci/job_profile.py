@@ -1,13 +1,17 @@
 """Where a measuring job's seconds go, on the GPU: the build's measure jobs run in this
 process (as the worker runs them), each phase timed, and cProfile's top functions.
 
-    python ci/job_profile.py DB.jsonl[.gz] --targets 6 --per-target 6 --out OUT_DIR [--no-cache]
+    python ci/job_profile.py DB.jsonl[.gz] --targets 6 --per-target 6 --out OUT_DIR \
+        [--no-cache] [--prepare]
 
 DB: a database of a build on this GPU (its kernel records name the designs to
 re-run; the artifact cache ``CUDAL2_CACHE`` compiles what is missing). Writes
 ``job-phases.json`` (per job: its seconds by phase) and ``job-profile.txt`` (cProfile).
 The jobs run through one ``InputCache``, as the worker runs them (``--no-cache``: every
-trial and timing set drawn afresh, as before the worker kept them).
+trial and timing set drawn afresh, as before the worker kept them). Each row also has
+the worker's own account of the job (``job_s``, ``worker_phases_s``: ``JobResult``'s).
+``--prepare``: each target readied first (``worker.prepare``, as the worker does while
+it waits for cubins; its seconds in the target's first row as ``prepare_s``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def main() -> int:
     ap.add_argument("--per-target", type=int, default=6)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--no-cache", action="store_true", help="draw every job's inputs afresh")
+    ap.add_argument("--prepare", action="store_true", help="ready each target before its jobs")
     args = ap.parse_args()
 
     import torch
@@ -91,6 +96,7 @@ def main() -> int:
     inputs = None if args.no_cache else InputCache()
 
     rows = []
+    prepared: set = set()
     prof = cProfile.Profile()
     for x in chosen:
         b = builds[x.design.key]
@@ -101,6 +107,13 @@ def main() -> int:
             TimingConfig(mode=x.mode),
             str(checked_cubin_path(x.design, cache, b.artifact_key)),
         )
+        prepare_s = None
+        if args.prepare and inputs is not None and x.target not in prepared:
+            prepared.add(x.target)
+            t0 = time.perf_counter()
+            worker.prepare(x.target, job.timing, gpu.name, errors, inputs)
+            torch.cuda.synchronize()
+            prepare_s = round(time.perf_counter() - t0, 4)
         phases.clear()
         t0 = time.perf_counter()
         prof.enable()
@@ -117,6 +130,9 @@ def main() -> int:
             "median_us": round(sorted(res.samples_us)[len(res.samples_us) // 2], 3)
             if res.samples_us
             else None,
+            "job_s": res.job_s,
+            "worker_phases_s": res.phases_s,
+            **({"prepare_s": prepare_s} if prepare_s is not None else {}),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)

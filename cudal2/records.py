@@ -723,10 +723,14 @@ class JobResult:
     # The GPU that answered, where a runner measures on several (None: the runner's one
     # GPU, as ``start`` returned it).
     gpu: GpuInfo | None = None
-    # The job's wall seconds on its worker: what the worker reports, else the round trip
-    # the parent saw (the job sent to its answer read, ``verify/pool.py``); None where no
-    # worker ran it (a replay). Where a build's measure stage goes (``pipeline.stages``).
+    # The job's wall seconds on its worker (what the worker reports, else the round trip
+    # the parent saw: the job sent to its answer read, ``verify/pool.py``) and the
+    # worker's phases (module load, operands, correctness, pdl pair, timing capture,
+    # timing replay): where a build's measure stage goes (``pipeline.stages``). They cross
+    # the pipe with the answer and are never recorded (a record's ``metrics`` feed the
+    # corpus); None / empty: no worker ran it (a replay), or a runner that does not say.
     job_s: float | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -753,6 +757,7 @@ class JobResult:
             "vendor": dict(self.vendor),
             **({} if self.gpu is None else {"gpu": self.gpu.as_json()}),
             **({} if self.job_s is None else {"job_s": self.job_s}),
+            **({"phases_s": dict(self.phases_s)} if self.phases_s else {}),
         }
 
     @classmethod
@@ -769,4 +774,5 @@ class JobResult:
             vendor=dict(d.get("vendor") or {}),
             gpu=None if d.get("gpu") is None else GpuInfo.from_json(d["gpu"]),
             job_s=None if d.get("job_s") is None else float(d["job_s"]),
+            phases_s=dict(d.get("phases_s") or {}),
         )

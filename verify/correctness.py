@@ -383,7 +383,6 @@ def check(
     if isinstance(seed, bool) or not isinstance(seed, int):
         # (a generator here would seed the trials by its repr: different every run)
         raise TypeError(f"check: seed must be an int (the job's seed), not {type(seed).__name__}")
-    fused = t.epilogue != "none"
     # rsqrt or exp in the epilogue: the {0,1} trial is bounded, not exact
     inexact = t.epilogue in ROW_SCALED or t.epilogue in EPILOGUE_ACTIVATION
     worst_abs = worst_rel = worst_vendor = 0.0
@@ -423,10 +422,7 @@ def check(
                     names,
                 )
             continue
-        if fused:
-            errs = got.errors("unfused", unfused_error, t, a, b, got.epi, ref)
-        else:
-            errs = got.errors(vendor_errors, vendor_errors, t, a, b, ref)
+        errs = _yardstick(t, got, vendor_errors)
         names = tuple(sorted(errs))
         worst_name = max(errs, key=lambda n: errs[n] if math.isfinite(errs[n]) else -1.0)
         worst_vendor = max(worst_vendor, errs[worst_name])
@@ -464,6 +460,32 @@ def check(
 
 
 _INF = (float("inf"), float("inf"))
+
+
+def _yardstick(t: Target, got: Trial, vendor_errors: VendorErrors) -> Mapping[str, float]:
+    """The vendor errors a trial's bound comes from (asked once per trial and yardstick)."""
+    if t.epilogue != "none":
+        return got.errors("unfused", unfused_error, t, got.a, got.b, got.epi, got.ref)
+    return got.errors(vendor_errors, vendor_errors, t, got.a, got.b, got.ref)
+
+
+def prepare(
+    t: Target,
+    seed: int,
+    random_trials: int = 2,
+    vendor_errors: VendorErrors = torch_error,
+    inputs: Inputs = FRESH,
+) -> None:
+    """What ``check`` of ``t`` asks ``inputs`` for, asked ahead of any candidate: each
+    trial (inputs and reference) and the vendor errors on each trial whose bound
+    needs them, so that a keeping ``inputs`` has them when the first candidate comes."""
+    inexact = t.epilogue in ROW_SCALED or t.epilogue in EPILOGUE_ACTIVATION
+    for trial in range(random_trials + 1):
+        kind = "random" if trial < random_trials else "exact"
+        got = inputs.trial(t, seed, trial, kind)
+        if kind == "random" or inexact:
+            _yardstick(t, got, vendor_errors)
+    _synchronize()
 
 
 def _wrote(got: Trial, epi: Mapping, inputs: Inputs, t: Target, seed: int, index: int) -> str:

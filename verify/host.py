@@ -32,7 +32,16 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from typing import Any
 
-from cudal2.records import GpuInfo, Job, JobKind, JobResult, KernelDesign, Status, Target
+from cudal2.records import (
+    GpuInfo,
+    Job,
+    JobKind,
+    JobResult,
+    KernelDesign,
+    Status,
+    Target,
+    TimingConfig,
+)
 from cudal2.verify.fleet import FleetError, check_cublaslt, check_fleet, recorded_as
 from cudal2.verify.gpu import gpu_names
 from cudal2.verify.local import memcheck_job, profile_jobs
@@ -156,6 +165,12 @@ class HostRunner:
     def designs(self, target: Target) -> Sequence[KernelDesign] | None:
         """Any design: the GPUs measure whatever is proposed."""
         return None
+
+    def prepare(self, targets: Sequence[Target], timing: TimingConfig) -> None:
+        """Every GPU's worker readies ``targets`` while it has no job (any GPU may take
+        any target's jobs from the queue; ``WorkerPool.prepare``)."""
+        for p in self.live:
+            p.prepare(targets, timing)
 
     def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
         """``jobs`` may be a stream the pipeline fills as cubins are compiled: measure and

@@ -1,6 +1,6 @@
 """What every candidate of a target shares, kept by a measuring worker: each
-correctness trial's inputs, fp32 reference and vendor errors, and the operand sets
-the timing rotates through.
+correctness trial's inputs, fp32 reference and vendor errors, the operand sets the
+timing rotates through, and torch's graph over them.
 
 They depend only on (target, seed, trial), never on the candidate: a trial draws
 from a generator of its own (``correctness.derived_seed``), the timing pool from
@@ -22,22 +22,44 @@ What keeps a kept input from changing a verdict:
   tensors): only a kernel that passed the checks, which saw it leave A, B and the bias
   alone, is ever timed, and values cannot change a verdict, only the time of a GEMM
   on them;
-- the bound is by bytes on the device (``MAX_BYTES``), least recently used first out;
-  an entry larger than the whole bound is used once and not kept.
+- torch's baseline graph (``baseline``) reads the kept timing sets and writes outputs
+  of its own, never the candidate's: it is kept with the sets it reads (dropped when
+  they are), so no job ever frees what the graph's baked-in addresses point at;
+- the bound is by bytes on the device (``MAX_BYTES``, or a quarter of the GPU's free
+  memory at the worker's start: ``bound_bytes``), least recently used first out; an
+  entry larger than the whole bound is used once and not kept. What a worker prepares
+  ahead of a target's first job (``without_eviction``) goes only into free room.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from cudal2.records import Target
+from cudal2.records import Target, TimingConfig
 from cudal2.verify import correctness
+from cudal2.verify.timing import Captured
 
-# The device memory kept: a 4096x28672x4096 target's three trials (A 32 MB, B 235 MB,
-# the fp32 reference 470 MB each) and its two timing sets come to 2.7 GB.
+# The least device memory a worker may keep (its bound where the free memory is unknown):
+# a 4096x28672x4096 target's three trials (A 32 MB, B 235 MB, the fp32 reference 470 MB
+# each) and its two timing sets come to 2.7 GB.
 MAX_BYTES = 4 << 30
+# The share of the GPU's free memory a worker keeps at most (``bound_bytes``).
+FREE_SHARE = 0.25
+
+
+def bound_bytes(free_bytes: int | None) -> int:
+    """The worker's bound: a quarter of the GPU's free memory at its start, at least
+    ``MAX_BYTES`` (None, unknown: ``MAX_BYTES``). A quarter leaves the rest to what runs
+    beside the cache: a job's own outputs and graphs, the L2 flush buffer, cuBLAS(Lt)
+    workspaces, and the sanitizer's and Nsight Compute's child processes on the same
+    GPU (on an 80 GB H100: ~20 GB, the 24 targets of the Llama-3.1-8B manifest)."""
+    if not free_bytes:
+        return MAX_BYTES
+    return max(MAX_BYTES, int(free_bytes * FREE_SHARE))
 
 
 @dataclass
@@ -82,6 +104,19 @@ class Fresh:
     def timing(self, t: Target, seed: int, nsets: int) -> TimingSets:
         return draw_timing(t, seed, nsets)
 
+    def baseline(
+        self,
+        t: Target,
+        cfg: TimingConfig,
+        nsets: int,
+        calls: int,
+        capture: Callable[[TimingSets], Captured],
+    ) -> Captured:
+        """torch's graph over the timing sets of ``(t, cfg.seed, nsets)``: ``capture(sets)``
+        (which makes the outputs it writes, its own, and keeps them in the graph's
+        ``keep`` with the sets)."""
+        return capture(self.timing(t, cfg.seed, nsets))
+
 
 class InputCache(Fresh):
     """Trials and timing pools kept per (target, seed, ...), least recently used out
@@ -93,6 +128,8 @@ class InputCache(Fresh):
         self._kept: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()  # key -> (entry, bytes)
         self.bytes = 0
         self.hits = self.misses = self.redrawn = 0
+        self._evict = True
+        self.full = False  # an entry did not fit without evicting (``without_eviction``)
 
     def trial(self, t: Target, seed: int, index: int, kind: str) -> correctness.Trial:
         key = ("trial", t.key, seed, index, kind)
@@ -118,6 +155,42 @@ class InputCache(Fresh):
             self._keep(key, got, got.nbytes)
         return got
 
+    def baseline(
+        self,
+        t: Target,
+        cfg: TimingConfig,
+        nsets: int,
+        calls: int,
+        capture: Callable[[TimingSets], Captured],
+    ) -> Captured:
+        """Kept per (target, timing config, sets, launches): each job of the target
+        captures only its candidate's graph. Counted as the graph's own bytes
+        (``Captured.nbytes``: its outputs and its private memory pool); dropped with
+        the timing sets it reads (``_drop``), and never kept once they are gone."""
+        sets = self.timing(t, cfg.seed, nsets)
+        key = ("graph", t.key, cfg.seed, nsets, calls, cfg)
+        got = self._get(key)
+        if got is None:
+            got = capture(sets)
+            self._keep(key, got, got.nbytes, needs=("timing", t.key, cfg.seed, nsets))
+        return got
+
+    @contextmanager
+    def without_eviction(self) -> Iterator[None]:
+        """Within: an entry is kept only where it fits beside what is kept (else used
+        once, and ``full`` set): what is prepared ahead of a job never pushes out what a
+        job already uses."""
+        self._evict, self.full = False, False
+        try:
+            yield
+        finally:
+            self._evict = True
+
+    def drop_target(self, t: Target) -> None:
+        """Everything kept for ``t`` (its trials, timing sets and graphs)."""
+        for key in [k for k in self._kept if k[1] == t.key]:
+            self._drop(key)
+
     def stats(self) -> dict[str, int]:
         return {
             "entries": len(self._kept),
@@ -126,6 +199,10 @@ class InputCache(Fresh):
             "misses": self.misses,
             "redrawn": self.redrawn,
         }
+
+    def _kept_bytes(self) -> int:
+        """The bytes of the entries kept, summed afresh (``bytes`` keeps the count)."""
+        return sum(n for _, n in self._kept.values())
 
     def _get(self, key: tuple) -> Any:
         kept = self._kept.get(key)
@@ -136,11 +213,15 @@ class InputCache(Fresh):
         self._kept.move_to_end(key)
         return kept[0]
 
-    def _keep(self, key: tuple, entry: Any, nbytes: int) -> None:
-        if nbytes > self.max_bytes:
+    def _keep(self, key: tuple, entry: Any, nbytes: int, needs: tuple | None = None) -> None:
+        """Keep ``entry``; ``needs``: the key of an entry it reads (kept only with it)."""
+        if nbytes > self.max_bytes or (not self._evict and self.bytes + nbytes > self.max_bytes):
+            self.full = self.full or not self._evict
             return  # used once, not kept
         while self._kept and self.bytes + nbytes > self.max_bytes:
             self._drop(next(iter(self._kept)))
+        if needs is not None and needs not in self._kept:
+            return  # what it reads was pushed out to make room: it would hold it uncounted
         self._kept[key] = (entry, nbytes)
         self.bytes += nbytes
 
@@ -148,3 +229,6 @@ class InputCache(Fresh):
         kept = self._kept.pop(key, None)
         if kept is not None:
             self.bytes -= kept[1]
+        if key[0] == "timing":  # the graphs reading these sets go with them
+            for k in [k for k in self._kept if k[0] == "graph" and k[1:4] == key[1:4]]:
+                self._drop(k)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from cudal2.records import GpuInfo, Job, JobKind, JobResult, Status, Target
+from cudal2.records import GpuInfo, Job, JobKind, JobResult, Status, Target, TimingConfig
 from cudal2.verify.pool import WorkerPool
 from cudal2.verify.profile import profile
 from cudal2.verify.sanitizer import memcheck
@@ -49,6 +49,10 @@ class LocalRunner:
     def designs(self, target: Target) -> None:
         """Any design: the GPU measures whatever is proposed."""
         return None
+
+    def prepare(self, targets: Sequence[Target], timing: TimingConfig) -> None:
+        """The worker readies ``targets`` while it has no job (``WorkerPool.prepare``)."""
+        self.pool.prepare(targets, timing)
 
     def run(self, jobs: Iterable[Job]) -> Iterator[JobResult]:
         """``jobs`` taken one at a time (a stream the pipeline fills as cubins are

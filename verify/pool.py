@@ -4,17 +4,25 @@ A faulting candidate (illegal address, hang) kills only its worker and is answer
 for that candidate (``runtime`` or ``timeout``); the rest of the batch goes on in a
 fresh worker. The build itself never sees a CUDA context. ``LocalRunner``
 (``verify/local.py``) is the pipeline's face of this pool.
+
+``prepare(targets, timing)`` hands the worker targets to ready while it has no job
+(``verify/worker.py``): no answer comes back, and no job waits on it. A worker that
+dies while it may still have been preparing (its last answer said so, or a prepare
+message was sent since) has the job it was given run once more on a fresh worker: the
+death may be the preparation's, not the job's (a fresh worker prepares nothing, so a
+second death is the job's).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from cudal2.records import GpuInfo, Job, JobResult, Status
+from cudal2.records import GpuInfo, Job, JobResult, Status, Target, TimingConfig
 from cudal2.verify.worker import worker_main
 
 START_TIMEOUT_S = 300
@@ -50,6 +58,11 @@ class WorkerPool:
         self.gpu: GpuInfo | None = None
         self.cublaslt_version: int | None = None  # None: the worker cannot autotune cuBLASLt
         self.restarts = 0
+        self.retried = 0  # jobs run again after a death that may have been a preparation's
+        # Sends come from the thread running jobs and from the one asking to prepare.
+        self._send_lock = threading.Lock()
+        self._prepares_sent = 0  # to the running worker
+        self._maybe_preparing = False
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
@@ -69,7 +82,9 @@ class WorkerPool:
             ) from None
         self.gpu = GpuInfo.from_json(hello["hello"])
         self.cublaslt_version = hello.get("cublaslt_version")
-        self._proc, self._conn = proc, parent
+        with self._send_lock:
+            self._proc, self._conn = proc, parent
+            self._prepares_sent, self._maybe_preparing = 0, False
 
     def start(self) -> GpuInfo:
         if self._proc is None:
@@ -81,7 +96,8 @@ class WorkerPool:
         if self._proc is not None:
             self._proc.kill()
             self._proc.join(10)
-        self._proc = self._conn = None
+        with self._send_lock:
+            self._proc = self._conn = None
         self.restarts += 1
 
     @property
@@ -89,36 +105,68 @@ class WorkerPool:
         """The running worker's process id (None: none running)."""
         return None if self._proc is None else self._proc.pid
 
+    def prepare(self, targets: Sequence[Target], timing: TimingConfig) -> bool:
+        """Ask the running worker to ready ``targets`` for jobs timed with ``timing``
+        while it has nothing to run. A hint: no answer, nothing started for it (False:
+        no worker running to take it)."""
+        msg = {"prepare": [[t.as_json(), timing.as_json()] for t in targets]}
+        with self._send_lock:
+            if self._proc is None or not self._proc.is_alive():
+                return False
+            try:
+                self._conn.send(msg)
+            except (BrokenPipeError, OSError):
+                return False
+            self._prepares_sent += 1
+            self._maybe_preparing = True
+        return True
+
     def run(self, job: Job) -> JobResult:
         """Run one job; never raises for what the candidate did. ``WorkerError``: no
         worker could be started for it (the job was not run)."""
         self.start()
         if not self._proc.is_alive():
-            # It died while idle (killed from outside, between jobs or rounds): not this
-            # job's doing, so the job goes to a fresh worker instead of being charged.
+            # It died while idle (killed from outside, between jobs or rounds, or while
+            # preparing): not this job's doing, so the job goes to a fresh worker
+            # instead of being charged.
             self._discard()
             self.start()
-        # The round trip: the job's seconds where the worker does not report its own
-        # (``JobResult.job_s``): its work, the pipe and the JSON both ways.
-        sent = time.perf_counter()
-        try:
-            self._conn.send(job.as_json())
-            if not self._conn.poll(self.job_timeout_s):
+        for again in (False, True):
+            with self._send_lock:
+                preparing = self._maybe_preparing
+                sent = self._prepares_sent
+            # The round trip: the job's seconds where the worker does not report its own
+            # (``JobResult.job_s``): its work, the pipe and the JSON both ways.
+            t0 = time.perf_counter()
+            try:
+                with self._send_lock:
+                    self._conn.send(job.as_json())
+                if not self._conn.poll(self.job_timeout_s):
+                    self._discard()
+                    why = f"no answer within {self.job_timeout_s:.0f} s (hang?)"
+                    return JobResult(job, Status.TIMEOUT, why, job_s=_since(t0))
+                answer = self._conn.recv()
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                code = self._proc.exitcode if self._proc is not None else None
                 self._discard()
-                why = f"no answer within {self.job_timeout_s:.0f} s (hang?)"
-                return JobResult(job, Status.TIMEOUT, why, job_s=_since(sent))
-            answer = self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError):
-            code = self._proc.exitcode if self._proc is not None else None
-            self._discard()
-            why = f"measuring worker died (exit code {code})"
-            return JobResult(job, Status.RUNTIME, why, job_s=_since(sent))
-        took = _since(sent)
-        if answer.get("fatal", False):
-            self._proc.join(30)  # a CUDA error: the worker exits right after answering
-            self._discard()
-        res = JobResult.from_json(answer["result"])
-        return res if res.job_s is not None else dataclasses.replace(res, job_s=took)
+                if preparing and not again:
+                    self.retried += 1
+                    self.start()
+                    continue
+                why = f"measuring worker died (exit code {code})"
+                return JobResult(job, Status.RUNTIME, why, job_s=_since(t0))
+            took = _since(t0)
+            with self._send_lock:
+                self._maybe_preparing = (
+                    answer.get("preparing", 0) > 0
+                    or answer.get("prepares_read", sent) < self._prepares_sent
+                )
+            if answer.get("fatal", False):
+                self._proc.join(30)  # a CUDA error: the worker exits right after answering
+                self._discard()
+            res = JobResult.from_json(answer["result"])
+            return res if res.job_s is not None else dataclasses.replace(res, job_s=took)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._proc is not None:

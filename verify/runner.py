@@ -39,6 +39,12 @@ class Runner(Protocol):
       answer, never an exception. The caller may stop iterating at any time: jobs not
       yet answered are then not run (or their answers dropped).
     - ``close()``: releases workers; a runner is also a context manager.
+    - optional, ``prepare(targets, timing)``: a hint that jobs of ``targets`` timed with
+      ``timing`` will come; a runner may ready what they share while it has nothing to
+      run (``LocalRunner``, ``HostRunner``: the workers' trials, references, timing sets
+      and torch's graph, ``verify/worker.py``). It returns at once, never delays or
+      answers a job, and may be absent (``ReplayRunner`` has nothing to ready;
+      ``RayRunner`` leaves it to each actor's first job of a target).
     """
 
     name: str

@@ -24,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # A job's timing settings travel with it to the worker: the record lives with the jobs.
 from cudal2.records import TimingConfig
@@ -83,36 +84,95 @@ def operand_sets(bytes_per_set: int, footprint: int = 3 * 50 * 1024 * 1024, cap:
     return max(2, min(cap, math.ceil(footprint / max(bytes_per_set, 1))))
 
 
+@dataclass
+class Captured:
+    """A callable captured into a CUDA graph of ``calls`` launches cycling through
+    ``nsets`` operand sets (``capture``), ready to be timed again by
+    ``time_interleaved``. A graph bakes in the addresses it reads and writes: whoever
+    keeps one keeps, alive beside it, every tensor those addresses belong to (``keep``).
+    ``nbytes``: the device memory the graph holds of its own (the outputs made for it,
+    and its private memory pool: the temporaries its calls allocate)."""
+
+    graph: Any  # torch.cuda.CUDAGraph
+    nsets: int
+    calls: int
+    keep: tuple = ()
+    nbytes: int = 0
+
+
+def replay_calls(nsets: int, cfg: TimingConfig, est_us: float = 10.0) -> int:
+    """Launches per graph: offline, enough for a replay of ``cfg.min_replay_us`` (at
+    least one per operand set, at most ``cfg.max_calls``); server, one."""
+    if cfg.mode == "offline":
+        return max(nsets, min(cfg.max_calls, math.ceil(cfg.min_replay_us / max(est_us, 0.5))))
+    return 1
+
+
+def capture(
+    fn: Callable[[int], object],
+    nsets: int,
+    calls: int,
+    keep: tuple = (),
+    own_bytes: int = 0,
+    stream: Any = None,
+) -> Captured:
+    """``fn`` warmed up outside any capture (module loads, handle creation, autotuning
+    caches), then captured: ``calls`` launches, set ``i % nsets`` for launch ``i``.
+    ``keep`` / ``own_bytes``: what the graph uses that the caller made for it (kept
+    alive with it), and its bytes; the graph's pool is added to ``nbytes``."""
+    import torch
+
+    for j in range(min(nsets, 2)):
+        fn(j)
+    torch.cuda.synchronize()
+    # (torch.cuda.graph empties the allocator's cache on entry too: the growth of
+    # reserved memory across the capture is the graph's private pool)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream if stream is not None else torch.cuda.Stream()):
+        for i in range(calls):
+            fn(i % nsets)
+    pool = max(0, torch.cuda.memory_reserved() - before)
+    return Captured(g, nsets, calls, keep, own_bytes + pool)
+
+
 def time_interleaved(
-    fns: Mapping[str, Callable[[int], object]],
+    fns: Mapping[str, Callable[[int], object] | Captured],
     nsets: int,
     cfg: TimingConfig,
     est_us: float = 10.0,
+    phases: dict[str, float] | None = None,
 ) -> dict[str, Timing]:
-    """Time each callable (see the module doc). ``est_us`` sizes the offline graphs."""
+    """Time each callable (see the module doc). ``est_us`` sizes the offline graphs.
+
+    A value may be a graph ``capture`` made earlier for the same ``nsets`` and launch
+    count (a baseline's, kept by the worker across the jobs of a target): it is not
+    captured again, and is replayed, warmed up and interleaved exactly as the others.
+    ``phases``: where the seconds of the warm-ups and captures (``timing_capture``)
+    and of the replays (``timing_replay``) are added."""
     import torch
 
     if cfg.mode not in MODES:
         raise ValueError(f"timing mode {cfg.mode!r} not in {MODES}")
     rng = random.Random(cfg.seed)
     names = list(fns)
-    # Warm-up outside any capture: module loads, handle creation, autotuning caches.
-    for name in names:
-        for j in range(min(nsets, 2)):
-            fns[name](j)
-    torch.cuda.synchronize()
-    if cfg.mode == "offline":
-        calls = max(nsets, min(cfg.max_calls, math.ceil(cfg.min_replay_us / max(est_us, 0.5))))
-    else:
-        calls = 1
+    calls = replay_calls(nsets, cfg, est_us)
+    t0 = time.perf_counter()
     stream = torch.cuda.Stream()
-    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    graphs: dict[str, Any] = {}
     for name in names:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for i in range(calls):
-                fns[name](i % nsets)
-        graphs[name] = g
+        fn = fns[name]
+        if isinstance(fn, Captured):
+            if (fn.nsets, fn.calls) != (nsets, calls):
+                raise ValueError(
+                    f"{name}: a graph of {fn.calls} calls over {fn.nsets} sets, timed as "
+                    f"{calls} calls over {nsets}"
+                )
+            graphs[name] = fn.graph
+        else:
+            graphs[name] = capture(fn, nsets, calls, stream=stream).graph
+    t1 = time.perf_counter()
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     for _ in range(cfg.warmup):
         for name in names:
@@ -134,6 +194,9 @@ def time_interleaved(
             end.record()
             events[name].append((start, end))
     torch.cuda.synchronize()
+    if phases is not None:
+        phases["timing_capture"] = phases.get("timing_capture", 0.0) + t1 - t0
+        phases["timing_replay"] = phases.get("timing_replay", 0.0) + time.perf_counter() - t1
     return {
         name: Timing(tuple(s.elapsed_time(e) * 1000.0 / calls for s, e in pairs), calls)
         for name, pairs in events.items()

@@ -3,6 +3,16 @@
 It answers jobs one at a time over a pipe: a ``Job`` as JSON in, a ``JobResult`` as
 JSON out (with a ``fatal`` flag beside it). A CUDA error poisons the context, so the
 worker reports it and exits; the parent starts a fresh one for the rest of the batch.
+
+A ``{"prepare": [...]}`` message (targets with their timing settings) is no job: it
+gets no answer. While its pipe is empty, the worker readies those targets one at a
+time (``prepare``: what their first job would make, kept in its ``InputCache``),
+looking at the pipe between targets, so a job waits at most for one target's
+preparation, which is that target's first job's work done ahead. Each answer says how
+many prepare messages the worker has read and how many targets it has left
+(``prepares_read`` / ``preparing``): the pool knows whether the worker may have been
+preparing when it died.
+
 This module is the only place that launches candidates, through the same driver
 code the shipped runtime uses (``cudal2.packaging.runtime.driver``).
 """
@@ -14,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,13 +32,13 @@ from typing import Any
 from cudal2.hardware import floor_us
 from cudal2.packaging.runtime import driver
 from cudal2.packaging.runtime.cublaslt import version
-from cudal2.records import Job, JobKind, JobResult, Status
+from cudal2.records import Job, JobKind, JobResult, Status, Target, TimingConfig
 from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
-from cudal2.verify.inputs import Fresh, InputCache
+from cudal2.verify.inputs import Fresh, InputCache, TimingSets, bound_bytes
 from cudal2.verify.launch import dense_epilogue, launch_dense
 from cudal2.verify.spread import VendorSpread, nvmath_available
-from cudal2.verify.timing import operand_sets, time_interleaved
+from cudal2.verify.timing import Captured, capture, operand_sets, replay_calls, time_interleaved
 from cudal2.verify.vendor import algo_name, autotune
 
 CHECKED_ALGOS = 3  # vendor job: the fastest candidates tried through the checks, in order
@@ -43,13 +54,33 @@ def run_job(
     """A ``measure`` or ``cublaslt`` job (profiling and memcheck run in child processes
     of their own tools, not in this worker). ``inputs``: where the checks' trials and
     the timing's operand sets come from (the worker's ``InputCache``; drawn afresh
-    when None)."""
+    when None). The answer carries the job's wall seconds here (``job_s``) and their
+    phases (``phases_s``), which no record keeps."""
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
+    res = _run_job(job, device, gpu_name, vendor_errors, inputs, phases)
+    return dataclasses.replace(
+        res,
+        job_s=round(time.perf_counter() - started, 6),
+        phases_s={k: round(v, 6) for k, v in phases.items()},
+    )
+
+
+def _run_job(
+    job: Job,
+    device: int,
+    gpu_name: str,
+    vendor_errors: correctness.VendorErrors,
+    inputs: Fresh | None,
+    phases: dict[str, float],
+) -> JobResult:
     if job.kind == JobKind.AUTOTUNE:
-        return run_vendor_job(job, gpu_name, vendor_errors, inputs=inputs)
+        return run_vendor_job(job, gpu_name, vendor_errors, inputs=inputs, phases=phases)
     if job.kind != JobKind.MEASURE:
         raise ValueError(f"the measuring worker does not run {job.kind} jobs")
     t, recipe = job.target, job.recipe
-    kernel = driver.Kernel(Path(job.cubin).read_bytes(), job.symbol, recipe["smem_bytes"])
+    with _phase(phases, "module_load"):
+        kernel = driver.Kernel(Path(job.cubin).read_bytes(), job.symbol, recipe["smem_bytes"])
 
     def run(a, b, c, epi=None) -> None:
         # A fused epilogue's operands (fresh per trial: correctness.epilogue_operands)
@@ -63,13 +94,51 @@ def run_job(
     # A PDL design (its recipe launches it with programmatic stream serialization)
     # also runs as the second kernel of a pair (verify/pdl_pair.py).
     pdl = recipe.get("pdl") is True
-    return _check_and_time(job, run, gpu_name, vendor_errors, pdl_pair_check=pdl, inputs=inputs)
+    return _check_and_time(
+        job, run, gpu_name, vendor_errors, pdl_pair_check=pdl, inputs=inputs, phases=phases
+    )
 
 
 def _stream() -> int:
     import torch
 
     return torch.cuda.current_stream().cuda_stream
+
+
+class _phase:
+    """Adds the wall seconds of its block to ``phases[name]``."""
+
+    def __init__(self, phases: dict[str, float] | None, name: str) -> None:
+        self.phases, self.name = phases, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.phases is not None:
+            dt = time.perf_counter() - self.t0
+            self.phases[self.name] = self.phases.get(self.name, 0.0) + dt
+
+
+def torch_graph(t: Target, sets: TimingSets, nsets: int, calls: int) -> Captured:
+    """torch's baseline on the timing sets, captured: it reads A, B and the epilogue's
+    operands of the sets themselves (the unfused op only reads the residual; it writes
+    outputs of its own, made here and kept with the graph), so the graph stays valid for
+    as long as the sets are kept, whatever any job frees. (Its temporaries live in the
+    graph's private pool; the cuBLAS workspace it uses is torch's per-stream one, which
+    torch keeps for the process.)"""
+    import torch
+
+    outs = [
+        torch.empty((t.m, t.out_n), dtype=a.dtype, device=correctness.DEVICE) for a, _ in sets.sets
+    ]
+
+    def run(j: int) -> None:
+        a, b = sets.sets[j]
+        correctness.vendor(t, a, b, out=outs[j], epi=sets.epis[j])
+
+    own = sum(x.numel() * x.element_size() for x in outs)
+    return capture(run, nsets, calls, keep=(sets, outs), own_bytes=own)
 
 
 def _check_and_time(
@@ -79,15 +148,18 @@ def _check_and_time(
     vendor_errors: correctness.VendorErrors,
     pdl_pair_check: bool = False,
     inputs: Fresh | None = None,
+    phases: dict[str, float] | None = None,
 ) -> JobResult:
     """The correctness suite on ``run(a, b, c)`` (and, for a PDL design, the pair
     check), then its timing beside torch. The trials and the timing's operand sets
-    depend on (target, seed) only: ``inputs`` may keep them across jobs."""
+    depend on (target, seed) only: ``inputs`` may keep them across jobs, and torch's
+    graph over the sets too."""
     import torch
 
     t, cfg = job.target, job.timing
     inputs = inputs or Fresh()
-    result = correctness.check(t, run, cfg.seed, vendor_errors=vendor_errors, inputs=inputs)
+    with _phase(phases, "correctness"):
+        result = correctness.check(t, run, cfg.seed, vendor_errors=vendor_errors, inputs=inputs)
     checked = JobResult(
         job,
         Status.INCORRECT,
@@ -104,19 +176,32 @@ def _check_and_time(
         return dataclasses.replace(checked, error=result.error)
     if pdl_pair_check:
         gen = correctness.generator(cfg.seed, t, "pdl_pair")
-        checked = pdl_pair.recorded(checked, pdl_pair.check(t, run, gen))
+        with _phase(phases, "pdl_pair"):
+            checked = pdl_pair.recorded(checked, pdl_pair.check(t, run, gen))
         if checked.error:
             return checked
     # Time on operand sets rotated past L2 (the same function the benchmarks use). A
     # fused epilogue's baseline is torch's unfused op (the vendor GEMM, then the add;
     # torch's RMSNorm before it and the gated activation after it where the epilogue
     # has them: correctness.vendor).
-    # The sets (A, B, bias) are shared by the jobs of the target; what is written is
-    # the job's own: the outputs, and the residuals (copied: an in-place epilogue).
+    # The sets (A, B, bias) are shared by the jobs of the target; what the candidate
+    # writes is the job's own: its outputs, and its residuals (copied: an in-place
+    # epilogue). torch's graph (its own outputs, reading the sets) is the target's.
+    est_us = max(floor_us(t, gpu_name), 2.0)
     nsets = operand_sets(t.min_bytes)
-    pool = inputs.timing(t, cfg.seed, nsets)
-    sets, epis = pool.sets, pool.for_job()
-    outs = [torch.empty((t.m, t.out_n), dtype=a.dtype, device=correctness.DEVICE) for a, _ in sets]
+    with _phase(phases, "operands"):
+        pool = inputs.timing(t, cfg.seed, nsets)
+        sets, epis = pool.sets, pool.for_job()
+        outs = [
+            torch.empty((t.m, t.out_n), dtype=a.dtype, device=correctness.DEVICE) for a, _ in sets
+        ]
+    # Kept across the jobs of the target, torch's graph is replayed, warmed up and
+    # interleaved with the candidate's exactly as one captured in this job: the same
+    # calls on the same sets, each writing outputs only it reads back, so its samples
+    # mean what they meant (TIMING_METHOD unchanged; docs/measuring.md).
+    with _phase(phases, "timing_capture"):
+        calls = replay_calls(nsets, cfg, est_us)
+        baseline = inputs.baseline(t, cfg, nsets, calls, lambda s: torch_graph(t, s, nsets, calls))
     if t.epilogue == "none":
 
         def candidate(j: int) -> None:
@@ -128,15 +213,7 @@ def _check_and_time(
             run(sets[j][0], sets[j][1], outs[j], epis[j])
 
     timings = time_interleaved(
-        {
-            "candidate": candidate,
-            "torch": lambda j: correctness.vendor(
-                t, sets[j][0], sets[j][1], out=outs[j], epi=epis[j]
-            ),
-        },
-        nsets,
-        cfg,
-        est_us=max(floor_us(t, gpu_name), 2.0),
+        {"candidate": candidate, "torch": baseline}, nsets, cfg, est_us=est_us, phases=phases
     )
     return dataclasses.replace(
         checked,
@@ -146,8 +223,28 @@ def _check_and_time(
     )
 
 
+def prepare(
+    t: Target,
+    cfg: TimingConfig,
+    gpu_name: str,
+    vendor_errors: correctness.VendorErrors,
+    inputs: InputCache,
+) -> None:
+    """What the first job of ``t`` would make, made ahead into ``inputs``: the checks'
+    trials, references and vendor errors (``correctness.prepare``), the timing sets and
+    torch's graph over them. Nothing is timed and nothing answered."""
+    correctness.prepare(t, cfg.seed, vendor_errors=vendor_errors, inputs=inputs)
+    nsets = operand_sets(t.min_bytes)
+    calls = replay_calls(nsets, cfg, max(floor_us(t, gpu_name), 2.0))
+    inputs.baseline(t, cfg, nsets, calls, lambda s: torch_graph(t, s, nsets, calls))
+
+
 def run_vendor_job(
-    job: Job, gpu_name: str, vendor_errors: correctness.VendorErrors, inputs: Fresh | None = None
+    job: Job,
+    gpu_name: str,
+    vendor_errors: correctness.VendorErrors,
+    inputs: Fresh | None = None,
+    phases: dict[str, float] | None = None,
 ) -> JobResult:
     """cuBLASLt autotuning of one target: every heuristic candidate timed, the fastest
     that passes the same correctness suite as a kernel timed again beside torch. The
@@ -170,7 +267,8 @@ def run_vendor_job(
         )
 
     est = max(floor_us(t, gpu_name), 2.0)
-    order, tuned = autotune(lt, run_of, nsets, max(5, cfg.reps // 3), cfg.seed, est)
+    with _phase(phases, "autotune"):
+        order, tuned = autotune(lt, run_of, nsets, max(5, cfg.reps // 3), cfg.seed, est)
     outs.clear()
     # No algorithm tried: a failure without a ``vendor`` (the build counts it, records nothing).
     res = JobResult(job, Status.RUNTIME, "cuBLASLt's heuristic offered no algorithm")
@@ -179,7 +277,7 @@ def run_vendor_job(
         def run(a, b, c, i=i) -> None:
             lt.run(i, a.data_ptr(), b.data_ptr(), c.data_ptr(), _stream())
 
-        res = _check_and_time(job, run, gpu_name, vendor_errors, inputs=inputs)
+        res = _check_and_time(job, run, gpu_name, vendor_errors, inputs=inputs, phases=phases)
         config = lt.algo_config(i)
         vendor = {
             "library": "cublaslt",
@@ -262,24 +360,81 @@ def worker_main(conn, device: int) -> None:
     startup = {"before_main": before_main, **steps.seconds}
     startup["in_main"] = round(sum(steps.seconds.values()), 3)
     # What every candidate of a target shares (trials, references, vendor errors,
-    # timing operand sets), kept on this worker's GPU.
-    inputs = InputCache()
+    # timing operand sets, torch's graph), kept on this worker's GPU.
+    inputs = InputCache(bound_bytes(torch.cuda.mem_get_info(device)[0]))
     conn.send({"hello": gpu.as_json(), "cublaslt_version": lt_version, "startup_s": startup})
     # (the build's log has the worker's stderr: where its start-up went, on any runner)
     steps_text = ", ".join(f"{k} {v}" for k, v in startup.items())
     print(f"measuring worker on device {device}: start-up s: {steps_text}", file=sys.stderr)
+    serve(
+        conn,
+        lambda job: run_job(job, device, gpu.name, vendor_errors, inputs),
+        lambda t, cfg: prepare(t, cfg, gpu.name, vendor_errors, inputs),
+        inputs,
+    )
+
+
+def serve(
+    conn,
+    answer: Callable[[Job], JobResult],
+    ready: Callable[[Target, TimingConfig], None],
+    inputs: InputCache,
+) -> None:
+    """The worker's loop: each job read is answered (``answer``) at once; targets to
+    prepare (``{"prepare": [[target, timing], ...]}``, no answer) are readied
+    (``ready``, into ``inputs``' free room) one at a time while no message waits.
+    ``None`` ends it."""
+    todo: deque[tuple[Target, TimingConfig]] = deque()
+    read = 0  # prepare messages read
+    done, busy_s = 0, 0.0  # targets prepared, and their seconds (logged once all are)
     while True:
+        if todo and not conn.poll(0):
+            t, cfg = todo.popleft()
+            t0 = time.perf_counter()
+            try:
+                with inputs.without_eviction():
+                    ready(t, cfg)
+            except Exception as exc:  # noqa: BLE001 - a hint that failed: the job does it
+                if _is_cuda_error(exc):  # poisoned: leave (the pool starts a fresh worker)
+                    print(f"preparing {t.label}: {exc}", file=sys.stderr)
+                    conn.close()
+                    os._exit(3)
+                why = f"preparing {t.label} failed (its first job makes it): {exc}"
+                print(why, file=sys.stderr)
+                continue
+            if inputs.full:  # the rest would only push out what jobs will use sooner
+                print(
+                    f"the cache filled while preparing {t.label} "
+                    f"({inputs.bytes / 2**30:.1f} of {inputs.max_bytes / 2**30:.1f} GiB); "
+                    f"{len(todo)} targets left to their first jobs",
+                    file=sys.stderr,
+                )
+                todo.clear()
+            done, busy_s = done + 1, busy_s + time.perf_counter() - t0
+            if not todo:  # (the build's log has the worker's stderr)
+                print(
+                    f"prepared {done} targets in {busy_s:.1f} s between jobs "
+                    f"(cache {inputs.bytes / 2**30:.1f} of {inputs.max_bytes / 2**30:.1f} GiB)",
+                    file=sys.stderr,
+                )
+                done, busy_s = 0, 0.0
+            continue
         msg = conn.recv()
         if msg is None:
             return
+        if "prepare" in msg:
+            read += 1
+            todo.extend((Target.from_json(t), TimingConfig.from_json(c)) for t, c in msg["prepare"])
+            continue
         job = Job.from_json(msg)
+        seen = {"prepares_read": read, "preparing": len(todo)}
         try:
-            result = run_job(job, device, gpu.name, vendor_errors, inputs)
-            conn.send({"result": result.as_json()})
+            conn.send({"result": answer(job).as_json(), **seen})
         except Exception as exc:  # noqa: BLE001 - every failure is a result, recorded
             fatal = _is_cuda_error(exc)
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-2000:]}"
-            conn.send({"result": JobResult(job, Status.RUNTIME, error).as_json(), "fatal": fatal})
+            failed = JobResult(job, Status.RUNTIME, error).as_json()
+            conn.send({"result": failed, "fatal": fatal, **seen})
             if fatal:  # the context is poisoned: leave, the parent starts a fresh worker
                 conn.close()
                 os._exit(3)

@@ -304,6 +304,10 @@ class Build:
                 continue
             yield res
 
+    def _timing(self) -> TimingConfig:
+        """How this build's jobs time (the manifest's mode and seed)."""
+        return TimingConfig(mode=self.manifest.timing_mode, seed=self.manifest.search.seed)
+
     def _run(self, runner: Runner, jobs: Iterable[Job], stage: str) -> Iterator[JobResult]:
         """The runner's answers to ``jobs``, the wait for each counted as ``stage``."""
         return self.clock.timed(runner.run(jobs), stage)
@@ -317,7 +321,13 @@ class Build:
 
         def start() -> GpuInfo:
             with self.clock.stage("runner start"):
-                return runner.start()
+                gpu = runner.start()
+            # While the first cubins compile, the workers may ready the targets (their
+            # trials, references, timing sets, torch's graph): a hint, never a wait.
+            prepare = getattr(runner, "prepare", None)
+            if prepare is not None:
+                prepare([t for t in self.manifest.targets if t.arch == gpu.arch], self._timing())
+            return gpu
 
         pool = ThreadPoolExecutor(1, thread_name_prefix="runner-start")
         started = pool.submit(start)
@@ -380,7 +390,7 @@ class Build:
     ) -> GpuInfo:
         """The measuring loop; returns the runner's GPU (started by ``_start``)."""
         m = self.manifest
-        timing = TimingConfig(mode=m.timing_mode, seed=m.search.seed)
+        timing = self._timing()
         gpu: GpuInfo | None = None
 
         def ready() -> GpuInfo:

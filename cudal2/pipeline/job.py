@@ -315,6 +315,9 @@ class JobMeasurer:
             report.reused = len(round_ms)
             round_ms += fresh
             todo = [k for k in job.measure if k.job.reuse_key(gpu.name) not in done]
+            prepare = getattr(runner, "prepare", None)  # a hint: the workers ready targets
+            if prepare is not None:
+                prepare(list(dict.fromkeys(k.job.target for k in todo)), job.timing)
             builds = {k.job.artifact_key: k.build for k in todo}
             jobs = [dataclasses.replace(k.job, cubin=self._cubin(k.job.cubin)) for k in todo]
             started = time.monotonic()

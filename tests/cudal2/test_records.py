@@ -85,10 +85,42 @@ def test_jobs_and_answers_round_trip_through_json(recorded_measurements):
             JobResult.not_recorded(job, "no record"),
             # answered on one GPU of several: the answer names it
             JobResult(job, Status.OK, gpu=dataclasses.replace(m.gpu, index=3, host="gpu-7")),
+            # the worker's own seconds, by phase
+            JobResult(job, Status.OK, job_s=0.05, phases_s={"correctness": 0.01}),
         ]
         for res in answers:
             again = JobResult.from_json(json.loads(json.dumps(res.as_json())))
             assert again == res and again.recorded == (res.status is not None)
+
+
+def test_the_worker_s_seconds_travel_with_the_answer_and_never_into_a_record(
+    recorded_measurements,
+):
+    """``job_s`` / ``phases_s`` cross the pipe (JSON) and stop there: the record made from
+    the answer (kernel or cuBLASLt) has the metrics it had without them."""
+    from cudal2.pipeline.results import measurement_from, vendor_measurement
+    from cudal2.records import BuildResult
+
+    m = next(x for x in recorded_measurements if x.design is not None and x.metrics)
+    job = dataclasses.replace(_jobs(m)[0], recipe={"tile_m": 64, "tile_n": 64, "smem_bytes": 0})
+    plain = JobResult(job, Status.OK, "", 1e-3, 2e-3, m.samples_us, m.baseline_samples_us, {"x": 1})
+    timed = dataclasses.replace(plain, job_s=0.05, phases_s={"timing_replay": 0.03})
+    wire = json.loads(json.dumps(timed.as_json()))
+    assert wire["job_s"] == 0.05 and wire["phases_s"] == {"timing_replay": 0.03}
+    assert "job_s" not in plain.as_json() and "phases_s" not in plain.as_json()
+    build = BuildResult(m.design.key, m.artifact_key, True, design_name(m.design))
+    got = measurement_from(JobResult.from_json(wire), build, m.gpu, "test")
+    want = measurement_from(plain, build, m.gpu, "test")
+    assert got.as_json().keys() == want.as_json().keys()
+    assert got.metrics == want.metrics and "job_s" not in json.dumps(got.as_json())
+    vjob = _jobs(m)[3]
+    vendor = {"library": "cublaslt", "algo": "ab", "version": 130100, "workspace_bytes": 0}
+    v = JobResult(
+        vjob, Status.OK, "", 1e-3, 2e-3, m.samples_us, m.baseline_samples_us, vendor=vendor
+    )
+    vtimed = dataclasses.replace(v, job_s=0.4, phases_s={"autotune": 0.3})
+    assert vendor_measurement(vtimed, m.gpu).metrics == vendor_measurement(v, m.gpu).metrics
+    assert "phases_s" not in json.dumps(vendor_measurement(vtimed, m.gpu).as_json())
 
 
 def test_a_gpu_tag_travels_with_the_record_and_untagged_records_keep_their_shape(

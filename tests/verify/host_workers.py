@@ -1,7 +1,8 @@
 """Stand-in measuring workers for the host runner's CPU tests: a worker process per "GPU"
 that answers from a ``ReplayRunner`` over a recorded H100 database, speaking the real
-worker's pipe protocol (``verify/worker.py``: a hello with the GPU, then a ``Job`` as
-JSON in and ``{"result": ...}`` out), with faults chosen by the test.
+worker's pipe protocol through the worker's own loop (``verify/worker.py``'s ``serve``: a
+hello with the GPU, then a ``Job`` as JSON in and ``{"result": ...}`` out, prepare
+messages readied while the pipe is empty), with faults chosen by the test.
 
 It is imported by its module name (``host_workers``, the tests put this folder on
 ``sys.path``) because the ``spawn`` context pickles a worker's entry point by name and
@@ -22,7 +23,11 @@ the child process imports it again.
 - ``cublaslt``: device -> the cuBLASLt version its hello names;
 - ``delay_s``: seconds each job takes (so several GPUs share a batch);
 - ``job_s``: the job seconds the worker reports in its answers (``JobResult.job_s``;
-  absent: none, as the real worker before it timed its jobs).
+  absent: none, as the real worker before it timed its jobs);
+- ``prepare_s``: seconds each target's preparation takes (logged ``device prepare
+  <target label>`` in ``state/ran.log``);
+- ``prepare_crash``: target labels whose preparation kills the worker (``os._exit``);
+  ``prepare_cuda``: labels whose preparation raises a CUDA error (the worker leaves).
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.database import MeasurementDB
-from cudal2.records import Job, JobKind, JobResult
+from cudal2.records import Job, JobKind, JobResult, Target, TimingConfig
+from cudal2.verify.inputs import InputCache
 from cudal2.verify.replay import ReplayRunner
+from cudal2.verify.worker import serve
 
 
 def job_key(job: Job) -> str:
@@ -62,11 +69,8 @@ def replay_worker(conn: Any, device: int, db: str, faults: dict[str, Any] | None
     )
     version = faults.get("cublaslt", {}).get(device, replay.cublaslt_version)
     conn.send({"hello": gpu.as_json(), "cublaslt_version": version})
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        job = Job.from_json(msg)
+
+    def answer(job: Job) -> JobResult:
         key = job_key(job)
         if state:
             with open(state / "ran.log", "a") as f:
@@ -83,4 +87,16 @@ def replay_worker(conn: Any, device: int, db: str, faults: dict[str, Any] | None
         res: JobResult = replay.answer(job)
         if "job_s" in faults:
             res = dataclasses.replace(res, job_s=faults["job_s"])
-        conn.send({"result": res.as_json()})
+        return res
+
+    def ready(t: Target, timing: TimingConfig) -> None:
+        time.sleep(faults.get("prepare_s", 0.0))
+        if t.label in faults.get("prepare_crash", ()):
+            os._exit(3)
+        if t.label in faults.get("prepare_cuda", ()):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if state:
+            with open(state / "ran.log", "a") as f:
+                f.write(f"{device} prepare {t.label}\n")
+
+    serve(conn, answer, ready, InputCache())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudal2.records import Target
+from cudal2.records import JobResult, Status, Target
 from cudal2.verify import correctness
 from cudal2.verify.pdl_pair import _views, packed_offsets
 
@@ -168,7 +168,11 @@ def test_the_worker_launches_an_epilogue_design_with_its_operands(tmp_path, monk
     monkeypatch.setattr(worker, "_stream", lambda: 7)
     monkeypatch.setattr(worker, "launch_dense", lambda *a: launched.append(a))
     runs = []
-    monkeypatch.setattr(worker, "_check_and_time", lambda job, run, *a, **k: runs.append(run))
+    monkeypatch.setattr(
+        worker,
+        "_check_and_time",
+        lambda job, run, *a, **k: runs.append(run) or JobResult(job, Status.OK),
+    )
     worker.run_job(job, 0, "NVIDIA H100 80GB HBM3", correctness.torch_error)
     (run,) = runs
     run(_Tensor(1), _Tensor(2), _Tensor(3), {"bias": _Tensor(4), "residual": _Tensor(5)})

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from cudal2.records import EPILOGUE_ACTIVATION, ROW_SCALED, Target
+from cudal2.records import EPILOGUE_ACTIVATION, ROW_SCALED, JobResult, Status, Target
 from cudal2.verify import correctness
 from cudal2.verify.launch import dense_epilogue, dense_strides
 
@@ -268,7 +268,11 @@ def test_the_worker_launches_a_gated_design_with_ldc_out_n_and_eps(
     monkeypatch.setattr(worker, "_stream", lambda: 7)
     monkeypatch.setattr(worker, "launch_dense", lambda *a: launched.append(a))
     runs = []
-    monkeypatch.setattr(worker, "_check_and_time", lambda job, run, *a, **k: runs.append(run))
+    monkeypatch.setattr(
+        worker,
+        "_check_and_time",
+        lambda job, run, *a, **k: runs.append(run) or JobResult(job, Status.OK),
+    )
     worker.run_job(job, 0, "NVIDIA H100 80GB HBM3", correctness.torch_error)
     (run,) = runs
     run(_Tensor(1), _Tensor(2), _Tensor(3), {})

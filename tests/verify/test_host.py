@@ -61,10 +61,12 @@ def runner(
 
 
 def ran(tmp: Path) -> Counter:
-    """How often each job key was run, by any worker (host_workers' log)."""
+    """How often each job key was run, by any worker (host_workers' log; the targets
+    prepared are not runs)."""
     log = tmp / "ran.log"
     lines = log.read_text().splitlines() if log.exists() else []
-    return Counter(line.split(" ", 2)[2] for line in lines)
+    runs = [line.split(" ", 2) for line in lines]
+    return Counter(key for _, kind, key in runs if kind != "prepare")
 
 
 @pytest.fixture(scope="module")
@@ -498,6 +500,34 @@ def test_a_build_through_the_host_runner_equals_one_through_one_gpu(
     assert split.in_jobs_s >= 0.01 * split.jobs
     assert "  in the jobs" in report.stages.table()
     assert report.stages.stages["record"] > 0  # the pipeline's own work on the answers
+
+
+class Preparing(CleanChecks):
+    """The replay, remembering what the build asked it to prepare (and when)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.calls: list[tuple] = []
+        self.started = False
+
+    def start(self):
+        self.started = True
+        return super().start()
+
+    def prepare(self, targets, timing):
+        self.calls.append((list(targets), timing, self.started))
+
+
+def test_a_build_asks_its_runner_once_to_prepare_its_targets(recorded, tmp_path):
+    """Once started, before any job: every target of the GPU's arch, in manifest order,
+    with the timing its jobs will carry."""
+    r = Preparing(recorded)
+    b, run = build(tmp_path, recorded, r, "prep")
+    run()
+    ((targets, timing, started),) = r.calls
+    assert started and targets == [t for t in b.manifest.targets if t.arch == r.gpu.arch]
+    assert len(targets) == 4
+    assert timing == TimingConfig(mode=b.manifest.timing_mode, seed=b.manifest.search.seed)
 
 
 def test_a_killed_build_resumed_measures_each_job_once(recorded, one_gpu_build, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from cudal2.records import Target
 from cudal2.verify import correctness, inputs
 from cudal2.verify.inputs import Fresh, InputCache
+from cudal2.verify.timing import Captured
 
 torch = pytest.importorskip("torch")
 
@@ -267,6 +268,22 @@ def test_a_timing_pool_is_kept_and_each_job_gets_its_own_residuals():
     assert isinstance(Fresh().timing(t, SEED, 2), inputs.TimingSets)
 
 
+def cpu_capture(fn, nsets, calls, keep=(), own_bytes=0, stream=None):
+    """``timing.capture`` on the CPU: the callable itself stands for its graph."""
+    return Captured(fn, nsets, calls, keep, own_bytes)
+
+
+def one_call_each(fns, nsets, cfg, est_us=10.0, phases=None):
+    """``time_interleaved`` on the CPU: one call per operand set of each callable (a
+    kept graph's callable too)."""
+    from cudal2.verify.timing import Timing
+
+    for fn in fns.values():
+        for j in range(nsets):
+            (fn.graph if isinstance(fn, Captured) else fn)(j)
+    return {name: Timing((1.0,) * cfg.reps) for name in fns}
+
+
 def _job(t: Target):
     from cudal2.records import Job, JobKind, TimingConfig
 
@@ -288,15 +305,9 @@ def test_the_worker_answers_a_batch_alike_with_and_without_its_cache(t, monkeypa
     the same statuses, errors and metrics for a batch of good and wrong candidates,
     and a candidate that writes its residual while timed leaves the pool as drawn."""
     from cudal2.verify import worker
-    from cudal2.verify.timing import Timing
-
-    def one_call_each(fns, nsets, cfg, est_us=10.0):
-        for fn in fns.values():
-            for j in range(nsets):
-                fn(j)
-        return {name: Timing((1.0,) * cfg.reps) for name in fns}
 
     monkeypatch.setattr(worker, "time_interleaved", one_call_each)
+    monkeypatch.setattr(worker, "capture", cpu_capture)
     monkeypatch.setattr(worker, "operand_sets", lambda nbytes: 3)  # not 4,096 tiny sets
     gpu = "NVIDIA H100 80GB HBM3"
     batch = ["", "off", "writes_a", "", "unwritten", "race", "off_on_exact", "timed_writes_r", ""]
@@ -323,3 +334,210 @@ def test_the_worker_answers_a_batch_alike_with_and_without_its_cache(t, monkeypa
     assert bool(pool.epis[0]) == (t.epilogue != "none")  # (compared below)
     for e, d in zip(pool.epis, drawn.epis, strict=True):
         assert all(torch.equal(e[n], d[n]) for n in e)
+
+
+# -- torch's graph, kept per target ---------------------------------------------------
+class _Graph:
+    """Stands in for a CUDA graph (weakly referenceable: freed is checked)."""
+
+
+def _capturing(made: list, own_bytes: int = 1000):
+    """A ``capture(sets)`` for ``InputCache.baseline``: a stand-in graph with outputs
+    of its own, reading ``sets``."""
+
+    def capture(sets):
+        made.append(sets)
+        outs = [torch.empty(4, 4) for _ in sets.sets]
+        return Captured(_Graph(), len(sets.sets), 10, keep=(sets, outs), nbytes=own_bytes)
+
+    return capture
+
+
+def test_torch_s_graph_is_kept_per_target_and_timing_config_and_counted():
+    from cudal2.records import TimingConfig
+
+    t, cfg = _target("bias_residual"), TimingConfig()
+    cache, made = InputCache(), []
+    g = cache.baseline(t, cfg, 3, 10, _capturing(made))
+    assert cache.baseline(t, cfg, 3, 10, _capturing(made)) is g and len(made) == 1
+    sets = cache.timing(t, cfg.seed, 3)
+    assert made[0] is sets and g.keep[0] is sets  # it reads the kept sets themselves
+    assert cache.bytes == sets.nbytes + 1000
+    # another mode, seed or launch count: another graph (another seed: other sets)
+    cache.baseline(t, dataclasses.replace(cfg, mode="server"), 3, 10, _capturing(made))
+    cache.baseline(t, dataclasses.replace(cfg, seed=1), 3, 10, _capturing(made))
+    cache.baseline(t, cfg, 3, 20, _capturing(made))
+    assert len(made) == 4 and made[2] is not sets
+    # drawn afresh: captured every time
+    fresh = Fresh()
+    fresh.baseline(t, cfg, 3, 10, _capturing(made))
+    fresh.baseline(t, cfg, 3, 10, _capturing(made))
+    assert len(made) == 6
+
+
+def test_an_evicted_graph_is_freed_with_what_it_reads_and_writes():
+    """A graph goes with the timing sets it reads (whichever way they go), and what it
+    touched is then freed: nothing a later job frees is left under a kept graph."""
+    import gc
+    import weakref
+
+    from cudal2.records import TimingConfig
+
+    t, other, cfg = _target(), _target(m=32), TimingConfig()
+    one = inputs.draw_timing(t, SEED, 3).nbytes
+    cache = InputCache(max_bytes=one + 1000 + one // 2)  # t's sets and graph, not more
+    g = cache.baseline(t, cfg, 3, 10, _capturing([]))
+    refs = [weakref.ref(x) for x in (g.graph, g.keep[1][0], g.keep[0].sets[0][0])]
+    del g
+    cache.timing(other, cfg.seed, 3)  # pushes out t's sets, oldest: the graph goes too
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert [k[0] for k in cache._kept] == ["timing"] and cache.bytes == cache._kept_bytes()
+    # dropped with its sets, or with its target
+    cache.baseline(t, cfg, 3, 10, _capturing([]))
+    cache._drop(("timing", t.key, cfg.seed, 3))
+    assert not any(k[0] == "graph" for k in cache._kept)
+    cache.baseline(t, cfg, 3, 10, _capturing([]))
+    cache.drop_target(t)
+    assert not any(k[1] == t.key for k in cache._kept) and cache.bytes == cache._kept_bytes()
+
+
+def test_a_graph_is_not_kept_once_its_sets_were_pushed_out_to_make_room_for_it():
+    from cudal2.records import TimingConfig
+
+    t, cfg = _target(), TimingConfig()
+    one = inputs.draw_timing(t, SEED, 3).nbytes
+    cache = InputCache(max_bytes=one + 500)  # the sets alone fit, the graph (1000) does not
+    g = cache.baseline(t, cfg, 3, 10, _capturing([]))
+    assert g.graph is not None  # used once
+    assert cache._kept == {} and cache.bytes == 0  # its sets went to make room: nor it
+
+
+def test_what_is_prepared_goes_only_into_free_room():
+    small, other = _target(), _target(m=32)
+    one = correctness.draw(small, SEED, 0, "random").nbytes
+    cache = InputCache(max_bytes=one + one // 2)
+    cache.trial(small, SEED, 0, "random")
+    with cache.without_eviction():
+        cache.trial(other, SEED, 0, "random")  # would push the kept trial out: not kept
+    assert cache.full and list(cache._kept) == [("trial", small.key, SEED, 0, "random")]
+    cache.trial(other, SEED, 0, "random")  # a job's: evicts as before
+    assert list(cache._kept) == [("trial", other.key, SEED, 0, "random")]
+
+
+# -- the worker: torch captured once per target; targets prepared ahead ---------------
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def worker_on_cpu(monkeypatch):
+    """``_check_and_time`` on the CPU (as the batch test above), counting captures."""
+    from cudal2.verify import worker
+
+    captured = []
+
+    def counted(fn, nsets, calls, keep=(), own_bytes=0, stream=None):
+        captured.append(keep)
+        return cpu_capture(fn, nsets, calls, keep, own_bytes)
+
+    monkeypatch.setattr(worker, "time_interleaved", one_call_each)
+    monkeypatch.setattr(worker, "capture", counted)
+    monkeypatch.setattr(worker, "operand_sets", lambda nbytes: 3)
+    return worker, captured
+
+
+@pytest.mark.parametrize("t", [_target(), _target("bias_residual")], ids=lambda t: t.label)
+def test_torch_is_captured_once_per_target_and_writes_outputs_of_its_own(t, worker_on_cpu):
+    worker, captured = worker_on_cpu
+    cache = InputCache()
+    for _ in range(3):
+        res = worker._check_and_time(
+            _job(t), Kernel(t), GPU_NAME, correctness.torch_error, inputs=cache
+        )
+        assert res.status == "ok", res.error
+    assert len(captured) == 1  # three jobs, one capture of torch's graph
+    sets, torch_outs = captured[0]
+    assert sets is cache.timing(t, _job(t).timing.seed, 3) and len(torch_outs) == 3
+    for _ in range(2):
+        worker._check_and_time(_job(t), Kernel(t), GPU_NAME, correctness.torch_error, inputs=None)
+    assert len(captured) == 3  # drawn afresh: captured each job
+    # torch's outputs hold its product: written by its graph, read by no candidate
+    a, b = sets.sets[0]
+    want = correctness.vendor(t, a, b, epi=sets.epis[0])
+    assert torch.equal(torch_outs[0], want)
+
+
+@pytest.mark.parametrize(
+    "t", [_target(), _target("bias_residual"), _target("silu")], ids=lambda t: t.label
+)
+def test_a_prepared_target_s_first_job_draws_asks_and_captures_nothing(
+    t, worker_on_cpu, monkeypatch
+):
+    """``worker.prepare`` makes what the target's first job would: that job then draws
+    no trial or timing set, asks no vendor and captures nothing, and answers as a job
+    with nothing kept does."""
+    worker, captured = worker_on_cpu
+    asked = []
+
+    def vendor_errors(t, a, b, ref):
+        asked.append(1)
+        return correctness.torch_error(t, a, b, ref)
+
+    cfg = _job(t).timing
+    fresh = worker._check_and_time(_job(t), Kernel(t), GPU_NAME, vendor_errors, inputs=None)
+    cache = InputCache()
+    worker.prepare(t, cfg, GPU_NAME, vendor_errors, cache)
+    assert len(captured) == 2 and cache.stats()["entries"] == 5  # 3 trials, sets, graph
+    asked.clear()
+
+    def refused(*a, **k):
+        raise AssertionError("made again")
+
+    monkeypatch.setattr(correctness, "draw", refused)
+    monkeypatch.setattr(inputs, "draw_timing", refused)
+    monkeypatch.setattr(worker, "capture", refused)
+    monkeypatch.setattr(correctness, "unfused_error", refused)  # an epilogue's yardstick
+    kept = worker._check_and_time(_job(t), Kernel(t), GPU_NAME, vendor_errors, inputs=cache)
+    assert asked == []
+    assert (kept.status, kept.error, kept.metrics, kept.max_abs_err) == (
+        fresh.status,
+        fresh.error,
+        fresh.metrics,
+        fresh.max_abs_err,
+    )
+
+
+def test_the_worker_answers_with_its_job_seconds_by_phase(worker_on_cpu, tmp_path, monkeypatch):
+    """``run_job``'s answer carries the job's wall seconds and their phases (never a
+    record's metrics: tests/cudal2/test_records.py)."""
+    worker, _ = worker_on_cpu
+    t = _target("bias")
+    monkeypatch.setattr(worker.driver, "Kernel", lambda *a: None)
+    monkeypatch.setattr(worker, "launch_dense", lambda *a: None)
+    job = dataclasses.replace(_job(t), cubin=str(tmp_path / "k.cubin"), recipe={"smem_bytes": 0})
+    (tmp_path / "k.cubin").write_bytes(b"")
+    phases_seen = {}
+
+    def checked(job, run, gpu, errs, **kw):
+        phases_seen.update(kw["phases"])
+        kw["phases"]["correctness"] = 0.25
+        return worker.JobResult(job, "ok", samples_us=(1.0,))
+
+    monkeypatch.setattr(worker, "_check_and_time", checked)
+    res = worker.run_job(job, 0, GPU_NAME, correctness.torch_error)
+    assert set(phases_seen) == {"module_load"}
+    assert res.phases_s["correctness"] == 0.25 and res.phases_s["module_load"] >= 0
+    assert res.job_s is not None and res.job_s >= res.phases_s["module_load"]
+    assert res.metrics == {}
+
+
+@pytest.mark.parametrize("t", [_target(), _target("bias_residual")], ids=lambda t: t.label)
+def test_check_and_time_fills_each_phase(t, worker_on_cpu):
+    worker, _ = worker_on_cpu
+    phases: dict[str, float] = {}
+    res = worker._check_and_time(
+        _job(t), Kernel(t), GPU_NAME, correctness.torch_error, inputs=InputCache(), phases=phases
+    )
+    assert res.status == "ok"
+    assert {"correctness", "operands", "timing_capture"} <= set(phases)
+    assert all(v >= 0 for v in phases.values())

@@ -41,7 +41,9 @@ def _pdl_job(tmp_path, trigger: str = "entry"):
 def test_a_pdl_recipe_asks_for_the_pair_check_a_plain_one_does_not(tmp_path, monkeypatch):
     asked = []
     monkeypatch.setattr(
-        worker, "_check_and_time", lambda job, run, gpu, errs, **kw: asked.append(kw)
+        worker,
+        "_check_and_time",
+        lambda job, run, gpu, errs, **kw: asked.append(kw) or JobResult(job, Status.OK),
     )
     job, _ = _pdl_job(tmp_path)
     assert job.recipe["pdl"] is True

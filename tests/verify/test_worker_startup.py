@@ -32,8 +32,13 @@ def test_the_hello_carries_the_seconds_of_each_start_up_step(monkeypatch, capsys
     monkeypatch.setattr(worker.driver, "ensure_context", lambda device: 1)
     monkeypatch.setattr(worker, "current_gpu", lambda device: GPU)
     monkeypatch.setattr(worker, "nvmath_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (79 << 30, 80 << 30))
+    served = []
+    real_serve = worker.serve
+    monkeypatch.setattr(worker, "serve", lambda *a: served.append(a) or real_serve(*a))
     conn = _Conn()
     worker.worker_main(conn, 0)
+    assert served[0][3].max_bytes == int((79 << 30) * 0.25)  # a quarter of the free memory
     (hello,) = conn.sent
     assert hello["hello"] == GPU.as_json() and hello["cublaslt_version"] is None
     steps = hello["startup_s"]
