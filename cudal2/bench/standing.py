@@ -1124,7 +1124,50 @@ def build_stages(root: Path) -> str:
         + " |"
     )
     lines += ["", "Commands: " + "; ".join(f"{n}: `{r['command']}`" for n, r in runs) + "."]
+    last = next(
+        (r for _, r in reversed(runs) if "database" in r and "measure_split" in r["stages"]), None
+    )
+    if last is not None:
+        jobs, replay_s, slow_s = timing_replay_s(root / last["database"], d["gpu"])
+        split = last["stages"]["measure_split"]
+        lines += [
+            "",
+            f"The timing method's own GPU time in `{last['database']}`: its {jobs} kernel jobs' "
+            f"replays (warm-up and timed, candidate and torch, each replay as many launches "
+            f"as `time_interleaved` sizes it for the target) take {replay_s:.1f} s of the "
+            f"{split['in_jobs_s']:.1f} s the worker spent in its jobs; those of the candidates "
+            f"slower than half of torch's time, {slow_s:.1f} s.",
+        ]
     return "\n".join(lines)
+
+
+def timing_replay_s(db: Path, gpu: str) -> tuple[int, float, float]:
+    """The GPU seconds the timing of a build's kernel jobs prescribes (each job: its
+    warm-up calls, then ``warmup`` + ``reps`` replays of the candidate's and torch's
+    graphs of ``replay_calls`` launches, at the medians recorded), the number of jobs, and
+    the part spent on candidates slower than half of torch's time."""
+    from cudal2.database import MeasurementDB
+    from cudal2.hardware import floor_us
+    from cudal2.records import TimingConfig
+    from cudal2.verify.timing import operand_sets, replay_calls
+
+    cfg = TimingConfig()
+    jobs, total, slow = 0, 0.0, 0.0
+    seen: set[tuple[str, str]] = set()
+    for m in MeasurementDB(db).read():
+        if m.status != "ok" or m.design is None or "torch" not in m.baselines_us:
+            continue
+        if (m.target.label, m.artifact_key) in seen:
+            continue  # the same job's record again, with its Nsight Compute metrics
+        seen.add((m.target.label, m.artifact_key))
+        nsets = operand_sets(m.target.min_bytes)
+        calls = replay_calls(nsets, cfg, max(floor_us(m.target, gpu), 2.0))
+        pair_us = m.median_us + m.baselines_us["torch"]
+        s = ((cfg.warmup + cfg.reps) * calls + min(nsets, 2)) * pair_us / 1e6
+        jobs, total = jobs + 1, total + s
+        if m.baselines_us["torch"] / m.median_us < 0.5:
+            slow += s
+    return jobs, total, slow
 
 
 PREFILL_BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"  # ci/gpu_prefill.sh
