@@ -143,8 +143,15 @@ def time_interleaved(
     cfg: TimingConfig,
     est_us: float = 10.0,
     phases: dict[str, float] | None = None,
+    stop: Callable[[Mapping[str, Sequence[float]]], bool] | None = None,
+    stop_after: int = 5,
 ) -> dict[str, Timing]:
     """Time each callable (see the module doc). ``est_us`` sizes the offline graphs.
+
+    ``stop``: asked once, after the first ``stop_after`` repetitions (their samples by
+    name, µs per call, in repetition order); True ends the timing there, so each
+    callable has those ``stop_after`` samples, taken exactly as the rest would have been
+    (the worker stops a candidate that is clearly slower than torch: verify/worker.py).
 
     A value may be a graph ``capture`` made earlier for the same ``nsets`` and launch
     count (a baseline's, kept by the worker across the jobs of a target): it is not
@@ -179,7 +186,15 @@ def time_interleaved(
             graphs[name].replay()
     torch.cuda.synchronize()
     events: dict[str, list] = {n: [] for n in names}
-    for _ in range(cfg.reps):
+
+    def samples(pairs: list) -> tuple[float, ...]:
+        return tuple(s.elapsed_time(e) * 1000.0 / calls for s, e in pairs)
+
+    for rep in range(cfg.reps):
+        if stop is not None and rep == stop_after:
+            torch.cuda.synchronize()
+            if stop({name: samples(pairs) for name, pairs in events.items()}):
+                break
         rng.shuffle(names)
         for name in names:
             if cfg.mode == "server":
@@ -197,10 +212,7 @@ def time_interleaved(
     if phases is not None:
         phases["timing_capture"] = phases.get("timing_capture", 0.0) + t1 - t0
         phases["timing_replay"] = phases.get("timing_replay", 0.0) + time.perf_counter() - t1
-    return {
-        name: Timing(tuple(s.elapsed_time(e) * 1000.0 / calls for s, e in pairs), calls)
-        for name, pairs in events.items()
-    }
+    return {name: Timing(samples(pairs), calls) for name, pairs in events.items()}
 
 
 def time_with_sync(fn: Callable[[], object], reps: int = 20) -> float:

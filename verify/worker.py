@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,14 +213,41 @@ def _check_and_time(
             run(sets[j][0], sets[j][1], outs[j], epis[j])
 
     timings = time_interleaved(
-        {"candidate": candidate, "torch": baseline}, nsets, cfg, est_us=est_us, phases=phases
+        {"candidate": candidate, "torch": baseline},
+        nsets,
+        cfg,
+        est_us=est_us,
+        phases=phases,
+        stop=clearly_slower,
+        stop_after=STOP_AFTER,
     )
+    got = timings["candidate"].samples_us
     return dataclasses.replace(
         checked,
         status=Status.OK,
-        samples_us=tuple(timings["candidate"].samples_us),
+        samples_us=tuple(got),
         baseline_samples_us={"torch": tuple(timings["torch"].samples_us)},
+        # a timing stopped early says so (and why) beside its fewer samples
+        metrics=checked.metrics
+        | ({"timing_stopped_below": STOP_BELOW} if len(got) < cfg.reps else {}),
     )
+
+
+# A candidate slower than torch by this much in each of the first STOP_AFTER paired
+# repetitions of its timing (torch's time over its own, every one below STOP_BELOW) is
+# not timed further (tinygrad's rule, against the vendor in the same job): it cannot be
+# selected (selection takes a kernel only where it beats every vendor beyond the
+# spread), and its speedup, which the policy learns from, is already known to a few per
+# cent. Its record keeps the STOP_AFTER samples of each and says it stopped.
+STOP_AFTER = 5
+STOP_BELOW = 0.8
+
+
+def clearly_slower(samples: Mapping[str, Sequence[float]]) -> bool:
+    """``time_interleaved``'s ``stop``: every paired repetition so far has the candidate
+    below ``STOP_BELOW`` of torch's speed."""
+    pairs = list(zip(samples["candidate"], samples["torch"], strict=True))
+    return bool(pairs) and all(t / c < STOP_BELOW for c, t in pairs)
 
 
 def prepare(

@@ -80,3 +80,36 @@ def test_sustained_runs_last_their_seconds_in_windows_of_their_own():
     # 64x the FLOPs: at least 20x the time per call.
     big = min(r.us_per_call for r in runs["big"])
     assert big > 20 * max(r.us_per_call for r in runs["small"])
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_clearly_slower_candidate_is_stopped_after_five_repetitions(slow):
+    """The worker's rule (``clearly_slower``) through the real timing: a candidate doing
+    three times torch's work stops after ``STOP_AFTER`` paired repetitions with that
+    many samples each; one doing the same work runs all of them."""
+    from cudal2.verify.worker import STOP_AFTER, clearly_slower
+
+    a = [torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2)]
+
+    def candidate(j):
+        for _ in range(3 if slow else 1):
+            a[j] @ a[j]
+
+    seen = []
+
+    def stop(samples):
+        seen.append({k: len(v) for k, v in samples.items()})
+        return clearly_slower(samples)
+
+    t = time_interleaved(
+        {"candidate": candidate, "torch": lambda j: a[j] @ a[j]},
+        2,
+        TimingConfig(reps=30),
+        est_us=200.0,
+        stop=stop,
+        stop_after=STOP_AFTER,
+    )
+    assert seen == [{"candidate": STOP_AFTER, "torch": STOP_AFTER}]  # asked once
+    want = STOP_AFTER if slow else 30
+    assert len(t["candidate"].samples_us) == len(t["torch"].samples_us) == want
+    assert (t["candidate"].median_us > 2 * t["torch"].median_us) == slow
