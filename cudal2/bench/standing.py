@@ -1112,40 +1112,47 @@ def build_stages(root: Path) -> str:
         lines.append(
             f"| {label} | " + " | ".join(f"{r['stages'][key]:.1f}" for _, r in runs) + " |"
         )
+    # (a run whose shell wall did not come back from the machine has None: "–")
     lines.append(
-        "| wall from the shell | " + " | ".join(f"{r['wall_s']:.1f}" for _, r in runs) + " |"
+        "| wall from the shell | "
+        + " | ".join("–" if r["wall_s"] is None else f"{r['wall_s']:.1f}" for _, r in runs)
+        + " |"
     )
     lines.append(
         "| targets per GPU-hour (shell wall / build's wall) | "
         + " | ".join(
-            f"{d['targets'] * 3600 / r['wall_s']:.0f} / {r['stages']['targets_per_gpu_hour']:.0f}"
+            ("–" if r["wall_s"] is None else f"{d['targets'] * 3600 / r['wall_s']:.0f}")
+            + f" / {r['stages']['targets_per_gpu_hour']:.0f}"
             for _, r in runs
         )
         + " |"
     )
     lines += ["", "Commands: " + "; ".join(f"{n}: `{r['command']}`" for n, r in runs) + "."]
-    last = next(
-        (r for _, r in reversed(runs) if "database" in r and "measure_split" in r["stages"]), None
-    )
-    if last is not None:
-        jobs, replay_s, slow_s = timing_replay_s(root / last["database"], d["gpu"])
-        split = last["stages"]["measure_split"]
+    timed = [(n, r) for n, r in runs if "database" in r and "measure_split" in r["stages"]]
+    if timed:
         lines += [
             "",
-            f"The timing method's own GPU time in `{last['database']}`: its {jobs} kernel jobs' "
-            f"replays (warm-up and timed, candidate and torch, each replay as many launches "
-            f"as `time_interleaved` sizes it for the target) take {replay_s:.1f} s of the "
-            f"{split['in_jobs_s']:.1f} s the worker spent in its jobs; those of the candidates "
-            f"slower than half of torch's time, {slow_s:.1f} s.",
+            "The timing method's own GPU time (each kernel job's replays as its record's "
+            "samples say: warm-up and timed, candidate and torch, each replay as many "
+            "launches as `time_interleaved` sizes it for the target), against the seconds "
+            "the worker spent in its jobs:",
+            "",
         ]
+        for name, r in timed:
+            jobs, replay_s, slow_s = timing_replay_s(root / r["database"], d["gpu"])
+            lines.append(
+                f"- {name} (`{r['database']}`): {jobs} jobs, {replay_s:.1f} s of replays in "
+                f"{r['stages']['measure_split']['in_jobs_s']:.1f} s; those of the candidates "
+                f"slower than half of torch's time, {slow_s:.1f} s."
+            )
     return "\n".join(lines)
 
 
 def timing_replay_s(db: Path, gpu: str) -> tuple[int, float, float]:
-    """The GPU seconds the timing of a build's kernel jobs prescribes (each job: its
-    warm-up calls, then ``warmup`` + ``reps`` replays of the candidate's and torch's
-    graphs of ``replay_calls`` launches, at the medians recorded), the number of jobs, and
-    the part spent on candidates slower than half of torch's time."""
+    """The GPU seconds the timing of a build's kernel jobs took (each job: its warm-up
+    calls, then ``warmup`` replays and one per recorded sample of the candidate's and
+    torch's graphs of ``replay_calls`` launches, at the medians recorded), the number of
+    jobs, and the part spent on candidates slower than half of torch's time."""
     from cudal2.database import MeasurementDB
     from cudal2.hardware import floor_us
     from cudal2.records import TimingConfig
@@ -1163,7 +1170,8 @@ def timing_replay_s(db: Path, gpu: str) -> tuple[int, float, float]:
         nsets = operand_sets(m.target.min_bytes)
         calls = replay_calls(nsets, cfg, max(floor_us(m.target, gpu), 2.0))
         pair_us = m.median_us + m.baselines_us["torch"]
-        s = ((cfg.warmup + cfg.reps) * calls + min(nsets, 2)) * pair_us / 1e6
+        reps = len(m.samples_us)  # fewer than cfg.reps where the worker stopped early
+        s = ((cfg.warmup + reps) * calls + min(nsets, 2)) * pair_us / 1e6
         jobs, total = jobs + 1, total + s
         if m.baselines_us["torch"] / m.median_us < 0.5:
             slow += s
