@@ -16,8 +16,9 @@ grammar is then that set's, as the replay evaluation's ``grammar`` restriction.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,27 @@ def row_of(m: Measurement) -> Row:
         metrics={k: float(v) for k, v in m.metrics.items() if isinstance(v, int | float)},
         code_chars=0,
     )
+
+
+# Intra-op threads while sampling: the model is small, so its ops gain nothing from a
+# team of threads, and in a build 16 compiles run beside it: with torch's default (one
+# thread per core) each proposal took 0.46 s on the H100's host during a build, and on a
+# loaded 2-core machine 2.0 s with 2 threads against 0.12 s with 1 (the llama manifest's
+# targets). One thread also makes the samples the same whatever the machine's cores.
+PROPOSE_THREADS = 1
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` inside the block, as they were after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class PolicyProposer:
@@ -141,10 +163,11 @@ class PolicyProposer:
         left = grammar.designs
         digest = hashlib.sha256(f"{self.seed}:{target.key}:{len(seen)}".encode()).hexdigest()
         gen = torch.Generator().manual_seed(int(digest[:15], 16))
-        draws = pm.sample(model, prompt, grammar, min(len(left), OVERSAMPLE * n), gen)
-        picked = list(dict.fromkeys(grammar.designs[i] for i in draws))[:n]
-        if learner is not None:
-            learner.expect(target, full_space_logp(prompt, grammar.view(picked)), picked)
+        with torch_threads(PROPOSE_THREADS):
+            draws = pm.sample(model, prompt, grammar, min(len(left), OVERSAMPLE * n), gen)
+            picked = list(dict.fromkeys(grammar.designs[i] for i in draws))[:n]
+            if learner is not None:
+                learner.expect(target, full_space_logp(prompt, grammar.view(picked)), picked)
         if len(picked) < n:
             chosen = set(picked)
             picked += grid_round(target, [d for d in left if d not in chosen], n - len(picked))

@@ -32,3 +32,38 @@ def test_committed_checkpoint_proposes_new_legal_designs(recorded_measurements):
 def test_families_restrict_the_policy():
     ds = make_proposer("policy", 1, ("sm90direct",)).propose(NEW, [], 8)
     assert len(ds) == 8 and {d.family for d in ds} == {"sm90direct"}
+
+
+def test_the_policy_samples_on_one_thread_and_gives_the_threads_back(monkeypatch):
+    """Sampling runs with torch's intra-op threads at ``PROPOSE_THREADS`` (in a build, 16
+    compiles run beside it) and leaves them as they were, however it ends."""
+    import pytest
+    import torch
+
+    from cudal2.policy import learned
+    from cudal2.policy import model as pm
+
+    seen = []
+    real = pm.sample
+
+    def sample(*a, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pm, "sample", sample)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        p = make_proposer("policy", 0)
+        assert len(p.propose(NEW, [], 8)) == 8
+        assert seen == [learned.PROPOSE_THREADS] and torch.get_num_threads() == 2
+
+        def broken(*a, **kw):
+            raise RuntimeError("sampling failed")
+
+        monkeypatch.setattr(pm, "sample", broken)
+        with pytest.raises(RuntimeError, match="sampling failed"):
+            p.propose(Target("sm_90a", "fp16", "tn", 40, 6144, 5120), [], 8)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
