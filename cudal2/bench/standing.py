@@ -431,37 +431,47 @@ def policy_eval(root: Path) -> str:
     return "\n".join(lines)
 
 
-# docs/policy.md's table of the v5 retrains: (checkpoint, corpus, the results files of
-# its three replays: replay, --online, --restriction grammar; None where one was not run).
+# docs/policy.md's table of the v5 retrains: (the checkpoint's training seed and corpus,
+# the corpus replayed, the results files of its three replays: replay, --online,
+# --restriction grammar; None where one was not run).
 # Every corpus holds the same 12 held-out targets with the same rows; they differ in the
 # training targets' rows (the prompt's neighbours, the legal space's v5 designs).
 _EVAL = "bench/results/h100-policy-eval"
 POLICY_RETRAIN_EVALS = ("replay", "--online", "--restriction grammar")
 _ALL = "+ all v5 sweeps"
+_THREE = ("", "-online", "-grammar")
 POLICY_RETRAIN = (
-    ("committed (the room retrain)", "committed", tuple(f for _, f in POLICY_EVALS)),
-    ("committed (the room retrain)", "+ fp16 v5 sweep", (f"{_EVAL}-v5-corpus.json", None, None)),
+    ("0 on committed (the committed one)", "committed", tuple(f for _, f in POLICY_EVALS)),
     (
-        "committed (the room retrain)",
-        _ALL,
-        tuple(f"{_EVAL}-v5-sweeps-committed{m}.json" for m in ("", "-online", "-grammar")),
-    ),
-    ("seed 0 on + fp16 v5 sweep", "+ fp16 v5 sweep", (f"{_EVAL}-v5-retrain.json", None, None)),
-    (
-        "seed 0 on + all v5 sweeps",
-        _ALL,
-        tuple(f"{_EVAL}-v5-sweeps-seed0{m}.json" for m in ("", "-online", "-grammar")),
+        "0 on committed (the committed one)",
+        "+ fp16 v5 sweep",
+        (f"{_EVAL}-v5-corpus.json", None, None),
     ),
     (
-        "seed 0 on + all v5 sweeps",
+        "0 on committed (the committed one)",
+        _ALL,
+        tuple(f"{_EVAL}-v5-sweeps-committed{m}.json" for m in _THREE),
+    ),
+    ("1 on committed", "committed", (f"{_EVAL}-room-seed1.json", None, None)),
+    ("2 on committed", "committed", (f"{_EVAL}-room-seed2.json", None, None)),
+    ("0 on + fp16 v5 sweep", "+ fp16 v5 sweep", (f"{_EVAL}-v5-retrain.json", None, None)),
+    ("0 on + all v5 sweeps", _ALL, tuple(f"{_EVAL}-v5-sweeps-seed0{m}.json" for m in _THREE)),
+    (
+        "0 on + all v5 sweeps",
         "committed",
         (f"{_EVAL}-v5-sweeps-seed0-committed-corpus.json", None, None),
     ),
-    ("seed 1 on + all v5 sweeps", _ALL, (f"{_EVAL}-v5-sweeps-seed1.json", None, None)),
+    ("1 on + all v5 sweeps", _ALL, (f"{_EVAL}-v5-sweeps-seed1.json", None, None)),
     (
-        "seed 1 on + all v5 sweeps",
+        "1 on + all v5 sweeps",
         "committed",
         (f"{_EVAL}-v5-sweeps-seed1-committed-corpus.json", None, None),
+    ),
+    ("2 on + all v5 sweeps", _ALL, (f"{_EVAL}-v5-sweeps-seed2.json", None, None)),
+    (
+        "2 on + all v5 sweeps",
+        "committed",
+        (f"{_EVAL}-v5-sweeps-seed2-committed-corpus.json", None, None),
     ),
 )
 
@@ -475,7 +485,7 @@ def policy_retrain(root: Path) -> str:
         + " / ".join(ks)
         + ":",
         "",
-        "| checkpoint | corpus | " + " | ".join(POLICY_RETRAIN_EVALS) + " |",
+        "| checkpoint: seed on corpus | replayed on | " + " | ".join(POLICY_RETRAIN_EVALS) + " |",
         "|---|---|" + "---|" * len(POLICY_RETRAIN_EVALS),
     ]
     for checkpoint, corpus, files in POLICY_RETRAIN:

@@ -266,7 +266,7 @@ def test_the_policy_retrain_table_is_made_from_its_results_files(tmp_path):
     for *_, files in standing.POLICY_RETRAIN:
         for f in filter(None, files):
             shutil.copy(ROOT / f, tmp_path / f)
-    i = 2  # the committed checkpoint on the corpus with all the v5 sweeps
+    i = 2  # the committed checkpoint replayed on the corpus with all the v5 sweeps
     checkpoint, corpus, files = standing.POLICY_RETRAIN[i]
     d = json.loads((ROOT / files[1]).read_text())  # its --online replay
     d["k"]["8"]["policy"], d["k"]["64"]["policy"] = 0.1234, 0.5678
