@@ -19,6 +19,7 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
 - ``host-overhead``: the host cost per call of every launch path (``docs/inference.md``).
 - ``floor-fractions``: ``docs/measuring.md``'s vendor table (``VENDOR_RUN``).
 - ``policy-eval``: the replay table of ``docs/policy.md`` (``POLICY_EVALS``).
+- ``policy-retrain``: its before/after table of the v5 retrain (``POLICY_RETRAIN``).
 - ``layer-bench``: the layer benchmark's table (``LAYER_RESULTS``, written by
   ``cudal2-bench layer``); until that file is committed the block cannot be made
   (``ResultsMissing``), and no document may hold it.
@@ -430,6 +431,81 @@ def policy_eval(root: Path) -> str:
         pol = " / ".join(f"{g['k'][k]['policy']:.3f}" for k in ks)
         grid = " / ".join(f"{g['k'][k]['grid']:.3f}" for k in ks)
         lines.append(f"- {fam}, {g['targets']} targets: policy {pol}; grid {grid}.")
+    return "\n".join(lines)
+
+
+# docs/policy.md's table of the v5 retrains: (the checkpoint's training seed and corpus,
+# the corpus replayed, the results files of its three replays: replay, --online,
+# --restriction grammar; None where one was not run).
+# Every corpus holds the same 12 held-out targets with the same rows; they differ in the
+# training targets' rows (the prompt's neighbours, the legal space's v5 designs).
+_EVAL = "bench/results/h100-policy-eval"
+POLICY_RETRAIN_EVALS = ("replay", "--online", "--restriction grammar")
+_ALL = "+ all v5 sweeps"
+_THREE = ("", "-online", "-grammar")
+POLICY_RETRAIN = (
+    ("0 on committed (the committed one)", "committed", tuple(f for _, f in POLICY_EVALS)),
+    (
+        "0 on committed (the committed one)",
+        "+ fp16 v5 sweep",
+        (f"{_EVAL}-v5-corpus.json", None, None),
+    ),
+    (
+        "0 on committed (the committed one)",
+        _ALL,
+        tuple(f"{_EVAL}-v5-sweeps-committed{m}.json" for m in _THREE),
+    ),
+    ("1 on committed", "committed", (f"{_EVAL}-room-seed1.json", None, None)),
+    ("2 on committed", "committed", (f"{_EVAL}-room-seed2.json", None, None)),
+    ("0 on + fp16 v5 sweep", "+ fp16 v5 sweep", (f"{_EVAL}-v5-retrain.json", None, None)),
+    ("0 on + all v5 sweeps", _ALL, tuple(f"{_EVAL}-v5-sweeps-seed0{m}.json" for m in _THREE)),
+    (
+        "0 on + all v5 sweeps",
+        "committed",
+        (f"{_EVAL}-v5-sweeps-seed0-committed-corpus.json", None, None),
+    ),
+    ("1 on + all v5 sweeps", _ALL, (f"{_EVAL}-v5-sweeps-seed1.json", None, None)),
+    (
+        "1 on + all v5 sweeps",
+        "committed",
+        (f"{_EVAL}-v5-sweeps-seed1-committed-corpus.json", None, None),
+    ),
+    ("2 on + all v5 sweeps", _ALL, (f"{_EVAL}-v5-sweeps-seed2.json", None, None)),
+    (
+        "2 on + all v5 sweeps",
+        "committed",
+        (f"{_EVAL}-v5-sweeps-seed2-committed-corpus.json", None, None),
+    ),
+)
+
+
+def policy_retrain(root: Path) -> str:
+    """``docs/policy.md``'s table of the v5 retrains: each checkpoint on each corpus, its
+    replays' medians at every k ("not run" where a replay was not run)."""
+    ks = sorted(json.loads((root / POLICY_EVALS[0][1]).read_text())["k"], key=int)
+    lines = [
+        "Median over the 12 held-out targets of best-found / best-known at k = "
+        + " / ".join(ks)
+        + ":",
+        "",
+        "| checkpoint: seed on corpus | replayed on | " + " | ".join(POLICY_RETRAIN_EVALS) + " |",
+        "|---|---|" + "---|" * len(POLICY_RETRAIN_EVALS),
+    ]
+    for checkpoint, corpus, files in POLICY_RETRAIN:
+        cells = []
+        for f in files:
+            if f is None:
+                cells.append("not run")
+                continue
+            r = json.loads((root / f).read_text())
+            if sorted(r["k"], key=int) != ks:
+                raise ValueError(f"{f}: k = {sorted(r['k'], key=int)}, the table's are {ks}")
+            cells.append(" / ".join(f"{r['k'][k]['policy']:.3f}" for k in ks))
+        lines.append(f"| {checkpoint} | {corpus} | " + " | ".join(cells) + " |")
+    named = [
+        f for *_, fs in POLICY_RETRAIN for f in fs if f and f not in dict(POLICY_EVALS).values()
+    ]
+    lines += ["", "Results files: " + ", ".join(f"`{f}`" for f in named) + "."]
     return "\n".join(lines)
 
 
@@ -1232,6 +1308,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-e2e": llama_e2e,
     "host-overhead": host_overhead,
     "policy-eval": policy_eval,
+    "policy-retrain": policy_retrain,
     "floor-fractions": floor_fractions,
     "pdl-timing": pdl_timing,
     "eager-host": eager_host,

@@ -278,3 +278,27 @@ def test_the_fused_host_table_is_made_from_its_results_file(tmp_path):
     assert "| the package's function, native launcher | 3.2 | 3.2 | 3.2 |" in table
     assert "| 999.0 |" in table  # the Python path's max
     assert f"over {len(d['ops'])} fused entries" in table
+
+
+def test_the_policy_retrain_table_is_made_from_its_results_files(tmp_path):
+    """Each checkpoint-and-corpus row's medians come from its replays' files; a replay not
+    run is said so, not left blank."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for *_, files in standing.POLICY_RETRAIN:
+        for f in filter(None, files):
+            shutil.copy(ROOT / f, tmp_path / f)
+    i = 2  # the committed checkpoint replayed on the corpus with all the v5 sweeps
+    checkpoint, corpus, files = standing.POLICY_RETRAIN[i]
+    d = json.loads((ROOT / files[1]).read_text())  # its --online replay
+    d["k"]["8"]["policy"], d["k"]["64"]["policy"] = 0.1234, 0.5678
+    (tmp_path / files[1]).write_text(json.dumps(d))
+    table = standing.policy_retrain(tmp_path)
+    rows = [x for x in table.splitlines() if x.startswith("| ") and "---" not in x][1:]
+    assert len(rows) == len(standing.POLICY_RETRAIN)
+    cells = rows[i].split(" | ")
+    assert cells[:2] == [f"| {checkpoint}", corpus]
+    assert cells[3].startswith("0.123 / ") and cells[3].endswith(" / 0.568")
+    assert "0.123" not in standing.policy_retrain(ROOT)
+    assert sum(x.count("not run") for x in rows) == sum(
+        f is None for *_, fs in standing.POLICY_RETRAIN for f in fs
+    )
