@@ -118,14 +118,17 @@ def test_the_epilogue_table_is_made_from_its_results_file(tmp_path):
 
 
 def test_the_build_stage_table_gets_a_newer_run_s_rows_only_with_it(tmp_path):
-    """The committed runs have no "record" stage nor measure split: the block shows
-    neither. A later run (as ci/gpu_build_stages.sh's after3 will be) that has them gets
-    its column and the rows, "–" for the runs without."""
+    """The runs recorded before the third slice have no "record" stage nor measure
+    split: a block of those shows neither. A later run that has them gets its column and
+    the rows, "–" for the runs without."""
     (tmp_path / "bench" / "results").mkdir(parents=True)
     d = json.loads((ROOT / standing.BUILD_STAGES).read_text())
-    before = standing.build_stages(ROOT)
+    d = {k: v for k, v in d.items() if not k.startswith("after") or k in ("after", "after2")}
+    (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
+    before = standing.build_stages(tmp_path)
     assert "| record |" not in before and "measure: in the worker's jobs" not in before
     newer = json.loads(json.dumps(d["after2"]))
+    newer.pop("database", None)  # (its replay seconds need the database: another test)
     newer["stages"]["stages_s"]["record"] = 2.5
     newer["stages"]["measure_split"] = {"jobs": 792, "in_jobs_s": 41.25, "outside_s": 28.621}
     d["after3"] = newer
@@ -302,3 +305,35 @@ def test_the_policy_retrain_table_is_made_from_its_results_files(tmp_path):
     assert sum(x.count("not run") for x in rows) == sum(
         f is None for *_, fs in standing.POLICY_RETRAIN for f in fs
     )
+
+
+def test_the_replay_seconds_follow_each_records_samples(tmp_path):
+    """``timing_replay_s`` on records of the committed early-stop build: a job stopped
+    after 5 repetitions counts 3 + 5 replays of each graph, a full one 3 + 30, one record
+    per job (a profile's second record of the same kernel is not a second job)."""
+    import gzip
+
+    from cudal2.hardware import floor_us
+    from cudal2.records import Measurement, TimingConfig
+    from cudal2.verify.timing import operand_sets, replay_calls
+
+    src = ROOT / "bench/results/h100-llama-build-host4.measurements.jsonl.gz"
+    lines = [json.loads(x) for x in gzip.open(src, "rt")]
+    kernels = [r for r in lines if r.get("status") == "ok" and r.get("design")]
+    stopped = next(r for r in kernels if len(r["samples_us"]) == 5)
+    full = next(r for r in kernels if len(r["samples_us"]) == 30)
+    db = tmp_path / "db.jsonl"
+    db.write_text("".join(json.dumps(r) + "\n" for r in (stopped, full, full)))
+    gpu = "NVIDIA H100 80GB HBM3"
+    jobs, total, _ = standing.timing_replay_s(db, gpu)
+    cfg = TimingConfig()
+
+    def want(r, reps):
+        m = Measurement.from_json(r)
+        nsets = operand_sets(m.target.min_bytes)
+        calls = replay_calls(nsets, cfg, max(floor_us(m.target, gpu), 2.0))
+        pair = m.median_us + m.baselines_us["torch"]
+        return ((3 + reps) * calls + min(nsets, 2)) * pair / 1e6
+
+    assert jobs == 2
+    assert total == pytest.approx(want(stopped, 5) + want(full, 30))
