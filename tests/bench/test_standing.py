@@ -318,7 +318,8 @@ def test_the_replay_seconds_follow_each_records_samples(tmp_path):
     from cudal2.verify.timing import operand_sets, replay_calls
 
     src = ROOT / "bench/results/h100-llama-build-host4.measurements.jsonl.gz"
-    lines = [json.loads(x) for x in gzip.open(src, "rt")]
+    with gzip.open(src, "rt") as f:
+        lines = [json.loads(x) for x in f]
     kernels = [r for r in lines if r.get("status") == "ok" and r.get("design")]
     stopped = next(r for r in kernels if len(r["samples_us"]) == 5)
     full = next(r for r in kernels if len(r["samples_us"]) == 30)
