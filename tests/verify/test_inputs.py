@@ -273,15 +273,19 @@ def cpu_capture(fn, nsets, calls, keep=(), own_bytes=0, stream=None):
     return Captured(fn, nsets, calls, keep, own_bytes)
 
 
-def one_call_each(fns, nsets, cfg, est_us=10.0, phases=None):
+def one_call_each(fns, nsets, cfg, est_us=10.0, phases=None, stop=None, stop_after=5):
     """``time_interleaved`` on the CPU: one call per operand set of each callable (a
-    kept graph's callable too)."""
+    kept graph's callable too); every sample 1 µs, ``stop`` asked as the real one asks
+    it."""
     from cudal2.verify.timing import Timing
 
     for fn in fns.values():
         for j in range(nsets):
             (fn.graph if isinstance(fn, Captured) else fn)(j)
-    return {name: Timing((1.0,) * cfg.reps) for name in fns}
+    reps = cfg.reps
+    if stop is not None and stop({name: (1.0,) * stop_after for name in fns}):
+        reps = stop_after
+    return {name: Timing((1.0,) * reps) for name in fns}
 
 
 def _job(t: Target):
