@@ -34,9 +34,10 @@ UNROLLS = (4, 8, 16)
 GRIDS = ((256, 8), (512, 4), (1024, 2), (512, 2))  # (threads per block, blocks per SM)
 
 
-def compile_cubin() -> bytes:
+def compile_cubin(source: Path = HERE / "read_ceiling.cu") -> bytes:
+    """``source`` (a .cu of this folder) compiled for sm_90a with nvcc; the cubin's bytes."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "read_ceiling.cubin"
+        out = Path(tmp) / f"{source.stem}.cubin"
         cmd = [
             "nvcc",
             "-cubin",
@@ -44,7 +45,7 @@ def compile_cubin() -> bytes:
             "-O3",
             "-o",
             str(out),
-            str(HERE / "read_ceiling.cu"),
+            str(source),
         ]
         subprocess.run(cmd, check=True)
         return out.read_bytes()
