@@ -51,22 +51,10 @@ def measure_sets(
 
 
 def main(out: Path) -> int:
-    from cudal2.database import MeasurementDB
-    from cudal2.generator.compile import ArtifactCache, build_all
-    from cudal2.manifest import default_manifest_path
-    from cudal2.verify.profile import job
+    # record_ncu's three recorded kernels (this folder is on sys.path when run as a script)
+    from record_ncu import recorded_jobs
 
-    ms = MeasurementDB(default_manifest_path().with_name("default.measurements.jsonl")).read()
-    # kernels only: a cuBLASLt record has no design to compile
-    ok = sorted(
-        (m for m in ms if m.status == "ok" and m.design is not None), key=lambda m: m.median_us
-    )
-    chosen = [ok[0], ok[len(ok) // 2], ok[-1]]
-    cache = ArtifactCache()
-    built = build_all([m.design for m in chosen], cache)
-    jobs = [
-        job(cache.cubin_path(built[m.design_key].artifact_key), m.design, m.target) for m in chosen
-    ]
+    _, jobs = recorded_jobs()
     result = measure_sets(jobs)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ncu-passes.json").write_text(json.dumps(result, indent=1) + "\n")
