@@ -6,15 +6,18 @@ inside a decoder layer are returned (they run once per layer, so they dominate t
 time), and on request the LM head (``lm_head``: once per forward, but its N is the
 vocabulary); the embedding is a lookup, not a GEMM.
 
-The config is read with ``transformers.AutoConfig`` from local files only (never
-the network), so the defaults transformers fills in (e.g. Gemma's ``head_dim``)
-are the ones the model really runs with.
+The config is read as JSON, with the defaults transformers' config classes fill in
+for a key the file leaves out (``CONFIG_DEFAULTS``, e.g. Gemma's ``head_dim``), so the
+shapes are the ones the model really runs with. transformers itself is not imported: it
+pulls in torch, and on a fresh GPU machine that took ~15 s before a build's first line.
+``tests/cudal2/test_models.py`` checks the table against the installed transformers.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from cudal2.packaging.runtime.families import FamilyError, fused_epilogues
@@ -25,8 +28,7 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "gemma", 
 # "unfused" expansion is the fused one.
 _PREFUSED_MODEL_TYPES: frozenset[str] = frozenset({"phi3"})
 
-# A model's config.json is a few kilobytes; one far larger is not a config (and is
-# read twice: here, then by transformers).
+# A model's config.json is a few kilobytes; one far larger is not a config.
 MAX_CONFIG_BYTES = 16 << 20
 
 
@@ -48,12 +50,87 @@ def resolve_config_path(config_path: str | Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
-def _raw_model_type(path: Path) -> str:
-    """The ``model_type`` read from the JSON itself, before transformers sees it.
+# The keys this module and the runtime's family table read, with the default each
+# supported model type's transformers config class gives when config.json leaves the key
+# out (transformers 5.x; None: derived below, or absent from that class). A test builds
+# each class from a config without the key and checks these values.
+CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "intermediate_size": 11008,
+        "num_key_value_heads": None,
+        "head_dim": None,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "mistral": {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "head_dim": None,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+    },
+    "qwen2": {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "vocab_size": 151936,
+        "hidden_act": "silu",
+    },
+    "gemma": {
+        "hidden_size": 3072,
+        "num_attention_heads": 16,
+        "intermediate_size": 24576,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "hidden_act": "gelu_pytorch_tanh",
+        "attention_bias": False,
+    },
+    "gemma2": {
+        "hidden_size": 2304,
+        "num_attention_heads": 8,
+        "intermediate_size": 9216,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "vocab_size": 256000,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": False,
+    },
+    "phi3": {
+        "hidden_size": 3072,
+        "num_attention_heads": 32,
+        "intermediate_size": 8192,
+        "num_key_value_heads": None,
+        "vocab_size": 32064,
+        "hidden_act": "silu",
+    },
+}
+# The model types whose config class derives a missing head_dim as hidden_size //
+# num_attention_heads (the others leave it missing, or default it: Gemma's 256).
+HEAD_DIM_DERIVED = frozenset({"llama", "mistral"})
+# Legacy values a config class replaces on load: Gemma's released configs say
+# hidden_act "gelu", meant (and run by transformers) as the tanh approximation.
+CONFIG_LEGACY: dict[str, dict[str, dict[str, str]]] = {
+    "gemma": {"hidden_act": {"gelu": "gelu_pytorch_tanh"}},
+}
+# The keys of CONFIG_DEFAULTS, in one list: what ``_load_config`` answers for.
+CONFIG_KEYS: tuple[str, ...] = tuple(sorted({k for d in CONFIG_DEFAULTS.values() for k in d}))
 
-    Checking first means an architecture transformers does not know either still
-    gets our message (naming the supported list) instead of transformers' own.
-    """
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _read_raw(path: Path) -> dict[str, Any]:
+    """The config's JSON object (``ModelConfigError`` for a missing, oversized or
+    unreadable file, or JSON that is not an object)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError as e:
@@ -74,6 +151,14 @@ def _raw_model_type(path: Path) -> str:
         raise ModelConfigError(f"cannot read model config {path}: {e}") from e
     if not isinstance(raw, dict):
         raise ModelConfigError(f"model config {path} is not a JSON object")
+    return raw
+
+
+def _raw_model_type(path: Path, raw: dict[str, Any] | None = None) -> str:
+    """The ``model_type`` of the config (``raw``: its JSON, when read already), checked
+    against ``SUPPORTED_MODEL_TYPES`` (``UnsupportedModelError`` naming it, the
+    architectures and the supported list)."""
+    raw = _read_raw(path) if raw is None else raw
     model_type = raw.get("model_type")
     archs = raw.get("architectures") or []
     arch_text = ", ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs)
@@ -87,28 +172,24 @@ def _raw_model_type(path: Path) -> str:
     return model_type
 
 
-def _load_config(path: Path) -> Any:
-    # Imported here: transformers is slow to import and only [[model]] entries need it.
-    try:
-        from transformers import AutoConfig
-    except ImportError as e:
-        # A broken install should read as "cannot read this [[model]]", not a traceback.
-        raise ModelConfigError(f"cannot import transformers to read {path}: {e}") from e
-
-    from transformers.utils import logging as hf_logging
-
-    # transformers logs its own doubts about a config (a token id outside a vocabulary
-    # of 0) to stderr; what matters is checked here and reported as the manifest's one
-    # error line, which those lines would break.
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        return AutoConfig.from_pretrained(str(path.parent), local_files_only=True)
-    except Exception as e:  # transformers raises many kinds; all mean "unreadable config"
-        msg = " ".join(str(e).split())
-        raise ModelConfigError(f"transformers cannot load {path}: {msg}") from e
-    finally:
-        hf_logging.set_verbosity(verbosity)
+def _load_config(path: Path) -> SimpleNamespace:
+    """The config as attributes: every key of the file, and for a key of
+    ``CONFIG_DEFAULTS`` the file leaves out, its model type's default; a missing
+    ``num_key_value_heads`` is ``num_attention_heads`` (as the config classes derive
+    it). Values are checked where they are read."""
+    raw = _read_raw(path)
+    model_type = _raw_model_type(path, raw)
+    values = {**CONFIG_DEFAULTS[model_type], **raw}
+    if values.get("num_key_value_heads") is None:  # Llama's and Phi-3's default, or null
+        values["num_key_value_heads"] = values.get("num_attention_heads")
+    if model_type in HEAD_DIM_DERIVED and values.get("head_dim") is None:
+        hidden, heads = values.get("hidden_size"), values.get("num_attention_heads")
+        if _is_int(hidden) and _is_int(heads) and heads > 0:
+            values["head_dim"] = hidden // heads
+    for key, legacy in CONFIG_LEGACY.get(model_type, {}).items():
+        if isinstance(values.get(key), str) and values[key] in legacy:
+            values[key] = legacy[values[key]]
+    return SimpleNamespace(**{k: v for k, v in values.items() if isinstance(k, str)})
 
 
 def _positive_int(config: Any, attr: str, path: Path) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cudal2 import models
 from cudal2.models import (
     SUPPORTED_MODEL_TYPES,
     ModelConfigError,
@@ -210,3 +211,55 @@ def test_lm_head_pads_an_odd_vocabulary_only_where_vllm_does(tmp_path: Path) -> 
     assert projection_shapes(tmp_path, 1, False, lm_head=True)[-1] == ("lm_head", 32001, 2048)
     with pytest.raises(TensorParallelError, match="tp=2 does not divide vocab_size=32001"):
         projection_shapes(tmp_path, 2, False, lm_head=True)
+
+
+# The config reader's defaults (cudal2.models.CONFIG_DEFAULTS) against the installed
+# transformers' config classes: every key the build reads, for a config that leaves
+# every key out, for every config file the tests and manifests hold and each of them
+# without each key, and for Llama's num_key_value_heads set to null.
+def _config_files() -> list[Path]:
+    files = sorted(CONFIGS.glob("*/config.json")) + sorted(
+        (REPO / "manifests" / "configs").glob("*/config.json")
+    )
+    return [f for f in files if json.loads(f.read_text())["model_type"] in SUPPORTED_MODEL_TYPES]
+
+
+def _variants() -> list[tuple[str, dict]]:
+    rows = [(f"{mt}: no keys", {"model_type": mt}) for mt in SUPPORTED_MODEL_TYPES]
+    llama = json.loads(LLAMA_8B.read_text())
+    rows.append(("llama-3.1-8b: num_key_value_heads null", {**llama, "num_key_value_heads": None}))
+    for f in _config_files():
+        raw = json.loads(f.read_text())
+        rows.append((f.parent.name, raw))
+        rows += [
+            (f"{f.parent.name} without {key}", {k: v for k, v in raw.items() if k != key})
+            for key in models.CONFIG_KEYS
+            if key in raw
+        ]
+    return rows
+
+
+@pytest.mark.parametrize(("label", "raw"), _variants(), ids=[r[0] for r in _variants()])
+def test_config_reader_agrees_with_transformers(tmp_path: Path, label: str, raw: dict) -> None:
+    transformers = pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    theirs = transformers.AutoConfig.from_pretrained(str(tmp_path), local_files_only=True)
+    ours = models._load_config(tmp_path / "config.json")
+    for key in models.CONFIG_KEYS:
+        assert getattr(ours, key, None) == getattr(theirs, key, None), (label, key)
+
+
+def test_building_targets_imports_no_transformers() -> None:
+    """The manifest's model expansion reads JSON only: transformers (and torch with it)
+    is not imported by it (a fresh GPU machine spent ~15 s there before the build)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from cudal2.models import projection_shapes, patch_epilogues; "
+        f"projection_shapes({str(LLAMA_8B)!r}, 1, True, lm_head=True); "
+        f"patch_epilogues({str(LLAMA_8B)!r}, True); "
+        "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
