@@ -133,7 +133,8 @@ class PolicyProposer:
             from cudal2.policy.corpus import load
             from cudal2.policy.train import Context
 
-            model, mcfg, _ = pm.load(self.checkpoint)
+            # plain torch: importing transformers' GPT-2 cost a fresh GPU machine ~15 s
+            model, mcfg, _ = pm.load(self.checkpoint, lite=True)
             if self.adapter is not None:
                 merge_lora(model, self.adapter, self.checkpoint)
             # Every measured target of the corpus may serve as a neighbour in a build.

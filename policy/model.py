@@ -106,7 +106,10 @@ def save(model: Any, cfg: ModelConfig, path: str | Path, info: dict[str, Any]) -
             raise
 
 
-def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
+def load(path: str | Path, lite: bool = False) -> tuple[Any, ModelConfig, dict[str, Any]]:
+    """The checkpoint's network, config and training info. ``lite``: the same network as
+    ``cudal2.policy.gpt2.GPT2`` (plain torch, no transformers import: what a build
+    proposes with), else transformers' ``GPT2LMHeadModel`` (training, adapters)."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -122,7 +125,6 @@ def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
             f"{vocab_hash()}: the checkpoint was trained with another token set; retrain it"
         )
     cfg = ModelConfig(**meta["model"])
-    model = build_model(cfg)
     state = load_file(str(weights))
     wte = "transformer.wte.weight"
     if known < len(VOCAB):
@@ -137,12 +139,30 @@ def load(path: str | Path) -> tuple[Any, ModelConfig, dict[str, Any]]:
         pad = torch.zeros(len(VOCAB) - known, state[wte].shape[1], dtype=state[wte].dtype)
         state = {**state, wte: torch.cat([state[wte], pad])}
         meta["info"] = {**meta["info"], "vocab_extended_from": known}
+    if lite:
+        from cudal2.policy import gpt2
+
+        try:
+            return (
+                gpt2.from_state(state, cfg.n_positions, cfg.n_layer, cfg.n_head),
+                cfg,
+                meta["info"],
+            )
+        except (KeyError, RuntimeError) as e:
+            raise ValueError(f"{weights}: {e}") from e
+    model = build_model(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise ValueError(f"{weights}: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
     model.eval()
     return model, cfg, meta["info"]
+
+
+def _lite_types() -> tuple[type, ...]:
+    from cudal2.policy.gpt2 import GPT2
+
+    return (GPT2,)
 
 
 def _step_masks(grammar: Grammar) -> Any:
@@ -164,11 +184,18 @@ def _prefix_cache(model: Any, prompt: Sequence[int], batch: int) -> tuple[Any, A
     """The prompt run once: (its last position's logits, its key/value cache repeated
     for ``batch`` continuations). Differentiable."""
     import torch
-    from transformers import DynamicCache
 
+    if isinstance(model, _lite_types()):
+        from cudal2.policy.gpt2 import new_cache
+
+        cache = new_cache()
+    else:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
     out = model(
         input_ids=torch.tensor([list(prompt)], dtype=torch.long),
-        past_key_values=DynamicCache(),
+        past_key_values=cache,
         use_cache=True,
     )
     cache = out.past_key_values

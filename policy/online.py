@@ -23,6 +23,7 @@ from, the same objective as offline training (``train.grpo_update``).
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,16 +74,40 @@ class OnlineLearner:
     """The policy's weights, updated after each round; ``model`` is changed in place."""
 
     def __init__(self, model: Any, cfg: OnlineConfig = OnlineConfig()):
-        import torch
 
         self.model = model
         self.cfg = cfg
         self.ref = copy.deepcopy(model)
         for p in self.ref.parameters():
             p.requires_grad_(False)
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        # torch.optim imports torch._dynamo on first use (3-6 s): the optimizer is made
+        # in a thread of its own while the first round is proposed and measured, and the
+        # first update waits for it (``opt``).
+        self._opt: Any = None
+        self._opt_error: BaseException | None = None
+        self._opt_thread = threading.Thread(target=self._make_opt, name="policy-optimizer")
+        self._opt_thread.daemon = True
+        self._opt_thread.start()
         self.pending: dict[Hashable, tuple[Callable[[Any], Any], list[KernelDesign], Any, Any]] = {}
         self.updates = 0
+
+    def _make_opt(self) -> None:
+        import torch
+
+        try:
+            self._opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=0.0)
+        except BaseException as e:  # raised again where the optimizer is asked for
+            self._opt_error = e
+
+    @property
+    def opt(self) -> Any:
+        """The AdamW optimizer of ``model`` (waits for its thread)."""
+        self._opt_thread.join()
+        if self._opt_error is not None:
+            raise RuntimeError(
+                f"the policy's optimizer could not be made: {self._opt_error}"
+            ) from (self._opt_error)
+        return self._opt
 
     def expect(
         self, key: Hashable, logp: Callable[[Any], Any], designs: Sequence[KernelDesign]

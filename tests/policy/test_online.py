@@ -117,3 +117,11 @@ def test_replay_with_and_without_online_updates(small_corpus, tiny_model_config,
         assert 0 < res["k"][str(k)]["policy"] <= 1
     # replay updates a copy: the caller's model is untouched
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters(), strict=True))
+
+
+def test_an_optimizer_that_cannot_be_made_fails_the_update_naming_why(tiny_model_config):
+    """The optimizer is made in a thread beside the first round; its error surfaces
+    where the first update asks for it, not as a silent thread's traceback."""
+    learner = OnlineLearner(pm.build_model(tiny_model_config).eval(), OnlineConfig(lr=-1.0))
+    with pytest.raises(RuntimeError, match="optimizer could not be made: Invalid learning rate"):
+        learner.opt  # noqa: B018
