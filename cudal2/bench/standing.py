@@ -1143,9 +1143,9 @@ def tma_v5_sweep(root: Path) -> str:
 
 
 BUILD_STAGES = "bench/results/h100-build-stages.json"  # ci/gpu_build_stages.sh on the H100
-STAGE_ROWS = ("runner start", "wait for runner", "propose", "compile", "wait for cubins",
-              "measure", "record", "profile", "policy update", "autotune", "memcheck",
-              "package")  # fmt: skip
+STAGE_ROWS = ("runner start", "wait for runner", "proposer load", "propose", "compile",
+              "wait for cubins", "measure", "record", "profile", "policy update", "autotune",
+              "memcheck", "package")  # fmt: skip
 # Rows only runs recorded since have (``pipeline.stages``): shown where one of them does.
 NEWER_ROWS = ("record",)
 
