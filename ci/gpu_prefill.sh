@@ -8,6 +8,13 @@
 #   TESTS='<pytest -k expression>' SWEEP=bench/manifests/sweep-tma-v5-h100.toml \
 #     bash ci/gpu_prefill.sh                                   (carry .whl: nvmath-python)
 #
+# sm90tma v5 tile N (docs/kernels.md "sm90tma v5 tile N"): TESTS='tile_n' selects its GPU
+# tests in both default files (the kernels on every residue, the strided bulk store, the
+# fused epilogues, memcheck: 46), TEST_TIMEOUT=300 leaves them room:
+#
+#   TESTS='tile_n' TEST_TIMEOUT=300 SWEEP=bench/manifests/sweep-tma-v5-n-h100.toml BENCH=0 \
+#     bash ci/gpu_prefill.sh
+#
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):

@@ -1,10 +1,15 @@
-"""Compile every sm90tma persistent multicast pair design of the fp16 and bf16 spaces
-(issue 22, docs/kernels.md "sm90tma v5 pair") on the CPU and check its SASS: HGMMA,
-the multicast TMA load (UTMALDG...MULTICAST), no local memory (LDL/STL), no spills, the
-bulk copies (UBLKCP) exactly in the bulk-store designs. One JSON line per design, then
-a summary line; exit 1 if any design fails.
+"""Compile a selection of issue 22's sm90tma persistent designs of the fp16 and bf16
+spaces on the CPU and check their SASS; one JSON line per design, then a summary line;
+exit 1 if any design fails.
 
-    python ci/pair_sass.py CACHE_DIR
+- ``pair`` (the default; docs/kernels.md "sm90tma v5 pair"): every persistent multicast
+  pair: HGMMA, the multicast TMA load (UTMALDG...MULTICAST), no local memory (LDL/STL),
+  no spills, the bulk copies (UBLKCP) exactly in the bulk-store designs.
+- ``tile_n`` (docs/kernels.md "sm90tma v5 tile N"): every persistent design of a tile N
+  in ``sm90_tma.TILE_N``: HGMMA of that N (``HGMMA.64x<n>x16``), no local memory, no
+  spills, the bulk copies.
+
+    python ci/pair_sass.py CACHE_DIR [pair|tile_n]
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -19,40 +25,63 @@ from tqdm import tqdm
 from cudal2.generator import design_name, sass
 from cudal2.generator.compile import ArtifactCache, build, checked_cubin
 from cudal2.generator.families import sm90_tma
+from cudal2.records import KernelDesign
 
 
-def main(cache_dir: str) -> int:
+def _pair_facts(d: KernelDesign, listing: str) -> dict[str, bool]:
+    return {
+        "hgmma": "HGMMA" in listing,
+        "multicast": "UTMALDG.2D.MULTICAST" in listing,
+        "ublkcp": ("UBLKCP" in listing) == bool(sm90_tma.v5(d, "store")),
+    }
+
+
+def _tile_n_facts(d: KernelDesign, listing: str) -> dict[str, bool]:
+    return {
+        "hgmma": f"HGMMA.64x{d.knobs.wgmma_n}x16." in listing,
+        "ublkcp": ("UBLKCP" in listing) == bool(sm90_tma.v5(d, "store")),
+    }
+
+
+# selection -> (which persistent designs, the SASS facts each must show, all true)
+SELECTIONS: dict[str, tuple[Callable[[KernelDesign], bool], Callable[..., dict[str, bool]]]] = {
+    "pair": (lambda d: d.knobs.cluster_m == 2, _pair_facts),
+    "tile_n": (lambda d: d.knobs.wgmma_n in sm90_tma.TILE_N, _tile_n_facts),
+}
+
+
+def main(cache_dir: str, selection: str = "pair") -> int:
+    if selection not in SELECTIONS:
+        print(f"selection {selection!r}: one of {sorted(SELECTIONS)}", file=sys.stderr)
+        return 2
+    chosen, facts = SELECTIONS[selection]
     cache = ArtifactCache(Path(cache_dir))
     designs = [
         d
         for dtype in ("fp16", "bf16")
         for d in sm90_tma.space("sm_90a", dtype, "tn")
-        if d.knobs.persistent == 1 and d.knobs.cluster_m == 2
+        if d.knobs.persistent == 1 and chosen(d)
     ]
     start, bad, regs = time.monotonic(), 0, set()
     for d in tqdm(designs, disable=not sys.stderr.isatty(), file=sys.stderr):
         r = build(d, cache)
         row = {"name": design_name(d), "ok": r.ok, "spill": r.spill_bytes}
+        good = r.ok and not r.spill_bytes
         if r.ok:
             listing = sass.sass(checked_cubin(d, cache), r.symbol)
-            row.update(
-                regs=r.registers,
-                hgmma="HGMMA" in listing,
-                multicast="UTMALDG.2D.MULTICAST" in listing,
-                local="LDL" in listing or "STL" in listing,
-                ublkcp=("UBLKCP" in listing) == bool(sm90_tma.v5(d, "store")),
-            )
+            shown = facts(d, listing)
+            local = "LDL" in listing or "STL" in listing
+            row.update(regs=r.registers, **shown, local=local)
             regs.add(r.registers)
-        good = r.ok and not r.spill_bytes and row.get("hgmma") and row.get("multicast")
-        good = good and not row.get("local") and row.get("ublkcp")
+            good = good and all(shown.values()) and not local
         bad += not good
         print(json.dumps(row), flush=True)
     print(
-        f"{len(designs)} pair designs, {bad} failing, registers {sorted(regs)}, "
+        f"{len(designs)} {selection} designs, {bad} failing, registers {sorted(regs)}, "
         f"{time.monotonic() - start:.0f} s"
     )
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

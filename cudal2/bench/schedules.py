@@ -8,7 +8,9 @@ knobs at their defaults) and of v5 (any of ``raster``, ``ctas``, ``store`` set),
 multicast pair inside it (``persistent`` = 1, ``cluster_m`` = 2), or ping-pong
 (``persistent`` = 2). A technique's gain is, per target, the best persistent
 cooperative kernel with the knob set over the best with it at its default (each as a
-speedup over its own job's torch), geomean over the targets that have both.
+speedup over its own job's torch), geomean over the targets that have both; for v5's
+tile N (``wgmma_n``), "set" is a tile N that is not a power of two (128 x 80, 160, 192,
+224: the persistent cooperative kernel's tile N of issue 22) and "default" one that is.
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ def best_by_schedule(rows: Sequence[Timed]) -> dict[str, Timed]:
     return best
 
 
+def technique_on(knobs: dict[str, int], knob: str) -> bool:
+    """Whether a design (JSON knobs) uses a technique: ``wgmma_n`` not a power of two
+    (v5's tile N), any other knob away from its default (``DEFAULTS``, else 0)."""
+    if knob == "wgmma_n":
+        n = knobs.get("wgmma_n", 0)
+        return n > 0 and n & (n - 1) != 0
+    off = DEFAULTS.get(knob, 0)
+    return knobs.get(knob, off) != off
+
+
 def technique_gain(
     by_target: dict[tuple[str, int, int, int], list[Timed]], knob: str
 ) -> tuple[float | None, int]:
@@ -90,9 +102,8 @@ def technique_gain(
     logs = []
     for rows in by_target.values():
         coop = [r for r in rows if r.knobs.get("persistent", 0) == 1]
-        off_value = DEFAULTS.get(knob, 0)
-        on = [r.speedup for r in coop if r.knobs.get(knob, off_value) != off_value]
-        off = [r.speedup for r in coop if r.knobs.get(knob, off_value) == off_value]
+        on = [r.speedup for r in coop if technique_on(r.knobs, knob)]
+        off = [r.speedup for r in coop if not technique_on(r.knobs, knob)]
         if on and off:
             logs.append(math.log(max(on) / max(off)))
     if not logs:

@@ -37,7 +37,9 @@ than the M-fastest walk over every M tile; ``ctas`` = c > 0 launches at most c C
 (the recipe's ``max_ctas``; fast.cu: 128 beat 132); ``store`` = 1 stores each tile
 through a C buffer in shared memory with asynchronous bulk copies
 (``cp.async.bulk.global.shared::cta``, one per output row), so the consumers go on to
-the next tile's main loop while the copies drain.
+the next tile's main loop while the copies drain. v5 tile N: the persistent cooperative
+bulk-store designs also take 128 x n tiles, n in ``TILE_N`` (80, 160, 192, 224: not
+powers of two), whose tile counts fill whole waves where 128x256 tiles leave SMs idle.
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -92,6 +94,17 @@ RASTER = (0, 8, 16)
 # ``ctas``: 0 one CTA per SM slot; c: at most c CTAs (fast.cu: 128 of the H100's 132 SMs).
 CTAS = (0, 128)
 STORE = (0, 1)  # 0: 4-byte stores from the accumulators; 1: C buffer + bulk copies
+# v5 tile N (issue 22): the persistent cooperative kernel's tile N (``wgmma_n``, 128 x n
+# tiles) that is not a power of two, so that the tile count fills whole waves of 128 or
+# 132 CTAs where v5's 128x256 tiles leave SMs idle. The rule: for each llm-public
+# M >= 1024 shape (bench/shapes/llm-public-prefill.toml) whose 128x256 tiles fill less
+# than 0.9 of their last wave (on the better of 128 and 132 CTAs), the largest multiple
+# of 16 (<= 256) dividing N whose 128 x n tiles fill >= 0.9 of it: 1024x1280 -> 80 (128
+# tiles: one wave of 128), 4096x1280 -> 160 (256: two), 1024x6144 -> 192 (256: two),
+# 1024x7168 -> 224 (256: two). Multiples of 16 keep the C buffer's rows conflict-free.
+# tests/generator/test_sm90_tma_v5_tile_n.py derives the set from the shapes again.
+TILE_N = (80, 160, 192, 224)
+TILE_N_DEPTHS = 2  # the two deepest rings that fit beside the C buffer, per tile N
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
 # aligned, as cp.async.bulk asks of its shared-memory source.
@@ -331,7 +344,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     ping-pong ones (tiles of at least 64 x 128); then the multicast clusters; then v5's
     persistent cooperative designs (tiles of at least 128 x 128, compute orientation):
     each raster x ctas with the accumulator store, then with the bulk store; then the
-    persistent multicast pairs (issue 22, ``_pair_designs``)."""
+    persistent multicast pairs (issue 22, ``_pair_designs``); then v5's tile N (128 x n
+    tiles, n not a power of two, ``_tile_n_designs``)."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -365,6 +379,32 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
             if min(tile_mn(d)) >= 128 and not check(d, sys.modules[__name__]):
                 out.append(d)
     out += _pair_designs(dtype)
+    out += _tile_n_designs(dtype)
+    return out
+
+
+def tile_n_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
+    """The ring depths of a 128 x ``n`` bulk-store design in the space: the
+    ``TILE_N_DEPTHS`` deepest that fit shared memory beside the C buffer (80: 7, 6; 160:
+    5, 4; 192: 4, 3; 224: 3, 2)."""
+    fits = [
+        st
+        for st in range(2, 17)
+        if not check(design(dtype, 2, 1, False, n, st, 1, pers=1, store=1), sys.modules[__name__])
+    ]
+    return tuple(sorted(fits)[-TILE_N_DEPTHS:])
+
+
+def _tile_n_designs(dtype: str) -> list[KernelDesign]:
+    """v5 tile N (issue 22): the persistent cooperative 128 x n designs with the bulk
+    store for each n of ``TILE_N``, at its two deepest rings, each raster x ctas (as v5's
+    bulk-store designs): 4 x 2 x 6 = 48 per dtype."""
+    out = []
+    for n in TILE_N:
+        for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
+            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=1)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
     return out
 
 

@@ -15,6 +15,7 @@ from cudal2.bench.schedules import (
     best_by_schedule,
     schedule,
     technique_gain,
+    technique_on,
     timed,
 )
 from cudal2.database import MeasurementDB, latest
@@ -34,6 +35,7 @@ KNOBS = [
     ({"persistent": 1, "cluster_m": 2, "store": 1}, "persistent pair"),
     ({"persistent": 1, "raster": 0, "ctas": 0, "store": 0}, "persistent"),
     ({"persistent": 2}, "ping-pong"),
+    ({"persistent": 1, "store": 1, "wgmma_n": 80}, "persistent v5"),  # v5 tile N
 ]
 
 
@@ -62,6 +64,43 @@ def test_a_technique_gain_is_the_geomean_of_best_on_over_best_off():
     assert technique_gain(by_target, "raster") == (None, 0)
 
 
+# (knobs, technique knob, whether the design uses it): v5's tile N is a wgmma_n that is
+# not a power of two; every other technique a knob away from its default.
+TECHNIQUE_ON = [
+    ({"wgmma_n": 80}, "wgmma_n", True),
+    ({"wgmma_n": 224}, "wgmma_n", True),
+    ({"wgmma_n": 160, "persistent": 1}, "wgmma_n", True),
+    ({"wgmma_n": 128}, "wgmma_n", False),
+    ({"wgmma_n": 256}, "wgmma_n", False),
+    ({"wgmma_n": 64}, "wgmma_n", False),
+    ({}, "wgmma_n", False),
+    ({"store": 1}, "store", True),
+    ({}, "store", False),
+    ({"cluster_m": 1}, "cluster_m", False),
+    ({"cluster_m": 2}, "cluster_m", True),
+]
+
+
+@pytest.mark.parametrize(("knobs", "knob", "on"), TECHNIQUE_ON)
+def test_technique_on(knobs, knob, on):
+    assert technique_on(knobs, knob) is on
+
+
+def test_the_tile_n_gain_is_best_non_power_of_two_over_best_power_of_two():
+    by_target = {
+        ("fp16", 1, 1, 1): [
+            _t(0.73, wgmma_n=128, store=1),
+            _t(0.70, wgmma_n=256, store=1),
+            _t(0.90, wgmma_n=80, store=1),
+            _t(0.60, wgmma_n=160, store=1),
+        ],
+        ("fp16", 2, 2, 2): [_t(0.9, wgmma_n=256, store=1), _t(0.85, wgmma_n=224, store=1)],
+        ("fp16", 3, 3, 3): [_t(0.9, wgmma_n=256, store=1)],  # no tile N kernel: left out
+    }
+    gain, n = technique_gain(by_target, "wgmma_n")
+    assert n == 2 and gain == pytest.approx(math.sqrt(0.90 / 0.73 * 0.85 / 0.9))
+
+
 def _committed(path: str = standing.TMA_V5_SWEEP):
     return timed(latest(MeasurementDB(ROOT / path).read()))
 
@@ -86,6 +125,40 @@ def test_the_recorded_gains_of_the_v5_techniques(path):
     for knob in ("raster", "ctas"):
         gain, n = technique_gain(by_target, knob)
         assert n == 17 and 0.98 < gain < 1.02
+
+
+@pytest.mark.parametrize("path", [standing.TMA_V5_SWEEP, standing.TMA_V5_SWEEP_BF16])
+def test_the_v5_sweeps_hold_no_tile_n_kernel(path):
+    """v5's sweeps measured 128x128 and 128x256 tiles only: no tile N gain in them."""
+    by_target = _committed(path)
+    assert not any(technique_on(r.knobs, "wgmma_n") for rows in by_target.values() for r in rows)
+    assert technique_gain(by_target, "wgmma_n") == (None, 0)
+
+
+def test_the_tile_n_sweeps_join_the_table_once_committed(tmp_path):
+    """Absent, the tile N sweeps change nothing (the table as before them); present,
+    their files are read and named. Here the pair sweep's real records stand in for the
+    fp16 one's file (no tile N kernel in them, so no tile N row)."""
+    for p in (standing.TMA_V5_SWEEP, standing.TMA_V5_SWEEP_BF16, standing.TMA_V5_PAIR):
+        (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / p).symlink_to(ROOT / p)
+    before = standing.tma_v5_sweep(tmp_path)
+    assert "tile N" not in before
+    if not (ROOT / standing.TMA_V5_TILE_N).exists():  # the tree before the sweep's commit
+        assert before == standing.tma_v5_sweep(ROOT)
+    (tmp_path / standing.TMA_V5_TILE_N).symlink_to(ROOT / standing.TMA_V5_PAIR)
+    table = standing.tma_v5_sweep(tmp_path)
+    assert f"`{standing.TMA_V5_TILE_N}`" in table and "the tile N sweeps' own controls" in table
+    assert "| tile N not a power of two |" not in table
+    assert table.count("\n| fp16 | ") == table.count("\n| bf16 | ") == 17
+
+
+def test_a_committed_tile_n_sweep_gives_the_technique_row():
+    """Once the H100 tile N sweep is committed, its technique row is in the table."""
+    if not (ROOT / standing.TMA_V5_TILE_N).exists():
+        pytest.skip("the tile N sweep is not committed yet (docs/kernels.md, sm90tma v5 tile N)")
+    table = standing.tma_v5_sweep(ROOT)
+    assert "| tile N not a power of two | `wgmma_n` | `h100-sweep-tma-v5-n` | fp16 |" in table
 
 
 def test_the_sweep_table_is_made_from_the_database():

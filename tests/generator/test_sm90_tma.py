@@ -122,7 +122,7 @@ def test_space_covers_both_orientations():
     assert {sm90_tma.tile_mn(d)[0] for d in swapped} == set(sm90_tma.SWAP_N)
     assert {sm90_tma.tile_mn(d)[1] for d in space if not sm90_tma.swapped(d)} == set(
         sm90_tma.WGMMA_N
-    ) | set(sm90_tma.PINGPONG_N)
+    ) | set(sm90_tma.PINGPONG_N) | set(sm90_tma.TILE_N)
     assert {d.knobs.split_k for d in space} == set(sm90_tma.SPLIT_K)
     assert sm90_tma.space("sm_90a", "fp16", "nn") == []
     assert sm90_tma.space("sm_80", "fp16", "tn") == []
@@ -159,8 +159,11 @@ def test_persistent_designs():
     assert any("persistent=3 is not one of (0, 1, 2)" in x for x in legality(_d(persistent=3)))
     space = sm90_tma.space("sm_90a", "fp16", "tn")
     persistent = [x for x in space if x.knobs.persistent == 1]
+    # tiles of at least 128 x 128, or v5's tile N (issue 22): 128 x n, n in TILE_N
+    tile_n = {(128, n) for n in sm90_tma.TILE_N}
     assert persistent and all(
-        x.knobs.split_k == 1 and min(sm90_tma.tile_mn(x)) >= 128 for x in persistent
+        x.knobs.split_k == 1 and (min(sm90_tma.tile_mn(x)) >= 128 or sm90_tma.tile_mn(x) in tile_n)
+        for x in persistent
     )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from cudal2.generator.families import sm90_tma
 from cudal2.manifest import load_manifest
 from cudal2.policy import make_proposer
@@ -49,10 +51,12 @@ def test_the_v5_sweep_measures_every_v5_design_and_the_controls():
     proposed = [d for d in proposed if (d.knobs.persistent, d.knobs.cluster_m) != (1, 2)]
     assert len(proposed) == 80 < m.search.candidates
     v5 = [d for d in proposed if set(d.knobs.names()) & {"raster", "ctas", "store"}]
-    every_v5 = [
+    every_v5 = [  # v5's designs of this sweep's time (no pair, no tile N: later slices)
         d
         for d in sm90_tma.space("sm_90a", "fp16", "tn")
-        if set(d.knobs.names()) & {"raster", "ctas", "store"} and d.knobs.cluster_m == 1
+        if set(d.knobs.names()) & {"raster", "ctas", "store"}
+        and d.knobs.cluster_m == 1
+        and d.knobs.wgmma_n not in sm90_tma.TILE_N
     ]
     assert sorted(d.key for d in v5) == sorted(d.key for d in every_v5)
     controls = [d for d in proposed if d not in v5]
@@ -83,3 +87,43 @@ def test_the_pair_sweep_measures_the_128x256_pairs_and_their_controls():
     assert unpaired == {json.dumps(d.knobs.as_json(), sort_keys=True) for d in pairs}
     best_v5 = [d for d in controls if sm90_tma.v5(d, "store") and d.knobs.stages == 3]
     assert len(best_v5) == 6  # 128x256, 3 stages, the bulk store, raster x ctas
+
+
+TILE_N_SWEEPS = [
+    (SWEEP.with_name("sweep-tma-v5-n-h100.toml"), "fp16"),
+    (SWEEP.with_name("sweep-tma-v5-n-bf16-h100.toml"), "bf16"),
+]
+
+
+@pytest.mark.parametrize("path, dtype", TILE_N_SWEEPS, ids=lambda x: getattr(x, "name", x))
+def test_the_tile_n_sweep_measures_the_tile_n_designs_and_their_controls(path, dtype):
+    """sweep-tma-v5-n-h100 and its bf16 twin: the tile N designs of 3 to 7 stages (42)
+    and v5's bulk-store 128x128 and 128x256 designs as controls (24), on the four shapes
+    the tile N is for and the M = 4096 twins of N 6144 and 7168."""
+    m = load_manifest(path)
+    assert {t.dtype for t in m.targets} == {dtype}
+    assert {(t.m, t.n, t.k) for t in m.targets} == {
+        (1024, 1280, 8192), (4096, 1280, 8192), (1024, 6144, 4096), (4096, 6144, 4096),
+        (1024, 7168, 8192), (4096, 7168, 8192),
+    }  # fmt: skip
+    p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs)
+    for t in m.targets:
+        proposed = p.propose(t, [], m.search.candidates)
+        assert len(proposed) == 66 < m.search.candidates  # the whole filtered space
+        assert all(d.knobs.persistent == 1 and sm90_tma.v5(d, "store") for d in proposed)
+        assert all(d.knobs.cluster_m == 1 and d.dtype == dtype for d in proposed)
+        tile_n = [d for d in proposed if d.knobs.wgmma_n in sm90_tma.TILE_N]
+        every = [
+            d
+            for d in sm90_tma.space("sm_90a", dtype, "tn")
+            if d.knobs.wgmma_n in sm90_tma.TILE_N and d.knobs.persistent == 1
+        ]
+        assert sorted(d.key for d in tile_n) == sorted(d.key for d in every if d.knobs.stages >= 3)
+        controls = [d for d in proposed if d not in tile_n]
+        assert len(tile_n) == 42 and len(controls) == 24
+        assert {(sm90_tma.tile_mn(d), d.knobs.stages) for d in controls} == {
+            ((128, 256), 3),
+            ((128, 128), 3),
+            ((128, 128), 4),
+            ((128, 128), 5),
+        }

@@ -49,6 +49,11 @@ DESIGNS = {
     # second CTA is past M and must add and store nothing), with and without the bulk store
     "tma_v5_pair": _PAIR,
     "tma_v5_pair_bulk": dict(_PAIR, stages=3, raster=8, ctas=128, store=1),
+    # v5 tile N (issue 22): 128 x n tiles, n not a power of two, with the bulk store
+    "tile_n_bulk": dict(
+        wgs=2, mp=1, swap=False, n=160, stages=5, split=1, pers=1, raster=8, ctas=128, store=1
+    ),
+    "tile_n_80": dict(wgs=2, mp=1, swap=False, n=80, stages=7, split=1, pers=1, store=1),
 }
 
 
@@ -98,7 +103,8 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
 
 
 @pytest.mark.parametrize(
-    "shape", ["split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk"]
+    "shape",
+    ["split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk", "tile_n_bulk"],
 )
 def test_residual_in_place(tmp_path, shape):
     """C = A B^T + C: the output is the residual (each element read, then written)."""
@@ -190,7 +196,7 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
     ("shape", "epilogue"),
     [("split4", "residual"), ("tile", "bias_residual"), ("split4_bm64", "rmsnorm_silu"),
      ("swap_split8", "rmsnorm_bias"), ("pair_bm64", "gelu_tanh"),
-     ("persistent_bulk", "bias_residual")],
+     ("persistent_bulk", "bias_residual"), ("tile_n_bulk", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

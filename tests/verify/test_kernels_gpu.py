@@ -160,6 +160,22 @@ TMA_V5_PAIR_DESIGNS = [
     (2, 128, 4, 0, 128, 0),
 ]
 
+# sm90tma v5 tile N (issue 22): 128 x n tiles, n not a power of two (sm90_tma.TILE_N),
+# with the bulk store (the knobs of TMA_V5_DESIGNS): each n at its deepest ring and 224
+# at its shallowest too, each walk and cap. V5_SHAPES puts partial last N tiles under
+# every n (N = 2056, 1001, 264, 129, 40, 8: the TMA zero fill, the bulk store's plain
+# columns past the last 16-byte chunk); 1024x1280x1096 and 1024x7168x1096 are the tile
+# grids of the shapes TILE_N is for (8 x 16 with 80, 8 x 32 with 224, 128 CTAs).
+TMA_V5_TILE_N_DESIGNS = [
+    (1, 80, 7, 8, 128, 1),
+    (1, 80, 6, 0, 0, 1),
+    (1, 160, 5, 16, 0, 1),
+    (1, 192, 4, 8, 128, 1),
+    (1, 224, 3, 0, 128, 1),
+    (1, 224, 2, 16, 0, 1),
+]
+TILE_N_SHAPES = [*V5_SHAPES, (1024, 1280, 1096), (1024, 7168, 1096)]
+
 
 def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1) -> KernelDesign:
     mp, n, st, raster, ctas, store = knobs
@@ -279,6 +295,14 @@ def test_tma_v5_pair_persistent_correct(tmp_path, dtype, knobs):
     _check_design(tmp_path, d, V5_SHAPES)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_TILE_N_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_tile_n_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs)
+    assert d.knobs.wgmma_n in sm90_tma.TILE_N and launch_recipe(d)["tile_n"] == knobs[1]
+    _check_design(tmp_path, d, TILE_N_SHAPES)
+
+
 # (N, ldc - N, C offset in elements): the bulk store's rows into a strided C: N % 8 != 0
 # with ldc % 8 == 0 (whole 16-byte chunks by cp.async.bulk, the last N % 8 columns by
 # plain stores), and a C 2 bytes past 16-byte alignment (every row by plain stores).
@@ -298,6 +322,16 @@ def test_tma_v5_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset
 def test_tma_v5_pair_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
     """As above, the persistent multicast pair (17 M tiles: a CTA past M)."""
     _strided_output(tmp_path, _v5_design(dtype, (1, 256, 3, 8, 128, 1), cluster=2), n, pad, offset)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_STRIDED)
+@pytest.mark.parametrize("tile_n", [80, 224])
+def test_tma_v5_tile_n_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset, tile_n):
+    """As above, 128 x 80 and 128 x 224 tiles (N tiles starting at 80 j and 224 j: each
+    16-byte aligned in a row of C where ldc % 8 == 0)."""
+    knobs = (1, tile_n, max(sm90_tma.tile_n_stages(tile_n, dtype)), 8, 128, 1)
+    _strided_output(tmp_path, _v5_design(dtype, knobs), n, pad, offset)
 
 
 def _strided_output(tmp_path, d: KernelDesign, n: int, pad: int, offset: int) -> None:

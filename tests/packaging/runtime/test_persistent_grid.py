@@ -74,6 +74,31 @@ def test_the_native_plan_gives_the_same_slots(h100, keys, m, n, gx):
         assert (sms, per_sm) == (SMS, recipe["ctas_per_sm"])
 
 
+# v5 tile N (issue 22): 128 x n tiles, n not a power of two, on the shapes they are for
+# and a residue: (n, v5 knobs, M, N, the grid's x). The tiles are ceil(N / n) per M tile.
+TILE_N_GRIDS = [
+    (80, {"ctas": 128}, 1024, 1280, 128),  # 8 x 16 = 128 tiles: one wave of 128
+    (80, {}, 1024, 1280, 128),  # fewer tiles than SMs: one CTA a tile
+    (160, {}, 4096, 1280, 132),  # 32 x 8 = 256 tiles
+    (160, {"ctas": 128}, 4096, 1280, 128),
+    (192, {"ctas": 128, "raster": 8}, 1024, 6144, 128),  # 8 x 32
+    (224, {}, 1024, 7168, 132),  # 8 x 32
+    (224, {}, 1000, 1001, 40),  # 8 x ceil(1001 / 224) = 8 x 5
+]
+
+
+@pytest.mark.parametrize("n, v5, m, big_n, gx", TILE_N_GRIDS)
+def test_tile_n_grids(h100, n, v5, m, big_n, gx):
+    st = max(sm90_tma.tile_n_stages(n))
+    d = sm90_tma.design("fp16", 2, 1, False, n, st, 1, pers=1, store=1, **v5)
+    recipe = sm90_tma.launch_recipe(d)
+    assert recipe["tile_n"] == n
+    assert driver.gemm_grid(recipe, m, big_n) == (gx, 1, 1)
+    persistent, sms, per_sm = _native_slots(recipe)
+    tiles = -(-m // 128) * -(-big_n // n)
+    assert persistent == 1 and min(tiles, sms * per_sm) == gx  # launcher.cpp's grid
+
+
 # The persistent multicast pair (issue 22, cluster [2, 1, 1]): whole clusters, each
 # walking pair tiles (ceil(M tiles / 2) x N tiles): 2 x min(pair tiles, slots / 2).
 def _pair(**v5):
@@ -134,8 +159,10 @@ NATIVE_RECIPES = {
     "ping-pong": sm90_tma.design("fp16", 2, 1, False, 128, 4, 1, pers=2),
     "pair persistent": sm90_tma.design("fp16", 2, 1, False, 256, 3, 1, pers=1, cluster=2),
     "pair ct128": sm90_tma.design("fp16", 2, 2, False, 128, 3, 1, pers=1, cluster=2, ctas=128),
+    "tile n 80": sm90_tma.design("fp16", 2, 1, False, 80, 7, 1, pers=1, store=1),
+    "tile n 224 ct128": sm90_tma.design("fp16", 2, 1, False, 224, 3, 1, pers=1, ctas=128, store=1),
 }
-SHAPES = [(1, 1), (2100, 2056), (4096, 4096), (257, 7168), (8192, 8192), (64, 129)]
+SHAPES = [(1, 1), (2100, 2056), (4096, 4096), (257, 7168), (8192, 8192), (64, 129), (1024, 1280)]
 
 
 @pytest.mark.parametrize("name", NATIVE_RECIPES)
