@@ -1265,35 +1265,41 @@ def timing_replay_s(db: Path, gpu: str) -> tuple[int, float, float]:
     return jobs, total, slow
 
 
-PREFILL_BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"  # ci/gpu_prefill.sh
+# ci/gpu_prefill.sh's llm-public rebuilds, each with the sweeps' records of its time
+PREFILL_BENCHES = (
+    ("v5", "bench/results/h100-llm-public-prefill-v5.jsonl"),
+    ("v5 + tile N", "bench/results/h100-llm-public-prefill-v5n.jsonl"),
+)
 
 
 def prefill_bench(root: Path) -> str:
-    """``docs/kernels.md``'s issue 22 summary: the llm-public wheel (rebuilt with the v5
-    sweeps' records) beside every vendor in one process on the prefill shapes, M >= 1024,
-    per dtype and timing mode (``cudal2-bench summarize --m-min 1024``)."""
-    rows = read_results(root / PREFILL_BENCH)
+    """``docs/kernels.md``'s issue 22 summary: the llm-public wheel (rebuilt with the
+    sweeps' records of each slice) beside every vendor in one process on the prefill
+    shapes, M >= 1024, per dtype and timing mode (``cudal2-bench summarize --m-min 1024``)."""
+    files = ", ".join(f"{label}: `{path}`" for label, path in PREFILL_BENCHES)
     lines = [
-        f"`{PREFILL_BENCH}` (`cudal2-bench summarize … --m-min 1024`): the geomean speedup of "
-        "the wheel's dispatch over each baseline, its own kernels and cuBLASLt entries, wins "
+        f"{files} (`cudal2-bench summarize … --m-min 1024`): the geomean speedup of the "
+        "wheel's dispatch over each baseline, its own kernels and cuBLASLt entries, wins "
         "over the best vendor beyond the spread.",
         "",
-        "| dtype | mode | shapes | × torch | × cuBLASLt autotune | × best vendor | own | "
+        "| wheel | dtype | mode | shapes | × torch | × cuBLASLt autotune | × best vendor | own | "
         "cuBLASLt | wins | floor frac |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for dtype in ("fp16", "bf16"):
-        for mode in ("offline", "server"):
-            s = summarize(rows, Filter(mode=mode, dtype=dtype, m_min=1024))
-            if not s["shapes"]:
-                continue
-            g = s["geomean_speedup"]
-            lines.append(
-                f"| {dtype} | {mode} | {s['shapes']} | {g['torch']:.3f} | "
-                f"{g['cublaslt_autotune']:.3f} | {g['best_vendor']:.3f} | "
-                f"{s['own_kernel_targets']} | {s['cublaslt_targets']} | "
-                f"{s['wins_vs_best_vendor']} | {s['floor_fraction_median']:.3f} |"
-            )
+    for label, path in PREFILL_BENCHES:
+        rows = read_results(root / path)
+        for dtype in ("fp16", "bf16"):
+            for mode in ("offline", "server"):
+                s = summarize(rows, Filter(mode=mode, dtype=dtype, m_min=1024))
+                if not s["shapes"]:
+                    continue
+                g = s["geomean_speedup"]
+                lines.append(
+                    f"| {label} | {dtype} | {mode} | {s['shapes']} | {g['torch']:.3f} | "
+                    f"{g['cublaslt_autotune']:.3f} | {g['best_vendor']:.3f} | "
+                    f"{s['own_kernel_targets']} | {s['cublaslt_targets']} | "
+                    f"{s['wins_vs_best_vendor']} | {s['floor_fraction_median']:.3f} |"
+                )
     return "\n".join(lines)
 
 
