@@ -1240,34 +1240,30 @@ def build_stages(root: Path) -> str:
 
 
 LAG_RUN = "after5b"  # the lag-0 run (its database and stages) the lag's estimate reads
+LAG_ROUNDS = 4  # its manifest's search.rounds (manifests/llama-3.1-8b-h100.toml)
 
 
-def round_spans(db: Path) -> list[tuple[float, float]]:
-    """Each search round's first and last kernel record (seconds after the first, as the
-    records' one-second time stamps say), in a build's database in the order written:
-    a round's records, then its profiled copies (a copy keeps its record's time stamp),
-    then the next round's; the cuBLASLt records after the last round end it."""
+def round_spans(db: Path, rounds: int) -> list[tuple[float, float]]:
+    """Each of a build's ``rounds`` search rounds' first and last kernel record (seconds
+    after the first, as the records' one-second time stamps say), from its database in
+    the order written: a build from an empty database writes each round's records (one
+    per candidate: as many each round), its profiled copies (which keep their records'
+    time stamps: left out), the next round's; the cuBLASLt records after the last."""
     from datetime import datetime
 
     from cudal2.database import MeasurementDB
     from cudal2.verify.profile import is_profiled
 
-    spans: list[list[float]] = []
-    copies = True  # a kernel record after copies opens a round
-    t0: float | None = None
-    for m in MeasurementDB(db).read():
-        if m.design is None:
-            break
-        t = datetime.strptime(m.measured_at, "%Y-%m-%dT%H:%M:%SZ").timestamp()
-        t0 = t if t0 is None else t0
-        if is_profiled(m.metrics):
-            copies = True
-            continue
-        if copies:
-            spans.append([t - t0, t - t0])
-            copies = False
-        spans[-1][1] = t - t0
-    return [(a, b) for a, b in spans]
+    stamps = [
+        datetime.strptime(m.measured_at, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+        for m in MeasurementDB(db).read()
+        if m.design is not None and not is_profiled(m.metrics)
+    ]
+    each, left = divmod(len(stamps), rounds)
+    if left or not each:
+        raise ValueError(f"{db}: {len(stamps)} kernel records are not {rounds} equal rounds")
+    t0 = stamps[0]
+    return [(stamps[i] - t0, stamps[i + each - 1] - t0) for i in range(0, len(stamps), each)]
 
 
 def ncu_buckets(db: Path, gpu: str) -> tuple[int, int, int]:
@@ -1305,17 +1301,25 @@ def profile_lag(root: Path) -> str:
 
     d = json.loads((root / BUILD_STAGES).read_text())
     run = d[LAG_RUN]
-    spans = round_spans(root / run["database"])
+    spans = round_spans(root / run["database"], LAG_ROUNDS)
     ncu_rounds = len(spans) - 1  # lag 0: every round but the last
     ncu = run["stages"]["stages_s"]["profile"] / ncu_rounds
     lag1 = SearchSettings(rounds=len(spans), profile_lag=1)
+    # the runs made with the lag (their profile in the background): their own gaps
+    measured = [
+        (name, round_spans(root / r["database"], LAG_ROUNDS))
+        for name, r in d.items()
+        if name.startswith("after") and "database" in r
+        and "profile" in r.get("stages", {}).get("overlapped", ())
+    ]  # fmt: skip
     lines = [
         f"From `{LAG_RUN}` (`{run['database']}`, {len(spans)} rounds; ncu "
         f"{run['stages']['stages_s']['profile']:.1f} s over {ncu_rounds} rounds, "
         f"{ncu:.1f} s each):",
         "",
-        "| boundary | GPU's gap, lag 0 (s) | ncu | the rest | lag 1, estimated |",
-        "|---|---:|---:|---:|---:|",
+        "| boundary | GPU's gap, lag 0 (s) | ncu | the rest | lag 1, estimated |"
+        + "".join(f" {name}, measured |" for name, _ in measured),
+        "|---|---:|---:|---:|---:|" + "---:|" * len(measured),
     ]
     saved = 0.0
     for r in range(len(spans) - 1):
@@ -1327,6 +1331,7 @@ def profile_lag(root: Path) -> str:
             f"| round {r + 1} → {r + 2} | {gap:.0f} | {ncu:.1f} | {rest:.1f} | {after:.1f}"
             + ("" if lag1.profiled(r) else " (not profiled)")
             + " |"
+            + "".join(f" {x[r + 1][0] - x[r][1]:.0f} |" for _, x in measured)
         )
     wall = run["stages"]["wall_s"]
     targets = run["stages"]["targets"]

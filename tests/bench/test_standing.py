@@ -168,7 +168,7 @@ def test_the_profile_lag_estimate_is_made_from_the_lag_0_run(tmp_path):
     ncu's seconds from its stage table: with none, nothing is saved, and the rounds the
     lag leaves unprofiled say so."""
     run = json.loads((ROOT / standing.BUILD_STAGES).read_text())[standing.LAG_RUN]
-    spans = standing.round_spans(ROOT / run["database"])
+    spans = standing.round_spans(ROOT / run["database"], standing.LAG_ROUNDS)
     assert len(spans) == 4 and all(
         a <= b < c for (a, b), (c, _) in zip(spans, spans[1:], strict=False)
     )
@@ -183,6 +183,17 @@ def test_the_profile_lag_estimate_is_made_from_the_lag_0_run(tmp_path):
     none = standing.profile_lag(tmp_path)
     assert "Saved, estimated: 0.0 s" in none and "0.0 s each" in none
     assert "Saved, estimated: 0.0 s" not in table
+    # a run made with the lag gets a column of its own gaps (here after5b's records,
+    # the run marked as one with its profile in the background)
+    lagged = json.loads(json.dumps(d[standing.LAG_RUN]))
+    lagged["stages"]["overlapped"].append("profile")
+    d["after9"] = lagged
+    (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
+    with_run = standing.profile_lag(tmp_path)
+    assert "| lag 1, estimated | after9, measured |" in with_run
+    gaps = [f"{c[0] - b[1]:.0f}" for b, c in zip(spans, spans[1:], strict=False)]
+    rows = [x for x in with_run.splitlines() if x.startswith("| round ")]
+    assert [x.rsplit("|", 2)[1].strip() for x in rows] == gaps
 
 
 def test_the_gated_epilogue_table_is_made_from_its_results_file(tmp_path):
