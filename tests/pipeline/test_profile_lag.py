@@ -29,6 +29,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,12 +199,14 @@ class Recording:
     """Grid proposals shifted by a digest of the history as shown, ncu metrics included
     (a stand-in for the policy, whose prompt carries them). Records what each round's
     proposals were shown and what they were. ``ncu_first``: the rounds (from 0) whose ncu
-    run ends before the next round's proposing starts (their update waits for it)."""
+    run ends before the next round's proposing starts (their update waits for it).
+    ``inner``: a proposer that proposes and observes instead (the policy)."""
 
     name = "grid"
 
-    def __init__(self, space, ncu: Ncu, ncu_first: frozenset[int] = frozenset()):
+    def __init__(self, space, ncu: Ncu, ncu_first: frozenset[int] = frozenset(), inner: Any = None):
         self.grid = GridProposer(space=space)
+        self.inner = inner
         self.events = ncu.events
         self.ncu_first = ncu_first
         ncu.proposer = self
@@ -219,10 +222,13 @@ class Recording:
             for x in history
         )  # fmt: skip
         self.events.proposed(self.round)
-        pool = self.grid.propose(target, history, 2 * n)
-        digest = hashlib.sha256(repr(shown).encode()).hexdigest()
-        shift = int(digest[:8], 16) % max(1, len(pool) - n)
-        out = pool[shift : shift + n]
+        if self.inner is not None:
+            out = self.inner.propose(target, history, n)
+        else:
+            pool = self.grid.propose(target, history, 2 * n)
+            digest = hashlib.sha256(repr(shown).encode()).hexdigest()
+            shift = int(digest[:8], 16) % max(1, len(pool) - n)
+            out = pool[shift : shift + n]
         self.shown.append((self.round, target.key, shown))
         self.proposed.append((self.round, target.key, [d.key for d in out]))
         return out
@@ -231,10 +237,11 @@ class Recording:
         self.observed.append(
             [(x.target.key, x.design_key, is_profiled(x.metrics)) for x in measurements]
         )
+        learned = None if self.inner is None else self.inner.observe(measurements)
         if self.round in self.ncu_first:
             assert self.events.wait_profiled(self.round, 20.0)
         self.round += 1
-        return None
+        return learned
 
 
 def space_of(recorded):
@@ -629,3 +636,26 @@ def test_the_command_line_refuses_another_lag(value, tmp_path, capsys):
     assert build_cli.main([str(m.path), "--dry-run", "--profile-lag", value]) == 2
     err = capsys.readouterr().err
     assert "--profile-lag" in err and err.count("\n") == 1
+
+
+def test_the_policy_proposes_the_same_whether_ncu_ends_before_or_after_its_proposals(
+    recorded, tmp_path
+):
+    """The learned policy (its prompt carries the ncu shares where a record has them),
+    updated between rounds: ncu ending before the next round's proposing, or after all
+    of it, gives the same prompts' records, proposals and database."""
+    from cudal2.policy.learned import PolicyProposer
+
+    runs = []
+    for name, hold, first in (("first", 0.0, frozenset({0, 1})), ("last", 20.0, frozenset())):
+        ncu = Ncu(Events(), hold=hold)
+        inner = PolicyProposer(0, gpu=recorded[0].gpu.name, space=space_of(recorded))
+        proposer = Recording(space_of(recorded), ncu, ncu_first=first, inner=inner)
+        b = build(tmp_path, recorded, Replay(recorded, ncu), proposer, name=name)
+        b.run()
+        runs.append((proposer, ncu, comparable(b.db.read())))
+    (a, ncu_a, db_a), (b_, ncu_b, db_b) = runs
+    assert ncu_b.saw_proposing == [True, True] and len(ncu_a.runs) == 2
+    # round 3 was shown round 1's profiles (the prompt's shares), the same in both
+    assert any(metrics for rnd, _, shown in a.shown if rnd == 2 for _, _, metrics in shown)
+    assert a.shown == b_.shown and a.proposed == b_.proposed and db_a == db_b
