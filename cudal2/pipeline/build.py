@@ -438,8 +438,6 @@ class Build:
         measured: list[list[Measurement]] = []
         profiled: list[list[Measurement] | None] = []
         lag = m.search.profile_lag
-        if lag:
-            self.clock.background("profile")
         # The ncu run of the round before, in the background (lag 1): (round, its answer)
         pending: tuple[int, Future[list[Measurement]]] | None = None
 
@@ -748,6 +746,7 @@ class Build:
             with self.clock.stage("profile"):
                 return self._profile(runner, gpu, ms, self.manifest.search.profile_top)
 
+        self.clock.background("profile")  # the table says so
         pool = ThreadPoolExecutor(1, thread_name_prefix="profile")
         done = pool.submit(run)
         pool.shutdown(wait=False)

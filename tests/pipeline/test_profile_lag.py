@@ -659,3 +659,15 @@ def test_the_policy_proposes_the_same_whether_ncu_ends_before_or_after_its_propo
     # round 3 was shown round 1's profiles (the prompt's shares), the same in both
     assert any(metrics for rnd, _, shown in a.shown if rnd == 2 for _, _, metrics in shown)
     assert a.shown == b_.shown and a.proposed == b_.proposed and db_a == db_b
+
+
+def test_a_lag_1_build_that_profiles_nothing_has_no_background_profile(recorded, tmp_path):
+    ncu = Ncu(Events())
+    b = build(tmp_path, recorded, Replay(recorded, ncu), Recording(space_of(recorded), ncu))
+    b.manifest = dataclasses.replace(
+        b.manifest, search=dataclasses.replace(b.manifest.search, profile_top=0)
+    )
+    report = b.run()
+    assert ncu.runs == [] and "not profiled" not in b.log.getvalue()
+    assert "profile" not in report.stages.overlapped
+    assert report.stages.stages["profile"] == report.stages.stages["wait for profile"] == 0
