@@ -64,6 +64,7 @@ _SEARCH_KEYS = (
     "profile_top",
     "profile_metrics",
     "profile_last_round",
+    "profile_lag",
     "families",
     "cublaslt",
     "policy_updates",
@@ -127,8 +128,11 @@ class SearchSettings:
 
     ``profile_metrics``: which Nsight Compute quantities are collected, ``search`` (what
     the proposers read, ``verify.profile.SEARCH_QUANTITIES``: fewer replay passes) or
-    ``all``; ``profile_last_round``: whether the last round is profiled too (nothing
-    proposes after it, so by default it is not)."""
+    ``all``; ``profile_last_round``: whether every round is profiled, also those whose
+    profiles no proposal reads (by default they are not). ``profile_lag``: 0, round r's
+    profiles are read by round r+1's proposals (ncu runs between the rounds); 1, by round
+    r+2's, and round r's ncu run overlaps round r+1's proposing and compiling
+    (``profiled``, ``pipeline.build``)."""
 
     proposer: str = "policy"
     candidates: int = 8
@@ -138,6 +142,7 @@ class SearchSettings:
     profile_top: int = 2
     profile_metrics: str = "search"  # one of PROFILE_METRICS
     profile_last_round: bool = False
+    profile_lag: int = 1  # 0 or 1: rounds between a round and the proposals its profiles feed
     families: tuple[str, ...] | None = None  # kernel families searched (None: all)
     cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
@@ -147,6 +152,12 @@ class SearchSettings:
     # optional knob left out of a design counts as its default; a family without the
     # knob is not searched). None: no restriction. A sweep's way to measure chosen knobs.
     knobs: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+
+    def profiled(self, rnd: int) -> bool:
+        """Whether round ``rnd`` (counted from 0) is profiled: a later round's proposals
+        read its profiles (round ``rnd + 1 + profile_lag``), or ``profile_last_round``
+        asks for every round. (``profile_top`` 0 profiles nothing either way.)"""
+        return self.profile_last_round or rnd + 1 + self.profile_lag < self.rounds
 
 
 @dataclass(frozen=True)
@@ -636,6 +647,7 @@ def load_manifest(path: str | Path) -> Manifest:
         profile_last_round=r.boolean(
             s.get("profile_last_round", d.profile_last_round), "search.profile_last_round"
         ),
+        profile_lag=r.integer(s.get("profile_lag", d.profile_lag), "search.profile_lag", 0, 1),
         families=(
             r.choices(s["families"], "search.families", tuple(sorted(FAMILIES)))
             if "families" in s

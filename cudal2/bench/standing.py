@@ -1155,10 +1155,12 @@ def tma_v5_sweep(root: Path) -> str:
 
 BUILD_STAGES = "bench/results/h100-build-stages.json"  # ci/gpu_build_stages.sh on the H100
 STAGE_ROWS = ("runner start", "wait for runner", "proposer load", "propose", "compile",
-              "wait for cubins", "measure", "record", "profile", "policy update", "autotune",
-              "memcheck", "package")  # fmt: skip
+              "wait for cubins", "measure", "record", "profile", "wait for profile",
+              "policy update", "autotune", "memcheck", "package")  # fmt: skip
 # Rows only runs recorded since have (``pipeline.stages``): shown where one of them does.
-NEWER_ROWS = ("record",)
+NEWER_ROWS = ("record", "wait for profile")
+# Stages a run may have run in the background where earlier runs did not: "(bg)" there.
+BACKGROUND_ROWS = ("profile",)
 
 
 def build_stages(root: Path) -> str:
@@ -1181,11 +1183,17 @@ def build_stages(root: Path) -> str:
     def cell(stages: dict[str, float], stage: str) -> str:
         return f"{stages[stage]:.1f}" if stage in stages else "–"
 
+    def background(r: dict[str, Any], stage: str) -> str:
+        """ " (bg)" where the run ran the stage beside the others though older runs did
+        not (``profile`` with ``search.profile_lag`` 1)."""
+        return " (bg)" if stage in BACKGROUND_ROWS and stage in r["stages"]["overlapped"] else ""
+
     for stage in STAGE_ROWS:
         timed = [r["stages"]["stages_s"] for _, r in runs]
         if stage in NEWER_ROWS and not any(stage in t for t in timed):
             continue
-        lines.append(f"| {stage} | " + " | ".join(cell(t, stage) for t in timed) + " |")
+        cells = [cell(r["stages"]["stages_s"], stage) + background(r, stage) for _, r in runs]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
         splits = [r["stages"].get("measure_split", {}) for _, r in runs]
         if stage == "measure" and any(splits):
             for label, key in (
@@ -1214,6 +1222,13 @@ def build_stages(root: Path) -> str:
         )
         + " |"
     )
+    if any(background(r, s) for _, r in runs for s in BACKGROUND_ROWS):
+        lines += [
+            "",
+            "(bg): in the background (`search.profile_lag = 1`: each round's Nsight Compute "
+            "run beside the next round's proposing and compiling; the next round's wait for "
+            'it is "wait for profile").',
+        ]
     lines += ["", "Commands: " + "; ".join(f"{n}: `{r['command']}`" for n, r in runs) + "."]
     timed = [(n, r) for n, r in runs if "database" in r and "measure_split" in r["stages"]]
     if timed:
@@ -1232,6 +1247,115 @@ def build_stages(root: Path) -> str:
                 f"{r['stages']['measure_split']['in_jobs_s']:.1f} s; those of the candidates "
                 f"slower than half of torch's time, {slow_s:.1f} s."
             )
+    return "\n".join(lines)
+
+
+LAG_RUN = "after5b"  # the lag-0 run (its database and stages) the lag's estimate reads
+LAG_ROUNDS = 4  # its manifest's search.rounds (manifests/llama-3.1-8b-h100.toml)
+
+
+def round_spans(db: Path, rounds: int) -> list[tuple[float, float]]:
+    """Each of a build's ``rounds`` search rounds' first and last kernel record (seconds
+    after the first, as the records' one-second time stamps say), from its database in
+    the order written: a build from an empty database writes each round's records (one
+    per candidate: as many each round), its profiled copies (which keep their records'
+    time stamps: left out), the next round's; the cuBLASLt records after the last."""
+    from datetime import datetime
+
+    from cudal2.database import MeasurementDB
+    from cudal2.verify.profile import is_profiled
+
+    stamps = [
+        datetime.strptime(m.measured_at, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+        for m in MeasurementDB(db).read()
+        if m.design is not None and not is_profiled(m.metrics)
+    ]
+    each, left = divmod(len(stamps), rounds)
+    if left or not each:
+        raise ValueError(f"{db}: {len(stamps)} kernel records are not {rounds} equal rounds")
+    t0 = stamps[0]
+    return [(stamps[i] - t0, stamps[i + each - 1] - t0) for i in range(0, len(stamps), each)]
+
+
+def ncu_buckets(db: Path, gpu: str) -> tuple[int, int, int]:
+    """How many profiled copies a build's database holds, and for how many of them the
+    policy's prompt token of the DRAM share, and of the tensor-pipe share (tenths of the
+    datasheet peak, ``policy/tokens.py``), differs between ncu's figure and the one
+    derived from the time (``policy/reward.py``'s ``entry`` without the profile)."""
+    from cudal2.database import MeasurementDB
+    from cudal2.hardware import datasheet
+    from cudal2.policy.tokens import FRAC_BUCKETS
+
+    sheet = datasheet(gpu)
+
+    def bucket(frac: float) -> int:
+        return min(FRAC_BUCKETS, max(0, round(frac * FRAC_BUCKETS)))
+
+    n = dram = tensor = 0
+    for m in MeasurementDB(db).read():
+        x = m.metrics
+        if "ncu_dram_pct" not in x or "ncu_tensor_pct" not in x:
+            continue
+        n += 1
+        dram += bucket(x["ncu_dram_pct"] / 100) != bucket(x["gbps"] * 1e9 / sheet.bandwidth)
+        tensor += bucket(x["ncu_tensor_pct"] / 100) != bucket(x["tflops"] * 1e12 / sheet.flops)
+    return n, dram, tensor
+
+
+def profile_lag(root: Path) -> str:
+    """``docs/runners.md``'s estimate of what ``search.profile_lag = 1`` saves, from the
+    lag-0 run ``LAG_RUN``: each boundary between two rounds (the GPU's gap, from the time
+    stamps) as ncu (the profile stage's seconds over the rounds profiled) plus the rest
+    (the policy update, the next round's first proposals and cubins); with the lag a
+    profiled boundary costs the longer of the two, an unprofiled one the rest alone."""
+    from cudal2.manifest import SearchSettings
+
+    d = json.loads((root / BUILD_STAGES).read_text())
+    run = d[LAG_RUN]
+    spans = round_spans(root / run["database"], LAG_ROUNDS)
+    ncu_rounds = len(spans) - 1  # lag 0: every round but the last
+    ncu = run["stages"]["stages_s"]["profile"] / ncu_rounds
+    lag1 = SearchSettings(rounds=len(spans), profile_lag=1)
+    # the runs made with the lag (their profile in the background): their own gaps
+    measured = [
+        (name, round_spans(root / r["database"], LAG_ROUNDS))
+        for name, r in d.items()
+        if name.startswith("after") and "database" in r
+        and "profile" in r.get("stages", {}).get("overlapped", ())
+    ]  # fmt: skip
+    lines = [
+        f"From `{LAG_RUN}` (`{run['database']}`, {len(spans)} rounds; ncu "
+        f"{run['stages']['stages_s']['profile']:.1f} s over {ncu_rounds} rounds, "
+        f"{ncu:.1f} s each):",
+        "",
+        "| boundary | GPU's gap, lag 0 (s) | ncu | the rest | lag 1, estimated |"
+        + "".join(f" {name}, measured |" for name, _ in measured),
+        "|---|---:|---:|---:|---:|" + "---:|" * len(measured),
+    ]
+    saved = 0.0
+    for r in range(len(spans) - 1):
+        gap = spans[r + 1][0] - spans[r][1]
+        rest = max(0.0, gap - ncu)
+        after = max(ncu, rest) if lag1.profiled(r) else rest
+        saved += gap - after
+        lines.append(
+            f"| round {r + 1} → {r + 2} | {gap:.0f} | {ncu:.1f} | {rest:.1f} | {after:.1f}"
+            + ("" if lag1.profiled(r) else " (not profiled)")
+            + " |"
+            + "".join(f" {x[r + 1][0] - x[r][1]:.0f} |" for _, x in measured)
+        )
+    wall = run["stages"]["wall_s"]
+    targets = run["stages"]["targets"]
+    n, dram, tensor = ncu_buckets(root / run["database"], d["gpu"])
+    lines += [
+        "",
+        f"Saved, estimated: {saved:.1f} s of the build's own wall of {wall:.1f} s "
+        f"({targets * 3600 / wall:.0f} → {targets * 3600 / (wall - saved):.0f} targets per "
+        "GPU-hour by the build's wall); the time stamps are whole seconds. "
+        f"What the proposer then reads one round later: of the {n} profiled kernels, the "
+        f"prompt's DRAM tenth would be another without ncu for {dram}, the tensor-pipe "
+        f"tenth for {tensor}.",
+    ]
     return "\n".join(lines)
 
 
@@ -1342,6 +1466,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "epilogue-gated-timing": epilogue_gated_timing,
     "tma-v5-sweep": tma_v5_sweep,
     "build-stages": build_stages,
+    "profile-lag": profile_lag,
     "prefill-bench": prefill_bench,
     "math-ceiling": math_ceiling,
 }

@@ -105,6 +105,15 @@ def _parser() -> cli_args.Parser:
         help="override the manifest's search.proposer (grid, random, sample, policy)",
     )
     p.add_argument(
+        "--profile-lag",
+        type=int,
+        choices=(0, 1),
+        help="override the manifest's search.profile_lag: 0, a round's Nsight Compute "
+        "profiles are read by the next round's proposals (ncu runs between the rounds); 1, "
+        "by the round after (ncu runs beside the next round's proposing and compiling); "
+        "docs/runners.md",
+    )
+    p.add_argument(
         "--jobs", type=cli_args.positive_int, help="parallel nvcc processes (default: all cores)"
     )
     split = p.add_mutually_exclusive_group()
@@ -223,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.proposer:
         search = dataclasses.replace(manifest.search, proposer=args.proposer)
+        manifest = dataclasses.replace(manifest, search=search)
+    if args.profile_lag is not None:
+        search = dataclasses.replace(manifest.search, profile_lag=args.profile_lag)
         manifest = dataclasses.replace(manifest, search=search)
     if args.runner or args.ray_address is not None:
         runner = manifest.runner

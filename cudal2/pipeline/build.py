@@ -46,7 +46,7 @@ from cudal2.packaging.wheel import package_name, write_wheel
 from cudal2.pipeline.compiling import Proposed, RoundStream
 from cudal2.pipeline.dispatch import build_table
 from cudal2.pipeline.gate import SanitizerGate, ledger_of, shipped_kernels
-from cudal2.pipeline.profiling import profile_round
+from cudal2.pipeline.profiling import lagged_history, profile_round, unprofiled
 from cudal2.pipeline.progress import progress
 from cudal2.pipeline.results import (
     compile_failure,
@@ -432,7 +432,24 @@ class Build:
             self.say(f"{skipped} targets are for other archs than {arch}: not measured here")
         # A job whose reuse key has a record is not run again: the record stands for it.
         prior = {} if self.remeasure else {x.reuse_key: x for x in history}
-        this_build: list[Measurement] = []
+        # Each round's records (in proposal order), and as profiled (None while its ncu
+        # run goes on in the background): what later rounds' proposals read of them is
+        # fixed by ``search.profile_lag`` (``pipeline.profiling.lagged_history``).
+        measured: list[list[Measurement]] = []
+        profiled: list[list[Measurement] | None] = []
+        lag = m.search.profile_lag
+        # The ncu run of the round before, in the background (lag 1): (round, its answer)
+        pending: tuple[int, Future[list[Measurement]]] | None = None
+
+        def profiles_in() -> None:
+            """Wait for the background ncu run: the GPU must not measure beside it."""
+            nonlocal pending
+            if pending is not None:
+                j, done = pending
+                pending = None
+                with self.clock.stage("wait for profile"):
+                    profiled[j] = done.result()
+
         # Designs the runner had no answer for, per target: proposed again, they would
         # crowd out new ones (a deterministic proposer would propose them every round).
         unanswered: dict[Target, set[str]] = {}
@@ -443,57 +460,72 @@ class Build:
         for x in history:
             plain_records.setdefault(x.target, []).append(x)
         budget_from: float | None = None
-        for rnd in range(m.search.rounds):
-            label = f"round {rnd + 1}/{m.search.rounds}"
+        try:
+            for rnd in range(m.search.rounds):
+                label = f"round {rnd + 1}/{m.search.rounds}"
+                # fixed before the round's proposing starts: never what ncu adds meanwhile
+                this_build = lagged_history(measured, profiled, lag)
 
-            def propose(t: Target) -> list[KernelDesign]:
-                # in the stream's thread: reads only what earlier rounds left
-                with self.clock.stage("propose"):
-                    return _propose(
-                        proposer,
-                        t,
-                        (plain_records.get(t.plain, []) if t.epilogue != "none" else [])
-                        + this_build,
-                        m.search.candidates,
-                        unanswered.get(t, set()),
+                def propose(t: Target, seen: list[Measurement] = this_build) -> list[KernelDesign]:
+                    # in the stream's thread: reads only what earlier rounds left
+                    with self.clock.stage("propose"):
+                        return _propose(
+                            proposer,
+                            t,
+                            (plain_records.get(t.plain, []) if t.epilogue != "none" else []) + seen,
+                            m.search.candidates,
+                            unanswered.get(t, set()),
+                        )
+
+                stream = self._stream(runner, targets, propose, label)
+                try:
+                    gpu = ready()
+                    profiles_in()  # proposing and compiling go on meanwhile
+                    if budget_from is None:  # the budget is the GPU's time: from its start
+                        budget_from = time.monotonic()
+                    proposals, round_ms = self._measure_round(
+                        runner,
+                        gpu,
+                        proposer.name,
+                        len(targets),
+                        stream,
+                        timing,
+                        prior,
+                        label,
+                        budget_from,
+                        unanswered,
                     )
-
-            stream = self._stream(runner, targets, propose, label)
-            try:
-                gpu = ready()
-                if budget_from is None:  # the budget is the GPU's time: from its start
-                    budget_from = time.monotonic()
-                proposals, round_ms = self._measure_round(
-                    runner,
-                    gpu,
-                    proposer.name,
-                    len(targets),
-                    stream,
-                    timing,
-                    prior,
-                    label,
-                    budget_from,
-                    unanswered,
-                )
-            finally:
-                stream.close()  # proposing stops; a compile still running is waited for
-            # Every round's results in one order, whichever job finished first: the
-            # proposer's update is deterministic only for the same results in the same order.
-            round_ms = in_proposal_order(round_ms, proposals)
-            if rnd < m.search.rounds - 1 or m.search.profile_last_round:
-                with self.clock.stage("profile"):
-                    round_ms = self._profile(runner, gpu, round_ms, m.search.profile_top)
-            elif m.search.profile_top > 0:
-                # Its feedback would go to an observe after which nothing is proposed.
-                self.say(
-                    f"{label}: not profiled (the last round: nothing is proposed after it; "
-                    "search.profile_last_round = true profiles it)"
-                )
-            this_build.extend(round_ms)
-            with self.clock.stage("policy update"):
-                learned = proposer.observe(round_ms)
-            if learned:
-                self.say(learned)
+                finally:
+                    stream.close()  # proposing stops; a compile still running is waited for
+                # Every round's results in one order, whichever job finished first: the
+                # proposer's update is deterministic only for the same results in the same
+                # order.
+                round_ms = in_proposal_order(round_ms, proposals)
+                measured.append(round_ms)
+                profiled.append(round_ms)
+                if m.search.profile_top > 0 and m.search.profiled(rnd):
+                    if lag:  # beside the policy update and the next round's proposing
+                        pending = (rnd, self._profile_later(runner, gpu, round_ms))
+                        profiled[rnd] = None
+                    else:
+                        with self.clock.stage("profile"):
+                            profiled[rnd] = self._profile(
+                                runner, gpu, round_ms, m.search.profile_top
+                            )
+                elif m.search.profile_top > 0:
+                    self.say(f"{label}: not profiled ({self._unread(rnd)})")
+                # The update reads the round as the next round's proposals will.
+                with self.clock.stage("policy update"):
+                    read = profiled[rnd] if not lag else [unprofiled(x) for x in round_ms]
+                    assert read is not None
+                    learned = proposer.observe(read)
+                if learned:
+                    self.say(learned)
+            profiles_in()  # before cuBLASLt autotuning takes the GPU
+        finally:
+            if pending is not None:  # the build failed first: no ncu run left running
+                with self.clock.stage("wait for profile"):
+                    pending[1].exception()
         gpu = ready()
         if m.search.cublaslt:
             # cuBLASLt autotunes plain GEMMs only: a fused epilogue's baseline is torch's
@@ -703,6 +735,34 @@ class Build:
             self.say,
             quantities(self.manifest.search.profile_metrics),
         )
+
+    def _profile_later(
+        self, runner: Runner, gpu: GpuInfo, ms: list[Measurement]
+    ) -> Future[list[Measurement]]:
+        """``_profile`` in a thread of its own (``search.profile_lag`` 1), its seconds the
+        "profile" stage's; the caller waits for it before the GPU measures again."""
+
+        def run() -> list[Measurement]:
+            with self.clock.stage("profile"):
+                return self._profile(runner, gpu, ms, self.manifest.search.profile_top)
+
+        self.clock.background("profile")  # the table says so
+        pool = ThreadPoolExecutor(1, thread_name_prefix="profile")
+        done = pool.submit(run)
+        pool.shutdown(wait=False)
+        return done
+
+    def _unread(self, rnd: int) -> str:
+        """Why round ``rnd`` is not profiled: no proposal would read its profiles."""
+        s = self.manifest.search
+        if rnd == s.rounds - 1:
+            why = "the last round: nothing is proposed after it"
+        else:
+            why = (
+                f"with search.profile_lag = {s.profile_lag}, round {rnd + 2 + s.profile_lag} "
+                "would be the first to read its profiles, and there is none"
+            )
+        return f"{why}; search.profile_last_round = true profiles it"
 
     def _cubins(self, runner: Runner, ms: Sequence[Measurement]) -> dict[str, str]:
         """Each measured kernel's cubin path for ``runner`` (compiled first where it

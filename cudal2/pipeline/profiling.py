@@ -3,6 +3,14 @@ target profiled and recorded as enriched copies of their measurements.
 
 Shared by a one-machine build (``pipeline.build``) and a GPU runner measuring an exported
 job (``pipeline.job``), which has no compiler: nothing here imports nvcc.
+
+What each round's proposals read of the rounds before it (``search.profile_lag``,
+``lagged_history``): with lag 0, every earlier round's records with their profiles; with
+lag 1, the round just measured without any Nsight Compute metric (its ncu run is still
+going, beside the next round's proposing and compiling) and the rounds before it with
+theirs. Which is fixed by the round, never by which finished first, so a build proposes
+the same whatever its runner, however long ncu took, and after a resume (whose reused
+records may already carry the profiles the proposals of that round did not read).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from cudal2.pipeline.results import job_for
 from cudal2.records import GpuInfo, JobKind, Measurement, Status, Target
-from cudal2.verify.profile import is_profiled
+from cudal2.verify.profile import METRICS, is_profiled
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -68,3 +76,34 @@ def profile_round(
     }
     append(enriched.values())
     return [enriched.get(x.reuse_key, x) for x in ms]
+
+
+def unprofiled(x: Measurement) -> Measurement:
+    """``x`` without its Nsight Compute metrics (``verify.profile.METRICS``): the record
+    as measured, before any profile enriched it."""
+    if not is_profiled(x.metrics):
+        return x
+    return dataclasses.replace(x, metrics={k: v for k, v in x.metrics.items() if k not in METRICS})
+
+
+def lagged_history(
+    measured: Sequence[Sequence[Measurement]],
+    profiled: Sequence[Sequence[Measurement] | None],
+    lag: int,
+) -> list[Measurement]:
+    """What round ``len(measured)``'s proposals read of the build's earlier rounds: each
+    round's records (``measured[j]``, in proposal order) in round order, those of the
+    ``lag`` rounds just before without any Nsight Compute metric (``unprofiled``), the
+    rest as profiled (``profiled[j]``: their profile round's output; None while it
+    runs, which must not be a round read profiled)."""
+    n = len(measured)
+    out: list[Measurement] = []
+    for j in range(n):
+        if j < n - lag:
+            got = profiled[j]
+            if got is None:
+                raise RuntimeError(f"round {j + 1}'s profiles are read before its ncu run ended")
+            out.extend(got)
+        else:
+            out.extend(unprofiled(x) for x in measured[j])
+    return out

@@ -245,7 +245,11 @@ def export_job(
             kernel_jobs[kind].append(kj)
     proposer = b.kept[0].proposer if b.kept else _proposer_name(b, manifest)
     last = phase == f"round {manifest.search.rounds}/{manifest.search.rounds}"
-    top = manifest.search.profile_top
+    # the round's profiles would feed no proposal (the last round; with search.profile_lag
+    # 1 the one before it too): not asked for unless the manifest says so, as a
+    # one-machine build (``SearchSettings.profiled``)
+    rnd = _round_index(phase)
+    top = manifest.search.profile_top if rnd is None or manifest.search.profiled(rnd) else 0
     job = MeasureJob(
         manifest=manifest.name,
         manifest_version=manifest.version,
@@ -255,9 +259,7 @@ def export_job(
         arch=info.arch,
         proposer=proposer,
         timing=timing,
-        # the last round's profile would feed no proposal: not asked for unless the
-        # manifest says so (as a one-machine build)
-        profile_top=0 if last and not manifest.search.profile_last_round else top,
+        profile_top=top,
         profile_metrics=quantities(manifest.search.profile_metrics),
         budget_s=manifest.search.gpu_budget_s,
         measure=tuple(kernel_jobs["measure"]),
@@ -274,6 +276,14 @@ def export_job(
     mine = set(manifest.targets)
     n = sum(1 for x in history if x.target in mine)
     return ExportReport(job, folder, targets, len(designs), to_compile, n)
+
+
+def _round_index(phase: str) -> int | None:
+    """Round ``R`` of a ``round R/N`` phase, counted from 0 (None: another phase)."""
+    head, _, rest = phase.partition(" ")
+    if head != "round":
+        return None
+    return int(rest.split("/", 1)[0]) - 1
 
 
 def _proposer_name(b: _ExportBuild, manifest: Manifest) -> str:
@@ -337,6 +347,8 @@ def describe(manifest: Manifest, report: ExportReport, db: Path) -> dict[str, An
         "pdl": s.pdl,
         "pdl_per_round": pdl_per_round,
         "room": s.room,
+        "profile_lag": s.profile_lag,
+        "profile_top": job.profile_top,  # the next job's: 0 where no proposal reads them
         "budget_s": s.gpu_budget_s,
         "seconds_per_candidate": SECONDS_PER_CANDIDATE,
         "gpu_s_next": min(gpu_next, s.gpu_budget_s),

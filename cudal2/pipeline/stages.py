@@ -16,6 +16,12 @@ the worker reports, else the round trip its pool saw): the seconds "in the worke
 jobs", and the rest of the wait, "outside them" (the runner waiting for the next cubin
 in another thread, the pipe, the runner's own threads). What the pipeline does with
 each answer (the record made and written, progress) is the "record" stage, beside it.
+
+With ``search.profile_lag`` 1 a round's Nsight Compute run goes on beside the policy
+update and the next round's proposing and compiling, so "profile" is a background
+stage; the GPU measures nothing beside it, and the seconds the next round waited for it
+(its cubins ready, ncu not done) are "wait for profile": the part of the profile not
+hidden behind the CPU's work.
 """
 
 from __future__ import annotations
@@ -43,13 +49,16 @@ STAGES: tuple[str, ...] = (
     "wait for cubins",  # the runner had nothing to measure until the next cubin
     "measure",
     "record",  # the pipeline's own work on each answer: the record made, written, counted
-    "profile",  # Nsight Compute on each round's best
+    "profile",  # Nsight Compute on each round's best (search.profile_lag 1: in the background)
+    "wait for profile",  # the next round's cubins waited for the background ncu run to end
     "policy update",  # the proposer's observe (the policy's weights updated)
     "autotune",  # cuBLASLt
     "select",
     "memcheck",  # compute-sanitizer on the would-be winners
     "package",  # winners compiled, the native launcher, the wheel
 )
+# The stages every build runs beside the others (``StageClock.background`` adds more).
+OVERLAPPED: tuple[str, ...] = ("runner start", "propose", "compile")
 # What the GPU did: every second of these the build waited on the GPU's answer.
 GPU_STAGES: tuple[str, ...] = ("measure", "profile", "autotune", "memcheck")
 
@@ -78,7 +87,7 @@ class StageTimes:
     stages: dict[str, float]
     wall_s: float
     targets: int
-    overlapped: tuple[str, ...] = field(default=("runner start", "propose", "compile"))
+    overlapped: tuple[str, ...] = field(default=OVERLAPPED)
     split: MeasureSplit | None = None
 
     @property
@@ -188,6 +197,7 @@ class StageClock:
         self._job_s = 0.0
         self._lock = threading.Lock()
         self._local = threading.local()  # each thread's stack of [stage, resumed at]
+        self._background: set[str] = set(OVERLAPPED)
 
     def _stack(self) -> list[list[Any]]:
         stack = getattr(self._local, "stack", None)
@@ -219,6 +229,14 @@ class StageClock:
             if stack:
                 stack[-1][1] = now  # the enclosing stage resumes
 
+    def background(self, name: str) -> None:
+        """Say that stage ``name`` runs beside the others in this build (the table marks
+        it so): ``profile`` with ``search.profile_lag`` 1."""
+        if name not in STAGES:
+            raise ValueError(f"unknown build stage {name!r}: one of {', '.join(STAGES)}")
+        with self._lock:
+            self._background.add(name)
+
     def timed(self, items: Iterable[_T], name: str) -> Iterator[_T]:
         """``items``, the wait for each next one counted as ``name``'s (a runner's
         answers: the time the GPU took)."""
@@ -249,4 +267,5 @@ class StageClock:
         with self._lock:
             busy = {s: self._busy.get(s, 0.0) for s in STAGES}
             split = MeasureSplit(self._jobs, self._job_s) if self._jobs else None
-        return StageTimes(busy, self.clock() - self.started, targets, split=split)
+            overlapped = tuple(s for s in STAGES if s in self._background)
+        return StageTimes(busy, self.clock() - self.started, targets, overlapped, split)

@@ -139,6 +139,61 @@ def test_the_build_stage_table_gets_a_newer_run_s_rows_only_with_it(tmp_path):
     assert "| record | – | – | 2.5 |" in table
     assert "| measure: in the worker's jobs | – | – | 41.2 |" in table
     assert "| measure: outside them | – | – | 28.6 |" in table
+    assert "wait for profile" not in table and "(bg)" not in table
+
+
+def test_a_run_with_the_profile_in_the_background_says_so(tmp_path):
+    """A run made with ``search.profile_lag`` 1 has the "wait for profile" stage and
+    "profile" among its background stages: its column gets the row, its profile cell
+    "(bg)" and the table a line saying what that means; the runs before, "–" and no mark."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.BUILD_STAGES).read_text())
+    d = {k: v for k, v in d.items() if not k.startswith("after") or k in ("after", "after2")}
+    newer = json.loads(json.dumps(d["after2"]))
+    newer.pop("database", None)
+    newer["stages"]["stages_s"]["wait for profile"] = 1.5
+    newer["stages"]["stages_s"]["profile"] = 8.75
+    newer["stages"]["overlapped"].append("profile")
+    d["after6"] = newer
+    (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
+    table = standing.build_stages(tmp_path)
+    profile = [f"{d[k]['stages']['stages_s']['profile']:.1f}" for k in ("after", "after2")]
+    assert f"| profile | {profile[0]} | {profile[1]} | 8.8 (bg) |" in table
+    assert "| wait for profile | – | – | 1.5 |" in table
+    assert "(bg): in the background (`search.profile_lag = 1`" in table
+
+
+def test_the_profile_lag_estimate_is_made_from_the_lag_0_run(tmp_path):
+    """The rounds are read from the run's database (4, a boundary row each between them);
+    ncu's seconds from its stage table: with none, nothing is saved, and the rounds the
+    lag leaves unprofiled say so."""
+    run = json.loads((ROOT / standing.BUILD_STAGES).read_text())[standing.LAG_RUN]
+    spans = standing.round_spans(ROOT / run["database"], standing.LAG_ROUNDS)
+    assert len(spans) == 4 and all(
+        a <= b < c for (a, b), (c, _) in zip(spans, spans[1:], strict=False)
+    )
+    table = standing.profile_lag(ROOT)
+    assert table.count("| round ") == 3 and table.count("(not profiled)") == 1
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    d = json.loads((ROOT / standing.BUILD_STAGES).read_text())
+    d[standing.LAG_RUN]["stages"]["stages_s"]["profile"] = 0.0
+    (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
+    db = tmp_path / run["database"]
+    db.write_bytes((ROOT / run["database"]).read_bytes())
+    none = standing.profile_lag(tmp_path)
+    assert "Saved, estimated: 0.0 s" in none and "0.0 s each" in none
+    assert "Saved, estimated: 0.0 s" not in table
+    # a run made with the lag gets a column of its own gaps (here after5b's records,
+    # the run marked as one with its profile in the background)
+    lagged = json.loads(json.dumps(d[standing.LAG_RUN]))
+    lagged["stages"]["overlapped"].append("profile")
+    d["after9"] = lagged
+    (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
+    with_run = standing.profile_lag(tmp_path)
+    assert "| lag 1, estimated | after9, measured |" in with_run
+    gaps = [f"{c[0] - b[1]:.0f}" for b, c in zip(spans, spans[1:], strict=False)]
+    rows = [x for x in with_run.splitlines() if x.startswith("| round ")]
+    assert [x.rsplit("|", 2)[1].strip() for x in rows] == gaps
 
 
 def test_the_gated_epilogue_table_is_made_from_its_results_file(tmp_path):

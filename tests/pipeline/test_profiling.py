@@ -76,7 +76,12 @@ def _build(tmp_path, recorded, **search):
     m = dataclasses.replace(
         m,
         search=dataclasses.replace(
-            m.search, proposer="grid", rounds=3, candidates=4, profile_top=1, **search
+            m.search,
+            proposer="grid",
+            rounds=3,
+            candidates=4,
+            profile_top=1,
+            **{"profile_lag": 0, **search},  # lag 1: tests/pipeline/test_profile_lag.py
         ),
         targets=[m.targets[i] for i in (0, 7)],
     )

@@ -193,10 +193,16 @@ def _space(recorded):
     return lambda t: sorted(by_target.get(t, {}).values())
 
 
-def _manifest(which=(0, 7, 9), rounds=2, candidates=6, profile_top=1):
+def _manifest(which=(0, 7, 9), rounds=2, candidates=6, profile_top=1, profile_lag=0):
+    """Profiles read by the next round (lag 1's background ncu: test_profile_lag.py)."""
     m = load_manifest(MANIFEST)
     search = dataclasses.replace(
-        m.search, proposer="grid", rounds=rounds, candidates=candidates, profile_top=profile_top
+        m.search,
+        proposer="grid",
+        rounds=rounds,
+        candidates=candidates,
+        profile_top=profile_top,
+        profile_lag=profile_lag,
     )
     return dataclasses.replace(m, search=search, targets=[m.targets[i] for i in which])
 
