@@ -8,7 +8,7 @@
 #   NAME=before bash ci/gpu_build_stages.sh          # today's build
 #   NAME=after ARGS="--runner host" bash ci/gpu_build_stages.sh
 #   NAME=after3 ARGS="--runner host" PROFILE=0 bash ci/gpu_build_stages.sh   # third slice
-#   NAME=after6 ARGS="--runner host" PROFILE=0 PASSES=0 bash ci/gpu_build_stages.sh
+#   NAME=after8 ARGS="--runner host" PROFILE=0 PASSES=0 bash ci/gpu_build_stages.sh
 #                      # search.profile_lag = 1 (the default: ncu beside the next round's
 #                      # proposing and compiling); "--runner host --profile-lag 0": as before
 #   PROFILE=0 ...                                    # no job profile
