@@ -142,7 +142,7 @@ class SearchSettings:
     profile_top: int = 2
     profile_metrics: str = "search"  # one of PROFILE_METRICS
     profile_last_round: bool = False
-    profile_lag: int = 1  # 0 or 1: rounds between a round and the proposals its profiles feed
+    profile_lag: int = 0  # 0 or 1: rounds between a round and the proposals its profiles feed
     families: tuple[str, ...] | None = None  # kernel families searched (None: all)
     cublaslt: bool = True  # autotune cuBLASLt per target; its algorithm may be dispatched
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)

@@ -338,7 +338,7 @@ CASES: list[Case] = [
     Case("config-hidden-0", PKG + MODEL, "model[0].config", "cfg/config.json",
          "hidden_size must be a positive integer", config(hidden_size=0)),
     Case("config-heads-string", PKG + MODEL, "model[0].config", "cfg/config.json",
-         "num_attention_heads' expected int, got str", config(num_attention_heads="32")),
+         "num_attention_heads must be a positive integer, got '32'", config(num_attention_heads="32")),
     Case("tp-0", PKG + MODEL + "tp = 0\n", "model[0].tp", 0, "positive", config()),
     Case("tp-3", PKG + MODEL + "tp = 3\n", "model[0].tp", 3, "does not divide", config()),
     Case("tp-string", PKG + MODEL + 'tp = "2"\n', "model[0].tp", "2", "an integer", config()),
