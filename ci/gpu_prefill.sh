@@ -15,6 +15,13 @@
 #   TESTS='tile_n' TEST_TIMEOUT=300 SWEEP=bench/manifests/sweep-tma-v5-n-h100.toml BENCH=0 \
 #     bash ci/gpu_prefill.sh
 #
+# sm90tma v5 ping-pong (docs/kernels.md "sm90tma v5 ping-pong"): TESTS='tma_v5_pingpong'
+# selects its GPU tests in both default files (the kernels on every residue and K = 1024,
+# the strided bulk store, the fused epilogues in place and under memcheck: 42):
+#
+#   TESTS='tma_v5_pingpong' TEST_TIMEOUT=240 SWEEP=bench/manifests/sweep-tma-v5-pingpong-h100.toml \
+#     BENCH=0 bash ci/gpu_prefill.sh
+#
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):

@@ -5,16 +5,20 @@ exit 1 if any design fails.
 - ``pair`` (the default; docs/kernels.md "sm90tma v5 pair"): every persistent multicast
   pair: HGMMA, the multicast TMA load (UTMALDG...MULTICAST), no local memory (LDL/STL),
   no spills, the bulk copies (UBLKCP) exactly in the bulk-store designs.
-- ``tile_n`` (docs/kernels.md "sm90tma v5 tile N"): every persistent design of a tile N
-  in ``sm90_tma.TILE_N``: HGMMA of that N (``HGMMA.64x<n>x16``), no local memory, no
-  spills, the bulk copies.
+- ``tile_n`` (docs/kernels.md "sm90tma v5 tile N"): every persistent cooperative design
+  of a tile N in ``sm90_tma.TILE_N``: HGMMA of that N (``HGMMA.64x<n>x16``), no local
+  memory, no spills, the bulk copies.
+- ``pingpong`` (docs/kernels.md "sm90tma v5 ping-pong"): every ping-pong design with v5's
+  bulk store: HGMMA of its N, no local memory, no spills, the bulk copies, and the
+  warpgroup's own named barrier (``BAR.SYNC`` with a register id).
 
-    python ci/pair_sass.py CACHE_DIR [pair|tile_n]
+    python ci/pair_sass.py CACHE_DIR [pair|tile_n|pingpong]
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -43,10 +47,24 @@ def _tile_n_facts(d: KernelDesign, listing: str) -> dict[str, bool]:
     }
 
 
+def _pingpong_facts(d: KernelDesign, listing: str) -> dict[str, bool]:
+    return {
+        **_tile_n_facts(d, listing),
+        "own_barrier": re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+", listing) is not None,
+    }
+
+
 # selection -> (which persistent designs, the SASS facts each must show, all true)
 SELECTIONS: dict[str, tuple[Callable[[KernelDesign], bool], Callable[..., dict[str, bool]]]] = {
-    "pair": (lambda d: d.knobs.cluster_m == 2, _pair_facts),
-    "tile_n": (lambda d: d.knobs.wgmma_n in sm90_tma.TILE_N, _tile_n_facts),
+    "pair": (lambda d: d.knobs.persistent == 1 and d.knobs.cluster_m == 2, _pair_facts),
+    "tile_n": (
+        lambda d: d.knobs.persistent == 1 and d.knobs.wgmma_n in sm90_tma.TILE_N,
+        _tile_n_facts,
+    ),
+    "pingpong": (
+        lambda d: d.knobs.persistent == 2 and bool(sm90_tma.v5(d, "store")),
+        _pingpong_facts,
+    ),
 }
 
 
@@ -57,10 +75,7 @@ def main(cache_dir: str, selection: str = "pair") -> int:
     chosen, facts = SELECTIONS[selection]
     cache = ArtifactCache(Path(cache_dir))
     designs = [
-        d
-        for dtype in ("fp16", "bf16")
-        for d in sm90_tma.space("sm_90a", dtype, "tn")
-        if d.knobs.persistent == 1 and chosen(d)
+        d for dtype in ("fp16", "bf16") for d in sm90_tma.space("sm_90a", dtype, "tn") if chosen(d)
     ]
     start, bad, regs = time.monotonic(), 0, set()
     for d in tqdm(designs, disable=not sys.stderr.isatty(), file=sys.stderr):

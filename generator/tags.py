@@ -120,7 +120,12 @@ TMA_PAIR = {
 # sm90tma, ``schedule``: cooperative (the consumer warpgroups split each tile's P side:
 # every non-persistent design, and persistent = 1) or ping-pong (persistent = 2: each
 # warpgroup computes whole tiles, the two taking turns on the ring). wg_p_block and
-# wg_p_offset spell where a warpgroup's 64-row blocks start on the P side.
+# wg_p_offset spell where a warpgroup's 64-row blocks start on the P side; for v5's bulk
+# store (issue 22), c_half, store_sync and the store_row pair spell whose C buffer, which
+# barrier and which rows: the consumers' one buffer, barrier 1 over both warpgroups and
+# every consumer thread's rows (cooperative), or each warpgroup its own buffer half,
+# barrier 1 + wg over its 128 threads and rows (ping-pong: no barrier across the two
+# beyond their turns).
 TMA_SCHEDULE = {
     "cooperative": {
         "rows_assert": "sm90_tma/cooperative/rows_assert.cu.j2",
@@ -133,6 +138,10 @@ TMA_SCHEDULE = {
         "skip_tile": NONE,
         "wg_p_block": "(wg * MP + j)",
         "wg_p_offset": " + wg * MP * 64 * BK",
+        "c_half": NONE,
+        "store_sync": "sm90_tma/cooperative/store_sync.cu.j2",
+        "store_row0": "tid",
+        "store_row_step": "128 * WGS",
     },
     "pingpong": {
         "rows_assert": "sm90_tma/pingpong/rows_assert.cu.j2",
@@ -145,6 +154,10 @@ TMA_SCHEDULE = {
         "skip_tile": "sm90_tma/pingpong/skip_tile.cu.j2",
         "wg_p_block": "j",
         "wg_p_offset": "",
+        "c_half": "sm90_tma/pingpong/c_half.cu.j2",
+        "store_sync": "sm90_tma/pingpong/store_sync.cu.j2",
+        "store_row0": "(tid & 127)",
+        "store_row_step": "128",
     },
 }
 

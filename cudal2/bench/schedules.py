@@ -11,6 +11,8 @@ cooperative kernel with the knob set over the best with it at its default (each 
 speedup over its own job's torch), geomean over the targets that have both; for v5's
 tile N (``wgmma_n``), "set" is a tile N that is not a power of two (128 x 80, 160, 192,
 224: the persistent cooperative kernel's tile N of issue 22) and "default" one that is.
+For v5 ping-pong (``persistent``), the pool is every unpaired persistent kernel, "set" is
+ping-pong (``persistent`` = 2) and "default" the cooperative kernel (1).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def technique_on(knobs: dict[str, int], knob: str) -> bool:
     if knob == "wgmma_n":
         n = knobs.get("wgmma_n", 0)
         return n > 0 and n & (n - 1) != 0
+    if knob == "persistent":  # ping-pong, against the cooperative kernel
+        return knobs.get("persistent", 0) == 2
     off = DEFAULTS.get(knob, 0)
     return knobs.get(knob, off) != off
 
@@ -98,10 +102,17 @@ def technique_gain(
     by_target: dict[tuple[str, int, int, int], list[Timed]], knob: str
 ) -> tuple[float | None, int]:
     """Geomean over targets of the best persistent cooperative kernel with ``knob`` set
-    over the best with it at its default, and how many targets had both."""
+    over the best with it at its default, and how many targets had both (``persistent``:
+    the best ping-pong kernel over the best cooperative one, neither a multicast pair)."""
     logs = []
     for rows in by_target.values():
         coop = [r for r in rows if r.knobs.get("persistent", 0) == 1]
+        if knob == "persistent":
+            coop = [
+                r
+                for r in rows
+                if r.knobs.get("persistent", 0) in (1, 2) and r.knobs.get("cluster_m", 1) == 1
+            ]
         on = [r.speedup for r in coop if technique_on(r.knobs, knob)]
         off = [r.speedup for r in coop if not technique_on(r.knobs, knob)]
         if on and off:

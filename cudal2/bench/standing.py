@@ -1047,12 +1047,16 @@ TMA_V5_PAIR = "bench/results/h100-sweep-tma-v5-pair.measurements.jsonl.gz"  # li
 # the tables once committed (each is left out while its file is absent).
 TMA_V5_TILE_N = "bench/results/h100-sweep-tma-v5-n.measurements.jsonl.gz"
 TMA_V5_TILE_N_BF16 = "bench/results/h100-sweep-tma-v5-n-bf16.measurements.jsonl.gz"
+# v5 ping-pong (issue 22; sweep-tma-v5-pingpong-h100.toml, ci/gpu_prefill.sh), fp16: in the
+# tables once committed (left out while its file is absent).
+TMA_V5_PINGPONG = "bench/results/h100-sweep-tma-v5-pingpong.measurements.jsonl.gz"
 TECHNIQUES = (
     ("bulk store through a C buffer", "store"),
     ("grouped tile walk", "raster"),
     ("128 CTAs, not one per SM", "ctas"),
     ("2-CTA multicast pair", "cluster_m"),
     ("tile N not a power of two", "wgmma_n"),
+    ("ping-pong, not cooperative", "persistent"),
 )
 
 
@@ -1074,7 +1078,8 @@ def tma_v5_sweep(root: Path) -> str:
     from cudal2.database import MeasurementDB, latest
 
     tile_n = tuple(p for p in (TMA_V5_TILE_N, TMA_V5_TILE_N_BF16) if (root / p).exists())
-    paths = (TMA_V5_SWEEP, TMA_V5_SWEEP_BF16, TMA_V5_PAIR, *tile_n)
+    pingpong = (TMA_V5_PINGPONG,) if (root / TMA_V5_PINGPONG).exists() else ()
+    paths = (TMA_V5_SWEEP, TMA_V5_SWEEP_BF16, TMA_V5_PAIR, *tile_n, *pingpong)
     runs = {p: latest(MeasurementDB(root / p).read()) for p in paths}
     ms = [m for p in paths for m in runs[p]]
     by_target = timed(ms)
@@ -1092,10 +1097,17 @@ def tma_v5_sweep(root: Path) -> str:
         + f": {len(ms)} records, {ok} correct; the pair sweep is fp16 only, with its own "
         + (
             "controls; the tile N sweeps' own controls are v5's 128x128 and 128x256 "
-            "bulk-store designs, on 6 of the targets). Each cell: "
+            "bulk-store designs, on 6 of the targets"
             if tile_n
-            else "controls). Each cell: "
+            else "controls"
         )
+        + (
+            "; the ping-pong sweep is fp16 only, on 9 of the targets, with v5's "
+            "cooperative bulk-store designs as its controls"
+            if pingpong
+            else ""
+        )
+        + "). Each cell: "
         + "the schedule's fastest kernel as a speedup over torch timed in the same job "
         "(> 1: faster); cuBLASLt: the build's autotuned algorithm, likewise.",
         "",

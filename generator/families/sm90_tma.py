@@ -29,7 +29,7 @@ the same walk, but each warpgroup computes whole tiles (``64 x m_blocks`` rows o
 wgmma M side), the two taking turns on the ring through "turn" mbarriers, so one
 warpgroup's epilogue runs under the other's wgmmas.
 
-The v5 knobs of a persistent cooperative design (optional: left out of a design at 0,
+The v5 knobs of a persistent design (optional: left out of a design at 0,
 so every earlier design keeps its key, name and source): ``raster`` = G > 0 walks the
 tiles in groups of G M tiles (a super-row; the group's tiles column by column, its G M
 tiles of one N tile adjacent), so a wave of CTAs reads fewer A and B tiles from L2
@@ -40,6 +40,8 @@ through a C buffer in shared memory with asynchronous bulk copies
 the next tile's main loop while the copies drain. v5 tile N: the persistent cooperative
 bulk-store designs also take 128 x n tiles, n in ``TILE_N`` (80, 160, 192, 224: not
 powers of two), whose tile counts fill whole waves where 128x256 tiles leave SMs idle.
+v5 ping-pong: the ping-pong kernel takes the three knobs too, each consumer warpgroup
+storing its own tiles through its own half of the C buffer (``PINGPONG_V5_TILES``).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -105,6 +107,12 @@ STORE = (0, 1)  # 0: 4-byte stores from the accumulators; 1: C buffer + bulk cop
 # tests/generator/test_sm90_tma_v5_tile_n.py derives the set from the shapes again.
 TILE_N = (80, 160, 192, 224)
 TILE_N_DEPTHS = 2  # the two deepest rings that fit beside the C buffer, per tile N
+# v5 ping-pong (issue 22): the ping-pong kernel's tiles (m_blocks, wgmma_n) that take v5's
+# bulk store, walk and CTA cap: 128x128 and 128x160 (two 64-row blocks a warpgroup), 64x256
+# (one block of the cooperative 128x256's wgmma), and the tile N ones a warpgroup's
+# registers take (128x80, 64x192, 64x224; 128 x 192 or 224 would need 192 or 224
+# accumulators + 40 > 224). Each at its two deepest rings beside the two C buffer halves.
+PINGPONG_V5_TILES = ((2, 128), (2, 160), (1, 256), (2, 80), (1, 192), (1, 224))
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
 # aligned, as cp.async.bulk asks of its shared-memory source.
@@ -245,9 +253,11 @@ def _epilogue_or_none(d: KernelDesign) -> str:
 
 
 def c_buffer_bytes(d: KernelDesign) -> int:
-    """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1), or 0."""
+    """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1), or 0;
+    ping-pong has one a consumer warpgroup (each stores its own tiles)."""
     bm, bn = tile_mn(d)
-    return bm * (bn + C_PAD) * 2 if v5(d, "store") else 0
+    halves = 2 if pingpong(d) else 1
+    return halves * bm * (bn + C_PAD) * 2 if v5(d, "store") else 0
 
 
 def smem_bytes(d: KernelDesign) -> int:
@@ -322,10 +332,11 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
     """Why the v5 knobs (``raster``, ``ctas``, ``store``) cannot take these values."""
     k = d.knobs
     set_ = [n for n in ("raster", "ctas", "store") if v5(d, n)]
-    if set_ and k.persistent != 1:
-        # The walk, the CTA cap and the C buffer are written for the cooperative
-        # persistent kernel (ping-pong has its own turns; one tile per CTA no walk).
-        return [f"{', '.join(set_)}: persistent cooperative designs only (persistent=1)"]
+    if set_ and k.persistent not in (1, 2):
+        # The walk, the CTA cap and the C buffer are written for the persistent kernels
+        # (cooperative and ping-pong, whose warpgroups each store through their own half
+        # of the C buffer); one tile per CTA has no walk.
+        return [f"{', '.join(set_)}: persistent designs only (persistent=1 or 2)"]
     if v5(d, "store") and swapped(d):
         # The C buffer is written row-major from the compute orientation's accumulator
         # pairs (two adjacent columns of one row); swapped pairs are two rows.
@@ -345,7 +356,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     persistent cooperative designs (tiles of at least 128 x 128, compute orientation):
     each raster x ctas with the accumulator store, then with the bulk store; then the
     persistent multicast pairs (issue 22, ``_pair_designs``); then v5's tile N (128 x n
-    tiles, n not a power of two, ``_tile_n_designs``)."""
+    tiles, n not a power of two, ``_tile_n_designs``); then v5 ping-pong's (the ping-pong
+    kernel with the bulk store, ``_pingpong_v5_designs``)."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -380,6 +392,33 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
                 out.append(d)
     out += _pair_designs(dtype)
     out += _tile_n_designs(dtype)
+    out += _pingpong_v5_designs(dtype)
+    return out
+
+
+def pingpong_v5_stages(mp: int, n: int, dtype: str = "fp16") -> tuple[int, ...]:
+    """The ring depths of a ping-pong bulk-store design of 64 ``mp`` x ``n`` tiles in the
+    space: the ``TILE_N_DEPTHS`` deepest that fit shared memory beside the two C buffer
+    halves (128x128: 3, 4; 128x160: 2, 3; 64x256: 2, 3; 128x80: 5, 6; 64x192: 4, 5;
+    64x224: 3, 4)."""
+    fits = [
+        st
+        for st in range(2, PINGPONG_MAX_STAGES + 1)
+        if not check(design(dtype, 2, mp, False, n, st, 1, pers=2, store=1), sys.modules[__name__])
+    ]
+    return tuple(sorted(fits)[-TILE_N_DEPTHS:])
+
+
+def _pingpong_v5_designs(dtype: str) -> list[KernelDesign]:
+    """v5 ping-pong (issue 22): the ping-pong designs with the bulk store (each consumer
+    warpgroup through its own C buffer half) for each tile of ``PINGPONG_V5_TILES``, at
+    its two deepest rings, each raster x ctas: 6 x 2 x 6 = 72 per dtype."""
+    out = []
+    for mp, n in PINGPONG_V5_TILES:
+        for st, raster, ctas in itertools.product(pingpong_v5_stages(mp, n, dtype), RASTER, CTAS):
+            d = design(dtype, 2, mp, False, n, st, 1, pers=2, raster=raster, ctas=ctas, store=1)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
     return out
 
 

@@ -3,6 +3,7 @@ committed H100 v5 sweep database."""
 
 from __future__ import annotations
 
+import gzip
 import math
 from pathlib import Path
 
@@ -78,6 +79,9 @@ TECHNIQUE_ON = [
     ({}, "store", False),
     ({"cluster_m": 1}, "cluster_m", False),
     ({"cluster_m": 2}, "cluster_m", True),
+    ({"persistent": 2, "store": 1}, "persistent", True),  # v5 ping-pong
+    ({"persistent": 1, "store": 1}, "persistent", False),
+    ({}, "persistent", False),
 ]
 
 
@@ -99,6 +103,26 @@ def test_the_tile_n_gain_is_best_non_power_of_two_over_best_power_of_two():
     }
     gain, n = technique_gain(by_target, "wgmma_n")
     assert n == 2 and gain == pytest.approx(math.sqrt(0.90 / 0.73 * 0.85 / 0.9))
+
+
+def test_the_pingpong_gain_is_best_pingpong_over_best_cooperative():
+    """v5 ping-pong's row: among the unpaired persistent kernels (a pair or a one-tile
+    kernel is neither side), the best ping-pong one over the best cooperative one."""
+    by_target = {
+        ("fp16", 1, 1, 1): [
+            _t(0.94, store=1),
+            _t(0.90, store=1, raster=8),
+            _t(0.97, persistent=2, store=1),
+            _t(0.99, cluster_m=2, store=1),  # a pair: left out
+            _t(0.99, persistent=0),  # one tile: left out
+        ],
+        ("fp16", 2, 2, 2): [_t(0.9, store=1), _t(0.85, persistent=2, store=1, ctas=128)],
+        ("fp16", 3, 3, 3): [_t(0.9, persistent=2, store=1)],  # no cooperative kernel: left out
+    }
+    gain, n = technique_gain(by_target, "persistent")
+    assert n == 2 and gain == pytest.approx(math.sqrt(0.97 / 0.94 * 0.85 / 0.9))
+    # the other techniques still compare persistent = 1 kernels only (the pair among them)
+    assert technique_gain(by_target, "raster") == (pytest.approx(0.90 / 0.99), 1)
 
 
 def _committed(path: str = standing.TMA_V5_SWEEP):
@@ -166,3 +190,47 @@ def test_the_sweep_table_is_made_from_the_database():
     assert table.count("\n| fp16 | ") == table.count("\n| bf16 | ") == 17
     assert "| bulk store through a C buffer | `store` | `h100-sweep-tma-v5-bf16` | bf16 |" in table
     assert "| 2-CTA multicast pair | `cluster_m` | `h100-sweep-tma-v5-pair` | fp16 |" in table
+
+
+def test_the_pingpong_sweep_joins_the_table_once_committed(tmp_path):
+    """Absent, the ping-pong sweep changes nothing; present, its file is read and named,
+    and its kernels give the ping-pong row. Here the committed llm-public database
+    (ping-pong and cooperative kernels of the accumulator store beside each other on 19
+    fp16 and 21 bf16 targets) stands in for its file."""
+    paths = (standing.TMA_V5_SWEEP, standing.TMA_V5_SWEEP_BF16, standing.TMA_V5_PAIR)
+    for p in (*paths, standing.TMA_V5_TILE_N, standing.TMA_V5_TILE_N_BF16):
+        if (ROOT / p).exists():
+            (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / p).symlink_to(ROOT / p)
+    before = standing.tma_v5_sweep(tmp_path)
+    assert "ping-pong, not cooperative" not in before and "the ping-pong sweep" not in before
+    if not (ROOT / standing.TMA_V5_PINGPONG).exists():  # the tree before the sweep's commit
+        assert before == standing.tma_v5_sweep(ROOT)
+    stand_in = "manifests/llm-public-h100.measurements.jsonl"
+    (tmp_path / standing.TMA_V5_PINGPONG).write_bytes(gzip.compress((ROOT / stand_in).read_bytes()))
+    table = standing.tma_v5_sweep(tmp_path)
+    assert f"`{standing.TMA_V5_PINGPONG}`" in table and "the ping-pong sweep is fp16 only" in table
+    rows = [r for r in table.splitlines() if r.startswith("| ping-pong, not cooperative |")]
+    by_target = timed(latest(MeasurementDB(ROOT / stand_in).read()))
+    expected = []
+    for dtype in ("fp16", "bf16"):
+        run = {k: v for k, v in by_target.items() if k[0] == dtype}
+        gain, n = technique_gain(run, "persistent")
+        if n:
+            name = "h100-sweep-tma-v5-pingpong"
+            expected.append(
+                f"| ping-pong, not cooperative | `persistent` | `{name}` | {dtype} | {gain:.3f} "
+                f"| {n} |"
+            )
+    assert expected and sorted(rows) == sorted(expected)
+
+
+def test_a_committed_pingpong_sweep_gives_the_technique_row():
+    """Once the H100 ping-pong sweep is committed, its technique row is in the table."""
+    if not (ROOT / standing.TMA_V5_PINGPONG).exists():
+        pytest.skip("the ping-pong sweep is not committed yet (docs/kernels.md, v5 ping-pong)")
+    table = standing.tma_v5_sweep(ROOT)
+    assert (
+        "| ping-pong, not cooperative | `persistent` | `h100-sweep-tma-v5-pingpong` | fp16 |"
+        in table
+    )

@@ -196,6 +196,7 @@ def test_pingpong_designs():
     spills = sm90_tma.design("fp16", 2, 2, True, 128, 4, 1, pers=2)
     assert any("spill" in x for x in legality(spills))
     pp = [x for x in sm90_tma.space("sm_90a", "bf16", "tn") if x.knobs.persistent == 2]
+    pp = [x for x in pp if not sm90_tma.v5(x, "store")]  # v5's: test_sm90_tma_v5_pingpong
     assert len(pp) == 28 and all(
         x.knobs.split_k == 1 and sm90_tma.tile(x).bm * sm90_tma.tile(x).bn >= 64 * 128 for x in pp
     )

@@ -126,8 +126,8 @@ ILLEGAL = [
     (dict(wgmma_n=264), "wgmma_n=264 is not one of"),  # at most 256
     (dict(wgmma_n=0), "wgmma_n=0 is not one of"),
     (dict(swap=1, wgmma_n=80, stages=4), "the compute orientation only"),
-    (dict(persistent=2, stages=4), "persistent cooperative designs only"),
-    (dict(persistent=0, wgmma_n=224, stages=3), "persistent cooperative designs only"),
+    (dict(persistent=2, stages=7), "shared memory"),  # 64x160: 7 x 28 KiB + 2 x 21 KiB
+    (dict(persistent=0, wgmma_n=224, stages=3), "persistent designs only"),
     (dict(split_k=2), "do not split K"),
 ]
 

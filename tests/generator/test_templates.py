@@ -288,6 +288,12 @@ GOLDEN_V5 = [
      "119a2c71dcc87371"),
     ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, cluster=2,
                   raster=8, ctas=128, store=1), "9f5d44be7fa34113"),
+    # ping-pong with the bulk store, each warpgroup through its own C buffer half (issue
+    # 22's fourth slice): 128x128 with the walk and the cap; 64x224
+    ("fp16", dict(wgs=2, mp=2, swap=False, n=128, stages=4, split=1, pers=2, raster=8,
+                  ctas=128, store=1), "7b7f6498b7cec154"),
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=224, stages=4, split=1, pers=2, store=1),
+     "f5bfcca6ede8553a"),
 ]  # fmt: skip
 
 

@@ -51,12 +51,13 @@ def test_the_v5_sweep_measures_every_v5_design_and_the_controls():
     proposed = [d for d in proposed if (d.knobs.persistent, d.knobs.cluster_m) != (1, 2)]
     assert len(proposed) == 80 < m.search.candidates
     v5 = [d for d in proposed if set(d.knobs.names()) & {"raster", "ctas", "store"}]
-    every_v5 = [  # v5's designs of this sweep's time (no pair, no tile N: later slices)
+    every_v5 = [  # v5's designs of this sweep's time (no pair, tile N, ping-pong: later)
         d
         for d in sm90_tma.space("sm_90a", "fp16", "tn")
         if set(d.knobs.names()) & {"raster", "ctas", "store"}
         and d.knobs.cluster_m == 1
         and d.knobs.wgmma_n not in sm90_tma.TILE_N
+        and d.knobs.persistent == 1
     ]
     assert sorted(d.key for d in v5) == sorted(d.key for d in every_v5)
     controls = [d for d in proposed if d not in v5]
@@ -127,3 +128,42 @@ def test_the_tile_n_sweep_measures_the_tile_n_designs_and_their_controls(path, d
             ((128, 128), 4),
             ((128, 128), 5),
         }
+
+
+PINGPONG_SWEEP = SWEEP.with_name("sweep-tma-v5-pingpong-h100.toml")
+
+
+def test_the_pingpong_sweep_measures_the_pingpong_designs_and_their_controls():
+    """sweep-tma-v5-pingpong-h100: the ping-pong bulk-store designs of 3 or 4 stages and
+    raster 0 / 8 x ctas 0 / 128 (28), and v5's cooperative bulk-store designs of the same
+    walks as controls (32, v5's best of each target among them), on 9 targets, fp16."""
+    m = load_manifest(PINGPONG_SWEEP)
+    assert {t.dtype for t in m.targets} == {"fp16"} and len(m.targets) == 9
+    assert {(t.m, t.n, t.k) for t in m.targets} == {
+        (1024, 8192, 1024), (4096, 8192, 1024), (1024, 8192, 3584), (4096, 8192, 3584),
+        (1024, 4096, 4096), (4096, 4096, 4096), (1024, 6144, 4096), (1024, 7168, 8192),
+        (4096, 1280, 8192),
+    }  # fmt: skip
+    p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs)
+    for t in m.targets:
+        proposed = p.propose(t, [], m.search.candidates)
+        assert len(proposed) == 60 < m.search.candidates  # the whole filtered space
+        assert all(sm90_tma.v5(d, "store") and d.knobs.cluster_m == 1 for d in proposed)
+        assert all(sm90_tma.v5(d, "raster") in (0, 8) for d in proposed)
+        pingpong = [d for d in proposed if sm90_tma.pingpong(d)]
+        every = [
+            d
+            for d in sm90_tma.space("sm_90a", "fp16", "tn")
+            if sm90_tma.pingpong(d) and sm90_tma.v5(d, "store") and d.knobs.stages in (3, 4)
+            and sm90_tma.v5(d, "raster") != 16 and d.knobs.wgmma_n != 80
+        ]  # fmt: skip
+        assert sorted(d.key for d in pingpong) == sorted(d.key for d in every)
+        assert {sm90_tma.tile_mn(d) for d in pingpong} == {
+            (128, 128), (128, 160), (64, 256), (64, 192), (64, 224),
+        }  # fmt: skip
+        controls = [d for d in proposed if d not in pingpong]
+        assert len(pingpong) == 28 and len(controls) == 32
+        assert all(d.knobs.persistent == 1 for d in controls)
+        tiles = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in controls}
+        assert ((128, 256), 3) in tiles  # v5's best on 14 of the 17 fp16 targets
+        assert {((128, 160), 4), ((128, 192), 4), ((128, 224), 3)} <= tiles  # tile N's bests

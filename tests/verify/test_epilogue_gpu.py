@@ -54,6 +54,13 @@ DESIGNS = {
         wgs=2, mp=1, swap=False, n=160, stages=5, split=1, pers=1, raster=8, ctas=128, store=1
     ),
     "tile_n_80": dict(wgs=2, mp=1, swap=False, n=80, stages=7, split=1, pers=1, store=1),
+    # v5 ping-pong (issue 22): each warpgroup's tile through its own C buffer half
+    "tma_v5_pingpong_bulk": dict(
+        wgs=2, mp=2, swap=False, n=128, stages=4, split=1, pers=2, raster=8, ctas=128, store=1
+    ),
+    "tma_v5_pingpong_64x256": dict(
+        wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=2, store=1
+    ),
 }
 
 
@@ -104,8 +111,11 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
 
 @pytest.mark.parametrize(
     "shape",
-    ["split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk", "tile_n_bulk"],
-)
+    [
+        "split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk",
+        "tile_n_bulk", "tma_v5_pingpong_bulk",
+    ],
+)  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
     """C = A B^T + C: the output is the residual (each element read, then written)."""
     from cudal2.verify import correctness
@@ -196,7 +206,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
     ("shape", "epilogue"),
     [("split4", "residual"), ("tile", "bias_residual"), ("split4_bm64", "rmsnorm_silu"),
      ("swap_split8", "rmsnorm_bias"), ("pair_bm64", "gelu_tanh"),
-     ("persistent_bulk", "bias_residual"), ("tile_n_bulk", "bias_residual")],
+     ("persistent_bulk", "bias_residual"), ("tile_n_bulk", "bias_residual"),
+     ("tma_v5_pingpong_bulk", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

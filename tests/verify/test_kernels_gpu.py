@@ -176,11 +176,32 @@ TMA_V5_TILE_N_DESIGNS = [
 ]
 TILE_N_SHAPES = [*V5_SHAPES, (1024, 1280, 1096), (1024, 7168, 1096)]
 
+# sm90tma v5 ping-pong (issue 22): the ping-pong kernel with v5's bulk store (each
+# warpgroup through its own C buffer half), walk and cap (the knobs of TMA_V5_DESIGNS):
+# 128x128 (4 and 3 stages), 128x160, 64x256 (3 and 2), the tile N ones (128x80, 64x224,
+# 64x192), each walk and cap; and the walk and cap without the bulk store (legal, not in
+# the space). V5_SHAPES has the residues and CTAs walking several tiles (4096^3: 1024
+# tiles of 128x128 or 64x256, each warpgroup storing 3-4 times through its half, so it
+# waits on its own previous copies); 1024x8192x1024 is the K = 1024 shape the schedule
+# is for (16 k tiles a tile), 1024x1280x1096 the 128x80 tile grid (8 x 16).
+TMA_V5_PINGPONG_DESIGNS = [
+    (2, 128, 4, 0, 0, 1),
+    (2, 128, 3, 8, 128, 1),
+    (2, 160, 3, 16, 0, 1),
+    (1, 256, 3, 8, 128, 1),
+    (1, 256, 2, 0, 0, 1),
+    (2, 80, 6, 16, 128, 1),
+    (1, 224, 4, 8, 0, 1),
+    (1, 192, 5, 0, 128, 1),
+    (2, 128, 4, 8, 128, 0),
+]
+PINGPONG_V5_SHAPES = [*V5_SHAPES, (1024, 8192, 1024), (1024, 1280, 1096)]
 
-def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1) -> KernelDesign:
+
+def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1, pers: int = 1) -> KernelDesign:
     mp, n, st, raster, ctas, store = knobs
     return sm90_tma.design(
-        dtype, 2, mp, False, n, st, 1, pers=1, cluster=cluster, raster=raster, ctas=ctas,
+        dtype, 2, mp, False, n, st, 1, pers=pers, cluster=cluster, raster=raster, ctas=ctas,
         store=store,
     )  # fmt: skip
 
@@ -303,6 +324,14 @@ def test_tma_v5_tile_n_persistent_correct(tmp_path, dtype, knobs):
     _check_design(tmp_path, d, TILE_N_SHAPES)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_PINGPONG_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_pingpong_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs, pers=2)
+    assert sm90_tma.pingpong(d) and launch_recipe(d)["persistent"] == 2
+    _check_design(tmp_path, d, PINGPONG_V5_SHAPES)
+
+
 # (N, ldc - N, C offset in elements): the bulk store's rows into a strided C: N % 8 != 0
 # with ldc % 8 == 0 (whole 16-byte chunks by cp.async.bulk, the last N % 8 columns by
 # plain stores), and a C 2 bytes past 16-byte alignment (every row by plain stores).
@@ -332,6 +361,15 @@ def test_tma_v5_tile_n_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad,
     16-byte aligned in a row of C where ldc % 8 == 0)."""
     knobs = (1, tile_n, max(sm90_tma.tile_n_stages(tile_n, dtype)), 8, 128, 1)
     _strided_output(tmp_path, _v5_design(dtype, knobs), n, pad, offset)
+
+
+@pytest.mark.parametrize("n, pad, offset", V5_STRIDED)
+@pytest.mark.parametrize("tile", [(2, 128, 4), (1, 224, 4)], ids=["128x128", "64x224"])
+def test_tma_v5_pingpong_bulk_store_into_a_strided_output(tmp_path, n, pad, offset, tile):
+    """As above, ping-pong (fp16: bf16's bulk store is the kernel tests'): each warpgroup's
+    rows through its own C buffer half."""
+    knobs = (*tile, 8, 128, 1)
+    _strided_output(tmp_path, _v5_design("fp16", knobs, pers=2), n, pad, offset)
 
 
 def _strided_output(tmp_path, d: KernelDesign, n: int, pad: int, offset: int) -> None:

@@ -161,6 +161,9 @@ NATIVE_RECIPES = {
     "pair ct128": sm90_tma.design("fp16", 2, 2, False, 128, 3, 1, pers=1, cluster=2, ctas=128),
     "tile n 80": sm90_tma.design("fp16", 2, 1, False, 80, 7, 1, pers=1, store=1),
     "tile n 224 ct128": sm90_tma.design("fp16", 2, 1, False, 224, 3, 1, pers=1, ctas=128, store=1),
+    # v5 ping-pong (issue 22): the cap on the ping-pong kernel
+    "ping-pong ct128": sm90_tma.design("fp16", 2, 2, False, 128, 4, 1, pers=2, ctas=128, store=1),
+    "ping-pong 64x224": sm90_tma.design("fp16", 2, 1, False, 224, 4, 1, pers=2, raster=8, store=1),
 }
 SHAPES = [(1, 1), (2100, 2056), (4096, 4096), (257, 7168), (8192, 8192), (64, 129), (1024, 1280)]
 
@@ -180,3 +183,14 @@ def test_the_native_launcher_launches_the_python_grid(lib, name):
             else:
                 want = (*driver._whole_clusters(recipe, gx, gy), recipe["split_k"])
             assert native.native_grid(lib, desc, m, n) == want, (name, sms, m, n)
+
+
+def test_the_pingpong_cap_caps_the_grid():
+    """v5 ping-pong: a capped ping-pong recipe launches at most 128 CTAs (each CTA's two
+    warpgroups then walk its tiles), an uncapped one one per SM."""
+    capped = sm90_tma.launch_recipe(NATIVE_RECIPES["ping-pong ct128"])
+    plain = sm90_tma.launch_recipe(sm90_tma.design("fp16", 2, 2, False, 128, 4, 1, pers=2, store=1))
+    assert capped["persistent"] == plain["persistent"] == 2 and capped["max_ctas"] == 128
+    assert driver.persistent_grid(capped, 4096, 4096, 132) == 128
+    assert driver.persistent_grid(plain, 4096, 4096, 132) == 132
+    assert driver.persistent_grid(capped, 1024, 1280, 132) == 80  # 8 x 10 tiles of 128x128
