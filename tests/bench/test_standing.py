@@ -178,8 +178,9 @@ def test_the_profile_lag_estimate_is_made_from_the_lag_0_run(tmp_path):
     d = json.loads((ROOT / standing.BUILD_STAGES).read_text())
     d[standing.LAG_RUN]["stages"]["stages_s"]["profile"] = 0.0
     (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
-    db = tmp_path / run["database"]
-    db.write_bytes((ROOT / run["database"]).read_bytes())
+    for r in d.values():  # every run's database (a run made with the lag reads its own)
+        if isinstance(r, dict) and "database" in r:
+            (tmp_path / r["database"]).write_bytes((ROOT / r["database"]).read_bytes())
     none = standing.profile_lag(tmp_path)
     assert "Saved, estimated: 0.0 s" in none and "0.0 s each" in none
     assert "Saved, estimated: 0.0 s" not in table
@@ -190,7 +191,7 @@ def test_the_profile_lag_estimate_is_made_from_the_lag_0_run(tmp_path):
     d["after9"] = lagged
     (tmp_path / standing.BUILD_STAGES).write_text(json.dumps(d))
     with_run = standing.profile_lag(tmp_path)
-    assert "| lag 1, estimated | after9, measured |" in with_run
+    assert "| after9, measured |" in with_run  # the last column (after8's is committed)
     gaps = [f"{c[0] - b[1]:.0f}" for b, c in zip(spans, spans[1:], strict=False)]
     rows = [x for x in with_run.splitlines() if x.startswith("| round ")]
     assert [x.rsplit("|", 2)[1].strip() for x in rows] == gaps
