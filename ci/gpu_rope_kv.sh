@@ -3,7 +3,9 @@
 # in the qkv epilogue"): sm90direct's rmsnorm_rope_kv / rmsnorm_bias_rope_kv kernels
 #   (a) the GPU tests (tests/verify/test_rope_kv_gpu.py: the correctness suite on
 #       Llama-3.1-8B's qkv and residue head splits, fp16 and bf16, four designs; the PDL
-#       pair check; an out-of-range position; memcheck), ~2-4 minutes of nvcc here;
+#       pair check; an out-of-range position; memcheck) and the runtime op through a
+#       generated package (tests/packaging/runtime/test_rope_kv_op_gpu.py: a kernel hit,
+#       eager, the torch op, CUDA-graph capture), ~2-4 minutes of nvcc here;
 #   (b) the sweep bench/manifests/sweep-rope-kv-h100.toml built from an empty database:
 #       Llama-3.1-8B qkv 6144 x 4096 (heads 32/8/128) at M = 1 and 16, rmsnorm_rope_kv and
 #       rmsnorm on 8 sm90direct tiles near the e2e wheel's M = 1 design, each with its 3 PDL
@@ -25,9 +27,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
   --format=csv | tee "$OUT/gpu.txt"
 rc=0
 if [ "${TESTS:-1}" = 1 ]; then
-  step "GPU tests: tests/verify/test_rope_kv_gpu.py"
-  timeout "${TEST_TIMEOUT:-420}" $PY -m pytest -m gpu tests/verify/test_rope_kv_gpu.py -q \
-    -p no:cacheprovider > "$OUT/rope-kv-tests.txt" 2>&1 || rc=$?
+  step "GPU tests: test_rope_kv_gpu.py, test_rope_kv_op_gpu.py"
+  timeout "${TEST_TIMEOUT:-420}" $PY -m pytest -m gpu tests/verify/test_rope_kv_gpu.py \
+    tests/packaging/runtime/test_rope_kv_op_gpu.py -q -p no:cacheprovider \
+    > "$OUT/rope-kv-tests.txt" 2>&1 || rc=$?
   tail -15 "$OUT/rope-kv-tests.txt"
 fi
 step "cudal2-build $SWEEP"

@@ -109,6 +109,7 @@ def check_operands(
     k_cache: Any,
     v_cache: Any,
     positions: Any,
+    read_positions: bool = True,
 ) -> tuple[int, int, int]:
     """The rules a ROPE_KV epilogue's operands must meet for a GEMM of M = ``m`` rows
     and N = ``n`` in ``dtype`` on ``device``; the head split, or a clear error naming the
@@ -116,7 +117,8 @@ def check_operands(
     output's dtype; the caches [B, kv_heads, L, D] of the output's dtype, unit inner
     stride, B = M / seq, one L; positions int64 [seq] with M % seq == 0, and on the CPU
     every position in [0, L) (on a GPU they are not read back: that would synchronise;
-    the kernel writes nothing for a position outside [0, L))."""
+    the kernel writes nothing for a position outside [0, L)); ``read_positions`` False:
+    not even there (a fake tensor's values, while tracing)."""
     q, kv, d = check_heads(op, n, heads)
     for name, t in (("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)):
         _need(op, name, t)
@@ -154,7 +156,7 @@ def check_operands(
         raise ValueError(
             f"{op}: k_cache holds L = {k_cache.shape[2]} slots but v_cache {v_cache.shape[2]}"
         )
-    if positions.device.type == "cpu":
+    if read_positions and positions.device.type == "cpu":
         low, high = int(positions.min()), int(positions.max())
         if low < 0 or high >= k_cache.shape[2]:
             raise ValueError(
@@ -250,4 +252,4 @@ def fallback(
     lead = x.shape[:-1]
     y = _torch().nn.functional.linear(rms_normed(x, eps), w, bias)
     q = epilogue(y.reshape(-1, y.shape[-1]), cos, sin, k_cache, v_cache, positions, heads)
-    return q.to(x.dtype).reshape(*lead, q.shape[-1])
+    return q.to(x.dtype).contiguous().reshape(*lead, q.shape[-1])
