@@ -684,7 +684,8 @@ SPLITK_EPILOGUE: dict[str, dict[str, str]] = {
 # the runtime's ``abi.RopeKvArgs`` order (strides spread).
 ROPE_KV_PARAMS = (
     ",\n    const T* __restrict__ rope_cos, const T* __restrict__ rope_sin, T* k_cache,"
-    "\n    T* v_cache, const long long* __restrict__ positions, int seq, int cache_len,"
+    "\n    T* v_cache, const long long* __restrict__ positions, int seq, int cos_batch,"
+    " int cache_len,"
     "\n    int q_heads, int kv_heads, int head_dim, long long ks0, long long ks1, long long ks2,"
     "\n    long long vs0, long long vs1, long long vs2"
 )

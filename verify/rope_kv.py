@@ -173,6 +173,6 @@ def contiguous_args(t: Target, ptrs: dict[str, int], positions_ptr: int) -> Rope
     _, seq, length = layout(t)
     strides = (kv * length * d, length * d, d)
     return RopeKvArgs(
-        ptrs["cos"], ptrs["sin"], ptrs["k_cache"], ptrs["v_cache"], positions_ptr, seq,
+        ptrs["cos"], ptrs["sin"], ptrs["k_cache"], ptrs["v_cache"], positions_ptr, seq, seq,
         length, q, kv, d, strides, strides,
     )  # fmt: skip

@@ -118,12 +118,14 @@ class GemmArgs(NamedTuple):
 
 class RopeKvArgs(NamedTuple):
     """A ROPE_KV epilogue's parameters, after eps, in the kernel's order: device
-    pointers of cos and sin ([M, head_dim], the output's dtype, row stride head_dim), of
-    the K and V caches ([B, kv_heads, L, head_dim], unit inner stride; written) and of
-    the cache positions (int64 [seq]); ``seq`` rows per sequence (row m = b * seq + s
-    goes to slot positions[s] of batch b), ``cache_len`` the caches' L (a position
-    outside [0, L) writes nothing), the head split, and each cache's three outer strides
-    in elements (batch, head, slot)."""
+    pointers of cos and sin (the output's dtype, row stride head_dim), of the K and V
+    caches ([B, kv_heads, L, head_dim], unit inner stride; written) and of the cache
+    positions (int64 [seq]); ``seq`` rows per sequence (row m = b * seq + s goes to slot
+    positions[s] of batch b); ``cos_batch`` the rows of cos and sin between two
+    sequences (row m's are at b * cos_batch + s: ``seq`` for [B, seq, D], 0 for the
+    [1, seq, D] transformers passes when the batch shares its positions);
+    ``cache_len`` the caches' L (a position outside [0, L) writes nothing), the head
+    split, and each cache's three outer strides in elements (batch, head, slot)."""
 
     cos: int
     sin: int
@@ -131,6 +133,7 @@ class RopeKvArgs(NamedTuple):
     v_cache: int
     positions: int
     seq: int
+    cos_batch: int
     cache_len: int
     q_heads: int
     kv_heads: int
@@ -142,7 +145,7 @@ class RopeKvArgs(NamedTuple):
 
     def flat(self) -> tuple:
         """The kernel's parameters as they follow eps (strides spread)."""
-        return (*self[:10], *self.k_strides, *self.v_strides)
+        return (*self[:11], *self.k_strides, *self.v_strides)
 
 
 class EpilogueArgs(NamedTuple):

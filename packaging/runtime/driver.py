@@ -36,12 +36,12 @@ GEMM_V3_TYPES = (*GEMM_V2_TYPES, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long
 # ... and, for an RMSNorm row-scale epilogue (abi.ROW_SCALED) only, the norm's eps.
 GEMM_V3_ROW_SCALED_TYPES = (*GEMM_V3_TYPES, ctypes.c_float)
 # ... and, after eps, a ROPE_KV epilogue's operands (abi.RopeKvArgs, strides spread):
-# cos, sin, k_cache, v_cache, positions; seq, cache_len, q_heads, kv_heads, head_dim;
-# the K cache's three outer strides, the V cache's.
+# cos, sin, k_cache, v_cache, positions; seq, cos_batch, cache_len, q_heads, kv_heads,
+# head_dim; the K cache's three outer strides, the V cache's.
 GEMM_V3_ROPE_KV_TYPES = (
     *GEMM_V3_ROW_SCALED_TYPES,
     *(ctypes.c_void_p,) * 5,
-    *(ctypes.c_int,) * 5,
+    *(ctypes.c_int,) * 6,
     *(ctypes.c_longlong,) * 6,
 )
 

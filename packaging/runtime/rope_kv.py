@@ -113,12 +113,14 @@ def check_operands(
 ) -> tuple[int, int, int]:
     """The rules a ROPE_KV epilogue's operands must meet for a GEMM of M = ``m`` rows
     and N = ``n`` in ``dtype`` on ``device``; the head split, or a clear error naming the
-    operand: cos and sin [M, D] (any leading dims, contiguous: row stride D) of the
-    output's dtype; the caches [B, kv_heads, L, D] of the output's dtype, unit inner
-    stride, B = M / seq, one L; positions int64 [seq] with M % seq == 0, and on the CPU
-    every position in [0, L) (on a GPU they are not read back: that would synchronise;
-    the kernel writes nothing for a position outside [0, L)); ``read_positions`` False:
-    not even there (a fake tensor's values, while tracing)."""
+    operand: cos and sin of the output's dtype, contiguous (row stride D), [M, D] (one
+    row per row of x) or [seq, D] (shared by the batch: transformers' [1, seq, D] when
+    every sequence is at the same positions), any leading dims; the caches [B, kv_heads,
+    L, D] of the output's dtype, unit inner stride, B = M / seq, one L; positions int64
+    [seq] with M % seq == 0, and on the CPU every position in [0, L) (on a GPU they are
+    not read back: that would synchronise; the kernel writes nothing for a position
+    outside [0, L)); ``read_positions`` False: not even there (a fake tensor's values,
+    while tracing)."""
     q, kv, d = check_heads(op, n, heads)
     for name, t in (("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)):
         _need(op, name, t)
@@ -126,13 +128,18 @@ def check_operands(
             raise ValueError(f"{op}: {name} is {t.dtype} but the output is {dtype}")
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but x on {device}")
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.dim() < 1 or t.shape[-1] != d or t.numel() != m * d or not t.is_contiguous():
-            raise ValueError(
-                f"{op}: {name} must be a contiguous [M, head_dim] = [{m}, {d}] tensor (any "
-                f"leading dims), got shape {tuple(t.shape)} strides {tuple(t.stride())}"
-            )
     _need(op, "positions", positions)
+    seq = positions.numel() if positions.dim() == 1 else 0
+    for name, t in (("cos", cos), ("sin", sin)):
+        rows = t.numel() // d if t.dim() >= 1 and t.shape[-1] == d else -1
+        if rows not in (m, seq) or not t.is_contiguous():
+            raise ValueError(
+                f"{op}: {name} must be a contiguous [M, head_dim] = [{m}, {d}] or [seq, "
+                f"head_dim] = [{seq}, {d}] tensor (any leading dims), got shape "
+                f"{tuple(t.shape)} strides {tuple(t.stride())}"
+            )
+    if cos.numel() != sin.numel():
+        raise ValueError(f"{op}: sin {tuple(sin.shape)} is not cos's shape {tuple(cos.shape)}")
     if positions.dtype != _torch().int64 or positions.dim() != 1 or positions.numel() < 1:
         raise ValueError(
             f"{op}: positions must be a 1-D int64 tensor [seq], got {positions.dtype} "
@@ -170,13 +177,16 @@ def kernel_args(heads: tuple[int, int, int], cos, sin, k_cache, v_cache, positio
     """The kernel's ROPE_KV operands (``abi.RopeKvArgs``) of checked tensors
     (``check_operands``)."""
     q, kv, d = heads
+    seq = positions.numel()
+    per_row = cos.numel() == k_cache.shape[0] * seq * d  # [M, D]; else [seq, D], shared
     return RopeKvArgs(
         cos.data_ptr(),
         sin.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         positions.data_ptr(),
-        positions.numel(),
+        seq,
+        seq if per_row else 0,
         k_cache.shape[2],
         q,
         kv,
@@ -196,8 +206,9 @@ def rotated(y: Any, cos: Any, sin: Any, heads: tuple[int, int, int]) -> tuple[An
     y = y.float()
     qk = y[:, : (q_heads + kv_heads) * d].reshape(m, q_heads + kv_heads, half, 2)
     x0, x1 = qk[..., 0], qk[..., 1]  # original columns i and i + D/2 of each head
-    c = cos.reshape(m, 1, d).float()
-    s = sin.reshape(m, 1, d).float()
+    # [seq, D] shared by the batch: row m = b * seq + s takes row s
+    c = cos.reshape(-1, d).float().repeat(m * d // cos.numel(), 1).reshape(m, 1, d)
+    s = sin.reshape(-1, d).float().repeat(m * d // sin.numel(), 1).reshape(m, 1, d)
     lo = x0 * c[..., :half] - x1 * s[..., :half]
     hi = x1 * c[..., half:] + x0 * s[..., half:]
     out = _torch().cat((lo, hi), -1)

@@ -92,6 +92,7 @@ def test_the_kernel_takes_the_parameters_the_driver_passes(epilogue):
         "T* v_cache",
         "const long long* __restrict__ positions",
         "int seq",
+        "int cos_batch",
         "int cache_len",
         "int q_heads",
         "int kv_heads",
@@ -101,9 +102,9 @@ def test_the_kernel_takes_the_parameters_the_driver_passes(epilogue):
     # the names of abi.RopeKvArgs, in its order (strides spread)
     from cudal2.packaging.runtime.abi import RopeKvArgs
 
-    assert RopeKvArgs._fields[:10] == (
-        "cos", "sin", "k_cache", "v_cache", "positions", "seq", "cache_len", "q_heads",
-        "kv_heads", "head_dim",
+    assert RopeKvArgs._fields[:11] == (
+        "cos", "sin", "k_cache", "v_cache", "positions", "seq", "cos_batch", "cache_len",
+        "q_heads", "kv_heads", "head_dim",
     )  # fmt: skip
 
 

@@ -137,7 +137,7 @@ def test_only_a_row_scaled_kernel_takes_eps(recorded, epilogue, pdl):
     if epilogue in ROPE_KV:
         assert types == driver.GEMM_V3_ROPE_KV_TYPES and args[14] == 1e-5
         assert tuple(args[15:]) == ROPE_FLAT
-        assert len(args) == len(types) == 15 + 16
+        assert len(args) == len(types) == 15 + 17
     elif epilogue in ROW_SCALED:
         assert types == driver.GEMM_V3_ROW_SCALED_TYPES
         assert types[-1] is ctypes.c_float and args[14] == 1e-5
@@ -164,10 +164,11 @@ def test_eps_then_rope_kv_are_the_last_fields_and_unset_by_default():
     assert not any(EpilogueArgs())  # a plain kernel's "no operands" check still holds
 
 
-# cos, sin, k_cache, v_cache, positions; seq, L, q_heads, kv_heads, head_dim; strides
-ROPE = RopeKvArgs(0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 1, 1024, 32, 8, 128,
+# cos, sin, k_cache, v_cache, positions; seq, cos_batch, L, q_heads, kv_heads, head_dim;
+# strides
+ROPE = RopeKvArgs(0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 1, 0, 1024, 32, 8, 128,
                   (8 << 20, 1 << 17, 128), (8 << 20, 1 << 17, 128))  # fmt: skip
-ROPE_FLAT = (0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 1, 1024, 32, 8, 128,
+ROPE_FLAT = (0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 1, 0, 1024, 32, 8, 128,
              8 << 20, 1 << 17, 128, 8 << 20, 1 << 17, 128)  # fmt: skip
 
 

@@ -69,9 +69,12 @@ def _layer(family: str):
     return config, layer, rotary
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["per_row", "shared"])
 @pytest.mark.parametrize(("batch", "seq", "start"), [(1, 1, 5), (3, 1, 0), (2, 4, 7)])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_the_reference_is_transformers_rope_and_static_cache(family, batch, seq, start):
+def test_the_reference_is_transformers_rope_and_static_cache(family, batch, seq, start, shared):
+    """``shared``: position_ids [1, seq], so cos and sin are [1, seq, D] for the whole
+    batch (what transformers passes when no per-sequence positions are given)."""
     config, layer, rotary = _layer(family)
     attn = layer.self_attn
     heads = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
@@ -79,8 +82,9 @@ def test_the_reference_is_transformers_rope_and_static_cache(family, batch, seq,
     length = 16
     x = torch.randn(batch, seq, config.hidden_size)
     positions = torch.arange(seq) + start
-    position_ids = positions.expand(batch, seq)
+    position_ids = positions[None] if shared else positions.expand(batch, seq)
     cos, sin = rotary(x, position_ids)
+    assert cos.shape == ((1 if shared else batch), seq, config.head_dim)
 
     # transformers: the cache holds `start` earlier tokens (random), then this step
     cache = transformers.StaticCache(config=config, max_cache_len=length)
@@ -133,9 +137,12 @@ def test_kernel_args_are_the_tensors_pointers_and_strides():
     got = rope_kv.kernel_args(heads, cos, sin, k_cache, v_cache, positions)
     assert got == RopeKvArgs(
         cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        positions.data_ptr(), 1, 10, 4, 2, 8, (160, 80, 8), (192, 96, 8),
+        positions.data_ptr(), 1, 1, 10, 4, 2, 8, (160, 80, 8), (192, 96, 8),
     )  # fmt: skip
-    assert len(got.flat()) == 16
+    assert len(got.flat()) == 17
+    # cos, sin shared by the batch ([seq, D]): no rows between sequences
+    shared = rope_kv.kernel_args(heads, cos[:1], sin[:1], k_cache, v_cache, positions)
+    assert shared.cos_batch == 0 and shared.seq == 1
 
 
 def _operands(**change):
@@ -166,6 +173,7 @@ HOSTILE = [
     ("cos dtype", dict(cos=torch.zeros(6, 8)), ValueError, "cos is torch.float32"),
     ("sin shape", dict(sin=torch.zeros(6, 16, dtype=F16)), ValueError, "sin must be a contiguous"),
     ("sin rows", dict(sin=torch.zeros(5, 8, dtype=F16)), ValueError, "sin must be a contiguous"),
+    ("sin not cos's", dict(sin=torch.zeros(2, 8, dtype=F16)), ValueError, "is not cos's shape"),
     (
         "cos strided",
         dict(cos=torch.zeros(6, 16, dtype=F16)[:, :8]),
@@ -258,6 +266,9 @@ def test_hostile_operands_are_refused_naming_the_operand(case, change, error, ne
 
 def test_the_good_call_passes():
     assert rope_kv.check_operands("linear_rope_kv", **_operands()) == (4, 2, 8)
+    shared = torch.zeros(1, 2, 8, dtype=torch.float16)  # [1, seq, D]: the batch's rows
+    got = rope_kv.check_operands("linear_rope_kv", **_operands(cos=shared, sin=shared))
+    assert got == (4, 2, 8)
 
 
 def test_the_packers_refuse_a_bad_head_split():

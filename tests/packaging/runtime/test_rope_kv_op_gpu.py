@@ -87,7 +87,9 @@ def pkg(tmp_path_factory, shipped_native):
     sys.path.remove(str(root))
 
 
-def _inputs(dtype, m, bias, seed):
+def _inputs(dtype, m, bias, seed, shared=False):
+    """``shared``: cos, sin [1, 1, D] for the whole batch (transformers' [1, seq, D] when
+    every sequence is at the same position: the kernel's cos_batch 0)."""
     t = DTYPES[dtype]
     g = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -98,7 +100,7 @@ def _inputs(dtype, m, bias, seed):
     x = u(m, 1, K, scale=3.0)  # m sequences of one token (decode)
     w = rope_kv.pack_rope_rows(u(N, K, scale=K**-0.5), HEADS)
     b = rope_kv.pack_rope_rows(u(N), HEADS) if bias else None
-    angle = torch.rand(m, 1, d, generator=g, device="cuda") * 6.28
+    angle = torch.rand(1 if shared else m, 1, d, generator=g, device="cuda") * 6.28
     kc, vc = u(m, kv, LENGTH, d), u(m, kv, LENGTH, d)
     positions = torch.tensor([37], device="cuda")
     return x, w, b, angle.cos().to(t), angle.sin().to(t), kc, vc, positions
@@ -110,7 +112,7 @@ def _reference(x, w, b, cos, sin):
     y = (xf @ w.float().t()) * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) / K + EPS)
     if b is not None:
         y = y + b.float()
-    q, k, v = rope_kv.rotated(y, cos.reshape(m, -1), sin.reshape(m, -1), HEADS)
+    q, k, v = rope_kv.rotated(y, cos, sin, HEADS)
     return q.reshape(m, -1), k, v
 
 
@@ -140,9 +142,9 @@ def _check(got_q, kc, vc, before, inputs):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("m", [1, 16])
-def test_eager_and_the_op_run_the_kernel(pkg, dtype, bias, m):
-    inputs = _inputs(dtype, m, bias, seed=m)
+@pytest.mark.parametrize(("m", "shared"), [(1, False), (16, False), (16, True)])
+def test_eager_and_the_op_run_the_kernel(pkg, dtype, bias, m, shared):
+    inputs = _inputs(dtype, m, bias, seed=m, shared=shared)
     x, w, b, cos, sin, kc, vc, positions = inputs
     op = getattr(torch.ops, pkg.NAMESPACE).linear_rope_kv
     for call in (pkg.linear_rope_kv, op):
