@@ -88,3 +88,13 @@ def test_a_rope_epilogue_on_another_projection_is_refused(tmp_path):
     with pytest.raises(ManifestError, match="the fused qkv projection's alone") as e:
         _load(tmp_path, text)
     assert e.value.key_path == "model[0].epilogues.o[0]"
+
+
+def test_the_e2e_rope_manifest_asks_the_qkv_rope_targets_beside_the_e2e_ones():
+    m = load_manifest(ROOT / "bench" / "manifests" / "llama-e2e-rope-h100.toml")
+    rope = {(t.m, t.n, t.k, t.heads) for t in m.targets if t.epilogue == "rmsnorm_rope_kv"}
+    assert rope == {(mm, 6144, 4096, (32, 8, 128)) for mm in (1, 16)}
+    e2e = load_manifest(ROOT / "bench" / "manifests" / "llama-e2e-h100.toml")
+    # every other target is one the e2e wheel's manifest asks for (Llama at M 1 and 16)
+    others = {t for t in m.targets if t.epilogue != "rmsnorm_rope_kv"}
+    assert others <= set(e2e.targets) and len(others) == 20
