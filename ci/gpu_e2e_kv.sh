@@ -17,6 +17,9 @@
 # if the whole does not fit one 10-minute command, split it, e.g.
 #   PARTS="check eager prefill graph" BATCHES=1,16 bash ci/gpu_e2e_kv.sh
 #   PARTS="graph qwen2" BATCHES=64 KEEP=1 bash ci/gpu_e2e_kv.sh   (KEEP=1: add to the JSON)
+# ROPE_KV=1: the patched models are patch_model(rope_kv=True)'s (RoPE and the cache write
+# in the qkv kernel; a wheel of bench/manifests/llama-e2e-rope-h100.toml), the results in
+# $OUT/llama-kv-e2e-rope.json.
 # Inductor's cache lives in .cache/inductor (kept on a warm machine: a rerun compiles from
 # it). Under $OUT: gpu.txt, llama-kv-e2e.json, llama-kv-e2e.txt (the log).
 set -euo pipefail
@@ -28,6 +31,8 @@ $PY -m pip install -q --no-deps --force-reinstall "$WHEEL" 2>&1 | grep -v "WARNI
 PKG=$(python3 -c "import sys, zipfile; print(next(n.split('/')[0] for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.endswith('/__init__.py')))" "$WHEEL")
 $PY -c "import torch, transformers, $PKG as p; print('torch', torch.__version__, '| transformers', transformers.__version__, '| package', p.__name__, p.__version__, '| launcher', p._api.launcher, p._api.native_reason or '')" | tee -a "$OUT/gpu.txt"
 json=$OUT/llama-kv-e2e.json
+ROPE=()
+if [ "${ROPE_KV:-0}" = 1 ]; then json=$OUT/llama-kv-e2e-rope.json; ROPE=(--rope-kv); fi
 [ "${KEEP:-0}" = 1 ] || rm -f "$json"
 rc=0
 for part in ${PARTS:-check eager prefill graph qwen2}; do
@@ -35,7 +40,7 @@ for part in ${PARTS:-check eager prefill graph qwen2}; do
   set +e
   timeout "${PART_TIMEOUT:-420}" $PY bench/experiments/llama_kv_e2e.py --package "$PKG" \
     --out "$json" --part "$part" --batches "${BATCHES:-1,16,64}" --layers "${LAYERS:-32}" \
-    2>&1 | tee -a "$OUT/llama-kv-e2e.txt"
+    "${ROPE[@]}" 2>&1 | tee -a "$OUT/llama-kv-e2e.txt"
   st=${PIPESTATUS[0]}
   set -e
   [ "$st" = 0 ] || { echo "part $part: exit $st (124: PART_TIMEOUT)"; rc=$st; }

@@ -23,7 +23,16 @@ from cudal2 import models
 from cudal2.generator.families import FAMILIES
 from cudal2.packaging.wheel import name_problem, package_name, wheel_version
 from cudal2.policy import PROPOSERS
-from cudal2.records import ARCHS, DTYPES, EPILOGUE_ACTIVATION, EPILOGUES, LAYOUTS, Target
+from cudal2.records import (
+    ARCHS,
+    DTYPES,
+    EPILOGUE_ACTIVATION,
+    EPILOGUES,
+    LAYOUTS,
+    ROPE_KV,
+    Target,
+    heads_problem,
+)
 
 TIMING_MODES: tuple[str, ...] = ("offline", "server")
 # Where the jobs of a build are answered (docs/runners.md): worker processes on one
@@ -75,7 +84,7 @@ _SEARCH_KEYS = (
 _TIMING_KEYS = ("mode",)
 _RUNNER_KEYS = ("kind", "devices", "interchangeable", "ray_address", "job_timeout_s")
 _OVERRIDE_KEYS = ("dtypes", "layouts")
-_TARGETS_KEYS = ("shapes", *_OVERRIDE_KEYS)
+_TARGETS_KEYS = ("shapes", "epilogue", "heads", *_OVERRIDE_KEYS)
 _GRID_KEYS = ("m", "n", "k", *_OVERRIDE_KEYS)
 _MODEL_KEYS = ("config", "tokens", "tp", "fused", "lm_head", "epilogues", *_OVERRIDE_KEYS)
 # The fused epilogues a [[model]] may ask for a projection (every projection also gets
@@ -437,7 +446,7 @@ def _config_path(r: _Reader, config: str, key_path: str, manifest_dir: Path) -> 
 
 def _expand_model(
     r: _Reader, entry: dict[str, Any], key_path: str, manifest_dir: Path
-) -> list[tuple[int, int, int, str]]:
+) -> list[tuple[int, int, int, str, tuple[int, ...]]]:
     config_key = f"{key_path}.config"
     config = r.string(r.required(entry, "config", config_key), config_key)
     tokens = r.dims(r.required(entry, "tokens", f"{key_path}.tokens"), f"{key_path}.tokens")
@@ -465,8 +474,10 @@ def _expand_model(
     fused = _model_epilogues(
         r, entry, key_path, {proj: n for proj, n, _ in projections}, config_path, lm_head
     )
+    # a rope_kv epilogue's target carries the qkv projection's head split on one rank
+    heads = models.qkv_heads(config_path, tp) if "qkv" in fused else ()
     return [
-        (m, n, k, epilogue)
+        (m, n, k, epilogue, heads if epilogue in ROPE_KV else ())
         for m in tokens
         for proj, n, k in projections
         for epilogue in ("none", *fused.get(proj, ()))
@@ -514,12 +525,35 @@ def _model_epilogues(
         out[proj] = r.choices(names, f"{kp}.{proj}", FUSED_EPILOGUES)
         n = projections[proj]
         for i, name in enumerate(names):
+            if name in ROPE_KV and proj != "qkv":
+                raise r.fail(
+                    f"{kp}.{proj}[{i}]", name, "a rope_kv epilogue (RoPE and the KV-cache "
+                    "write) is the fused qkv projection's alone (fused = true)",
+                )  # fmt: skip
             if name in EPILOGUE_ACTIVATION and n % 2:
                 raise r.fail(
                     f"{kp}.{proj}[{i}]", name, f"a gated epilogue needs an even N (gate and "
                     f"up rows packed in pairs): projection {proj!r} has N = {n} here",
                 )  # fmt: skip
     return out
+
+
+def _targets_epilogue(
+    r: _Reader, entry: dict[str, Any], key_path: str
+) -> tuple[str, tuple[int, ...]]:
+    """A ``[[targets]]`` group's fused epilogue (``epilogue``, default none: every shape
+    of the group gets it) and head split (``heads = [q_heads, kv_heads, head_dim]``, the
+    rope_kv epilogues' and theirs alone)."""
+    epilogue = "none"
+    if "epilogue" in entry:
+        epilogue = r.choice(entry["epilogue"], f"{key_path}.epilogue", FUSED_EPILOGUES)
+    heads: tuple[int, ...] = ()
+    if "heads" in entry:
+        value = entry["heads"]
+        if not isinstance(value, list) or len(value) != 3:
+            raise r.fail(f"{key_path}.heads", value, "must be [q_heads, kv_heads, head_dim]")
+        heads = tuple(r.integer(v, f"{key_path}.heads[{i}]", 1) for i, v in enumerate(value))
+    return epilogue, heads
 
 
 def _group_overrides(
@@ -677,15 +711,31 @@ def load_manifest(path: str | Path) -> Manifest:
     # Each group yields (shapes, dtypes, layouts); the product with archs is taken once
     # below, after every group's count has passed the budget.
     budget = _Budget(r, archs)
-    # shapes are (m, n, k, epilogue): a [[model]]'s may carry a fused epilogue
-    groups: list[tuple[list[tuple[int, int, int, str]], tuple[str, ...], tuple[str, ...]]] = []
+    # shapes are (m, n, k, epilogue, heads): a [[model]]'s may carry a fused epilogue (and
+    # a rope_kv one the qkv projection's head split)
+    Shape = tuple[int, int, int, str, tuple[int, ...]]
+    groups: list[tuple[list[Shape], tuple[str, ...], tuple[str, ...]]] = []
     for i, entry in enumerate(r.array_of_tables(doc, "targets", _TARGETS_KEYS)):
         kp = f"targets[{i}]"
         shapes_value = r.nonempty_list(r.required(entry, "shapes", f"{kp}.shapes"), f"{kp}.shapes")
         group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
         n = len(shapes_value)
         budget.take(kp, n, len(group_dtypes), len(group_layouts), f"{n} shapes")
-        shapes = [(*r.shape(v, f"{kp}.shapes[{j}]"), "none") for j, v in enumerate(shapes_value)]
+        epilogue, heads = _targets_epilogue(r, entry, kp)
+        shapes = [
+            (*r.shape(v, f"{kp}.shapes[{j}]"), epilogue, heads) for j, v in enumerate(shapes_value)
+        ]
+        for j, (m, n, k, _, _) in enumerate(shapes):
+            problem = heads_problem(epilogue, n, heads)
+            if problem:
+                raise r.fail(
+                    f"{kp}.heads", entry.get("heads"), f"shapes[{j}] {[m, n, k]}: {problem}"
+                )
+            if epilogue in EPILOGUE_ACTIVATION and n % 2:
+                raise r.fail(
+                    f"{kp}.shapes[{j}]", [m, n, k], "a gated epilogue needs an even N (gate and "
+                    "up rows packed in pairs)",
+                )  # fmt: skip
         groups.append((shapes, group_dtypes, group_layouts))
     for i, entry in enumerate(r.array_of_tables(doc, "grid", _GRID_KEYS)):
         kp = f"grid[{i}]"
@@ -693,7 +743,7 @@ def load_manifest(path: str | Path) -> Manifest:
         group_dtypes, group_layouts = _group_overrides(r, entry, kp, dtypes, layouts)
         what = f"{len(ms)} x {len(ns)} x {len(ks)} shapes"
         budget.take(kp, len(ms) * len(ns) * len(ks), len(group_dtypes), len(group_layouts), what)
-        shapes = [(m, n, k, "none") for m in ms for n in ns for k in ks]
+        shapes = [(m, n, k, "none", ()) for m in ms for n in ns for k in ks]
         groups.append((shapes, group_dtypes, group_layouts))
     for i, entry in enumerate(r.array_of_tables(doc, "model", _MODEL_KEYS)):
         kp = f"model[{i}]"
@@ -706,12 +756,12 @@ def load_manifest(path: str | Path) -> Manifest:
 
     targets = sorted(
         {
-            Target(arch=arch, dtype=dt, layout=lay, m=m, n=n, k=k, epilogue=epilogue)
+            Target(arch=arch, dtype=dt, layout=lay, m=m, n=n, k=k, epilogue=epilogue, heads=heads)
             for shapes, group_dtypes, group_layouts in groups
             for arch in archs
             for dt in group_dtypes
             for lay in group_layouts
-            for m, n, k, epilogue in shapes
+            for m, n, k, epilogue, heads in shapes
             # a fused epilogue only where a family renders it (layout tn)
             if epilogue == "none" or lay in EPILOGUE_LAYOUTS
         }

@@ -254,32 +254,8 @@ def projection_shapes(
     model_type = _raw_model_type(path)
     config = _load_config(path)
 
-    hidden = _positive_int(config, "hidden_size", path)
-    hq = _positive_int(config, "num_attention_heads", path)
+    hidden, hq_rank, hkv_rank, head_dim = _head_split(config, path, tp)
     inter = _positive_int(config, "intermediate_size", path)
-    hkv = getattr(config, "num_key_value_heads", None) or hq
-    if isinstance(hkv, bool) or not isinstance(hkv, int) or hkv <= 0:
-        raise ModelConfigError(
-            f"model config {path}: num_key_value_heads must be positive, got {hkv!r}"
-        )
-    head_dim = getattr(config, "head_dim", None) or hidden // hq
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
-        raise ModelConfigError(
-            f"model config {path}: head_dim must be a positive integer, got {head_dim!r}"
-        )
-
-    hq_rank = _shard(hq, tp, "num_attention_heads", path)
-    if hkv >= tp:
-        hkv_rank = _shard(hkv, tp, "num_key_value_heads", path)
-    else:
-        # Fewer KV heads than ranks: each rank holds one replicated KV head, which
-        # only lines up with the query heads when tp is a multiple of hkv.
-        if tp % hkv:
-            raise TensorParallelError(
-                f"model config {path}: tp={tp} is not a multiple of num_key_value_heads={hkv}"
-                " (KV heads are replicated when there are fewer than tp)"
-            )
-        hkv_rank = 1
     inter_rank = _shard(inter, tp, "intermediate_size", path)
 
     head = []
@@ -306,6 +282,47 @@ def projection_shapes(
         ("down", hidden, inter_rank),
         *head,
     ]
+
+
+def _head_split(config: Any, path: Path, tp: int) -> tuple[int, int, int, int]:
+    """(hidden_size, query heads, key/value heads, head_dim) on one of ``tp`` ranks (KV
+    heads replicated, one per rank, when there are fewer than ranks)."""
+    hidden = _positive_int(config, "hidden_size", path)
+    hq = _positive_int(config, "num_attention_heads", path)
+    hkv = getattr(config, "num_key_value_heads", None) or hq
+    if isinstance(hkv, bool) or not isinstance(hkv, int) or hkv <= 0:
+        raise ModelConfigError(
+            f"model config {path}: num_key_value_heads must be positive, got {hkv!r}"
+        )
+    head_dim = getattr(config, "head_dim", None) or hidden // hq
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        raise ModelConfigError(
+            f"model config {path}: head_dim must be a positive integer, got {head_dim!r}"
+        )
+
+    hq_rank = _shard(hq, tp, "num_attention_heads", path)
+    if hkv >= tp:
+        hkv_rank = _shard(hkv, tp, "num_key_value_heads", path)
+    else:
+        # Fewer KV heads than ranks: each rank holds one replicated KV head, which
+        # only lines up with the query heads when tp is a multiple of hkv.
+        if tp % hkv:
+            raise TensorParallelError(
+                f"model config {path}: tp={tp} is not a multiple of num_key_value_heads={hkv}"
+                " (KV heads are replicated when there are fewer than tp)"
+            )
+        hkv_rank = 1
+    return hidden, hq_rank, hkv_rank, head_dim
+
+
+def qkv_heads(config_path: Path, tp: int = 1) -> tuple[int, int, int]:
+    """The fused qkv projection's head split on one of ``tp`` ranks, (q_heads, kv_heads,
+    head_dim): a ROPE_KV target's ``heads``. Errors as ``projection_shapes``."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
+        raise TensorParallelError(f"tp must be a positive integer, got {tp!r}")
+    path = resolve_config_path(config_path)
+    _, hq_rank, hkv_rank, head_dim = _head_split(_load_config(path), path, tp)
+    return hq_rank, hkv_rank, head_dim
 
 
 def patch_epilogues(config_path: Path, lm_head: bool) -> dict[str, tuple[str, ...]]:

@@ -50,6 +50,12 @@ ACCUMULATORS: tuple[str, ...] = ("fp32",)
 # norm's weight folded in (W[n, k] * g[k]); every accumulator of row m is multiplied by
 # rsqrt(sum_k h[m, k]^2 / K + eps) (``eps``: a launch parameter), before the bias
 # (``rmsnorm_bias``) or the gated activation (``rmsnorm_silu``, ``rmsnorm_gelu_tanh``).
+# RoPE and the KV-cache write (``rmsnorm_rope_kv``, ``rmsnorm_bias_rope_kv``: ROPE_KV):
+# the qkv projection of an attention layer whose head split is the target's ``heads``
+# (q_heads, kv_heads, head_dim); after the row scale (and the bias), q and k heads are
+# rotated (transformers' rotate_half convention, B's rows of every q and k head
+# interleaved in RoPE pairs: ``rope_kv.pack_rope_rows`` in the runtime), q is the output
+# [M, q_heads * head_dim] and k, v go straight into the KV cache (docs/kernels.md).
 # The index of a name is its value as a design knob (``epilogue``, sm90tma): new names
 # are appended, never inserted.
 EPILOGUES: tuple[str, ...] = (
@@ -63,6 +69,8 @@ EPILOGUES: tuple[str, ...] = (
     "rmsnorm_bias",
     "rmsnorm_silu",
     "rmsnorm_gelu_tanh",
+    "rmsnorm_rope_kv",
+    "rmsnorm_bias_rope_kv",
 )
 # Which operands an epilogue reads, by name (the ABI gemm_v3 pointers it sets).
 EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
@@ -76,6 +84,8 @@ EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
     "rmsnorm_bias": ("bias",),
     "rmsnorm_silu": (),
     "rmsnorm_gelu_tanh": (),
+    "rmsnorm_rope_kv": (),
+    "rmsnorm_bias_rope_kv": ("bias",),
 }
 # The gated activation an epilogue applies (absent: none; its output has N / 2 columns).
 EPILOGUE_ACTIVATION: dict[str, str] = {
@@ -86,13 +96,60 @@ EPILOGUE_ACTIVATION: dict[str, str] = {
 }
 # The epilogues with the RMSNorm row scale (their gemm_v3 kernels take ``float eps``).
 ROW_SCALED: frozenset[str] = frozenset(
-    ("rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh")
+    (
+        "rmsnorm",
+        "rmsnorm_bias",
+        "rmsnorm_silu",
+        "rmsnorm_gelu_tanh",
+        "rmsnorm_rope_kv",
+        "rmsnorm_bias_rope_kv",
+    )
 )
+# The epilogues that apply RoPE and write K and V into the KV cache: their gemm_v3
+# kernels take, after eps, the operands of ``ROPE_KV_OPERANDS`` (the runtime's
+# ``abi.RopeKvArgs``); their targets carry ``heads``.
+ROPE_KV: frozenset[str] = frozenset(("rmsnorm_rope_kv", "rmsnorm_bias_rope_kv"))
+# What a ROPE_KV epilogue reads or writes beyond A, B, C (and the bias): cos, sin [M, D]
+# (the output dtype, row stride D), the caches [B, kv_heads, L, D] (written), and the
+# cache positions (int64 [S]: row m = b * S + s goes to slot positions[s]).
+ROPE_KV_OPERANDS: tuple[str, ...] = ("cos", "sin", "k_cache", "v_cache", "positions")
 
 
-def out_columns(epilogue: str, n: int) -> int:
+def heads_problem(epilogue: str, n: int, heads: tuple[int, ...]) -> str:
+    """Why ``heads`` (q_heads, kv_heads, head_dim) cannot be a target's with epilogue
+    ``epilogue`` and N = ``n`` ("" when it can): required for a ROPE_KV epilogue and
+    refused for every other; three positive integers, an even head_dim, and
+    N == (q_heads + 2 kv_heads) * head_dim."""
+    if epilogue not in ROPE_KV:
+        return (
+            f"heads {list(heads)} is only for the rope_kv epilogues {sorted(ROPE_KV)}"
+            if heads
+            else ""
+        )
+    if not heads:
+        return f"epilogue {epilogue!r} needs heads = [q_heads, kv_heads, head_dim]"
+    if len(heads) != 3 or any(
+        isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in heads
+    ):
+        return (
+            "heads must be three positive integers [q_heads, kv_heads, head_dim], "
+            f"got {list(heads)}"
+        )
+    q, kv, d = heads
+    if d % 2:
+        return f"heads: head_dim {d} must be even (RoPE rotates pairs)"
+    if (q + 2 * kv) * d != n:
+        want = (q + 2 * kv) * d
+        return f"heads {list(heads)}: N = {n} is not (q_heads + 2 kv_heads) * head_dim = {want}"
+    return ""
+
+
+def out_columns(epilogue: str, n: int, heads: tuple[int, ...] = ()) -> int:
     """The output's columns of a GEMM of N = ``n`` with ``epilogue`` (half for a gated
-    activation: one per gate, up pair)."""
+    activation: one per gate, up pair; q_heads * head_dim of ``heads`` for a ROPE_KV one:
+    q only, k and v go to the cache)."""
+    if epilogue in ROPE_KV:
+        return heads[0] * heads[2]
     return n // 2 if epilogue in EPILOGUE_ACTIVATION else n
 
 
@@ -142,6 +199,10 @@ class Target:
     ``epilogue`` (one of ``EPILOGUES``): the fused op after the GEMM, e.g. ``residual``
     is C = A @ B^T + R. Left out of the JSON (and so of the key) when ``none``: a plain
     target's JSON and key are what they were before epilogues existed.
+
+    ``heads`` (q_heads, kv_heads, head_dim): the attention head split a ROPE_KV
+    epilogue needs (required there, refused elsewhere: ``heads_problem``); left out of
+    the JSON when empty, so every other target's key is what it was.
     """
 
     arch: str
@@ -152,6 +213,7 @@ class Target:
     k: int
     accumulator: str = "fp32"
     epilogue: str = "none"
+    heads: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.epilogue not in EPILOGUES:
@@ -160,6 +222,11 @@ class Target:
             raise ValueError(
                 f"epilogue {self.epilogue!r} needs an even N (gate, up row pairs), got {self.n}"
             )
+        if not isinstance(self.heads, tuple):  # a JSON list
+            object.__setattr__(self, "heads", tuple(self.heads))
+        problem = heads_problem(self.epilogue, self.n, self.heads)
+        if problem:
+            raise ValueError(f"target {self.m}x{self.n}x{self.k} +{self.epilogue}: {problem}")
 
     def as_json(self) -> dict[str, Any]:
         # Every field is a str or an int: no need for asdict's recursive deep copy,
@@ -167,6 +234,10 @@ class Target:
         d = {f: getattr(self, f) for f in _TARGET_FIELDS}
         if self.epilogue == "none":
             del d["epilogue"]
+        if self.heads:
+            d["heads"] = list(self.heads)
+        else:
+            del d["heads"]
         return d
 
     @classmethod
@@ -183,12 +254,14 @@ class Target:
     @property
     def label(self) -> str:
         tail = "" if self.epilogue == "none" else f" +{self.epilogue}"
+        if self.heads:
+            tail += " heads " + "/".join(map(str, self.heads))
         return f"{self.dtype}/{self.layout} {self.m}x{self.n}x{self.k}{tail}"
 
     @property
     def plain(self) -> Target:
         """The same GEMM without its epilogue (what the vendor baseline computes)."""
-        return dataclasses.replace(self, epilogue="none")
+        return dataclasses.replace(self, epilogue="none", heads=())
 
     @property
     def flops(self) -> int:
@@ -197,14 +270,19 @@ class Target:
     @property
     def out_n(self) -> int:
         """The output's columns: N, or N / 2 after a gated activation."""
-        return out_columns(self.epilogue, self.n)
+        return out_columns(self.epilogue, self.n, self.heads)
 
     @property
     def min_bytes(self) -> int:
         """Each operand read once and the output ([M, out_n]) written once (2-byte
-        elements), and the epilogue's operands read once (bias [N], residual [M, N])."""
+        elements), and the epilogue's operands read once (bias [N], residual [M, N]); a
+        ROPE_KV epilogue's cos and sin read ([M, head_dim] each) and its k and v rows
+        written into the cache ([M, kv_heads * head_dim] each)."""
         extra = {"bias": self.n, "residual": self.m * self.n}
         epi = sum(extra[o] for o in EPILOGUE_OPERANDS[self.epilogue])
+        if self.epilogue in ROPE_KV:
+            _, kv, d = self.heads
+            epi += 2 * self.m * d + 2 * self.m * kv * d
         return 2 * (self.m * self.k + self.n * self.k + self.m * self.out_n + epi)
 
 

@@ -38,6 +38,7 @@ from cudal2.records import (
     Status,
     Target,
     canonical_json,
+    heads_problem,
     sha256_hex,
 )
 
@@ -180,8 +181,18 @@ _FUSED = tuple(e for e in EPILOGUES if e != "none")
 
 
 def _target(v: Any, path: str) -> Target:
-    d = _obj(v, path, ("arch", "dtype", "layout", "m", "n", "k", "accumulator"), ("epilogue",))
+    d = _obj(
+        v, path, ("arch", "dtype", "layout", "m", "n", "k", "accumulator"), ("epilogue", "heads")
+    )
     epilogue = _choice(d["epilogue"], f"{path}.epilogue", _FUSED) if "epilogue" in d else "none"
+    heads: tuple[int, ...] = ()
+    if "heads" in d:
+        if not isinstance(d["heads"], list) or len(d["heads"]) != 3:
+            raise _fail(f"{path}.heads", "must be [q_heads, kv_heads, head_dim]", d["heads"])
+        heads = tuple(_int(h, f"{path}.heads[{i}]", 1, MAX_DIM) for i, h in enumerate(d["heads"]))
+    problem = heads_problem(epilogue, d.get("n"), heads) if isinstance(d.get("n"), int) else ""
+    if problem:
+        raise _fail(f"{path}.heads", problem, d.get("heads"))
     return Target(
         _match(d["arch"], f"{path}.arch", _ARCH, "an arch name as sm_90a"),
         _choice(d["dtype"], f"{path}.dtype", DTYPES),
@@ -191,6 +202,7 @@ def _target(v: Any, path: str) -> Target:
         _int(d["k"], f"{path}.k", 1, MAX_DIM),
         _choice(d["accumulator"], f"{path}.accumulator", ACCUMULATORS),
         epilogue,
+        heads,
     )
 
 

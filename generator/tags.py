@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudal2.records import ROW_SCALED
+from cudal2.records import ROPE_KV, ROW_SCALED
 
 NONE = "none.cu.j2"  # the empty partial: the design has no such block
 
@@ -678,7 +678,30 @@ SPLITK_EPILOGUE: dict[str, dict[str, str]] = {
     "rmsnorm_bias": {"add4": _SK + "rmsnorm_bias4.cu.j2"},
     "rmsnorm_silu": {**_gated("silu"), "add4": _SK + "rmsnorm4.cu.j2"},
     "rmsnorm_gelu_tanh": {**_gated("gelu_tanh"), "add4": _SK + "rmsnorm4.cu.j2"},
+    "rmsnorm_rope_kv": {
+        "add4": _SK + "rmsnorm4.cu.j2",
+        "store4": _SK + "rope_kv_store.cu.j2",
+        "about": _SK + "about_rope_kv.cu.j2",
+        "formula": "acc = rs[M] * A B^T; q heads rotated into C[M, q_heads * head_dim], "
+        "k heads rotated and v heads into the caches",
+    },
+    "rmsnorm_bias_rope_kv": {
+        "add4": _SK + "rmsnorm_bias4.cu.j2",
+        "store4": _SK + "rope_kv_store.cu.j2",
+        "about": _SK + "about_rope_kv.cu.j2",
+        "formula": "acc = rs[M] * A B^T + bias[N]; q heads rotated into C[M, q_heads * "
+        "head_dim], k heads rotated and v heads into the caches",
+    },
 }
+# RoPE and the KV-cache write (records.ROPE_KV): the kernel's parameters after eps, in
+# the runtime's ``abi.RopeKvArgs`` order (strides spread).
+ROPE_KV_PARAMS = (
+    ",\n    const T* __restrict__ rope_cos, const T* __restrict__ rope_sin, T* k_cache,"
+    "\n    T* v_cache, const long long* __restrict__ positions, int seq, int cos_batch,"
+    " int cache_len,"
+    "\n    int q_heads, int kv_heads, int head_dim, long long ks0, long long ks1, long long ks2,"
+    "\n    long long vs0, long long vs1, long long vs2"
+)
 
 
 def splitk_epilogue(
@@ -691,9 +714,11 @@ def splitk_epilogue(
         raise ValueError(f"epilogue {epilogue!r}: {family} renders {list(SPLITK_EPILOGUE)}")
     out = {**_SPLITK_PLAIN, "name": epilogue}
     if epilogue != "none":
-        out.update(_SPLITK_FUSED, formula=TMA_EPILOGUE[epilogue]["formula"])
+        out.update(_SPLITK_FUSED, formula=TMA_EPILOGUE.get(epilogue, {}).get("formula", ""))
         out.update(SPLITK_EPILOGUE[epilogue], to_float=TO_FLOAT[dtype], unpack2=UNPACK2[dtype])
     if epilogue in ROW_SCALED:
         out.update(SPLITK_ROWSQ_PARTS, **SPLITK_ROWSQ_FAMILY[(family, x_smem)])
         out.update(params=SPLITK_EPILOGUE_PARAMS + EPS_PARAM, rowsq_offset=str(rowsq_offset))
+    if epilogue in ROPE_KV:
+        out.update(params=out["params"] + ROPE_KV_PARAMS)
     return out

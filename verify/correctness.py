@@ -28,6 +28,13 @@
   with its fp32 reference under the random trials' rule (``bound`` of torch's unfused
   op's deviation on the same {0,1} inputs), and its number of ones per row is kept
   small enough that the gated product stays finite in fp16 (``exact_ones``).
+- RoPE and the KV-cache write (``ROPE_KV``, ``verify/rope_kv.py``): each trial also
+  draws cos, sin, the caches (a random pattern, the slots to be written NaN) and the
+  positions; the kernel gets copies of the caches; what it wrote is read back as [M, N]
+  (C, then the k and v slots) and checked against the fp32 reference of the whole
+  epilogue (the row scale, + bias, RoPE) like any output, every other cache element
+  must be unchanged bit for bit, and the yardstick is torch's unfused sequence
+  (RMSNorm, F.linear, transformers' RoPE, ``index_copy_`` into copies of the caches).
 - repeats: the first random trial's inputs run ``repeats`` more times, each into a
   fresh NaN-filled output, which must equal the first output bit for bit. Every
   family reduces in a fixed order (no atomics), so a difference is a race: an
@@ -54,7 +61,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cudal2.records import EPILOGUE_ACTIVATION, EPILOGUE_OPERANDS, ROW_SCALED, Target
+from cudal2.records import EPILOGUE_ACTIVATION, EPILOGUE_OPERANDS, ROPE_KV, ROW_SCALED, Target
+from cudal2.verify import rope_kv
 
 # Where operands are made: the GPU (a CPU test of the suite's logic sets "cpu").
 DEVICE = "cuda"
@@ -119,11 +127,11 @@ class Trial:
         return self.errs[key]
 
     def for_call(self) -> dict[str, Any]:
-        """The epilogue operands a trial's runs get: the bias itself and a copy of the
-        residual (shared by the trial's runs and repeats). Both are read-only, checked
-        after each run; the copy keeps a kernel that writes its residual from
-        changing the kept one."""
-        return {n: (x.clone() if n == "residual" else x) for n, x in self.epi.items()}
+        """The epilogue operands a run gets: the bias (and RoPE's operands) themselves
+        and a copy of the residual and of the caches. The bias and the residual are
+        read-only, checked after each run; the copy keeps a kernel that writes its
+        residual from changing the kept one; the caches are written (some slots)."""
+        return {n: (x.clone() if n in COPIED else x) for n, x in self.epi.items()}
 
 
 class Inputs(Protocol):
@@ -172,7 +180,7 @@ def checksums(xs: list) -> list[int]:
 
     if not xs:
         return []
-    ints = {2: torch.int16, 4: torch.int32}
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
     sums = [x.view(ints[x.element_size()]).sum(dtype=torch.int64) for x in xs]
     return [int(v) for v in torch.stack(sums).tolist()]
 
@@ -187,7 +195,7 @@ def draw(t: Target, seed: int, index: int, kind: str) -> Trial:
     the fp32 reference and the checksums."""
     gen = generator(seed, t, f"trial{index}")
     a, b = operands(t, kind, gen)
-    epi = epilogue_operands(t, kind, gen) if t.epilogue != "none" else {}
+    epi = epilogue_operands(t, kind, gen, b) if t.epilogue != "none" else {}
     ref = reference(t, a, b, epi)
     named = {"a": a, "b": b, **epi, "ref": ref}
     sums = dict(zip(named, checksums(list(named.values())), strict=True))
@@ -243,10 +251,11 @@ def exact_ones(t: Target) -> int:
     return limit
 
 
-def epilogue_operands(t: Target, kind: str, gen) -> dict:
+def epilogue_operands(t: Target, kind: str, gen, b=None) -> dict:
     """The fused epilogue's operands on the GPU, fresh from ``gen`` (none for a plain
     target): ``bias`` [N] and ``residual`` [M, N] (contiguous: ldr = N), uniform(-1, 1)
-    for a random trial, {0,1} for the exact one."""
+    for a random trial, {0,1} for the exact one; a ROPE_KV epilogue's (``rope_kv.operands``:
+    they include the natural-order weight of ``b``, the drawn B)."""
     import torch
 
     shapes = {"bias": (t.n,), "residual": (t.m, t.n)}
@@ -254,6 +263,11 @@ def epilogue_operands(t: Target, kind: str, gen) -> dict:
     for name in EPILOGUE_OPERANDS[t.epilogue]:
         u = torch.rand(shapes[name], generator=gen, device=DEVICE)
         out[name] = (u * 2 - 1 if kind == "random" else (u < 0.5).float()).to(torch_dtype(t.dtype))
+    if t.epilogue in ROPE_KV:
+        if b is None:
+            raise ValueError(f"{t.label}: a rope_kv epilogue's operands need the drawn B")
+        dt = torch_dtype(t.dtype)
+        out.update(rope_kv.operands(t, gen, dt, DEVICE, b, out.get("bias")))
     return out
 
 
@@ -277,6 +291,8 @@ def reference(t: Target, a, b, epi=None):
     for name in ("bias", "residual"):
         if epi and name in epi:
             ref = ref + epi[name].float()
+    if t.epilogue in ROPE_KV:
+        ref = rope_kv.reference(t, ref, epi)
     if t.epilogue in EPILOGUE_ACTIVATION:
         ref = gated(ref, EPILOGUE_ACTIVATION[t.epilogue])
     return ref
@@ -318,6 +334,8 @@ def vendor(t: Target, a, b, out=None, epi=None):
     bb = b.t() if t.layout == "tn" else b
     if t.epilogue in ROW_SCALED:
         a = rmsnorm(a)
+    if t.epilogue in ROPE_KV:  # transformers' sequence (verify/rope_kv.py)
+        return rope_kv.vendor(t, a, epi, out)
     gate = EPILOGUE_ACTIVATION.get(t.epilogue)
     y = None if gate else out  # a gated product needs its own [M, N] buffer
     if epi and "bias" in epi:
@@ -343,7 +361,11 @@ def torch_error(t: Target, a, b, ref) -> dict[str, float]:
 def unfused_error(t: Target, a, b, epi, ref) -> dict[str, float]:
     """A fused epilogue's yardstick: the deviation of torch's unfused op (the vendor
     GEMM, then torch's add, each rounded to the working dtype) from the fp32 fused
-    reference, named ``torch+<epilogue>``."""
+    reference, named ``torch+<epilogue>`` (a ROPE_KV one's: C and the cache slots it
+    wrote into copies of the caches, as [M, N])."""
+    if t.epilogue in ROPE_KV:
+        out = rope_kv.vendor_output(t, rmsnorm(a), epi)
+        return {f"torch+{t.epilogue}": max_abs_error(out, ref)}
     return {f"torch+{t.epilogue}": max_abs_error(vendor(t, a, b, epi=epi), ref)}
 
 
@@ -360,7 +382,10 @@ VendorErrors = Callable[[Target, object, object, object], Mapping[str, float]]
 
 
 # The trial's own tensors a kernel gets (read-only; the residual it gets is a copy).
-READ_ONLY = ("a", "b", "bias")
+READ_ONLY = ("a", "b", "bias", *rope_kv.READ_ONLY)
+# The epilogue operands a run gets a copy of: the residual (an in-place epilogue writes
+# it) and the caches (written).
+COPIED = ("residual", *rope_kv.CACHES)
 
 
 def check(
@@ -397,6 +422,9 @@ def check(
         _call(run, a, b, c, epi)
         _synchronize()
         if bad := _wrote(got, epi, inputs, t, seed, trial):
+            return CheckResult(False, f"{kind} trial {trial}: {bad}", *_INF, worst_vendor, names)
+        c, bad = _output(t, c, epi, got)
+        if bad:
             return CheckResult(False, f"{kind} trial {trial}: {bad}", *_INF, worst_vendor, names)
         unwritten = int(torch.isnan(c).sum())
         if unwritten:
@@ -440,12 +468,16 @@ def check(
                 names,
             )
         for r in range(repeats if trial == 0 else 0):
-            again = torch.full_like(c, float("nan"))
+            again = torch.full((t.m, t.out_n), float("nan"), dtype=a.dtype, device=DEVICE)
+            epi = got.for_call()  # fresh copies of what a run writes
             _call(run, a, b, again, epi)
             _synchronize()
             if bad := _wrote(got, epi, inputs, t, seed, trial):
                 return CheckResult(False, f"repeat {r + 1}: {bad}", *_INF, worst_vendor, names)
-            differ = int((again.view(torch.int16) != c.view(torch.int16)).sum())
+            again, bad = _output(t, again, epi, got)
+            if bad:
+                return CheckResult(False, f"repeat {r + 1}: {bad}", *_INF, worst_vendor, names)
+            differ = int((_bits(again) != _bits(c)).sum())
             if differ:
                 return CheckResult(
                     False,
@@ -501,6 +533,22 @@ def _wrote(got: Trial, epi: Mapping, inputs: Inputs, t: Target, seed: int, index
     if not bad:
         return ""
     return f"the kernel wrote into its input(s) {', '.join(bad)}"
+
+
+def _bits(x):
+    """A 16- or 32-bit tensor's bit patterns (compared bit for bit)."""
+    import torch
+
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+def _output(t: Target, c, epi: Mapping, got: Trial) -> tuple[Any, str]:
+    """What a run wrote, as the reference's shape: C itself, or for a ROPE_KV epilogue C
+    then the cache slots ([M, N] in fp32), and why it fails if it wrote a cache element
+    outside its slots ("" if not)."""
+    if t.epilogue in ROPE_KV:
+        return rope_kv.written(t, c, dict(epi), got.epi)
+    return c, ""
 
 
 def _call(run: Callable, a, b, c, epi: Mapping) -> None:

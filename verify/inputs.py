@@ -76,9 +76,11 @@ class TimingSets:
         return sum(x.numel() * x.element_size() for x in xs)
 
     def for_job(self) -> list[dict[str, Any]]:
-        """The epilogue operands one job times with: each residual copied (an in-place
-        epilogue writes it), the bias shared (read-only)."""
-        return [{n: (x.clone() if n == "residual" else x) for n, x in e.items()} for e in self.epis]
+        """The epilogue operands one job times with: each residual and KV cache copied
+        (an in-place epilogue writes the one, a rope_kv epilogue the others), the rest
+        shared (read-only)."""
+        copied = correctness.COPIED
+        return [{n: (x.clone() if n in copied else x) for n, x in e.items()} for e in self.epis]
 
 
 def draw_timing(t: Target, seed: int, nsets: int) -> TimingSets:
@@ -86,8 +88,9 @@ def draw_timing(t: Target, seed: int, nsets: int) -> TimingSets:
     gen = correctness.generator(seed, t, "timing")
     sets, epis = [], []
     for _ in range(nsets):
-        sets.append(correctness.operands(t, "random", gen))
-        epis.append(correctness.epilogue_operands(t, "random", gen))
+        a, b = correctness.operands(t, "random", gen)
+        sets.append((a, b))
+        epis.append(correctness.epilogue_operands(t, "random", gen, b))
     return TimingSets(sets, epis)
 
 

@@ -199,6 +199,11 @@ def _views(buf, shapes: list, offsets: list[int]) -> list:
     return out
 
 
+# The epilogue operands the producer poisons and then writes (with A): those a kernel
+# reads of the activation's dtype.
+POISONED = ("bias", "residual", "cos", "sin")
+
+
 def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) -> PairVerdict:
     """``run(a, b, c)`` launches the PDL candidate on the current stream (with the
     PDL attribute, as its recipe says); ``run(a, b, c, epi)`` for a fused epilogue. It
@@ -209,8 +214,12 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
     from cudal2.verify import correctness
 
     a, b = correctness.operands(t, "random", gen)
-    epi = correctness.epilogue_operands(t, "random", gen)
-    # What the producer copies: A and the epilogue's operands, in one buffer
+    epi = correctness.epilogue_operands(t, "random", gen, b)
+    # What the producer copies: A and the epilogue's activation operands, in one buffer
+    # of A's dtype; a rope_kv epilogue's caches (written), positions (int64) and the
+    # natural-order weight (torch's alone) are passed as they are
+    kept = {n: x for n, x in epi.items() if n not in POISONED}
+    epi = {n: x for n, x in epi.items() if n in POISONED}
     parts = [a, *epi.values()]
     shapes = [tuple(x.shape) for x in parts]
     offsets, total = packed_offsets([x.numel() for x in parts])
@@ -218,7 +227,7 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
     for view, x in zip(_views(src, shapes, offsets), parts, strict=True):
         view.copy_(x)
     a, *ops = _views(src, shapes, offsets)
-    epi = dict(zip(epi, ops, strict=True))
+    epi = {**dict(zip(epi, ops, strict=True)), **kept}
     want = torch.full((t.m, t.out_n), float("nan"), dtype=a.dtype, device="cuda")
     _run(run, a, b, want, epi)
     torch.cuda.synchronize()
@@ -228,7 +237,7 @@ def check(t: Target, run: Callable, gen, rounds: int = ROUNDS, device: int = 0) 
         dst = torch.empty_like(src)
         dst.view(torch.int16).fill_(POISON)
         a_in, *ops_in = _views(dst, shapes, offsets)
-        epi_in = dict(zip(epi, ops_in, strict=True))
+        epi_in = {**dict(zip([n for n in epi if n not in kept], ops_in, strict=True)), **kept}
         c = torch.empty((t.m, t.out_n), dtype=a.dtype, device="cuda")
         c.view(torch.int16).fill_(SENTINEL)
         flag = torch.zeros(2, dtype=torch.int32, device="cuda")  # changed C elements, late

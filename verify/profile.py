@@ -323,6 +323,8 @@ def _child(job_path: str, phases_path: str | None = None) -> None:
         t = now
 
     from cudal2.packaging.runtime import driver
+    from cudal2.records import ROPE_KV
+    from cudal2.verify import rope_kv
     from cudal2.verify.launch import dense_epilogue, launch_dense
     from cudal2.verify.sanitizer import host_operands, operand_shapes
 
@@ -342,7 +344,13 @@ def _child(job_path: str, phases_path: str | None = None) -> None:
                 fill_repeated(drv, ptrs[name], nbytes, block)
             # the output: [M, out_n] (N/2 columns for a gated epilogue)
             ptrs["c"] = int(check(drv.cuMemAlloc(target.m * target.out_n * 2), "cuMemAlloc(c)"))
-            ops = dense_epilogue(target, ptrs.get("bias", 0), ptrs.get("residual", 0))
+            rope = None
+            if target.epilogue in ROPE_KV:  # the int64 positions, then the operands' record
+                host = rope_kv.host_positions(target)
+                ptrs["positions"] = int(check(drv.cuMemAlloc(host.nbytes), "cuMemAlloc(pos)"))
+                check(drv.cuMemcpyHtoD(ptrs["positions"], host, host.nbytes), "cuMemcpyHtoD")
+                rope = rope_kv.contiguous_args(target, ptrs, ptrs["positions"])
+            ops = dense_epilogue(target, ptrs.get("bias", 0), ptrs.get("residual", 0), rope)
             check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
             done("operands")
             kernel = driver.Kernel(

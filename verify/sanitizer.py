@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.records import Target
+from cudal2.records import ROPE_KV, Target
+from cudal2.verify import rope_kv
 from cudal2.verify.gpu import visible_device
 
 
@@ -46,6 +47,8 @@ def small(t: Target) -> Target:
     epilogue (N stays even: a gated epilogue's pairs stay whole). Measured on the H100:
     cut to a plain target, a fused kernel's check launched it without its epilogue's
     arguments and every check failed."""
+    if t.epilogue in ROPE_KV:  # N is the head split's (q + 2 kv) * head_dim
+        return dataclasses.replace(t, m=min(t.m, 130), k=min(t.k, 264))
     return dataclasses.replace(t, m=min(t.m, 130), n=min(t.n, 136), k=min(t.k, 264))
 
 
@@ -120,6 +123,7 @@ def operand_shapes(t: Target) -> dict[str, tuple[int, ...]]:
         "a": (t.m, t.k),
         "b": (t.n, t.k) if t.layout == "tn" else (t.k, t.n),
         **{n: {"bias": (t.n,), "residual": (t.m, t.n)}[n] for n in EPILOGUE_OPERANDS[t.epilogue]},
+        **(rope_kv.shapes(t) if t.epilogue in ROPE_KV else {}),
     }
 
 
@@ -175,7 +179,14 @@ def _child(job_path: str) -> None:
         ok(cu.cuMemcpyHtoD(ptrs[name], host, host.nbytes), f"cuMemcpyHtoD({name})")
     # The output: [M, out_n] (N/2 columns for a gated epilogue)
     c_ptr = ok(cu.cuMemAlloc(t.m * t.out_n * 2), "cuMemAlloc(c)")
-    ops = dense_epilogue(t, int(ptrs.get("bias", 0)), int(ptrs.get("residual", 0)))
+    rope = None
+    if t.epilogue in ROPE_KV:  # the int64 positions, then the operands' record
+        host = rope_kv.host_positions(t)
+        ptrs["positions"] = ok(cu.cuMemAlloc(host.nbytes), "cuMemAlloc(positions)")
+        ok(cu.cuMemcpyHtoD(ptrs["positions"], host, host.nbytes), "cuMemcpyHtoD(positions)")
+        ints = {n: int(p) for n, p in ptrs.items()}
+        rope = rope_kv.contiguous_args(t, ints, ints["positions"])
+    ops = dense_epilogue(t, int(ptrs.get("bias", 0)), int(ptrs.get("residual", 0)), rope)
     kernel = driver.Kernel(
         Path(job["cubin"]).read_bytes(), job["symbol"], job["recipe"]["smem_bytes"]
     )

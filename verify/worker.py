@@ -36,7 +36,7 @@ from cudal2.records import Job, JobKind, JobResult, Status, Target, TimingConfig
 from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.inputs import Fresh, InputCache, TimingSets, bound_bytes
-from cudal2.verify.launch import dense_epilogue, launch_dense
+from cudal2.verify.launch import launch_dense, tensor_epilogue
 from cudal2.verify.spread import VendorSpread, nvmath_available
 from cudal2.verify.timing import Captured, capture, operand_sets, replay_calls, time_interleaved
 from cudal2.verify.vendor import algo_name, autotune
@@ -84,8 +84,7 @@ def _run_job(
 
     def run(a, b, c, epi=None) -> None:
         # A fused epilogue's operands (fresh per trial: correctness.epilogue_operands)
-        ptrs = {name: x.data_ptr() for name, x in (epi or {}).items()}
-        ops = dense_epilogue(t, ptrs.get("bias", 0), ptrs.get("residual", 0))
+        ops = tensor_epilogue(t, epi)
         stream = _stream()
         launch_dense(
             kernel, recipe, t, a.data_ptr(), b.data_ptr(), c.data_ptr(), stream, device, ops

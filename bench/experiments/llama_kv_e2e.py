@@ -53,6 +53,12 @@ since such an epilogue still reads and writes what these kernels did, minus thei
 launches. Its logits are wrong by design; only its time is reported
 (``speedup_bound``: unpatched over it, paired as ``speedup``).
 
+``--rope-kv``: the patched models are ``patch_model(..., rope_kv=True)``'s (docs/inference.md,
+"RoPE and the cache write in the qkv kernel": from the second call on the static cache,
+each layer's qkv kernel rotates q and k and writes k and v into the cache itself); the
+wheel needs ``rmsnorm_rope_kv`` (Qwen2: ``rmsnorm_bias_rope_kv``) entries for it to run
+them, else the op's fallback runs. ``env.rope_kv`` records it: use another ``--out``.
+
 Each part is rerun-safe: the results JSON (``--out``) is read, the part's key replaced,
 and written atomically after every part, so parts can run in separate processes (one
 10-minute command each; ci/gpu_e2e_kv.sh) and a run cut short keeps what it finished.
@@ -166,7 +172,8 @@ def patched_copy(s: Setup, model: Any) -> tuple[Any, Any]:
     # The dry run's fp32 has no table entry at any M: it asks for the fused forward (its
     # ops on torch's fallbacks), so the CPU runs the code path the GPU's fused layers run.
     uncovered = "fused" if s.dry else None
-    return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered)
+    rope = {"rope_kv": True} if s.args.rope_kv else {}  # the keyword only where asked
+    return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered, **rope)
 
 
 def static_cache(s: Setup, model: Any, batch: int, length: int, filled: int) -> Any:
@@ -513,6 +520,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prefill", type=int, default=2048, help="prefill tokens")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dry-run", action="store_true", help="a tiny fp32 model on the CPU")
+    ap.add_argument(
+        "--rope-kv", action="store_true", help="patch_model(rope_kv=True): RoPE and the cache "
+        "write in the qkv kernel",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     for name, v in (("--layers", args.layers), ("--steps", args.steps), ("--reps", args.reps)):
         if v < 1:
@@ -556,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "reps": args.reps,
         "dry_run": s.dry,
+        "rope_kv": args.rope_kv,
         "compile": 'torch.compile(mode="reduce-overhead", fullgraph=True, dynamic=False), '
         "once per model and batch",
     }

@@ -70,15 +70,16 @@ from cudal2.generator.families.base import (
     make,
     pdl_trigger,
 )
-from cudal2.records import EPILOGUE_ACTIVATION, ROW_SCALED, KernelDesign
+from cudal2.records import EPILOGUE_ACTIVATION, ROPE_KV, ROW_SCALED, KernelDesign
 from cudal2.records import EPILOGUES as ALL_EPILOGUES
 
 FAMILY = "sm90tma"
 TEMPLATE = "sm90_tma.cu.j2"
 ARCHS = ("sm_90a",)  # wgmma, setmaxnreg, TMA: sm_90a only
 LAYOUTS = ("tn",)  # TMA tiles are K-major for both operands
-# Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none)
-EPILOGUES = ALL_EPILOGUES
+# Fused epilogues rendered (the shared ``epilogue`` knob; ABI gemm_v3 when not none);
+# not yet RoPE and the KV-cache write (``ROPE_KV``: sm90direct's alone so far)
+EPILOGUES = tuple(e for e in ALL_EPILOGUES if e not in ROPE_KV)
 
 WARPGROUPS = (1, 2)
 M_BLOCKS = (1, 2)  # 64-row wgmma M blocks per consumer warpgroup

@@ -80,14 +80,21 @@ const char* const kReasons[] = {CUDAL2_REASONS(CUDAL2_NAME)};
   X(NONE, "none") X(BIAS, "bias") X(RESIDUAL, "residual") X(BIAS_RESIDUAL, "bias_residual") \
   X(SILU, "silu") X(GELU_TANH, "gelu_tanh") X(RMSNORM, "rmsnorm")                            \
   X(RMSNORM_BIAS, "rmsnorm_bias") X(RMSNORM_SILU, "rmsnorm_silu")                            \
-  X(RMSNORM_GELU_TANH, "rmsnorm_gelu_tanh")
+  X(RMSNORM_GELU_TANH, "rmsnorm_gelu_tanh") X(RMSNORM_ROPE_KV, "rmsnorm_rope_kv")              \
+  X(RMSNORM_BIAS_ROPE_KV, "rmsnorm_bias_rope_kv")
 #define CUDAL2_EPI_ENUM(id, name) E_##id,
 enum Epilogue : int { CUDAL2_EPILOGUES(CUDAL2_EPI_ENUM) kNumEpilogues };
 const char* const kEpilogues[] = {CUDAL2_EPILOGUES(CUDAL2_NAME)};
 // A gated activation's output is [M, N / 2] (abi.EPILOGUE_ACTIVATION)
-bool gated(int e) { return e == E_SILU || e == E_GELU_TANH || e >= E_RMSNORM_SILU; }
+bool gated(int e) {
+  return e == E_SILU || e == E_GELU_TANH || e == E_RMSNORM_SILU || e == E_RMSNORM_GELU_TANH;
+}
 // ... and the RMSNorm row scale's kernels take a trailing float eps (abi.ROW_SCALED)
 bool row_scaled(int e) { return e >= E_RMSNORM; }
+// RoPE and the KV-cache write (abi.ROPE_KV): their kernels take more operands after eps,
+// which no fused op of this file passes: their plans are never launched from here (the
+// Python path, `driver.launch_gemm` with `abi.RopeKvArgs`, serves them)
+bool rope_kv(int e) { return e == E_RMSNORM_ROPE_KV || e == E_RMSNORM_BIAS_ROPE_KV; }
 // The fused ops this file serves, by their stack layout (x, w, then):
 enum FusedOp : int {
   F_RESIDUAL = 0,  // linear_residual: residual, bias?
@@ -415,6 +422,7 @@ CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, co
   int32_t m = static_cast<int32_t>(o.m), n = static_cast<int32_t>(o.n),
           k = static_cast<int32_t>(o.k);
   if ((p.abi == 3) != (epi != nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (rope_kv(p.epilogue)) return CUDA_ERROR_INVALID_VALUE;  // operands not passed here
   long long lda = o.lda, ldb = o.ldb, ldc = epi != nullptr ? epi->ldc : o.n;
   void* pa = reinterpret_cast<void*>(a);
   void* pb = reinterpret_cast<void*>(b);

@@ -38,6 +38,8 @@ EPILOGUE_OPERANDS: dict[str, tuple[str, ...]] = {
     "rmsnorm_bias": ("bias",),
     "rmsnorm_silu": (),
     "rmsnorm_gelu_tanh": (),
+    "rmsnorm_rope_kv": (),
+    "rmsnorm_bias_rope_kv": ("bias",),
 }
 # The gated activation an epilogue applies (records.EPILOGUE_ACTIVATION, repeated): B is
 # a packed gate_up weight [N, K] (rows gate, up alternating) and the output [M, N / 2].
@@ -50,13 +52,26 @@ EPILOGUE_ACTIVATION: dict[str, str] = {
 # The epilogues with the RMSNorm row scale (records.ROW_SCALED, repeated): their gemm_v3
 # kernels take a trailing ``float eps`` (``EpilogueArgs.eps``).
 ROW_SCALED: frozenset[str] = frozenset(
-    ("rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh")
+    (
+        "rmsnorm",
+        "rmsnorm_bias",
+        "rmsnorm_silu",
+        "rmsnorm_gelu_tanh",
+        "rmsnorm_rope_kv",
+        "rmsnorm_bias_rope_kv",
+    )
 )
+# RoPE and the KV-cache write in the epilogue (records.ROPE_KV, repeated): their gemm_v3
+# kernels take, after eps, the operands of ``RopeKvArgs`` (``EpilogueArgs.rope_kv``).
+ROPE_KV: frozenset[str] = frozenset(("rmsnorm_rope_kv", "rmsnorm_bias_rope_kv"))
 
 
-def out_columns(epilogue: str, n: int) -> int:
+def out_columns(epilogue: str, n: int, heads: tuple[int, ...] = ()) -> int:
     """The output's columns of a GEMM of N = ``n`` with ``epilogue`` (half for a gated
-    activation: one per gate, up pair); records.out_columns, repeated."""
+    activation: one per gate, up pair; q_heads * head_dim for a ROPE_KV one);
+    records.out_columns, repeated."""
+    if epilogue in ROPE_KV:
+        return heads[0] * heads[2]
     return n // 2 if epilogue in EPILOGUE_ACTIVATION else n
 
 
@@ -101,21 +116,64 @@ class GemmArgs(NamedTuple):
     ldc: int
 
 
+class RopeKvArgs(NamedTuple):
+    """A ROPE_KV epilogue's parameters, after eps, in the kernel's order: device
+    pointers of cos and sin (the output's dtype, row stride head_dim), of the K and V
+    caches ([B, kv_heads, L, head_dim], unit inner stride; written) and of the cache
+    positions (int64 [seq]); ``seq`` rows per sequence (row m = b * seq + s goes to slot
+    positions[s] of batch b); ``cos_batch`` the rows of cos and sin between two
+    sequences (row m's are at b * cos_batch + s: ``seq`` for [B, seq, D], 0 for the
+    [1, seq, D] transformers passes when the batch shares its positions);
+    ``cache_len`` the caches' L (a position outside [0, L) writes nothing), the head
+    split, and each cache's three outer strides in elements (batch, head, slot)."""
+
+    cos: int
+    sin: int
+    k_cache: int
+    v_cache: int
+    positions: int
+    seq: int
+    cos_batch: int
+    cache_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    k_strides: tuple[int, int, int]
+    v_strides: tuple[int, int, int]
+
+    POINTERS = ("cos", "sin", "k_cache", "v_cache", "positions")
+
+    def flat(self) -> tuple:
+        """The kernel's parameters as they follow eps (strides spread)."""
+        return (*self[:11], *self.k_strides, *self.v_strides)
+
+
 class EpilogueArgs(NamedTuple):
     """ABI gemm_v3's parameters after gemm_v2's: device pointers of bias [N] and of the
     residual R [M, N] (0 where the epilogue does not read it) and R's row stride in
     elements (unit inner stride). R may be C itself (in place). ``eps``: the RMSNorm's
     epsilon, a trailing ``float`` parameter of the ROW_SCALED epilogues' kernels only
-    (the launcher leaves it out for every other epilogue)."""
+    (the launcher leaves it out for every other epilogue). ``rope_kv``: a ROPE_KV
+    epilogue's operands, after eps (None for every other epilogue, whose kernels have
+    no such parameters)."""
 
     bias: int = 0
     residual: int = 0
     ldr: int = 0
     eps: float = 0.0
+    rope_kv: RopeKvArgs | None = None
 
     def missing(self, epilogue: str) -> list[str]:
         """The operands ``epilogue`` reads that are null here (empty: launchable)."""
-        return [o for o in EPILOGUE_OPERANDS[epilogue] if not getattr(self, o)]
+        out = [o for o in EPILOGUE_OPERANDS[epilogue] if not getattr(self, o)]
+        if epilogue in ROPE_KV:
+            if self.rope_kv is None:
+                out.append("rope_kv")
+            else:
+                out += [o for o in RopeKvArgs.POINTERS if not getattr(self.rope_kv, o)]
+        elif self.rope_kv is not None:
+            raise ValueError(f"epilogue {epilogue!r} takes no rope_kv operands")
+        return out
 
 
 # (layout, m, n, k, lda, ldb): a GEMM whose shape and strides a kernel can take;

@@ -19,7 +19,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
-from . import arrays, cublaslt, driver, fused
+from . import arrays, cublaslt, driver, fused, rope_kv
 from .abi import (
     ABIS,
     ROW_SCALED,
@@ -613,6 +613,74 @@ class Api:
             return fused.unfused_rmsnorm(x, w, float(eps), bias)
         return got
 
+    def linear_rope_kv(
+        self,
+        x: Any,
+        w: Any,
+        eps: float,
+        bias: Any,
+        cos: Any,
+        sin: Any,
+        k_cache: Any,
+        v_cache: Any,
+        positions: Any,
+        heads: Any,
+    ) -> Any:
+        """The attention front of a decoder layer in one kernel: ``F.linear(RMSNorm(x), w,
+        bias)`` on the packed qkv weight (``fold_rmsnorm``, then ``rope_kv.pack_rope_rows``),
+        RoPE on q and k (cos, sin [..., head_dim] as transformers passes them), k and v
+        written into ``k_cache`` / ``v_cache`` [B, kv_heads, L, head_dim] at slots
+        ``positions`` (int64 [seq]); returns q [..., q_heads * head_dim]. One kernel of
+        epilogue ``rmsnorm_rope_kv`` / ``rmsnorm_bias_rope_kv`` where the table has one,
+        else ``rope_kv.fallback`` (torch's GEMM, then the reference in fp32). Inputs it
+        cannot compute raise (TypeError / ValueError naming the operand)."""
+        args = (x, w, eps, bias, cos, sin, k_cache, v_cache, positions, heads)
+        got = self._linear_rope_kv(*args, False)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            return rope_kv.fallback(x, w, float(eps), bias, cos, sin, k_cache, v_cache,
+                                    positions, tuple(heads))  # fmt: skip
+        return got
+
+    def op_linear_rope_kv(self, *args: Any) -> Any:
+        """``linear_rope_kv`` as the torch op's kernel."""
+        got = self._linear_rope_kv(*args, True)
+        if type(got) is str:
+            self.stats._fallbacks[got] += 1
+            x, w, eps, bias, cos, sin, k_cache, v_cache, positions, heads = args
+            return rope_kv.fallback(x, w, float(eps), bias, cos, sin, k_cache, v_cache,
+                                    positions, tuple(heads))  # fmt: skip
+        return got
+
+    def _linear_rope_kv(
+        self, x, w, eps, bias, cos, sin, k_cache, v_cache, positions, heads, in_op: bool
+    ) -> Any:
+        """The fused result, or the reason to fall back (errors raise first)."""
+        torch = _torch or _import_torch(self.package)
+        op = "linear_rope_kv"
+        value = fused.check_eps(op, eps)
+        fused.check_inputs(op, x, w, bias)
+        m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        split = rope_kv.check_operands(
+            op, m, w.shape[0], x.dtype, x.device, heads, cos, sin, k_cache, v_cache, positions
+        )
+        if not in_op and (type(x) not in _PLAIN_TYPES or type(w) not in _PLAIN_TYPES):
+            return "tensor_type"
+        got = _linear_operands(torch, x, w, bias, in_op)
+        if type(got) is not tuple:
+            return got
+        epilogue = "rmsnorm_rope_kv" if bias is None else "rmsnorm_bias_rope_kv"
+        out_n = split[0] * split[2]
+        if out_n % 8:
+            return "stride"
+        if not self._fuses(x.dtype, w, epilogue):
+            return "no_entry"
+        rope = rope_kv.kernel_args(split, cos, sin, k_cache, v_cache, positions)
+        c = self._run(torch, x, w, got, epilogue, (bias, None), 0, None, value, rope)
+        if type(c) is str:
+            return c
+        return c if x.dim() == 2 else c.view(*x.shape[:-1], out_n)
+
     def _native_fused(self, name: str, x: Any, w: Any, *more: Any) -> Any:
         """The fused op ``name``'s overload, where a call with these tensors goes to
         its native CUDA kernel (as ``_native_call``: plain CUDA tensors autograd does not
@@ -820,6 +888,7 @@ class Api:
         ldr: int = 0,
         out: Any = None,
         eps: float = 0.0,
+        rope: Any = None,
     ) -> Any:
         """Launch the table's kernel for ``a`` and ``b`` (their ``operands``); the
         [M, N] output (``out`` where given; [M, N / 2] after a gated epilogue), or a
@@ -847,9 +916,11 @@ class Api:
                 0 if residual is None else residual.data_ptr(),
                 ldr,
                 eps if epilogue in ROW_SCALED else 0.0,
+                rope,
             )
             shape = (*shape, epilogue)
-            ldc = out_columns(epilogue, n)
+            heads = () if rope is None else (rope.q_heads, rope.kv_heads, rope.head_dim)
+            ldc = out_columns(epilogue, n, heads)
         if out is not None:
             return self._dispatch(
                 torch, shape, a_ptr, b_ptr, lda, ldb, lambda: out, _raw_stream, ops, ldc

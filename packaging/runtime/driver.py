@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .abi import EPILOGUE_ABI, INT_MAX, LIMITS, ROW_SCALED, EpilogueArgs, GemmArgs
+from .abi import EPILOGUE_ABI, INT_MAX, LIMITS, ROPE_KV, ROW_SCALED, EpilogueArgs, GemmArgs
 
 # Parameter types of ABI gemm_v1, in GemmArgs' order: (A, B, C, M, N, K, lda, ldb, ldc).
 GEMM_V1_TYPES = (
@@ -35,6 +35,15 @@ GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
 GEMM_V3_TYPES = (*GEMM_V2_TYPES, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong)
 # ... and, for an RMSNorm row-scale epilogue (abi.ROW_SCALED) only, the norm's eps.
 GEMM_V3_ROW_SCALED_TYPES = (*GEMM_V3_TYPES, ctypes.c_float)
+# ... and, after eps, a ROPE_KV epilogue's operands (abi.RopeKvArgs, strides spread):
+# cos, sin, k_cache, v_cache, positions; seq, cos_batch, cache_len, q_heads, kv_heads,
+# head_dim; the K cache's three outer strides, the V cache's.
+GEMM_V3_ROPE_KV_TYPES = (
+    *GEMM_V3_ROW_SCALED_TYPES,
+    *(ctypes.c_void_p,) * 5,
+    *(ctypes.c_int,) * 6,
+    *(ctypes.c_longlong,) * 6,
+)
 
 
 class CudaDriverError(RuntimeError):
@@ -332,7 +341,8 @@ def launch_gemm(
     """Launch a gemm_v1, gemm_v2 or gemm_v3 kernel by its recipe (grid from the tile
     shape; the tensor maps from the recipe's boxes; gemm_v3's epilogue operands from
     ``epilogue``, which must give every operand the recipe's ``epilogue`` reads, and
-    its ``eps`` only where that epilogue is ROW_SCALED); never synchronises. The grid
+    its ``eps`` only where that epilogue is ROW_SCALED, its ``rope_kv`` only where it is
+    ROPE_KV); never synchronises. The grid
     tiles the GEMM's N (the packed 2I of a gated epilogue); ``gemm.ldc`` is the output's
     row stride (N / 2 for a gated one)."""
     args: tuple = gemm  # gemm_v1's parameter block as it stands
@@ -352,8 +362,12 @@ def launch_gemm(
         if missing:
             # A kernel that adds an operand it was not given would read address 0.
             raise ValueError(f"a {EPILOGUE_ABI} kernel of epilogue {name!r} needs {missing}")
-        if name in ROW_SCALED:
-            args = (*args, *epilogue)  # bias, residual, ldr, then the float eps
+        if name in ROPE_KV:
+            # bias, residual, ldr, eps, then RoPE's and the caches' operands
+            args = (*args, *epilogue[:4], *epilogue.rope_kv.flat())
+            types = GEMM_V3_ROPE_KV_TYPES
+        elif name in ROW_SCALED:
+            args = (*args, *epilogue[:4])  # bias, residual, ldr, then the float eps
             types = GEMM_V3_ROW_SCALED_TYPES
         else:
             args = (*args, *epilogue[:3])  # no eps: the kernel has no such parameter

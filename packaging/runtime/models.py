@@ -57,8 +57,12 @@ from . import fused
 from .api import dtype_name
 from .families import ACTS, BIAS_KEYS, FAMILIES, HEADS, Family, Gemm, layer_gemms
 from .ops import LinearPatch, patch_linear
+from .rope_kv import pack_rope_rows, unpack_rope_rows
 
 ORIGINALS = ("keep", "cpu", "drop")
+# The model types whose attention ``rope_kv=True`` fuses (transformers' rotate_half RoPE
+# over the whole head, q/k/v projections of their own)
+ROPE_KV_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # What a call at an M the table has no fused entry for runs (module docstring).
 UNCOVERED = ("original", "fused")
 # The modeling code the fused forward matches (argument names, the cache's ``update``,
@@ -149,6 +153,22 @@ class _Plan:
     ops: Any  # torch.ops.<namespace>: under torch.compile or where autograd records
     api: Any  # the Api: plain inference (the same dispatch, no dispatcher cost)
     route: _Route
+    rope: _Rope | None = None  # rope_kv=True: RoPE and the cache write in the qkv kernel
+
+
+@dataclass(frozen=True)
+class _Rope:
+    """A layer patched with ``rope_kv=True``: its qkv weight (and bias) are in the packed
+    RoPE row order (``rope_kv.pack_rope_rows``) of ``heads`` (q_heads, kv_heads,
+    head_dim); ``ms``: the M ranges the table has a ``*_rope_kv`` kernel for."""
+
+    heads: tuple[int, int, int]
+    ms: tuple[tuple[int, int], ...]
+
+    def takes(self, m: int, path: str) -> bool:
+        """Whether a call at M runs ``linear_rope_kv``: where a kernel serves it, or on
+        the layer's unfused-math path (the op's own fallback is that math)."""
+        return path == "fused_fallback" or any(lo <= m <= hi for lo, hi in self.ms)
 
 
 @dataclass
@@ -345,18 +365,36 @@ def _fused_forward(
     attn = self.self_attn
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, attn.head_dim)
-    qkv = ops.linear_rmsnorm(hidden_states, self._cudal2_w_qkv, p.eps_in, self._cudal2_b_qkv)
-    q, k, v = qkv.split(p.split, dim=-1)
-    q = q.view(hidden_shape).transpose(1, 2)
-    k = k.view(hidden_shape).transpose(1, 2)
-    v = v.view(hidden_shape).transpose(1, 2)
     cos, sin = position_embeddings
-    q, k = p.rotary(q, k, cos, sin)
     # transformers >= 5.24 passes the cache as ``cache`` (``past_key_values`` before)
     cache = kwargs.pop("cache", None)
     cache = past_key_values if past_key_values is not None else cache
-    if cache is not None:
-        k, v = cache.update(k, v, attn.layer_idx)
+    static = None
+    if p.rope is not None and p.rope.takes(_tokens(hidden_states), path):
+        static = _static_layer(cache, attn.layer_idx)
+    if static is not None:
+        # RoPE and the cache write in the qkv kernel: k and v go straight into the static
+        # cache's tensors at its next slots (what StaticLayer.update does), q comes back
+        seq = hidden_states.shape[-2]
+        positions = torch.arange(seq, device=static.keys.device) + static.cumulative_length
+        static.cumulative_length.add_(seq)
+        q = ops.linear_rope_kv(
+            hidden_states, self._cudal2_w_qkv, p.eps_in, self._cudal2_b_qkv, cos, sin,
+            static.keys, static.values, positions, list(p.rope.heads),
+        )  # fmt: skip
+        q = q.view(hidden_shape).transpose(1, 2)
+        k, v = static.keys, static.values
+    else:
+        qkv = ops.linear_rmsnorm(hidden_states, self._cudal2_w_qkv, p.eps_in, self._cudal2_b_qkv)
+        q, k, v = qkv.split(p.split, dim=-1)
+        if p.rope is not None:  # the packed RoPE rows back in each head's own order
+            q, k = _natural(q, p.rope.heads[2]), _natural(k, p.rope.heads[2])
+        q = q.view(hidden_shape).transpose(1, 2)
+        k = k.view(hidden_shape).transpose(1, 2)
+        v = v.view(hidden_shape).transpose(1, 2)
+        q, k = p.rotary(q, k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, attn.layer_idx)
     attention = p.attention_functions.get_interface(
         attn.config._attn_implementation, p.eager_attention
     )
@@ -383,6 +421,29 @@ def _fused_forward(
     h = ops.linear_residual(o, w_o, hidden_states)
     g = ops.linear_gated(h, self._cudal2_w_gate_up, p.act, p.eps_mlp)
     return ops.linear_residual(g, w_down, h)
+
+
+def _natural(x: Any, head_dim: int) -> Any:
+    """Columns [..., h * D] in the packed RoPE order (pairs i, i + D/2 side by side) back
+    in each head's own order (a copy)."""
+    half = head_dim // 2
+    return x.unflatten(-1, (-1, half, 2)).transpose(-1, -2).flatten(-3)
+
+
+def _static_layer(cache: Any, index: int) -> Any:
+    """The cache's layer ``index`` where it is a full-length, initialised static layer
+    (transformers' ``StaticLayer``: [B, kv_heads, L, D] tensors, ``cumulative_length``
+    the next slot), else None (no cache, a dynamic or sliding one, or the first call,
+    which allocates it: the layer's other path)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or index >= len(layers):
+        return None
+    from transformers.cache_utils import StaticLayer
+
+    layer = layers[index]
+    if type(layer) is not StaticLayer or not layer.is_initialized:
+        return None
+    return layer
 
 
 def _head_forward(self: Any, x: Any) -> Any:
@@ -628,9 +689,10 @@ def _pack(torch: Any, fam: Family, layer: Any) -> tuple[Any, Any, Any, list[Any]
     return w_qkv, b_qkv, w_gu, originals
 
 
-def _unfolders(fam: Family, layer: Any, originals: list[Any]) -> list[Any]:
+def _unfolders(fam: Family, layer: Any, originals: list[Any], heads: tuple = ()) -> list[Any]:
     """For ``"drop"``: per original weight, a function recomputing it from the packed
-    weights (norm weight divided out in fp32, rounded once)."""
+    weights (norm weight divided out in fp32, rounded once; the qkv rows put back in
+    their order first where ``heads`` says they are in the packed RoPE order)."""
     off = fam.norm_offset
     g_in = layer.input_layernorm.weight
     g_mlp = getattr(layer, _mlp_norm_name(fam)).weight
@@ -639,7 +701,9 @@ def _unfolders(fam: Family, layer: Any, originals: list[Any]) -> list[Any]:
         return (packed.float() / (g.float() + off)).to(packed.dtype)
 
     def qkv_rows(lo: int, hi: int) -> Any:
-        return lambda: unfold(layer._cudal2_w_qkv[lo:hi], g_in)
+        if not heads:
+            return lambda: unfold(layer._cudal2_w_qkv[lo:hi], g_in)
+        return lambda: unfold(unpack_rope_rows(layer._cudal2_w_qkv, heads)[lo:hi], g_in)
 
     def gate_up(which: int | None) -> Any:
         def get() -> Any:
@@ -685,6 +749,7 @@ def patch_model(
     originals: str = "keep",
     uncovered: str | None = None,
     head: str = "rmsnorm",
+    rope_kv: bool = False,
 ) -> ModelPatch:
     """Run ``model`` (a transformers Llama, Mistral, Qwen2, Gemma, Phi-3 or Gemma-2
     decoder, ``*ForCausalLM`` or its base model, in eval mode) through the package's
@@ -695,8 +760,11 @@ def patch_model(
     forward, its ops on torch's unfused math; the default otherwise). ``head``:
     ``"rmsnorm"`` (the final norm folded into the LM head, one ``linear_rmsnorm``; a new
     [vocab, hidden] weight) or ``"linear"`` (the head as it is, through ``linear``: no
-    memory). Refuses what it does not know with ``PatchModelError`` before changing
-    anything."""
+    memory). ``rope_kv`` (Llama, Mistral, Qwen2): the qkv weight in the packed RoPE row
+    order, and where the cache is transformers' static one (initialised: from the second
+    call) each layer's qkv GEMM applies RoPE and writes k and v into the cache itself
+    (``linear_rope_kv``; its rotary and ``cache.update`` are skipped); no extra memory.
+    Refuses what it does not know with ``PatchModelError`` before changing anything."""
     global _torch
     import torch
 
@@ -719,6 +787,8 @@ def patch_model(
     if head not in HEADS:
         raise ValueError(f"patch_model: head must be one of {list(HEADS)}, got {head!r}")
     mt, fam, layers, lm_head = _check_model(torch, model)
+    if rope_kv and mt not in ROPE_KV_MODEL_TYPES:
+        raise _refuse(mt, f"rope_kv=True: the rope_kv epilogues serve {list(ROPE_KV_MODEL_TYPES)}")
     for i, layer in enumerate(layers):
         _check_layer(torch, mt, fam, i, layer)
     final_norm = _final_norm(mt, model) if lm_head is not None and head == "rmsnorm" else None
@@ -763,6 +833,19 @@ def patch_model(
         attn = layer.self_attn
         mod = sys.modules[type(attn).__module__]
         w_qkv, b_qkv, w_gu, replaced = _pack(torch, fam, layer)
+        rope = None
+        if rope_kv:
+            cfg = attn.config
+            heads = (cfg.num_attention_heads, cfg.num_key_value_heads, attn.head_dim)
+            with torch.no_grad():
+                w_qkv = pack_rope_rows(w_qkv, heads)
+                b_qkv = None if b_qkv is None else pack_rope_rows(b_qkv, heads)
+            epilogue = "rmsnorm_rope_kv" if b_qkv is None else "rmsnorm_bias_rope_kv"
+            n, k = w_qkv.shape
+            device = w_qkv.device.index if w_qkv.is_cuda else None
+            dtype = dtype_name(w_qkv.dtype)
+            ms = () if dtype is None else api.m_ranges(n, k, dtype, epilogue, device)
+            rope = _Rope(heads, ms)
         mlp_norm = getattr(layer, _mlp_norm_name(fam))
         weights = {
             "qkv": w_qkv,
@@ -787,6 +870,7 @@ def patch_model(
             ops=ops,
             api=api,
             route=route,
+            rope=rope,
         )
         layer.register_buffer("_cudal2_w_qkv", w_qkv, persistent=False)
         layer.register_buffer("_cudal2_b_qkv", b_qkv, persistent=False)
@@ -796,7 +880,8 @@ def patch_model(
                 add(t.device, _nbytes(t))
         entry = _Patched(f"{prefix}.{i}", layer, type(layer), gemms, route)
         if originals != "keep":
-            unfolders = _unfolders(fam, layer, replaced) if originals == "drop" else None
+            heads = () if rope is None else rope.heads
+            unfolders = _unfolders(fam, layer, replaced, heads) if originals == "drop" else None
             for j, w in enumerate(replaced):
                 move(w, None if unfolders is None else unfolders[j], entry.moved)
         layer._cudal2 = plan

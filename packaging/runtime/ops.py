@@ -35,7 +35,7 @@ import sys
 import types
 from typing import Any
 
-from . import fused, native
+from . import fused, native, rope_kv
 from .abi import native_off
 from .api import dtype_name
 
@@ -95,6 +95,11 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     lib.define("linear_residual(Tensor x, Tensor w, Tensor residual, Tensor? bias=None) -> Tensor")
     lib.define("linear_gated(Tensor x, Tensor w, str act, float? eps=None) -> Tensor")
     lib.define("linear_rmsnorm(Tensor x, Tensor w, float eps, Tensor? bias=None) -> Tensor")
+    # RoPE and the KV-cache write in the qkv GEMM's epilogue: the caches are mutated
+    lib.define(
+        "linear_rope_kv(Tensor x, Tensor w, float eps, Tensor? bias, Tensor cos, Tensor sin, "
+        "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor positions, int[] heads) -> Tensor"
+    )
     # The Python kernels under their own names: the native CUDA kernel hands a call to
     # them when CUDAL2_NATIVE=0 (``native``), so both paths run in one process.
     lib.define("_linear_py(Tensor x, Tensor w, Tensor? bias=None) -> Tensor")
@@ -122,6 +127,9 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     def linear_rmsnorm(x: Any, w: Any, eps: float, bias: Any = None) -> Any:
         return apis[ns].op_linear_rmsnorm(x, w, eps, bias)
 
+    def linear_rope_kv(*args: Any) -> Any:
+        return apis[ns].op_linear_rope_kv(*args)
+
     # One kernel for every backend (CPU, CUDA, sparse, quantized, ...), and for nested
     # tensors, which that alias leaves out: the runtime's own checks send whatever its
     # kernels cannot take to torch, so a sparse weight gets torch's answer (or torch's
@@ -134,6 +142,7 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
     lib.impl("linear_residual", linear_residual, "CompositeExplicitAutograd")
     lib.impl("linear_gated", linear_gated, "CompositeExplicitAutograd")
     lib.impl("linear_rmsnorm", linear_rmsnorm, "CompositeExplicitAutograd")
+    lib.impl("linear_rope_kv", linear_rope_kv, "CompositeExplicitAutograd")
     lib.impl("_linear_py", linear, "CompositeExplicitAutograd")
     lib.impl("_matmul_py", matmul, "CompositeExplicitAutograd")
     for name, fn in (
@@ -178,7 +187,19 @@ def _define(ns: str, apis: dict[str, Any]) -> Any:
         fused.check_inputs("linear_rmsnorm", x, w, bias)
         return x.new_empty((*x.shape[:-1], w.shape[0]))
 
+    def linear_rope_kv_fake(x, w, eps, bias, cos, sin, k_cache, v_cache, positions, heads):
+        # the Python kernel's own errors, raised while tracing too (positions are not read)
+        fused.check_eps("linear_rope_kv", eps)
+        fused.check_inputs("linear_rope_kv", x, w, bias)
+        m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        q, _, d = rope_kv.check_operands(
+            "linear_rope_kv", m, w.shape[0], x.dtype, x.device, list(heads), cos, sin,
+            k_cache, v_cache, positions, read_positions=False,
+        )  # fmt: skip
+        return x.new_empty((*x.shape[:-1], q * d))
+
     torch.library.register_fake(f"{ns}::linear", linear_fake, lib=lib)
+    torch.library.register_fake(f"{ns}::linear_rope_kv", linear_rope_kv_fake, lib=lib)
     torch.library.register_fake(f"{ns}::linear_gated", linear_gated_fake, lib=lib)
     torch.library.register_fake(f"{ns}::linear_rmsnorm", linear_rmsnorm_fake, lib=lib)
     torch.library.register_fake(f"{ns}::linear_residual", linear_residual_fake, lib=lib)

@@ -160,3 +160,28 @@ def test_the_bound_part(e2e, package, tmp_path):
     assert not torch.allclose(got["patched"], got["bound"])
     twin_patch.restore()
     patch.restore()
+
+
+def test_dry_run_with_rope_kv(e2e, package, tmp_path, monkeypatch):
+    """``--rope-kv``: the patched models run ``linear_rope_kv`` into the static cache (the
+    CPU: its fallback) eagerly and traced whole by torch.compile (the op's fake impl,
+    its caches mutated); the logits still pass the check."""
+    calls = []
+    real = package._api.op_linear_rope_kv
+    monkeypatch.setattr(package._api, "op_linear_rope_kv", lambda *a: calls.append(1) or real(*a))
+    eager_calls = []
+    real_eager = package._api.linear_rope_kv
+    monkeypatch.setattr(
+        package._api, "linear_rope_kv", lambda *a: eager_calls.append(1) or real_eager(*a)
+    )
+    out = tmp_path / "kv-rope.json"
+    base = ["--dry-run", "--package", package.__name__, "--out", str(out), "--rope-kv"]
+    base += ["--batches", "1", "--steps", "2", "--reps", "2"]
+    assert e2e.main([*base, "--part", "check", "--part", "graph", "--part", "qwen2"]) == 0
+    got = json.loads(out.read_text())
+    assert got["env"]["rope_kv"] is True
+    assert got["llama"]["check"]["correctness"]["ok"] and got["qwen2"]["correctness"]["ok"]
+    graph = got["llama"]["graph"]["batches"]["1"]
+    assert graph["max_diff_compiled_vs_eager_patched"] < 1e-4
+    assert eager_calls  # the eager decode steps
+    assert calls  # the traced graph's op (its real kernel runs under aot_eager)

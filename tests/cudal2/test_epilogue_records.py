@@ -8,7 +8,14 @@ import pytest
 
 from cudal2.database import MeasurementDB
 from cudal2.manifest import default_manifest_path
-from cudal2.records import EPILOGUE_OPERANDS, EPILOGUES, Target, canonical_json, sha256_hex
+from cudal2.records import (
+    EPILOGUE_OPERANDS,
+    EPILOGUES,
+    ROPE_KV,
+    Target,
+    canonical_json,
+    sha256_hex,
+)
 
 # The key of a plain target as every committed database and table names it (computed
 # before the epilogue field existed).
@@ -36,7 +43,8 @@ def test_committed_records_keep_their_target_keys():
 
 @pytest.mark.parametrize("epilogue", [e for e in EPILOGUES if e != "none"])
 def test_an_epilogue_target_round_trips_with_its_own_key(epilogue):
-    t = Target("sm_90a", "fp16", "tn", 16, 4096, 4096, epilogue=epilogue)
+    heads = (24, 4, 128) if epilogue in ROPE_KV else ()  # (24 + 2 * 4) * 128 = 4096
+    t = Target("sm_90a", "fp16", "tn", 16, 4096, 4096, epilogue=epilogue, heads=heads)
     d = t.as_json()
     assert d["epilogue"] == epilogue
     assert Target.from_json(json.loads(json.dumps(d))) == t

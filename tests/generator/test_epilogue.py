@@ -20,12 +20,14 @@ from cudal2.records import (
     EPILOGUE_ACTIVATION,
     EPILOGUE_OPERANDS,
     EPILOGUES,
+    ROPE_KV,
     ROW_SCALED,
     KernelDesign,
     Knobs,
 )
 
-FUSED = [e for e in EPILOGUES if e != "none"]
+# sm90tma's fused epilogues (RoPE and the KV-cache write are sm90direct's alone)
+FUSED = [e for e in EPILOGUES if e != "none" and e not in ROPE_KV]
 # The epilogues that add operands (every sm90tma kernel shape renders them), and the
 # ones only the one-tile kernel renders (gated activation, RMSNorm row scale).
 ADDED = ["bias", "residual", "bias_residual"]
@@ -81,7 +83,10 @@ RENDERING = {"sm90tma", "sm90direct", "sm90stream"}
 
 def test_the_rendering_families_declare_every_epilogue():
     assert {f for f, m in FAMILIES.items() if base.family_epilogues(m) != ("none",)} == RENDERING
-    assert all(base.family_epilogues(FAMILIES[f]) == EPILOGUES for f in RENDERING)
+    # RoPE and the KV-cache write: sm90direct's alone (docs/kernels.md)
+    assert base.family_epilogues(FAMILIES["sm90direct"]) == EPILOGUES
+    others = tuple(e for e in EPILOGUES if e not in ROPE_KV)
+    assert all(base.family_epilogues(FAMILIES[f]) == others for f in RENDERING - {"sm90direct"})
 
 
 @pytest.mark.parametrize("family", sorted(set(FAMILIES) - RENDERING))
@@ -94,7 +99,11 @@ def test_other_families_refuse_an_epilogue(family):
 
 @pytest.mark.parametrize(
     ("value", "needle"),
-    [(0, "is the default: leave it out"), (10, "epilogue=10 is not one of"), (-1, "not one of")],
+    [
+        (0, "is the default: leave it out"),
+        (len(EPILOGUES), f"epilogue={len(EPILOGUES)} is not one of"),
+        (-1, "not one of"),
+    ],
 )
 def test_a_bad_epilogue_value_is_illegal(value, needle):
     d = _first()

@@ -21,9 +21,10 @@ from cudal2.generator.families import base, sm90_direct, sm90_stream
 from cudal2.generator.render import render, symbol
 from cudal2.packaging.runtime import driver
 from cudal2.packaging.runtime import table as runtime_table
-from cudal2.records import EPILOGUE_ACTIVATION, EPILOGUES, ROW_SCALED, KernelDesign
+from cudal2.records import EPILOGUE_ACTIVATION, EPILOGUES, ROPE_KV, ROW_SCALED, KernelDesign
 
-FUSED = [e for e in EPILOGUES if e != "none"]
+# RoPE and the KV-cache write: sm90direct's alone, tested in test_epilogue_rope_kv.py
+FUSED = [e for e in EPILOGUES if e != "none" and e not in ROPE_KV]
 
 # (family, knobs): split 1 and 4, sm90direct's stages 2 (activations from L1) and 3
 # (through shared memory), bm 8, 16, 64, several K-slice warps.

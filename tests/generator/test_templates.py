@@ -256,6 +256,9 @@ GOLDEN_EPILOGUE = [
     (5, "bias_residual", "after_mainloop", "eceea1d247a69e43"),
     (6, "residual", "none", "6024ae3ad4a94a42"),
     (4, "gelu_tanh", "none", "d509bf9370d2a59b"),
+    # RoPE and the KV-cache write (sm90direct), their digests taken when they were added
+    (4, "rmsnorm_rope_kv", "before_epilogue", "1dd21644d15baba2"),
+    (5, "rmsnorm_bias_rope_kv", "none", "629a436246382cd3"),
 ]
 
 

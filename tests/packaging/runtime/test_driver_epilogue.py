@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from cudal2.packaging.runtime import abi, driver
-from cudal2.packaging.runtime.abi import EpilogueArgs, GemmArgs
+from cudal2.packaging.runtime.abi import EpilogueArgs, GemmArgs, RopeKvArgs
 from cudal2.records import (
     EPILOGUE_ACTIVATION,
     EPILOGUE_OPERANDS,
     EPILOGUES,
+    ROPE_KV,
     ROW_SCALED,
     out_columns,
 )
@@ -72,9 +73,11 @@ def test_the_runtime_knows_the_records_epilogues():
     assert list(abi.EPILOGUE_OPERANDS) == list(EPILOGUES)  # the knob's order too
     assert abi.EPILOGUE_ACTIVATION == EPILOGUE_ACTIVATION
     assert abi.ROW_SCALED == ROW_SCALED
+    assert abi.ROPE_KV == ROPE_KV
     for name in EPILOGUES:
         for n in (1, 2, 7, 4096, 28672):
-            assert abi.out_columns(name, n) == out_columns(name, n), (name, n)
+            heads = (n, 1, 2) if name in ROPE_KV else ()
+            assert abi.out_columns(name, n, heads) == out_columns(name, n, heads), (name, n)
     assert abi.EPILOGUE_ABI in abi.ABIS
 
 
@@ -125,12 +128,17 @@ def test_older_abis_take_no_epilogue_operands(recorded, old):
 def test_only_a_row_scaled_kernel_takes_eps(recorded, epilogue, pdl):
     bias = 0x4000 if "bias" in EPILOGUE_OPERANDS[epilogue] else 0
     residual = 0x3000 if "residual" in EPILOGUE_OPERANDS[epilogue] else 0
-    ops = EpilogueArgs(bias=bias, residual=residual, ldr=300 if residual else 0, eps=1e-5)
+    rope = ROPE if epilogue in ROPE_KV else None
+    ops = EpilogueArgs(bias, residual, 300 if residual else 0, 1e-5, rope)
     _launch({**RECIPE, "epilogue": epilogue, "pdl": pdl}, ops)
     ((_, call),) = recorded.calls
     args, types = call[2] if pdl else call[9]
     assert tuple(args[11:14]) == (bias, residual, ops.ldr)
-    if epilogue in ROW_SCALED:
+    if epilogue in ROPE_KV:
+        assert types == driver.GEMM_V3_ROPE_KV_TYPES and args[14] == 1e-5
+        assert tuple(args[15:]) == ROPE_FLAT
+        assert len(args) == len(types) == 15 + 17
+    elif epilogue in ROW_SCALED:
         assert types == driver.GEMM_V3_ROW_SCALED_TYPES
         assert types[-1] is ctypes.c_float and args[14] == 1e-5
         assert len(args) == len(types) == 15
@@ -150,6 +158,35 @@ def test_a_gated_launch_tiles_the_gemms_n_and_keeps_ldc(recorded):
     assert args[4] == 300 and args[8] == 150
 
 
-def test_eps_is_the_last_field_and_zero_by_default():
-    assert EpilogueArgs._fields[-1] == "eps" and EpilogueArgs().eps == 0.0
+def test_eps_then_rope_kv_are_the_last_fields_and_unset_by_default():
+    assert EpilogueArgs._fields[-2:] == ("eps", "rope_kv") and EpilogueArgs().eps == 0.0
+    assert EpilogueArgs().rope_kv is None
     assert not any(EpilogueArgs())  # a plain kernel's "no operands" check still holds
+
+
+# cos, sin, k_cache, v_cache, positions; seq, cos_batch, L, q_heads, kv_heads, head_dim;
+# strides
+ROPE = RopeKvArgs(0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 1, 0, 1024, 32, 8, 128,
+                  (8 << 20, 1 << 17, 128), (8 << 20, 1 << 17, 128))  # fmt: skip
+ROPE_FLAT = (0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 1, 0, 1024, 32, 8, 128,
+             8 << 20, 1 << 17, 128, 8 << 20, 1 << 17, 128)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("epilogue", "ops", "needle"),
+    [
+        ("rmsnorm_rope_kv", EpilogueArgs(eps=1e-5), "needs \\['rope_kv'\\]"),
+        ("rmsnorm_rope_kv", EpilogueArgs(rope_kv=ROPE._replace(cos=0)), "needs \\['cos'\\]"),
+        (
+            "rmsnorm_bias_rope_kv",
+            EpilogueArgs(rope_kv=ROPE._replace(k_cache=0, positions=0)),
+            "needs \\['bias', 'k_cache', 'positions'\\]",
+        ),
+        ("rmsnorm", EpilogueArgs(rope_kv=ROPE), "takes no rope_kv operands"),
+    ],
+)
+def test_a_rope_kv_launch_needs_every_operand_and_no_other_takes_them(recorded, epilogue, ops,
+                                                                      needle):  # fmt: skip
+    with pytest.raises(ValueError, match=needle):
+        _launch({**RECIPE, "epilogue": epilogue}, ops)
+    assert recorded.calls == []
