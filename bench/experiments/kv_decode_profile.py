@@ -76,9 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument(
+        "--rope-kv", action="store_true", help="the patched model is patch_model(rope_kv=True)'s"
+    )
     a = ap.parse_args(argv)
     args = argparse.Namespace(
-        package=a.package, layers=a.layers, dry_run=False, device="cuda", steps=a.steps
+        package=a.package,
+        layers=a.layers,
+        dry_run=False,
+        device="cuda",
+        steps=a.steps,
+        rope_kv=a.rope_kv,
     )
     s = e2e.Setup(args)
     torch = s.torch
@@ -93,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "package": a.package,
         "launcher": s.pkg._api.launcher,
         "layers": a.layers,
+        "rope_kv": a.rope_kv,
         "context": s.context,
         "warmed_entries": s.pkg.warmup(),
         "batches": {},

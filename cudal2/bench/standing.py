@@ -858,6 +858,94 @@ def kv_e2e_bound(root: Path) -> str:
     return "\n".join(lines)
 
 
+KV_E2E_ROPE = "bench/results/h100-llama-kv-e2e-rope.json"  # ROPE_KV=1 ci/gpu_e2e_kv.sh
+KV_PROFILE_ROPE = (
+    "bench/results/h100-kv-decode-profile-b1-rope.json"  # ROPE_KV=1 ci/gpu_kv_profile.sh
+)
+KV_PROFILE_2 = "bench/results/h100-kv-decode-profile-b1-machine2.json"
+
+
+def _by_kernel(profile: dict, side: str) -> list[dict]:
+    return profile["batches"]["1"][side]["kernels"]
+
+
+def _sdpa_prep(kernels: list[dict]) -> float:
+    """µs per step of the Triton kernels that prepare SDPA's operands (the GQA expand's
+    clone of the cache, the mask, RoPE where it is fused there)."""
+    return sum(
+        k["us_per_step"]
+        for k in kernels
+        if k["kernel"].startswith("triton_") and "scaled_dot_product" in k["kernel"]
+    )
+
+
+def kv_e2e_rope(root: Path) -> str:
+    """``docs/inference.md``'s ``rope_kv=True`` decode: the graph decode per batch with
+    RoPE and the cache write in the qkv kernel, beside the two earlier H100s and the
+    bound; the correctness check; the b1 profile's qkv and SDPA-prep kernels against the
+    second H100's profile of the same step without the fusion."""
+    first = json.loads((root / KV_E2E).read_text())["llama"]["graph"]["batches"]
+    second = json.loads((root / KV_E2E_2).read_text())["llama"]
+    d = json.loads((root / KV_E2E_ROPE).read_text())
+    env, graph, check = d["env"], d["llama"]["graph"]["batches"], d["llama"]["check"]
+    lines = [
+        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
+        f"`{env['package']}` ({env['launcher']} launcher, `{KV_E2E_ROPE}`; the earlier "
+        f"H100s from `{KV_E2E}` and `{KV_E2E_2}`). ms per decode step under graphs; "
+        "speedups paired per block (p20–p80).",
+        "",
+        "| batch | target | first H100: unpatched / patched, speedup | second H100: unpatched "
+        "/ patched, speedup (bound: no RoPE nor cache write) | this H100: unpatched / "
+        "patched with `rope_kv` | speedup |",
+        "|---:|---:|---|---|---|---|",
+    ]
+    targets = {"1": 1.12, "16": 1.12, "64": 1.05}
+    for b, r in sorted(graph.items(), key=lambda x: int(x[0])):
+        f = first[b]["ms_per_step"]
+        sec = second["graph"]["batches"][b]
+        bound = second["bound"]["batches"].get(b, {})
+        bound_txt = (
+            f" ({bound['ms_per_step']['bound']:.3f})"
+            if "bound" in bound.get("ms_per_step", {})
+            else ""
+        )
+        p20, p80 = r["paired_p20_p80"]
+        lines.append(
+            f"| {b} | {targets.get(b, float('nan')):.2f} | {f['unpatched']:.3f} / "
+            f"{f['patched']:.3f}, {first[b]['paired_speedup']:.3f} | "
+            f"{sec['ms_per_step']['unpatched']:.3f} / {sec['ms_per_step']['patched']:.3f}, "
+            f"{sec['paired_speedup']:.3f}{bound_txt} | {r['ms_per_step']['unpatched']:.3f} / "
+            f"{r['ms_per_step']['patched']:.3f} | **{r['paired_speedup']:.3f}** "
+            f"({p20:.3f}–{p80:.3f}) |"
+        )
+    c = check["correctness"]
+    old = json.loads((root / KV_PROFILE_2).read_text())
+    new = json.loads((root / KV_PROFILE_ROPE).read_text())
+    p0, p1 = _sdpa_prep(_by_kernel(old, "patched")), _sdpa_prep(_by_kernel(new, "patched"))
+    s0, s1 = old["batches"]["1"]["patched"], new["batches"]["1"]["patched"]
+    roles = ", ".join(
+        f"{role} {s0['by_role_us'][role]:.0f} → {s1['by_role_us'][role]:.0f}"
+        for role in ("gemm", "elementwise", "attention")
+    )
+    lines += [
+        "",
+        f"Logits (a {c['prompt'][0]}x{c['prompt'][1]} prompt and {c['decode_steps']} decode "
+        f"steps) against fp32: unpatched {c['err_unpatched_vs_fp32']}, patched "
+        f"{c['err_patched_vs_fp32']} (at most {c['tolerance']:g}x: "
+        f"{'passes' if c['ok'] else 'fails'}).",
+        "",
+        f"The patched step at batch 1 profiled (`{KV_PROFILE_ROPE}` against the second "
+        f"H100's `{KV_PROFILE_2}`, µs per step): span {s0['span_us']:.0f} → "
+        f"{s1['span_us']:.0f}, kernels summed {s0['kernel_sum_us']:.0f} → "
+        f"{s1['kernel_sum_us']:.0f} ({roles}; a PDL kernel launched early counts its wait, "
+        f"so sums exceed spans); of attention, the Triton kernels preparing SDPA's operands "
+        f"(the GQA expand's copy of the cache, the mask) {p0:.0f} → {p1:.0f}; launches "
+        f"{s0['launches_per_step']:.0f} → {s1['launches_per_step']:.0f}; GPU idle "
+        f"{s0['idle_us']:.0f} → {s1['idle_us']:.0f}.",
+    ]
+    return "\n".join(lines)
+
+
 KV_PROFILE = "bench/results/h100-kv-decode-profile.json"  # ci/gpu_kv_profile.sh on the H100
 # the same at batch 1, 16 steps, with the GPU's idle time recorded (a second run)
 KV_PROFILE_IDLE = "bench/results/h100-kv-decode-profile-b1-idle.json"
@@ -1472,6 +1560,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-kv-e2e": llama_kv_e2e,
     "kv-decode-ceiling": kv_decode_ceiling,
     "kv-e2e-bound": kv_e2e_bound,
+    "kv-e2e-rope": kv_e2e_rope,
     "room-timing": room_timing,
     "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,
