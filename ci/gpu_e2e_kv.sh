@@ -33,6 +33,9 @@ $PY -c "import torch, transformers, $PKG as p; print('torch', torch.__version__,
 json=$OUT/llama-kv-e2e.json
 ROPE=()
 if [ "${ROPE_KV:-0}" = 1 ]; then json=$OUT/llama-kv-e2e-rope.json; ROPE=(--rope-kv); fi
+# GROUPED=1: also patch_model(grouped_decode=True) (a decode step's SDPA over the grouped
+# KV heads in place, not transformers' per-head copy of the cache)
+if [ "${GROUPED:-0}" = 1 ]; then json=${json%.json}-grouped.json; ROPE+=(--grouped-decode); fi
 [ "${KEEP:-0}" = 1 ] || rm -f "$json"
 rc=0
 for part in ${PARTS:-check eager prefill graph qwen2}; do

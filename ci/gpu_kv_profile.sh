@@ -18,5 +18,5 @@ PKG=$(python3 -c "import sys, zipfile; print(next(n.split('/')[0] for n in zipfi
 step "kv decode profile (batches ${BATCHES:-1,16,64})"
 timeout "${RUN_TIMEOUT:-540}" $PY bench/experiments/kv_decode_profile.py --package "$PKG" \
   --out "$OUT/kv-decode-profile.json" --batches "${BATCHES:-1,16,64}" --steps "${STEPS:-8}" \
-  $([ "${ROPE_KV:-0}" = 1 ] && echo --rope-kv) \
+  $([ "${ROPE_KV:-0}" = 1 ] && echo --rope-kv) $([ "${GROUPED:-0}" = 1 ] && echo --grouped-decode) \
   2>&1 | tee "$OUT/kv-decode-profile.txt"

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rope-kv", action="store_true", help="the patched model is patch_model(rope_kv=True)'s"
     )
+    ap.add_argument(
+        "--grouped-decode", action="store_true", help="and patch_model(grouped_decode=True)'s"
+    )
     a = ap.parse_args(argv)
     args = argparse.Namespace(
         package=a.package,
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         device="cuda",
         steps=a.steps,
         rope_kv=a.rope_kv,
+        grouped_decode=a.grouped_decode,
     )
     s = e2e.Setup(args)
     torch = s.torch
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "launcher": s.pkg._api.launcher,
         "layers": a.layers,
         "rope_kv": a.rope_kv,
+        "grouped_decode": a.grouped_decode,
         "context": s.context,
         "warmed_entries": s.pkg.warmup(),
         "batches": {},

@@ -173,6 +173,8 @@ def patched_copy(s: Setup, model: Any) -> tuple[Any, Any]:
     # ops on torch's fallbacks), so the CPU runs the code path the GPU's fused layers run.
     uncovered = "fused" if s.dry else None
     rope = {"rope_kv": True} if s.args.rope_kv else {}  # the keyword only where asked
+    if getattr(s.args, "grouped_decode", False):
+        rope["grouped_decode"] = True
     return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered, **rope)
 
 
@@ -524,6 +526,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--rope-kv", action="store_true", help="patch_model(rope_kv=True): RoPE and the cache "
         "write in the qkv kernel",
     )  # fmt: skip
+    ap.add_argument(
+        "--grouped-decode", action="store_true", help="patch_model(grouped_decode=True): a "
+        "decode step's SDPA over the grouped KV heads in place",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     for name, v in (("--layers", args.layers), ("--steps", args.steps), ("--reps", args.reps)):
         if v < 1:
@@ -568,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "dry_run": s.dry,
         "rope_kv": args.rope_kv,
+        "grouped_decode": args.grouped_decode,
         "compile": 'torch.compile(mode="reduce-overhead", fullgraph=True, dynamic=False), '
         "once per model and batch",
     }

@@ -154,6 +154,7 @@ class _Plan:
     api: Any  # the Api: plain inference (the same dispatch, no dispatcher cost)
     route: _Route
     rope: _Rope | None = None  # rope_kv=True: RoPE and the cache write in the qkv kernel
+    grouped_decode: bool = False  # grouped_decode=True: ``_grouped_decode_sdpa`` at one token
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,39 @@ def _tokens(x: Any) -> int:
     return m
 
 
+def _grouped_decode(p: _Plan, attn: Any, q: Any, k: Any, extra: dict) -> bool:
+    """Whether a patched layer's attention takes ``_grouped_decode_sdpa``: asked for
+    (``patch_model(grouped_decode=True)``), one new token a sequence, SDPA the model's
+    attention, fewer KV heads than query heads, and nothing SDPA's own call would not
+    express (a soft cap)."""
+    return (
+        p.grouped_decode
+        and q.shape[2] == 1
+        and attn.config._attn_implementation == "sdpa"
+        and k.shape[1] < q.shape[1]
+        and q.shape[1] % k.shape[1] == 0
+        and extra.get("softcap") is None
+        and not attn.training
+    )
+
+
+def _grouped_decode_sdpa(torch: Any, q: Any, k: Any, v: Any, mask: Any, scaling: float) -> Any:
+    """SDPA for one new token a sequence with grouped KV heads, the cache read in place:
+    the query heads sharing a KV head become that head's queries ([b, kv heads, group,
+    d]; head h = kv head h // group, as ``repeat_kv`` pairs them), where transformers'
+    path under ``torch.compile`` expands every KV head group-fold, a copy of the whole
+    cache each layer (its ``pack_gqa`` is skipped when compiling). The mask ([b, 1, 1,
+    kv], or None) broadcasts over the group. Returns [b, 1, heads, d], as transformers'
+    attention functions do."""
+    b, heads, _, d = q.shape
+    kv_heads = k.shape[1]
+    grouped = q.reshape(b, kv_heads, heads // kv_heads, d)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        grouped, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling
+    )
+    return o.reshape(b, heads, 1, d).transpose(1, 2)
+
+
 def _fused_forward(
     self: Any,
     hidden_states: Any,
@@ -395,22 +429,25 @@ def _fused_forward(
         q, k = p.rotary(q, k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, attn.layer_idx)
-    attention = p.attention_functions.get_interface(
-        attn.config._attn_implementation, p.eager_attention
-    )
     extra = p.family.attn_kwargs(attn) if p.family.attn_kwargs else {}
-    o, _ = attention(
-        attn,
-        q,
-        k,
-        v,
-        attention_mask,
-        dropout=0.0,
-        scaling=attn.scaling,
-        position_ids=position_ids,
-        **extra,
-        **kwargs,
-    )
+    if _grouped_decode(p, attn, q, k, extra):
+        o = _grouped_decode_sdpa(torch, q, k, v, attention_mask, attn.scaling)
+    else:
+        attention = p.attention_functions.get_interface(
+            attn.config._attn_implementation, p.eager_attention
+        )
+        o, _ = attention(
+            attn,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=0.0,
+            scaling=attn.scaling,
+            position_ids=position_ids,
+            **extra,
+            **kwargs,
+        )
     o = o.reshape(*input_shape, -1).contiguous()
     w_o, w_down = attn.o_proj.weight, self.mlp.down_proj.weight
     if p.family.post_norms:
@@ -750,6 +787,7 @@ def patch_model(
     uncovered: str | None = None,
     head: str = "rmsnorm",
     rope_kv: bool = False,
+    grouped_decode: bool = False,
 ) -> ModelPatch:
     """Run ``model`` (a transformers Llama, Mistral, Qwen2, Gemma, Phi-3 or Gemma-2
     decoder, ``*ForCausalLM`` or its base model, in eval mode) through the package's
@@ -764,6 +802,9 @@ def patch_model(
     order, and where the cache is transformers' static one (initialised: from the second
     call) each layer's qkv GEMM applies RoPE and writes k and v into the cache itself
     (``linear_rope_kv``; its rotary and ``cache.update`` are skipped); no extra memory.
+    ``grouped_decode``: at one new token a sequence, SDPA over the grouped KV heads in
+    place (``_grouped_decode_sdpa``), not transformers' copy of every KV head per query
+    head under ``torch.compile`` (docs/inference.md; measured on CPU only so far).
     Refuses what it does not know with ``PatchModelError`` before changing anything."""
     global _torch
     import torch
@@ -786,6 +827,10 @@ def patch_model(
         )
     if head not in HEADS:
         raise ValueError(f"patch_model: head must be one of {list(HEADS)}, got {head!r}")
+    if not isinstance(grouped_decode, bool):
+        raise ValueError(
+            f"patch_model: grouped_decode must be True or False, got {grouped_decode!r}"
+        )
     mt, fam, layers, lm_head = _check_model(torch, model)
     if rope_kv and mt not in ROPE_KV_MODEL_TYPES:
         raise _refuse(mt, f"rope_kv=True: the rope_kv epilogues serve {list(ROPE_KV_MODEL_TYPES)}")
@@ -871,6 +916,7 @@ def patch_model(
             api=api,
             route=route,
             rope=rope,
+            grouped_decode=grouped_decode,
         )
         layer.register_buffer("_cudal2_w_qkv", w_qkv, persistent=False)
         layer.register_buffer("_cudal2_b_qkv", b_qkv, persistent=False)

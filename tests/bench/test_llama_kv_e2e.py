@@ -185,3 +185,23 @@ def test_dry_run_with_rope_kv(e2e, package, tmp_path, monkeypatch):
     assert graph["max_diff_compiled_vs_eager_patched"] < 1e-4
     assert eager_calls  # the eager decode steps
     assert calls  # the traced graph's op (its real kernel runs under aot_eager)
+
+
+def test_dry_run_with_grouped_decode(e2e, package, tmp_path, monkeypatch):
+    """``--grouped-decode`` (with ``--rope-kv``): the patched models' decode steps run the
+    grouped SDPA, eagerly and traced whole by torch.compile; the logits still pass."""
+    import importlib
+
+    runtime = importlib.import_module(package.__name__ + "._runtime.models")
+    calls = []
+    real = runtime._grouped_decode_sdpa
+    monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: calls.append(1) or real(*a))
+    out = tmp_path / "kv-grouped.json"
+    base = ["--dry-run", "--package", package.__name__, "--out", str(out), "--rope-kv"]
+    base += ["--grouped-decode", "--batches", "1", "--steps", "2", "--reps", "2"]
+    assert e2e.main([*base, "--part", "check", "--part", "graph"]) == 0
+    got = json.loads(out.read_text())
+    assert got["env"]["grouped_decode"] is True
+    assert got["llama"]["check"]["correctness"]["ok"]
+    assert got["llama"]["graph"]["batches"]["1"]["max_diff_compiled_vs_eager_patched"] < 1e-4
+    assert calls

@@ -195,6 +195,43 @@ def test_generate_gives_the_same_tokens(pkg, family, cache):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_grouped_decode_generates_the_same_logits(pkg, family, cache, monkeypatch):
+    """``grouped_decode=True``: each decode step's attention over the grouped KV heads in
+    place (the tiny models: 4 query heads, 2 KV heads), the same tokens and, step by step,
+    the logits within the fp32 bound; it runs at one new token a sequence only, and not
+    for Gemma-2 (its soft cap)."""
+    model = tiny(family)
+    x = ids(4, batch=2, tokens=5)
+    kw = dict(max_new_tokens=5, do_sample=False, min_new_tokens=5, output_logits=True)
+    kw["return_dict_in_generate"] = True
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
+    calls = []
+    real = runtime._grouped_decode_sdpa
+    monkeypatch.setattr(
+        runtime,
+        "_grouped_decode_sdpa",
+        lambda torch, q, *a: calls.append(q.shape) or real(torch, q, *a),
+    )
+    with torch.no_grad():
+        want = model.generate(x, **kw)
+        with pkg.patch_model(model, grouped_decode=True, **FUSED):
+            got = model.generate(x, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    w, g = torch.stack(want.logits).float(), torch.stack(got.logits).float()
+    assert (g - w).abs().max().item() <= FP32_REL * w.abs().max().item()
+    layers = model.config.num_hidden_layers
+    assert calls == ([] if family == "gemma2" else [(2, 4, 1, 16)] * (4 * layers)), calls[:3]
+
+
+def test_grouped_decode_must_be_a_bool(pkg):
+    with pytest.raises(ValueError, match="grouped_decode must be True or False, got 'yes'"):
+        pkg.patch_model(tiny("llama"), grouped_decode="yes")
+
+
 def test_torch_compile_runs_the_ops(pkg):
     """Under torch.compile the forward calls the torch ops (fake impls trace them)."""
     model = tiny("llama")
