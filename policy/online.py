@@ -74,7 +74,6 @@ class OnlineLearner:
     """The policy's weights, updated after each round; ``model`` is changed in place."""
 
     def __init__(self, model: Any, cfg: OnlineConfig = OnlineConfig()):
-
         self.model = model
         self.cfg = cfg
         self.ref = copy.deepcopy(model)
@@ -104,9 +103,8 @@ class OnlineLearner:
         """The AdamW optimizer of ``model`` (waits for its thread)."""
         self._opt_thread.join()
         if self._opt_error is not None:
-            raise RuntimeError(
-                f"the policy's optimizer could not be made: {self._opt_error}"
-            ) from (self._opt_error)
+            error = self._opt_error
+            raise RuntimeError(f"the policy's optimizer could not be made: {error}") from error
         return self._opt
 
     def expect(
