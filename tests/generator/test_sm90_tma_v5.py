@@ -15,7 +15,6 @@ import pytest
 
 from cudal2 import __version__
 from cudal2.generator import design_name, legality, tags
-from cudal2.generator.compile import ArtifactCache, build, checked_cubin
 from cudal2.generator.families import base, sm90_tma
 from cudal2.generator.render import _env, render
 from cudal2.records import KernelDesign, Knobs
@@ -245,15 +244,7 @@ def test_grouped_walk_is_a_bijection(tmp_path, group):
     [_v5("fp16", store=1, raster=8, ctas=128), _v5("bf16", mp=2, n=128, store=1, raster=16)],
     ids=design_name,
 )
-def test_bulk_store_compiles_to_hgmma_without_local_memory(tmp_path, d):
-    from cudal2.generator import sass
-
-    cache = ArtifactCache(tmp_path)
-    r = build(d, cache)
-    assert r.ok, r.error
-    assert r.spill_bytes == 0
-    if sass.tool_dir() is None:
-        pytest.skip("cuobjdump not installed")
-    listing = sass.sass(checked_cubin(d, cache), r.symbol)
+def test_bulk_store_compiles_to_hgmma_without_local_memory(sass_of, d):
+    listing = sass_of(d)
     assert "HGMMA" in listing and "UBLKCP" in listing
     assert "LDL" not in listing and "STL" not in listing

@@ -191,16 +191,8 @@ def test_grouped_walk_over_pair_tiles_is_a_bijection(tmp_path, group):
     ],
     ids=design_name,
 )
-def test_pairs_compile_to_hgmma_and_multicast_without_local_memory(tmp_path, d):
-    from cudal2.generator import sass
-
-    cache = ArtifactCache(tmp_path)
-    r = build(d, cache)
-    assert r.ok, r.error
-    assert r.spill_bytes == 0
-    if sass.tool_dir() is None:
-        pytest.skip("cuobjdump not installed")
-    listing = sass.sass(checked_cubin(d, cache), r.symbol)
+def test_pairs_compile_to_hgmma_and_multicast_without_local_memory(sass_of, d):
+    listing = sass_of(d)
     assert "HGMMA" in listing and "UTMALDG" in listing and ".MULTICAST" in listing
     assert "LDL" not in listing and "STL" not in listing
     assert ("UBLKCP" in listing) == bool(sm90_tma.v5(d, "store"))

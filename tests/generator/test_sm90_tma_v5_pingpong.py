@@ -17,7 +17,6 @@ import pytest
 
 from cudal2 import __version__
 from cudal2.generator import design_name, legality, tags
-from cudal2.generator.compile import ArtifactCache, build, checked_cubin
 from cudal2.generator.families import base, sm90_tma
 from cudal2.generator.render import _env, render
 from cudal2.policy.cost_model import predicted_time_s
@@ -280,16 +279,8 @@ def test_pingpong_grouped_walk_covers_every_tile_once_in_ring_order(tmp_path, gr
     ],
     ids=design_name,
 )
-def test_pingpong_bulk_store_compiles_to_hgmma_without_local_memory(tmp_path, d):
-    from cudal2.generator import sass
-
-    cache = ArtifactCache(tmp_path)
-    r = build(d, cache)
-    assert r.ok, r.error
-    assert r.spill_bytes == 0
-    if sass.tool_dir() is None:
-        pytest.skip("cuobjdump not installed")
-    listing = sass.sass(checked_cubin(d, cache), r.symbol)
+def test_pingpong_bulk_store_compiles_to_hgmma_without_local_memory(sass_of, d):
+    listing = sass_of(d)
     assert f"HGMMA.64x{d.knobs.wgmma_n}x16." in listing and "UBLKCP" in listing
     assert "LDL" not in listing and "STL" not in listing
     # two named barriers, one a warpgroup (BAR.SYNC with a register id)

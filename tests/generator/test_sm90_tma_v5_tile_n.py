@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from cudal2.generator import design_name, legality
-from cudal2.generator.compile import ArtifactCache, build, checked_cubin
 from cudal2.generator.families import base, sm90_tma
 from cudal2.generator.render import _env, render
 from cudal2.records import KernelDesign, Knobs, Target
@@ -275,16 +274,10 @@ def test_epilogues_with_the_tile_n():
     ],
     ids=design_name,
 )
-def test_tile_n_designs_compile_to_hgmma_of_their_n_without_local_memory(tmp_path, d):
+def test_tile_n_designs_compile_to_hgmma_of_their_n_without_local_memory(sass_of, d):
     from cudal2.generator import sass
 
-    cache = ArtifactCache(tmp_path)
-    r = build(d, cache)
-    assert r.ok, r.error
-    assert r.spill_bytes == 0
-    if sass.tool_dir() is None:
-        pytest.skip("cuobjdump not installed")
-    listing = sass.sass(checked_cubin(d, cache), r.symbol)
+    listing = sass_of(d)
     assert set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", listing)) == {f"64x{d.knobs.wgmma_n}x16"}
     assert "UBLKCP" in listing and "LDL" not in listing and "STL" not in listing
     trigger = base.pdl_trigger(d)
