@@ -154,11 +154,10 @@ def _read_raw(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _raw_model_type(path: Path, raw: dict[str, Any] | None = None) -> str:
-    """The ``model_type`` of the config (``raw``: its JSON, when read already), checked
-    against ``SUPPORTED_MODEL_TYPES`` (``UnsupportedModelError`` naming it, the
-    architectures and the supported list)."""
-    raw = _read_raw(path) if raw is None else raw
+def _model_type(raw: dict[str, Any], path: Path) -> str:
+    """The ``model_type`` of the config ``raw`` read from ``path``, checked against
+    ``SUPPORTED_MODEL_TYPES`` (``UnsupportedModelError`` naming it, the architectures and
+    the supported list)."""
     model_type = raw.get("model_type")
     archs = raw.get("architectures") or []
     arch_text = ", ".join(str(a) for a in archs) if isinstance(archs, list) else str(archs)
@@ -176,9 +175,10 @@ def _load_config(path: Path) -> SimpleNamespace:
     """The config as attributes: every key of the file, and for a key of
     ``CONFIG_DEFAULTS`` the file leaves out, its model type's default; a missing
     ``num_key_value_heads`` is ``num_attention_heads`` (as the config classes derive
-    it). Values are checked where they are read."""
+    it). Its ``model_type`` is checked here (``_model_type``), the other values where
+    they are read."""
     raw = _read_raw(path)
-    model_type = _raw_model_type(path, raw)
+    model_type = _model_type(raw, path)
     values = {**CONFIG_DEFAULTS[model_type], **raw}
     if values.get("num_key_value_heads") is None:  # Llama's and Phi-3's default, or null
         values["num_key_value_heads"] = values.get("num_attention_heads")
@@ -251,8 +251,8 @@ def projection_shapes(
     if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
         raise TensorParallelError(f"tp must be a positive integer, got {tp!r}")
     path = resolve_config_path(config_path)
-    model_type = _raw_model_type(path)
     config = _load_config(path)
+    model_type = config.model_type
 
     hidden, hq_rank, hkv_rank, head_dim = _head_split(config, path, tp)
     inter = _positive_int(config, "intermediate_size", path)
@@ -332,8 +332,8 @@ def patch_epilogues(config_path: Path, lm_head: bool) -> dict[str, tuple[str, ..
     (``cudal2.packaging.runtime.families``), so the build asks for what the patch looks
     up. ``ModelConfigError`` naming the model type (and the value) it has no family for."""
     path = resolve_config_path(config_path)
-    model_type = _raw_model_type(path)
     config = _load_config(path)
+    model_type = config.model_type
     try:
         return fused_epilogues(model_type, config, lm_head)
     except FamilyError as e:

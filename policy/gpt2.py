@@ -162,10 +162,6 @@ class GPT2(nn.Module):
         return Output(F.linear(h, t.wte.weight), cache)
 
 
-def new_cache() -> Cache:
-    return Cache()
-
-
 def from_state(state: dict[str, Any], n_positions: int, n_layer: int, n_head: int) -> GPT2:
     """The network holding ``state`` (a GPT2LMHeadModel state dict, ``lm_head.weight``
     left out or equal to the embedding); ``KeyError``/``RuntimeError`` where it does not

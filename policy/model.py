@@ -159,12 +159,6 @@ def load(path: str | Path, lite: bool = False) -> tuple[Any, ModelConfig, dict[s
     return model, cfg, meta["info"]
 
 
-def _lite_types() -> tuple[type, ...]:
-    from cudal2.policy.gpt2 import GPT2
-
-    return (GPT2,)
-
-
 def _step_masks(grammar: Grammar) -> Any:
     """[designs, fields, vocab] bool: the grammar's allowed tokens at each field."""
     import torch
@@ -185,10 +179,10 @@ def _prefix_cache(model: Any, prompt: Sequence[int], batch: int) -> tuple[Any, A
     for ``batch`` continuations). Differentiable."""
     import torch
 
-    if isinstance(model, _lite_types()):
-        from cudal2.policy.gpt2 import new_cache
+    from cudal2.policy import gpt2
 
-        cache = new_cache()
+    if isinstance(model, gpt2.GPT2):
+        cache = gpt2.Cache()
     else:
         from transformers import DynamicCache
 
