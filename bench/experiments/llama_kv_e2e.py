@@ -53,6 +53,16 @@ since such an epilogue still reads and writes what these kernels did, minus thei
 launches. Its logits are wrong by design; only its time is reported
 (``speedup_bound``: unpatched over it, paired as ``speedup``).
 
+Grouped decode (``grouped``, not in the default parts): the ``graph`` decode with a third
+model, a patched twin with ``grouped_decode=True`` (a decode step's SDPA over the grouped
+KV heads in place, not transformers' copy of every KV head per query head), timed
+interleaved with the unpatched and the patched model, so the attention's share of the
+gain is told apart from the GEMMs' (``speedup_grouped``, paired as ``speedup``); its
+logits are checked against fp32 as ``check`` checks the patched model's
+(``correctness_grouped``). ``--grouped-decode``: the patched model itself is grouped;
+without it, it passes ``grouped_decode=False`` (``patch_model``'s default is on), so
+that every part measures the GEMMs' share alone unless asked.
+
 ``--rope-kv``: the patched models are ``patch_model(..., rope_kv=True)``'s (docs/inference.md,
 "RoPE and the cache write in the qkv kernel": from the second call on the static cache,
 each layer's qkv kernel rotates q and k and writes k and v into the cache itself); the
@@ -93,7 +103,8 @@ QWEN2_CONFIG = CONFIG.parent / "qwen2-7b"
 CONTEXT = 1024
 TOLERANCE = 2.0
 FLOOR = 1e-5  # of the largest |logit|: below it, errors are rounding order (fp32 dry run)
-PARTS = ("check", "eager", "prefill", "graph", "qwen2", "bound")
+PARTS = ("check", "eager", "prefill", "graph", "qwen2", "bound", "grouped")
+EXTRA_PARTS = ("bound", "grouped")  # asked for by name only
 # --dry-run: a tiny Llama on the CPU (the code paths, not figures).
 TINY = dict(
     hidden_size=64,
@@ -165,16 +176,20 @@ def build(s: Setup, cfg: Any, seed: int = 0) -> Any:
     return model
 
 
-def patched_copy(s: Setup, model: Any) -> tuple[Any, Any]:
-    """New modules over the same parameters and buffers, patched with ``patch_model``."""
+def patched_copy(s: Setup, model: Any, grouped: bool | None = None) -> tuple[Any, Any]:
+    """New modules over the same parameters and buffers, patched with ``patch_model``
+    (``grouped``: ``grouped_decode`` as given, else as ``--grouped-decode`` says)."""
     shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     twin = copy.deepcopy(model, shared)
     # The dry run's fp32 has no table entry at any M: it asks for the fused forward (its
     # ops on torch's fallbacks), so the CPU runs the code path the GPU's fused layers run.
     uncovered = "fused" if s.dry else None
     rope = {"rope_kv": True} if s.args.rope_kv else {}  # the keyword only where asked
-    if getattr(s.args, "grouped_decode", False):
-        rope["grouped_decode"] = True
+    # grouped_decode always given: patch_model's default (on) would fold the attention's
+    # gain into the GEMMs'; the experiment's patched model is the GEMM patch alone unless
+    # --grouped-decode (the ``grouped`` part times both)
+    on = grouped if grouped is not None else getattr(s.args, "grouped_decode", False)
+    rope["grouped_decode"] = bool(on)
     return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered, **rope)
 
 
@@ -271,9 +286,10 @@ def summarise(times: dict[str, list[float]], batch: int, steps: int) -> dict:
         "ms_per_step": {n: round(t / steps * 1e3, 3) for n, t in med.items()},
         "speedup": round(med["unpatched"] / med["patched"], 4),
     }
-    for other, key in (("patched", ""), ("bound", "_bound")):
-        if other not in times:
+    for other in times:
+        if other == "unpatched":
             continue
+        key = "" if other == "patched" else f"_{other}"
         ratio = sorted(u / p for u, p in zip(times["unpatched"], times[other], strict=True))
         if key:
             out[f"speedup{key}"] = round(med["unpatched"] / med[other], 4)
@@ -292,7 +308,8 @@ def correctness(s: Setup, model: Any, patched: Any) -> dict:
     """Logits of the prefill and 4 decode steps against an fp32 copy (module docstring)."""
     torch = s.torch
     ref = copy.deepcopy(model).float()
-    b, t, n = (2, 8, 3) if s.dry else (4, 128, 4)
+    # the dry run: 8 sequences x 2 KV heads, so grouped decode (from 16 pairs) runs
+    b, t, n = (8, 8, 3) if s.dry else (4, 128, 4)
     g = torch.Generator(device=s.device).manual_seed(7)
     prompt = torch.randint(0, model.config.vocab_size, (b, t), generator=g, device=s.device)
     out: dict[str, list] = {"ref": [], "unpatched": [], "patched": []}
@@ -395,15 +412,16 @@ def part_check(s: Setup, model: Any, patched: Any, patch: Any, mem: dict) -> dic
     return res
 
 
-def part_decode(s: Setup, model: Any, patched: Any, compiled: bool, bound: Any = None) -> dict:
-    """Decode timed per batch; ``bound``: a third model (``bound_twin``) on an
-    ``unwritten`` cache, timed beside the two."""
+def part_decode(
+    s: Setup, model: Any, patched: Any, compiled: bool, others: dict[str, Any] | None = None
+) -> dict:
+    """Decode timed per batch; ``others``: more models timed beside the two, by name
+    (``bound``: ``bound_twin``'s, on an ``unwritten`` cache; ``grouped``: a
+    ``grouped_decode`` twin)."""
     torch = s.torch
     args = s.args
     rows = {}
-    models = [("unpatched", model), ("patched", patched)]
-    if bound is not None:
-        models.append(("bound", bound))
+    models = [("unpatched", model), ("patched", patched), *(others or {}).items()]
     for batch in args.batches:
         t0 = time.monotonic()
         runs, row = {}, {"batch": batch}
@@ -538,7 +556,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--batches must be positive integers, got {args.batches}")
     if args.prefill < 1:
         ap.error(f"--prefill must be at least 1, got {args.prefill}")
-    args.part = list(dict.fromkeys(args.part or [p for p in PARTS if p != "bound"]))
+    args.part = list(dict.fromkeys(args.part or [p for p in PARTS if p not in EXTRA_PARTS]))
     return args
 
 
@@ -601,7 +619,15 @@ def main(argv: list[str] | None = None) -> int:
                 got = part_prefill(s, model, patched)
             elif part == "bound":
                 twin, twin_patch = bound_twin(s, model)
-                got = part_decode(s, model, patched, compiled=True, bound=twin)
+                got = part_decode(s, model, patched, compiled=True, others={"bound": twin})
+                twin_patch.restore()
+                del twin
+            elif part == "grouped":
+                twin, twin_patch = patched_copy(s, model, grouped=True)
+                if s.device.type == "cuda":
+                    s.pkg.warmup()
+                got = {"correctness_grouped": correctness(s, model, twin)}
+                got |= part_decode(s, model, patched, compiled=True, others={"grouped": twin})
                 twin_patch.restore()
                 del twin
             else:
@@ -633,13 +659,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, result)
         print(f"== qwen2: {json.dumps(got)[:2000]}", flush=True)
         patch.restore()
+    llama_parts = result.get("llama", {})
     bad = [
         name
-        for name, block in (
-            ("llama", result.get("llama", {}).get("check")),
-            ("qwen2", result.get("qwen2")),
+        for name, check in (
+            ("llama", (llama_parts.get("check") or {}).get("correctness")),
+            ("qwen2", (result.get("qwen2") or {}).get("correctness")),
+            ("llama grouped_decode", (llama_parts.get("grouped") or {}).get("correctness_grouped")),
         )
-        if block and not block["correctness"]["ok"]
+        if check and not check["ok"]
     ]
     if bad:
         print(f"correctness FAILED for {bad}", file=sys.stderr)

@@ -328,14 +328,24 @@ def _tokens(x: Any) -> int:
     return m
 
 
+# The grouped call runs one SDPA program per (sequence, KV head): below this many it
+# leaves the GPU idle and loses to transformers' copy of the cache (measured on an H200,
+# bench/results/h200-grouped-sdpa.json, 32 layers at a 1,024-token context: Llama-3.1-8B
+# (8 KV heads) 0.67x at batch 1, 1.00x at 2, 1.69x at 4; Qwen2-7B (4 KV heads) 0.89x at
+# batch 2, 1.49x at 4).
+GROUPED_MIN_KV_ROWS = 16
+
+
 def _grouped_decode(p: _Plan, attn: Any, q: Any, k: Any, extra: dict) -> bool:
     """Whether a patched layer's attention takes ``_grouped_decode_sdpa``: asked for
-    (``patch_model(grouped_decode=True)``), one new token a sequence, SDPA the model's
-    attention, fewer KV heads than query heads, and nothing SDPA's own call would not
-    express (a soft cap)."""
+    (``patch_model(grouped_decode=True)``), one new token a sequence, at least
+    ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA the model's attention, fewer
+    KV heads than query heads, and nothing SDPA's own call would not express (a soft
+    cap)."""
     return (
         p.grouped_decode
         and q.shape[2] == 1
+        and q.shape[0] * k.shape[1] >= GROUPED_MIN_KV_ROWS
         and attn.config._attn_implementation == "sdpa"
         and k.shape[1] < q.shape[1]
         and q.shape[1] % k.shape[1] == 0
@@ -787,7 +797,7 @@ def patch_model(
     uncovered: str | None = None,
     head: str = "rmsnorm",
     rope_kv: bool = False,
-    grouped_decode: bool = False,
+    grouped_decode: bool = True,
 ) -> ModelPatch:
     """Run ``model`` (a transformers Llama, Mistral, Qwen2, Gemma, Phi-3 or Gemma-2
     decoder, ``*ForCausalLM`` or its base model, in eval mode) through the package's
@@ -802,9 +812,10 @@ def patch_model(
     order, and where the cache is transformers' static one (initialised: from the second
     call) each layer's qkv GEMM applies RoPE and writes k and v into the cache itself
     (``linear_rope_kv``; its rotary and ``cache.update`` are skipped); no extra memory.
-    ``grouped_decode``: at one new token a sequence, SDPA over the grouped KV heads in
+    ``grouped_decode`` (default on): at one new token a sequence and at least
+    ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA over the grouped KV heads in
     place (``_grouped_decode_sdpa``), not transformers' copy of every KV head per query
-    head under ``torch.compile`` (docs/inference.md; measured on CPU only so far).
+    head under ``torch.compile`` (docs/inference.md, "Grouped decode").
     Refuses what it does not know with ``PatchModelError`` before changing anything."""
     global _torch
     import torch

@@ -198,10 +198,42 @@ def test_dry_run_with_grouped_decode(e2e, package, tmp_path, monkeypatch):
     monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: calls.append(1) or real(*a))
     out = tmp_path / "kv-grouped.json"
     base = ["--dry-run", "--package", package.__name__, "--out", str(out), "--rope-kv"]
-    base += ["--grouped-decode", "--batches", "1", "--steps", "2", "--reps", "2"]
+    base += ["--grouped-decode", "--batches", "8", "--steps", "2", "--reps", "2"]
     assert e2e.main([*base, "--part", "check", "--part", "graph"]) == 0
     got = json.loads(out.read_text())
     assert got["env"]["grouped_decode"] is True
     assert got["llama"]["check"]["correctness"]["ok"]
-    assert got["llama"]["graph"]["batches"]["1"]["max_diff_compiled_vs_eager_patched"] < 1e-4
+    assert got["llama"]["graph"]["batches"]["8"]["max_diff_compiled_vs_eager_patched"] < 1e-4
     assert calls
+
+
+def test_the_grouped_part(e2e, package, tmp_path, monkeypatch):
+    """``grouped``: a third model, the patched one with ``grouped_decode=True``, timed
+    beside the two under torch.compile; its decode steps (and only its) run the grouped
+    SDPA; its logits are checked against fp32; the rows carry its paired speedup."""
+    import importlib
+
+    runtime = importlib.import_module(package.__name__ + "._runtime.models")
+    calls = []
+    real = runtime._grouped_decode_sdpa
+    monkeypatch.setattr(
+        runtime, "_grouped_decode_sdpa", lambda t, q, *a: calls.append(q.shape[0]) or real(t, q, *a)
+    )
+    out = tmp_path / "kv.json"
+    argv = ["--dry-run", "--package", package.__name__, "--out", str(out), "--rope-kv"]
+    argv += ["--batches", "1,8", "--steps", "2", "--reps", "2", "--part", "grouped"]
+    assert e2e.main(argv) == 0
+    got = json.loads(out.read_text())
+    assert got["env"]["grouped_decode"] is False  # the patched model is not grouped
+    part = got["llama"]["grouped"]
+    assert part["correctness_grouped"]["ok"]
+    assert part["correctness_grouped"]["err_patched_vs_fp32"] < 1e-3
+    for batch in ("1", "8"):
+        row = part["batches"][batch]
+        assert set(row["tokens_per_s"]) == {"unpatched", "patched", "grouped"}
+        assert row["speedup_grouped"] > 0 and len(row["paired_p20_p80_grouped"]) == 2
+        assert row["max_diff_compiled_vs_eager_grouped"] < 1e-4
+    assert set(calls) == {8}  # batch 8's decode steps (at 1: 2 KV rows, below the minimum)
+    # a grouped twin whose logits are wrong fails the run (exit 1)
+    monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: 2 * real(*a))
+    assert e2e.main([*argv[:-1], "grouped", "--batches", "8"]) == 1

@@ -394,3 +394,27 @@ def test_the_replay_seconds_follow_each_records_samples(tmp_path):
 
     assert jobs == 2
     assert total == pytest.approx(want(stopped, 5) + want(full, 30))
+
+
+def test_the_grouped_decode_table_is_made_from_its_results_files(tmp_path):
+    """Each run's rows, the grouped twin's check and the attention-alone rows come from
+    the files; the README's line reads the same files."""
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    d = json.loads((ROOT / standing.KV_E2E_GROUPED).read_text())
+    r = d["llama"]["grouped"]["batches"]["16"]
+    r["paired_speedup_grouped"], r["ms_per_step"]["grouped"] = 7.777, 1.234
+    d["llama"]["grouped"]["correctness_grouped"]["ok"] = False
+    (tmp_path / standing.KV_E2E_GROUPED).write_text(json.dumps(d))
+    shutil.copy(ROOT / standing.KV_E2E_GROUPED_RULE, tmp_path / standing.KV_E2E_GROUPED_RULE)
+    sd = json.loads((ROOT / standing.GROUPED_SDPA).read_text())
+    sd["rows"][0]["speedup_grouped"] = 0.123
+    (tmp_path / standing.GROUPED_SDPA).write_text(json.dumps(sd))
+    table = standing.kv_e2e_grouped(tmp_path)
+    assert "| 1.234 | **7.777** (" in table
+    assert "(fails)" in table and "| 0.123 |" in table
+    rule = json.loads((ROOT / standing.KV_E2E_GROUPED_RULE).read_text())
+    rows = len(d["llama"]["grouped"]["batches"]) + len(rule["llama"]["grouped"]["batches"])
+    assert table.count("\n| `h200-") == rows
+    assert table.count("\n| llama-3.1-8b ") + table.count("\n| qwen2-7b ") == len(sd["rows"])
+    assert "16: 7.777x" in standing._kv_grouped_line(tmp_path)

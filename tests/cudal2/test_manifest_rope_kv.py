@@ -98,3 +98,16 @@ def test_the_e2e_rope_manifest_asks_the_qkv_rope_targets_beside_the_e2e_ones():
     # every other target is one the e2e wheel's manifest asks for (Llama at M 1 and 16)
     others = {t for t in m.targets if t.epilogue != "rmsnorm_rope_kv"}
     assert others <= set(e2e.targets) and len(others) == 20
+
+
+def test_the_grouped_decode_manifest_is_the_rope_one_at_batch_64_too():
+    """bench/manifests/llama-e2e-grouped-h100.toml (ci/gpu_e2e_grouped.sh): the rope_kv
+    e2e manifest's targets at M 1 and 16, and the same GEMMs at 64."""
+    m = load_manifest(ROOT / "bench" / "manifests" / "llama-e2e-grouped-h100.toml")
+    rope = load_manifest(ROOT / "bench" / "manifests" / "llama-e2e-rope-h100.toml")
+    assert set(rope.targets) < set(m.targets)
+    extra = {t for t in m.targets if t not in set(rope.targets)}
+    assert {t.m for t in extra} == {64}
+    assert {(t.n, t.k, t.epilogue) for t in extra} == {
+        (t.n, t.k, t.epilogue) for t in rope.targets if t.m == 16
+    }

@@ -195,15 +195,17 @@ def test_generate_gives_the_same_tokens(pkg, family, cache):
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("batch", [8, 4])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_grouped_decode_generates_the_same_logits(pkg, family, cache, monkeypatch):
-    """``grouped_decode=True``: each decode step's attention over the grouped KV heads in
-    place (the tiny models: 4 query heads, 2 KV heads), the same tokens and, step by step,
-    the logits within the fp32 bound; it runs at one new token a sequence only, and not
-    for Gemma-2 (its soft cap)."""
+def test_grouped_decode_generates_the_same_logits(pkg, family, cache, batch, monkeypatch):
+    """``grouped_decode=True`` (the default): each decode step's attention over the grouped
+    KV heads in place (the tiny models: 4 query heads, 2 KV heads), the same tokens and,
+    step by step, the logits within the fp32 bound; it runs at one new token a sequence
+    only, from ``GROUPED_MIN_KV_ROWS`` (16) (sequence, KV head) pairs (batch 8, not 4),
+    and not for Gemma-2 (its soft cap)."""
     model = tiny(family)
-    x = ids(4, batch=2, tokens=5)
+    x = ids(4, batch=batch, tokens=5)
     kw = dict(max_new_tokens=5, do_sample=False, min_new_tokens=5, output_logits=True)
     kw["return_dict_in_generate"] = True
     if cache == "static":
@@ -218,13 +220,26 @@ def test_grouped_decode_generates_the_same_logits(pkg, family, cache, monkeypatc
     )
     with torch.no_grad():
         want = model.generate(x, **kw)
-        with pkg.patch_model(model, grouped_decode=True, **FUSED):
+        with pkg.patch_model(model, **FUSED):
             got = model.generate(x, **kw)
     assert torch.equal(got.sequences, want.sequences)
     w, g = torch.stack(want.logits).float(), torch.stack(got.logits).float()
     assert (g - w).abs().max().item() <= FP32_REL * w.abs().max().item()
     layers = model.config.num_hidden_layers
-    assert calls == ([] if family == "gemma2" else [(2, 4, 1, 16)] * (4 * layers)), calls[:3]
+    grouped = family != "gemma2" and batch * 2 >= runtime.GROUPED_MIN_KV_ROWS
+    assert calls == ([(batch, 4, 1, 16)] * (4 * layers) if grouped else []), calls[:3]
+
+
+def test_grouped_decode_off(pkg, monkeypatch):
+    """``grouped_decode=False``: transformers' attention at every batch."""
+    runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
+    calls = []
+    monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: calls.append(1))
+    model = tiny("llama")
+    kw = dict(max_new_tokens=3, do_sample=False, min_new_tokens=3)
+    with torch.no_grad(), pkg.patch_model(model, grouped_decode=False, **FUSED):
+        model.generate(ids(4, batch=8, tokens=5), **kw)
+    assert calls == []
 
 
 def test_grouped_decode_must_be_a_bool(pkg):

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 21: grouped decode end to end (bench/experiments/llama_kv_e2e.py --part grouped):
+# Llama-3.1-8B (32 layers, random fp16 weights, static cache, 1,024-token context) under
+# torch.compile(mode="reduce-overhead"), three models interleaved: unpatched, patched with
+# rope_kv, and the same patched with grouped_decode=True (a decode step's SDPA over the
+# grouped KV heads in place). The wheel is packaged here (--no-measure, with the native
+# launcher against this machine's torch) from the committed H100 databases of the layer,
+# e2e and rope-kv sweeps for bench/manifests/llama-e2e-grouped-h100.toml (M 1, 16, 64),
+# into .e2e-job/grouped/ (kept on a warm machine: the next call reuses it). Carry
+# .cache/artifacts to skip nvcc (compile here first: the same build with --no-native).
+#
+#   bash ci/gpu_e2e_grouped.sh                                  # check + grouped at 1, 16
+#   SEED=bench/results/<earlier>.json PARTS=grouped BATCHES=64 bash ci/gpu_e2e_grouped.sh
+#        (SEED: an earlier run's JSON, merged into: the batches run now are added)
+#
+# Under $OUT: gpu.txt, wheel-build.txt, llama-kv-e2e-rope.json, llama-kv-e2e.txt.
+set -euo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+job=.e2e-job/grouped
+mkdir -p "$job"
+if ! ls "$job"/*.whl >/dev/null 2>&1; then
+  step "package bench/manifests/llama-e2e-grouped-h100.toml (--no-measure)"
+  zcat bench/manifests/layer-epilogues-h100.measurements.jsonl.gz \
+    bench/manifests/llama-e2e-h100.measurements.jsonl.gz \
+    bench/results/h100-sweep-rope-kv.measurements.jsonl.gz > "$job/db.jsonl"
+  cudal2-build bench/manifests/llama-e2e-grouped-h100.toml --measurements "$job/db.jsonl" \
+    --no-measure --out "$job" 2>&1 | noprogress > "$OUT/wheel-build.txt"
+  tail -5 "$OUT/wheel-build.txt"
+fi
+WHEEL=$(ls "$job"/*.whl | head -1)
+if [ -n "${SEED:-}" ]; then cp "$SEED" "$OUT/llama-kv-e2e-rope.json"; export KEEP=1; fi
+WHEEL=$WHEEL ROPE_KV=1 PARTS="${PARTS:-check grouped}" BATCHES="${BATCHES:-1,16}" \
+  PART_TIMEOUT="${PART_TIMEOUT:-480}" bash ci/gpu_e2e_kv.sh
