@@ -12,6 +12,8 @@
 #   bash ci/gpu_e2e_grouped.sh                                  # check + grouped at 1, 16
 #   SEED=bench/results/<earlier>.json PARTS=grouped BATCHES=64 bash ci/gpu_e2e_grouped.sh
 #        (SEED: an earlier run's JSON, merged into: the batches run now are added)
+#   GROUPED_VARIANT=math BATCHES=1,4,16,64 bash ci/gpu_e2e_grouped.sh
+#        (the grouped twin: patch_model(grouped_decode="math"))
 #
 # Under $OUT: gpu.txt, wheel-build.txt, llama-kv-e2e-rope.json, llama-kv-e2e.txt.
 set -euo pipefail

@@ -36,6 +36,8 @@ if [ "${ROPE_KV:-0}" = 1 ]; then json=$OUT/llama-kv-e2e-rope.json; ROPE=(--rope-
 # GROUPED=1: also patch_model(grouped_decode=True) (a decode step's SDPA over the grouped
 # KV heads in place, not transformers' per-head copy of the cache)
 if [ "${GROUPED:-0}" = 1 ]; then json=${json%.json}-grouped.json; ROPE+=(--grouped-decode); fi
+# GROUPED_VARIANT=math: the grouped models' attention as two matmuls and a softmax
+ROPE+=(--grouped-variant "${GROUPED_VARIANT:-sdpa}")
 [ "${KEEP:-0}" = 1 ] || rm -f "$json"
 rc=0
 for part in ${PARTS:-check eager prefill graph qwen2}; do

@@ -45,12 +45,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--replays", type=int, default=10, help="graph replays per timed rep")
+    ap.add_argument(
+        "--math", action="store_true", help="a third variant: the grouped heads' attention as "
+        "two matmuls and a softmax (_grouped_decode_math)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     import torch
     import transformers
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from cudal2.packaging.runtime.models import _grouped_decode_sdpa
+
+    try:  # the matmul-and-softmax form, where this checkout has it
+        from cudal2.packaging.runtime.models import _grouped_decode_math
+    except ImportError:
+        _grouped_decode_math = None
+    if args.math and _grouped_decode_math is None:
+        ap.error("--math: this checkout's runtime has no _grouped_decode_math")
 
     dev = torch.device("cuda")
     for name in ("recompile_limit", "cache_size_limit"):  # one compile per batch and layout
@@ -70,10 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         def grouped(q: Any, k: Any, v: Any, mask: Any, scaling: float = scaling):
             return _grouped_decode_sdpa(torch, q, k, v, mask, scaling)
 
+        def grouped_math(q: Any, k: Any, v: Any, mask: Any, scaling: float = scaling):
+            return _grouped_decode_math(torch, q, k, v, mask, scaling)
+
         fns = {
             "transformers": torch.compile(hf, fullgraph=True, dynamic=False),
             "grouped": torch.compile(grouped, fullgraph=True, dynamic=False),
         }
+        if args.math:
+            fns["grouped_math"] = torch.compile(grouped_math, fullgraph=True, dynamic=False)
         for b in batches:
             t0 = time.monotonic()
             q = torch.randn(b, heads, 1, d, device=dev, dtype=torch.float16)
@@ -94,11 +110,17 @@ def main(argv: list[str] | None = None) -> int:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     got = [fn(q, k, v, mask) for k, v in kv]
+                g.replay()  # a capture runs nothing: the outputs are written by a replay
                 graphs[name], outs[name] = g, got
-            diff = max(
-                (a.float() - c.float()).abs().max().item()
-                for a, c in zip(outs["transformers"], outs["grouped"], strict=True)
-            )
+            torch.cuda.synchronize()
+            diff = {
+                name: max(
+                    (a.float() - c.float()).abs().max().item()
+                    for a, c in zip(outs["transformers"], outs[name], strict=True)
+                )
+                for name in outs
+                if name != "transformers"
+            }
             times: dict[str, list[float]] = {n: [] for n in graphs}
             rng = random.Random(b)
             for rep in range(args.reps + 1):
@@ -115,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                     if rep:  # the first round warms
                         times[name].append(start.elapsed_time(end) * 1e3 / args.replays)
             med = {n: statistics.median(v) for n, v in times.items()}
-            pairs = zip(times["transformers"], times["grouped"], strict=True)
-            ratio = sorted(t / g for t, g in pairs)
+            ratio = sorted(
+                t / g for t, g in zip(times["transformers"], times["grouped"], strict=True)
+            )
             row = {
                 "layout": layout,
                 "heads": [heads, kv_heads, d],
@@ -128,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
                     round(ratio[len(ratio) // 5], 4),
                     round(ratio[4 * len(ratio) // 5], 4),
                 ],
-                "max_abs_diff": round(diff, 5),
+                "max_abs_diff": round(diff["grouped"], 5),
                 "wall_s": round(time.monotonic() - t0, 1),
             }
+            if "grouped_math" in times:
+                row["speedup_grouped_math"] = round(med["transformers"] / med["grouped_math"], 4)
+                row["max_abs_diff_math"] = round(diff["grouped_math"], 5)
             rows.append(row)
             print(json.dumps(row), flush=True)
             del kv, graphs, outs
@@ -150,13 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    head = ("layout", "batch", "kv rows", "transformers us", "grouped us", "x")
-    print("{:14} {:>5} {:>7} {:>16} {:>11} {:>6}".format(*head))
+    head = ("layout", "batch", "kv rows", "transformers us", "grouped us", "x", "math us", "x")
+    print("{:14} {:>5} {:>7} {:>16} {:>11} {:>6} {:>8} {:>6}".format(*head))
     for r in rows:
         u = r["us_per_step"]
+        math = f" {u['grouped_math']:8.1f} {r['speedup_grouped_math']:6.3f}" if args.math else ""
         print(
             f"{r['layout']:14} {r['batch']:5d} {r['kv_rows']:7d} {u['transformers']:16.1f} "
-            f"{u['grouped']:11.1f} {r['speedup_grouped']:6.3f}"
+            f"{u['grouped']:11.1f} {r['speedup_grouped']:6.3f}{math}"
         )
     return 0
 

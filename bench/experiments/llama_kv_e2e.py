@@ -59,9 +59,11 @@ KV heads in place, not transformers' copy of every KV head per query head), time
 interleaved with the unpatched and the patched model, so the attention's share of the
 gain is told apart from the GEMMs' (``speedup_grouped``, paired as ``speedup``); its
 logits are checked against fp32 as ``check`` checks the patched model's
-(``correctness_grouped``). ``--grouped-decode``: the patched model itself is grouped;
-without it, it passes ``grouped_decode=False`` (``patch_model``'s default is on), so
-that every part measures the GEMMs' share alone unless asked.
+(``correctness_grouped``); ``--grouped-variant math``: the twin's is
+``grouped_decode="math"`` (two matmuls and a softmax, at any batch).
+``--grouped-decode``: the patched model itself is grouped; without it, it passes
+``grouped_decode=False`` (``patch_model``'s default is on), so that every part measures
+the GEMMs' share alone unless asked.
 
 ``--rope-kv``: the patched models are ``patch_model(..., rope_kv=True)``'s (docs/inference.md,
 "RoPE and the cache write in the qkv kernel": from the second call on the static cache,
@@ -189,7 +191,8 @@ def patched_copy(s: Setup, model: Any, grouped: bool | None = None) -> tuple[Any
     # gain into the GEMMs'; the experiment's patched model is the GEMM patch alone unless
     # --grouped-decode (the ``grouped`` part times both)
     on = grouped if grouped is not None else getattr(s.args, "grouped_decode", False)
-    rope["grouped_decode"] = bool(on)
+    math = getattr(s.args, "grouped_variant", "sdpa") == "math"
+    rope["grouped_decode"] = ("math" if math else True) if on else False
     return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered, **rope)
 
 
@@ -548,6 +551,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--grouped-decode", action="store_true", help="patch_model(grouped_decode=True): a "
         "decode step's SDPA over the grouped KV heads in place",
     )  # fmt: skip
+    ap.add_argument(
+        "--grouped-variant", choices=("sdpa", "math"), default="sdpa", help="the grouped "
+        "models' (--grouped-decode, the grouped part): grouped_decode=True (SDPA) or 'math'",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     for name, v in (("--layers", args.layers), ("--steps", args.steps), ("--reps", args.reps)):
         if v < 1:
@@ -593,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         "dry_run": s.dry,
         "rope_kv": args.rope_kv,
         "grouped_decode": args.grouped_decode,
+        "grouped_variant": args.grouped_variant,
         "compile": 'torch.compile(mode="reduce-overhead", fullgraph=True, dynamic=False), '
         "once per model and batch",
     }

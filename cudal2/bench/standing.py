@@ -1034,25 +1034,35 @@ def kv_e2e_grouped(root: Path) -> str:
     ]
     sd = json.loads((root / GROUPED_SDPA).read_text())
     env = sd["env"]
+    math = all("grouped_math" in r["us_per_step"] for r in sd["rows"])
     lines += [
         "",
-        f"The attention alone (`{GROUPED_SDPA}`, {env['gpu']}): one decode step's SDPA for "
-        f"{env['layers']} layers over a {env['context']}-token context (static cache of "
+        f"The attention alone (`{GROUPED_SDPA}`, {env['gpu']}): one decode step's attention "
+        f"for {env['layers']} layers over a {env['context']}-token context (static cache of "
         f"{env['cache_length']}), transformers' compiled path (`repeat_kv`, then SDPA) "
-        "against the grouped call, both compiled and captured in a CUDA graph, µs per step "
-        f"(median of {env['reps']}); outputs equal (max |diff| "
-        f"{max(r['max_abs_diff'] for r in sd['rows'])}).",
+        "against the grouped SDPA call"
+        + (' and the grouped math form (`grouped_decode="math"`)' if math else "")
+        + f", each compiled and captured in a CUDA graph, µs per step (median of "
+        f"{env['reps']}, interleaved); the outputs' max |difference| from transformers' path "
+        "(fp16).",
         "",
-        "| heads (q / kv / d) | batch | (sequence, KV head) pairs | transformers µs | grouped µs "
-        "| speedup |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| heads (q / kv / d) | batch | (sequence, KV head) pairs | transformers µs | grouped "
+        "SDPA µs | speedup | max diff |" + (" math µs | speedup | max diff |" if math else ""),
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|" if math else ""),
     ]
     for r in sd["rows"]:
         u = r["us_per_step"]
-        lines.append(
+        row = (
             f"| {r['layout']} {'/'.join(map(str, r['heads']))} | {r['batch']} | {r['kv_rows']} | "
-            f"{u['transformers']:.0f} | {u['grouped']:.0f} | {r['speedup_grouped']:.3f} |"
+            f"{u['transformers']:.0f} | {u['grouped']:.0f} | {r['speedup_grouped']:.3f} | "
+            f"{r['max_abs_diff']:g} |"
         )
+        if math:
+            row += (
+                f" {u['grouped_math']:.0f} | {r['speedup_grouped_math']:.3f} | "
+                f"{r['max_abs_diff_math']:g} |"
+            )
+        lines.append(row)
     return "\n".join(lines)
 
 

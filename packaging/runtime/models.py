@@ -154,7 +154,9 @@ class _Plan:
     api: Any  # the Api: plain inference (the same dispatch, no dispatcher cost)
     route: _Route
     rope: _Rope | None = None  # rope_kv=True: RoPE and the cache write in the qkv kernel
-    grouped_decode: bool = False  # grouped_decode=True: ``_grouped_decode_sdpa`` at one token
+    # True: ``_grouped_decode_sdpa`` at one token (from GROUPED_MIN_KV_ROWS pairs);
+    # "math": ``_grouped_decode_math`` at one token
+    grouped_decode: bool | str = False
 
 
 @dataclass(frozen=True)
@@ -331,21 +333,22 @@ def _tokens(x: Any) -> int:
 # The grouped call runs one SDPA program per (sequence, KV head): below this many it
 # leaves the GPU idle and loses to transformers' copy of the cache (measured on an H200,
 # bench/results/h200-grouped-sdpa.json, 32 layers at a 1,024-token context: Llama-3.1-8B
-# (8 KV heads) 0.67x at batch 1, 1.00x at 2, 1.69x at 4; Qwen2-7B (4 KV heads) 0.89x at
-# batch 2, 1.49x at 4).
+# (8 KV heads) 0.82x at batch 1, 0.99x at 2, 1.68x at 4; Qwen2-7B (4 KV heads) 0.89x at
+# batch 2, 1.48x at 4; a first run: 0.67x, 1.00x, 1.69x and 0.89x, 1.49x).
 GROUPED_MIN_KV_ROWS = 16
+GROUPED_DECODE = (True, False, "math")  # patch_model's grouped_decode values
 
 
 def _grouped_decode(p: _Plan, attn: Any, q: Any, k: Any, extra: dict) -> bool:
-    """Whether a patched layer's attention takes ``_grouped_decode_sdpa``: asked for
-    (``patch_model(grouped_decode=True)``), one new token a sequence, at least
-    ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA the model's attention, fewer
-    KV heads than query heads, and nothing SDPA's own call would not express (a soft
-    cap)."""
+    """Whether a patched layer's attention takes the grouped call: asked for
+    (``patch_model(grouped_decode=True or "math")``), one new token a sequence, for
+    ``True`` (SDPA) at least ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA the
+    model's attention, fewer KV heads than query heads, and nothing SDPA's own call would
+    not express (a soft cap)."""
     return (
-        p.grouped_decode
+        p.grouped_decode is not False
         and q.shape[2] == 1
-        and q.shape[0] * k.shape[1] >= GROUPED_MIN_KV_ROWS
+        and (p.grouped_decode == "math" or q.shape[0] * k.shape[1] >= GROUPED_MIN_KV_ROWS)
         and attn.config._attn_implementation == "sdpa"
         and k.shape[1] < q.shape[1]
         and q.shape[1] % k.shape[1] == 0
@@ -369,6 +372,22 @@ def _grouped_decode_sdpa(torch: Any, q: Any, k: Any, v: Any, mask: Any, scaling:
         grouped, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling
     )
     return o.reshape(b, heads, 1, d).transpose(1, 2)
+
+
+def _grouped_decode_math(torch: Any, q: Any, k: Any, v: Any, mask: Any, scaling: float) -> Any:
+    """``_grouped_decode_sdpa``'s attention as transformers' eager attention computes it
+    (a matmul, the softmax in fp32, a matmul), over the grouped heads: [b, kv heads,
+    group, d] against the cache in place. Returns [b, 1, heads, d]."""
+    b, heads, _, d = q.shape
+    kv_heads = k.shape[1]
+    grouped = q.reshape(b, kv_heads, heads // kv_heads, d)
+    scores = torch.matmul(grouped, k.transpose(2, 3)) * scaling
+    if mask is not None:
+        scores = (
+            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        )
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).reshape(b, heads, 1, d).transpose(1, 2)
 
 
 def _fused_forward(
@@ -441,7 +460,8 @@ def _fused_forward(
             k, v = cache.update(k, v, attn.layer_idx)
     extra = p.family.attn_kwargs(attn) if p.family.attn_kwargs else {}
     if _grouped_decode(p, attn, q, k, extra):
-        o = _grouped_decode_sdpa(torch, q, k, v, attention_mask, attn.scaling)
+        grouped = _grouped_decode_math if p.grouped_decode == "math" else _grouped_decode_sdpa
+        o = grouped(torch, q, k, v, attention_mask, attn.scaling)
     else:
         attention = p.attention_functions.get_interface(
             attn.config._attn_implementation, p.eager_attention
@@ -797,7 +817,7 @@ def patch_model(
     uncovered: str | None = None,
     head: str = "rmsnorm",
     rope_kv: bool = False,
-    grouped_decode: bool = True,
+    grouped_decode: bool | str = True,
 ) -> ModelPatch:
     """Run ``model`` (a transformers Llama, Mistral, Qwen2, Gemma, Phi-3 or Gemma-2
     decoder, ``*ForCausalLM`` or its base model, in eval mode) through the package's
@@ -815,7 +835,10 @@ def patch_model(
     ``grouped_decode`` (default on): at one new token a sequence and at least
     ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA over the grouped KV heads in
     place (``_grouped_decode_sdpa``), not transformers' copy of every KV head per query
-    head under ``torch.compile`` (docs/inference.md, "Grouped decode").
+    head under ``torch.compile`` (docs/inference.md, "Grouped decode"); ``"math"``: at
+    one new token a sequence, at any batch, the grouped heads' attention as transformers'
+    eager attention computes it (``_grouped_decode_math``: faster alone at every batch
+    measured, not yet end to end).
     Refuses what it does not know with ``PatchModelError`` before changing anything."""
     global _torch
     import torch
@@ -838,9 +861,10 @@ def patch_model(
         )
     if head not in HEADS:
         raise ValueError(f"patch_model: head must be one of {list(HEADS)}, got {head!r}")
-    if not isinstance(grouped_decode, bool):
+    if not any(grouped_decode is v or (isinstance(v, str) and grouped_decode == v)
+               for v in GROUPED_DECODE):  # fmt: skip
         raise ValueError(
-            f"patch_model: grouped_decode must be True or False, got {grouped_decode!r}"
+            f"patch_model: grouped_decode must be True, False or 'math', got {grouped_decode!r}"
         )
     mt, fam, layers, lm_head = _check_model(torch, model)
     if rope_kv and mt not in ROPE_KV_MODEL_TYPES:

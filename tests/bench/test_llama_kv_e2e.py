@@ -207,20 +207,23 @@ def test_dry_run_with_grouped_decode(e2e, package, tmp_path, monkeypatch):
     assert calls
 
 
-def test_the_grouped_part(e2e, package, tmp_path, monkeypatch):
-    """``grouped``: a third model, the patched one with ``grouped_decode=True``, timed
-    beside the two under torch.compile; its decode steps (and only its) run the grouped
-    SDPA; its logits are checked against fp32; the rows carry its paired speedup."""
+@pytest.mark.parametrize("variant", ["sdpa", "math"])
+def test_the_grouped_part(e2e, package, tmp_path, monkeypatch, variant):
+    """``grouped``: a third model, the patched one with ``grouped_decode=True`` (or
+    ``"math"``), timed beside the two under torch.compile; its decode steps (and only its)
+    run the grouped call (SDPA from 16 (sequence, KV head) pairs: batch 8, not 1; the
+    math form at both); its logits are checked against fp32; the rows carry its paired
+    speedup."""
     import importlib
 
     runtime = importlib.import_module(package.__name__ + "._runtime.models")
     calls = []
-    real = runtime._grouped_decode_sdpa
-    monkeypatch.setattr(
-        runtime, "_grouped_decode_sdpa", lambda t, q, *a: calls.append(q.shape[0]) or real(t, q, *a)
-    )
+    name = f"_grouped_decode_{variant}"
+    real = getattr(runtime, name)
+    monkeypatch.setattr(runtime, name, lambda t, q, *a: calls.append(q.shape[0]) or real(t, q, *a))
     out = tmp_path / "kv.json"
     argv = ["--dry-run", "--package", package.__name__, "--out", str(out), "--rope-kv"]
+    argv += ["--grouped-variant", variant]
     argv += ["--batches", "1,8", "--steps", "2", "--reps", "2", "--part", "grouped"]
     assert e2e.main(argv) == 0
     got = json.loads(out.read_text())
@@ -233,7 +236,9 @@ def test_the_grouped_part(e2e, package, tmp_path, monkeypatch):
         assert set(row["tokens_per_s"]) == {"unpatched", "patched", "grouped"}
         assert row["speedup_grouped"] > 0 and len(row["paired_p20_p80_grouped"]) == 2
         assert row["max_diff_compiled_vs_eager_grouped"] < 1e-4
-    assert set(calls) == {8}  # batch 8's decode steps (at 1: 2 KV rows, below the minimum)
+    # batch 8's decode steps (SDPA at 1: 2 pairs, below the minimum), the check's 8 rows
+    assert set(calls) == ({8} if variant == "sdpa" else {1, 8})
+    assert got["env"]["grouped_variant"] == variant
     # a grouped twin whose logits are wrong fails the run (exit 1)
-    monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: 2 * real(*a))
+    monkeypatch.setattr(runtime, name, lambda *a: 2 * real(*a))
     assert e2e.main([*argv[:-1], "grouped", "--batches", "8"]) == 1

@@ -195,15 +195,15 @@ def test_generate_gives_the_same_tokens(pkg, family, cache):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("batch", [8, 4])
+@pytest.mark.parametrize(("variant", "batch"), [(True, 8), (True, 4), ("math", 2)])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_grouped_decode_generates_the_same_logits(pkg, family, cache, batch, monkeypatch):
-    """``grouped_decode=True`` (the default): each decode step's attention over the grouped
-    KV heads in place (the tiny models: 4 query heads, 2 KV heads), the same tokens and,
-    step by step, the logits within the fp32 bound; it runs at one new token a sequence
-    only, from ``GROUPED_MIN_KV_ROWS`` (16) (sequence, KV head) pairs (batch 8, not 4),
-    and not for Gemma-2 (its soft cap)."""
+def test_grouped_decode_generates_the_same_logits(pkg, family, cache, variant, batch, monkeypatch):
+    """``grouped_decode``: each decode step's attention over the grouped KV heads in place
+    (the tiny models: 4 query heads, 2 KV heads), the same tokens and, step by step, the
+    logits within the fp32 bound; at one new token a sequence only, not for Gemma-2 (its
+    soft cap). ``True`` (the default, SDPA) from ``GROUPED_MIN_KV_ROWS`` (16) (sequence,
+    KV head) pairs (batch 8, not 4); ``"math"`` (two matmuls and a softmax) at any batch."""
     model = tiny(family)
     x = ids(4, batch=batch, tokens=5)
     kw = dict(max_new_tokens=5, do_sample=False, min_new_tokens=5, output_logits=True)
@@ -212,29 +212,55 @@ def test_grouped_decode_generates_the_same_logits(pkg, family, cache, batch, mon
         kw["cache_implementation"] = "static"
     runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
     calls = []
-    real = runtime._grouped_decode_sdpa
+    name = "_grouped_decode_math" if variant == "math" else "_grouped_decode_sdpa"
+    real = getattr(runtime, name)
     monkeypatch.setattr(
-        runtime,
-        "_grouped_decode_sdpa",
-        lambda torch, q, *a: calls.append(q.shape) or real(torch, q, *a),
+        runtime, name, lambda torch, q, *a: calls.append(q.shape) or real(torch, q, *a)
     )
     with torch.no_grad():
         want = model.generate(x, **kw)
-        with pkg.patch_model(model, **FUSED):
+        with pkg.patch_model(model, grouped_decode=variant, **FUSED):
             got = model.generate(x, **kw)
     assert torch.equal(got.sequences, want.sequences)
     w, g = torch.stack(want.logits).float(), torch.stack(got.logits).float()
     assert (g - w).abs().max().item() <= FP32_REL * w.abs().max().item()
     layers = model.config.num_hidden_layers
-    grouped = family != "gemma2" and batch * 2 >= runtime.GROUPED_MIN_KV_ROWS
+    enough = variant == "math" or batch * 2 >= runtime.GROUPED_MIN_KV_ROWS
+    grouped = family != "gemma2" and enough
     assert calls == ([(batch, 4, 1, 16)] * (4 * layers) if grouped else []), calls[:3]
+
+
+def test_grouped_decode_math_pairs_the_heads_as_repeat_kv(monkeypatch):
+    """The math form's grouping against transformers' eager attention on the expanded
+    heads (fp32): equal within rounding; pairing query head h with KV head h % kv (the
+    other order) is not."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from cudal2.packaging.runtime import models as runtime
+
+    g = torch.Generator().manual_seed(0)
+    b, heads, kv, d, n = 3, 8, 2, 16, 40
+    q = torch.randn(b, heads, 1, d, generator=g)
+    k, v = torch.randn(b, kv, n, d, generator=g), torch.randn(b, kv, n, d, generator=g)
+    mask = torch.zeros(b, 1, 1, n, dtype=torch.bool)
+    mask[..., :30] = True
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, sdpa.repeat_kv(k, heads // kv), sdpa.repeat_kv(v, heads // kv), attn_mask=mask
+    ).transpose(1, 2)
+    for m in (mask, torch.zeros(b, 1, 1, n).masked_fill(~mask, float("-inf"))):
+        got = runtime._grouped_decode_math(torch, q, k, v, m, d**-0.5)
+        assert (got - ref).abs().max().item() < 1e-5
+    swapped = q.reshape(b, heads // kv, kv, d).transpose(1, 2).reshape(b, heads, 1, d)
+    other = runtime._grouped_decode_math(torch, swapped, k, v, mask, d**-0.5)
+    assert (other - ref).abs().max().item() > 1e-2
 
 
 def test_grouped_decode_off(pkg, monkeypatch):
     """``grouped_decode=False``: transformers' attention at every batch."""
     runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
     calls = []
-    monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: calls.append(1))
+    for name in ("_grouped_decode_sdpa", "_grouped_decode_math"):
+        monkeypatch.setattr(runtime, name, lambda *a: calls.append(1))
     model = tiny("llama")
     kw = dict(max_new_tokens=3, do_sample=False, min_new_tokens=3)
     with torch.no_grad(), pkg.patch_model(model, grouped_decode=False, **FUSED):
@@ -242,9 +268,10 @@ def test_grouped_decode_off(pkg, monkeypatch):
     assert calls == []
 
 
-def test_grouped_decode_must_be_a_bool(pkg):
-    with pytest.raises(ValueError, match="grouped_decode must be True or False, got 'yes'"):
-        pkg.patch_model(tiny("llama"), grouped_decode="yes")
+@pytest.mark.parametrize("value", ["yes", 1, "MATH", None])
+def test_grouped_decode_must_be_true_false_or_math(pkg, value):
+    with pytest.raises(ValueError, match=f"True, False or 'math', got {value!r}"):
+        pkg.patch_model(tiny("llama"), grouped_decode=value)
 
 
 def test_torch_compile_runs_the_ops(pkg):
