@@ -255,17 +255,22 @@ def test_grouped_decode_math_pairs_the_heads_as_repeat_kv(monkeypatch):
     assert (other - ref).abs().max().item() > 1e-2
 
 
-def test_grouped_decode_off(pkg, monkeypatch):
-    """``grouped_decode=False``: transformers' attention at every batch."""
+@pytest.mark.parametrize(("given", "want"), [({}, ["sdpa"]), ({"grouped_decode": False}, [])])
+def test_grouped_decode_is_on_by_default_and_off_with_false(pkg, monkeypatch, given, want):
+    """The default runs the grouped SDPA call (batch 8: 16 pairs) in each layer of the one
+    decode step; ``False``: transformers' attention at every batch."""
     runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
     calls = []
-    for name in ("_grouped_decode_sdpa", "_grouped_decode_math"):
-        monkeypatch.setattr(runtime, name, lambda *a: calls.append(1))
+    for name in ("sdpa", "math"):
+        real = getattr(runtime, f"_grouped_decode_{name}")
+        monkeypatch.setattr(
+            runtime, f"_grouped_decode_{name}", lambda *a, n=name, f=real: calls.append(n) or f(*a)
+        )
     model = tiny("llama")
-    kw = dict(max_new_tokens=3, do_sample=False, min_new_tokens=3)
-    with torch.no_grad(), pkg.patch_model(model, grouped_decode=False, **FUSED):
+    kw = dict(max_new_tokens=2, do_sample=False, min_new_tokens=2)
+    with torch.no_grad(), pkg.patch_model(model, **given, **FUSED):
         model.generate(ids(4, batch=8, tokens=5), **kw)
-    assert calls == []
+    assert calls == want * model.config.num_hidden_layers
 
 
 @pytest.mark.parametrize("value", ["yes", 1, "MATH", None])
