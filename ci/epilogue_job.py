@@ -46,7 +46,7 @@ from cudal2.generator.families.base import epilogue, with_epilogue
 from cudal2.records import BuildResult, Job, KernelDesign, Target, TimingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-DATABASE = ROOT / "manifests" / "llm-public-h100.measurements.jsonl"
+DATABASE = ROOT / "manifests" / "llm-public-h100.measurements.jsonl.gz"
 ADDED = ["bias", "residual", "bias_residual"]
 SHAPES = [(4096, 4096), (4096, 14336)]  # o_proj, down_proj of Llama-3.1-8B (N, K)
 # Llama-3.1-8B's qkv with the input norm folded, gate_up with the post-attention norm

@@ -20,7 +20,7 @@ db=$OUT/layer-epilogues-h100.measurements.jsonl
 if [ -n "${DB:-}" ]; then
   gunzip -c "$DB" > "$db"
 else
-  cat manifests/llm-public-h100.measurements.jsonl > "$db"
+  zcat manifests/llm-public-h100.measurements.jsonl.gz > "$db"
   gunzip -c bench/results/h100-llm-public-pdl.measurements.jsonl.gz >> "$db"
 fi
 if [ "${TESTS:-0}" = 1 ]; then

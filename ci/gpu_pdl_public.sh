@@ -13,7 +13,7 @@ source "$(dirname "$0")/gpu_env.sh"
 STEPS=${STEPS:-build}
 if [[ " $STEPS " == *" build "* ]]; then
   DB=$OUT/llm-public-pdl-h100.measurements.jsonl
-  cp manifests/llm-public-h100.measurements.jsonl "$DB"
+  zcat manifests/llm-public-h100.measurements.jsonl.gz > "$DB"
   step "build bench/manifests/llm-public-pdl-h100.toml ($(wc -l < "$DB") records to start from)"
   timeout "${BUILD_TIMEOUT:-520}" cudal2-build bench/manifests/llm-public-pdl-h100.toml \
     --measurements "$DB" --out "$OUT/dist" --jobs "$(nproc)" 2>&1 | noprogress > "$OUT/pdl-public-build.txt"

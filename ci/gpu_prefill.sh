@@ -27,7 +27,7 @@
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):
 #
 #   SWEEP=manifests/llm-public-h100.toml DTYPES="fp16 bf16" MODE="offline server" \
-#     SEED_DB="manifests/llm-public-h100.measurements.jsonl bench/results/h100-sweep-tma-v5*.gz" \
+#     SEED_DB="manifests/llm-public-h100.measurements.jsonl.gz bench/results/h100-sweep-tma-v5*.gz" \
 #     bash ci/gpu_prefill.sh
 #
 # Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt, sass.txt,

@@ -36,7 +36,7 @@ from cudal2.generator.families.base import PDL_TRIGGERS, pdl_trigger, with_pdl
 from cudal2.records import BuildResult, Job, KernelDesign, Target, TimingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-DATABASE = ROOT / "manifests" / "llm-public-h100.measurements.jsonl"
+DATABASE = ROOT / "manifests" / "llm-public-h100.measurements.jsonl.gz"
 TRIGGERS = [t for t in PDL_TRIGGERS if t != "none"]
 SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 MS = [1, 16, 64]

@@ -40,7 +40,7 @@ from cudal2.records import BuildResult, Job, KernelDesign, Target, TimingConfig
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "bench" / "manifests" / "llm-public-pdl-h100.toml"
 DATABASES = (
-    ROOT / "manifests" / "llm-public-h100.measurements.jsonl",
+    ROOT / "manifests" / "llm-public-h100.measurements.jsonl.gz",
     ROOT / "bench" / "results" / "h100-llm-public-pdl.measurements.jsonl.gz",
 )
 DTYPE = "fp16"

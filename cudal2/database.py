@@ -314,3 +314,11 @@ def _record(lineno: int, raw: bytes) -> Measurement | SanitizerCheck | Skipped:
         if problem:
             return Skipped(lineno, problem)
     return record
+
+
+def default_database(manifest: Path) -> Path:
+    """The database beside a manifest: ``<stem>.measurements.jsonl``, else a shipped
+    ``<stem>.measurements.jsonl.gz`` (read-only), else the ``.jsonl`` to create."""
+    plain = manifest.with_name(f"{manifest.stem}.measurements.jsonl")
+    packed = plain.with_name(plain.name + ".gz")
+    return packed if not plain.exists() and packed.exists() else plain

@@ -18,6 +18,7 @@ was before that run.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal2.database import MeasurementDB
+from cudal2.database import MeasurementDB, default_database
 from cudal2.generator import design_name
 from cudal2.generator.compile import ArtifactCache, build_all
 from cudal2.manifest import default_manifest_path, load_manifest
@@ -42,10 +43,16 @@ from cudal2.records import Measurement, SanitizerCheck
 
 
 def committed_db(stem: str) -> Path:
-    """``manifests/<stem>.measurements.jsonl``: H100 measurements, and the H100's
-    compute-sanitizer checks of every kernel its CPU-built table ships
+    """``manifests/<stem>.measurements.jsonl`` (or its ``.gz``): H100 measurements, and the
+    H100's compute-sanitizer checks of every kernel its CPU-built table ships
     (``ci/gpu_memcheck.sh``, bench/results/h100-memcheck-2026-11-24.txt)."""
-    return default_manifest_path().with_name(f"{stem}.measurements.jsonl")
+    return default_database(default_manifest_path().with_name(f"{stem}.toml"))
+
+
+def read_text(path: Path) -> str:
+    """A database file's text, gzipped or plain."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +65,7 @@ def db_unchecked(tmp_path_factory) -> Callable[[str], Path]:
     def make(stem: str) -> Path:
         copy = root / f"{stem}.measurements.jsonl"
         if not copy.exists():
-            lines = committed_db(stem).read_text().splitlines(keepends=True)
+            lines = read_text(committed_db(stem)).splitlines(keepends=True)
             kept = [x for x in lines if json.loads(x).get("record") != "sanitizer_check"]
             assert len(kept) < len(lines), f"{stem}: the committed database holds no checks"
             copy.write_text("".join(kept))

@@ -12,7 +12,7 @@
 #   R   A's manifest from B's database: the replacement alone (a real regression).
 #   D   A without the shape: the removal alone.
 #   N1, N2  bf16/tn 64x4096x4096 and 4096x4096x4096 (fallback in both databases) built
-#       from default.measurements.jsonl and from llm-public-h100.measurements.jsonl: two
+#       from default.measurements.jsonl and from llm-public-h100.measurements.jsonl.gz: two
 #       measuring days, torch's own time moved (fallback noise).
 #
 # Usage: bash bench/experiments/diff_demo.sh [REPORT.md]   (from the repository root)
@@ -60,7 +60,7 @@ mode = "offline"
 [[targets]]
 shapes = [[64, 4096, 4096], [4096, 4096, 4096]]
 TOML
-cp manifests/llm-public-h100.measurements.jsonl "$tmp/llm.jsonl"
+zcat manifests/llm-public-h100.measurements.jsonl.gz > "$tmp/llm.jsonl"
 
 build manifests/default.toml "$tmp/a.jsonl" A
 build "$tmp/removed.toml" "$tmp/b.jsonl" B

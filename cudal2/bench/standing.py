@@ -76,7 +76,7 @@ class Shipped:
 def shipped(root: Path, name: str) -> Shipped:
     """The selection a CPU build of ``manifests/NAME.toml`` makes from its committed
     database (see the module docstring)."""
-    from cudal2.database import MeasurementDB, latest
+    from cudal2.database import MeasurementDB, default_database, latest
     from cudal2.generator.render import design_name
     from cudal2.manifest import load_manifest
     from cudal2.pipeline.build import believable, shippable
@@ -84,7 +84,7 @@ def shipped(root: Path, name: str) -> Shipped:
 
     path = root / "manifests" / f"{name}.toml"
     manifest = load_manifest(path)
-    contents = MeasurementDB(path.with_name(f"{name}.measurements.jsonl")).load(warn=False)
+    contents = MeasurementDB(default_database(path)).load(warn=False)
     history = latest(contents.measurements)
     gate = SanitizerGate(None, ledger_of(contents.checks, history))
     sels, _ = gate.select(manifest.targets, believable(history), manifest.timing_mode, shippable())

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cudal2.cli import args as cli_args
+from cudal2.database import default_database
 from cudal2.manifest import (
     RUNNER_KINDS,
     Manifest,
@@ -340,14 +341,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"wheel: {report.wheel}")
     return 0
-
-
-def default_database(manifest: Path) -> Path:
-    """The database beside a manifest: ``<stem>.measurements.jsonl``, else a shipped
-    ``<stem>.measurements.jsonl.gz`` (read-only), else the ``.jsonl`` to create."""
-    plain = manifest.with_name(f"{manifest.stem}.measurements.jsonl")
-    packed = plain.with_name(plain.name + ".gz")
-    return packed if not plain.exists() and packed.exists() else plain
 
 
 def _export(args: argparse.Namespace, manifest: Manifest, db: Path) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cudal2.database import Contents, MeasurementDB, latest
+from cudal2.database import Contents, DatabaseError, MeasurementDB, latest
 from cudal2.generator.compile import (
     BASE_FLAGS,
     ArtifactCache,
@@ -786,6 +786,13 @@ class Build:
         of this build's database, so a build without a GPU runs the same loop."""
         settings = self.manifest.runner
         if self.measure and (settings.kind == "ray" or gpu_names()):
+            if self.db.path.suffix == ".gz":  # refused now, not at its first append
+                raise DatabaseError(
+                    f"{self.db.path}: a gzipped database is read-only and this build "
+                    f"measures (a GPU is here): measure into a plain copy (zcat "
+                    f"{self.db.path} > {self.db.path.stem}; --measurements "
+                    f"{self.db.path.stem}), or package what it holds with --no-measure"
+                )
             return make_runner(settings, self.device, self.say)
         from cudal2.verify.replay import ReplayRunner
 

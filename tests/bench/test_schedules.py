@@ -3,7 +3,6 @@ committed H100 v5 sweep database."""
 
 from __future__ import annotations
 
-import gzip
 import math
 from pathlib import Path
 
@@ -206,8 +205,8 @@ def test_the_pingpong_sweep_joins_the_table_once_committed(tmp_path):
     assert "ping-pong, not cooperative" not in before and "the ping-pong sweep" not in before
     if not (ROOT / standing.TMA_V5_PINGPONG).exists():  # the tree before the sweep's commit
         assert before == standing.tma_v5_sweep(ROOT)
-    stand_in = "manifests/llm-public-h100.measurements.jsonl"
-    (tmp_path / standing.TMA_V5_PINGPONG).write_bytes(gzip.compress((ROOT / stand_in).read_bytes()))
+    stand_in = "manifests/llm-public-h100.measurements.jsonl.gz"
+    (tmp_path / standing.TMA_V5_PINGPONG).write_bytes((ROOT / stand_in).read_bytes())
     table = standing.tma_v5_sweep(tmp_path)
     assert f"`{standing.TMA_V5_PINGPONG}`" in table and "the ping-pong sweep is fp16 only" in table
     rows = [r for r in table.splitlines() if r.startswith("| ping-pong, not cooperative |")]

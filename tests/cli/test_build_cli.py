@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import shutil
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 from cudal2.cli import build as build_cli
 from cudal2.cli import diff as diff_cli
+from cudal2.database import default_database
 from cudal2.generator import design_name
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.packaging.runtime.table import DispatchTable
@@ -153,7 +155,7 @@ def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact
 
     manifest = default_manifest_path().with_name("llm-public-h100.toml")
     db = tmp_path / "llm-public-h100.measurements.jsonl"  # a build may append to it
-    shutil.copyfile(manifest.with_name(db.name), db)
+    db.write_bytes(gzip.decompress(manifest.with_name(db.name + ".gz").read_bytes()))
     out = tmp_path / "out"
     args = [str(manifest), "--measurements", str(db), "--out", str(out)]
     assert build_cli.main([*args, "--cache", str(artifact_cache.root)]) == 0
@@ -202,7 +204,7 @@ def test_every_shipped_manifest_builds_on_cpu_from_what_ships(
     that database as it was. The grid proposer stands in for the policy (about 150 s on
     CPU for llama-3.1-8b-h100's four rounds): the selection reads every record of the
     manifest's targets whichever proposer replays the search."""
-    db = build_cli.default_database(manifest)
+    db = default_database(manifest)
     assert db.is_file(), f"{manifest.name}: no database ships beside it"
     before = _sha(db)
     out = tmp_path / "dist"
@@ -224,6 +226,25 @@ def test_measurements_reads_gzip(tmp_path, no_gpu, artifact_cache, capsys):
         assert build_cli.main(argv) == 0
         wheels += list(out.glob("*.whl"))
     assert _sha(wheels[0]) == _sha(wheels[1])
+
+
+def test_a_gzipped_database_on_a_gpu_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """A build that would measure (a GPU is here) into a read-only ``.gz`` (the shipped
+    llm-public database beside its manifest) exits 2 at once, naming the file and what to
+    do, with nothing compiled or written; ``--no-measure`` packages it."""
+    monkeypatch.setattr("cudal2.pipeline.build.gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
+    made = []
+    monkeypatch.setattr("cudal2.pipeline.build.make_runner", lambda *a: made.append(a))
+    manifest = default_manifest_path().with_name("llm-public-h100.toml")
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    argv = [str(manifest), "--out", str(out), "--cache", str(cache)]
+    assert build_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    db = default_database(manifest)
+    assert db.name == "llm-public-h100.measurements.jsonl.gz"
+    assert f"{db}: a gzipped database is read-only and this build measures" in err
+    assert "--no-measure" in err and err.count("\n") == 1
+    assert made == [] and not out.exists() and not any(cache.rglob("*.cubin"))
 
 
 def test_dry_run_writes_nothing_and_says_what_a_build_would_do(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import shutil
@@ -181,13 +182,14 @@ def test_formats(recorded_table, tmp_path, old_path, slower_path, capsys):
 def _table(stem: str, cache, drop=lambda line: False, keep=lambda target: True):
     """The table a CPU build makes from committed database ``stem`` (its lines for which
     ``drop`` holds left out; only targets ``keep`` holds)."""
-    from cudal2.database import MeasurementDB
+    from cudal2.database import MeasurementDB, default_database
     from cudal2.manifest import default_manifest_path
     from cudal2.pipeline.build import table_from_measurements
 
-    src = default_manifest_path().with_name(f"{stem}.measurements.jsonl")
+    src = default_database(default_manifest_path().with_name(f"{stem}.toml"))
+    raw = gzip.decompress(src.read_bytes()) if src.suffix == ".gz" else src.read_bytes()
     copy = cache.root.parent / f"{stem}-{uuid.uuid4().hex[:8]}.jsonl"
-    copy.write_text("".join(x for x in src.read_text().splitlines(True) if not drop(x)))
+    copy.write_text("".join(x for x in raw.decode().splitlines(True) if not drop(x)))
     db = MeasurementDB(copy).load()
     history = [m for m in db.measurements if keep(m.target)]
     return table_from_measurements(history, "offline", cache, stem, db.checks)[0]

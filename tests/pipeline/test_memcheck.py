@@ -17,7 +17,7 @@ import shutil
 
 import pytest
 
-from cudal2.database import MeasurementDB
+from cudal2.database import MeasurementDB, default_database
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.pipeline import memcheck
@@ -66,7 +66,7 @@ def _cpu_build(stem: str, db, tmp_path, monkeypatch):
 def test_the_rule_leaves_the_cpu_built_tables_as_they_were_once_checked(
     stem, tmp_path, monkeypatch, db_unchecked
 ):
-    committed = default_manifest_path().with_name(f"{stem}.measurements.jsonl")
+    committed = default_database(default_manifest_path().with_name(f"{stem}.toml"))
     manifest, checked, log, alternatives = _cpu_build(stem, committed, tmp_path, monkeypatch)
     before = before_the_rule(manifest, committed)
     kernels = {k: v for k, v in before.items() if v.startswith("kernel:")}

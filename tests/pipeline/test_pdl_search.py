@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from cudal2.cli import build as build_cli
-from cudal2.database import MeasurementDB
+from cudal2.database import MeasurementDB, default_database
 from cudal2.generator.compile import ArtifactCache, artifact_key_of
 from cudal2.generator.space import pdl_variants
 from cudal2.manifest import default_manifest_path, load_manifest
@@ -316,7 +316,7 @@ def test_the_h100_pdl_build_ships_pair_checked_pdl_winners():
 
     m = load_manifest(PDL_BUILD)
     assert m.search.pdl
-    records = MeasurementDB(build_cli.default_database(PDL_BUILD)).read()
+    records = MeasurementDB(default_database(PDL_BUILD)).read()
     pdl_records = [r for r in records if r.design is not None and is_pdl(r.design)]
     assert pdl_records and all(PAIR_METRIC in r.metrics for r in pdl_records if r.status == "ok")
     selections, missing = select(m.targets, records, m.timing_mode)

@@ -28,7 +28,7 @@ from cudal2.records import Measurement, Target
 ROOT = Path(__file__).resolve().parents[2]
 # The H100 records of llm-public: at M <= 256, 13 of its targets' fastest kernels are
 # sm90direct tiles with room variants
-DATA = ROOT / "manifests" / "llm-public-h100.measurements.jsonl"
+DATA = ROOT / "manifests" / "llm-public-h100.measurements.jsonl.gz"
 DECODE = Target("sm_90a", "fp16", "tn", 16, 4096, 4096)
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact keys need nvcc")
 

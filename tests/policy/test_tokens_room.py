@@ -127,9 +127,9 @@ def test_a_corpus_with_room_rows_trains_on_the_room_space(tmp_path):
     from cudal2.policy.corpus import collect
     from cudal2.policy.train import Context
 
-    src = ROOT / "manifests" / "llm-public-h100.measurements.jsonl"
+    src = ROOT / "manifests" / "llm-public-h100.measurements.jsonl.gz"
     out = []
-    with src.open() as f:
+    with gzip.open(src, "rt") as f:
         for line in f:
             rec = json.loads(line)
             d = rec.get("design")
