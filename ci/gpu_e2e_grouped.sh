@@ -2,7 +2,7 @@
 # Issue 21: grouped decode end to end (bench/experiments/llama_kv_e2e.py --part grouped):
 # Llama-3.1-8B (32 layers, random fp16 weights, static cache, 1,024-token context) under
 # torch.compile(mode="reduce-overhead"), three models interleaved: unpatched, patched with
-# rope_kv, and the same patched with grouped_decode=True (a decode step's SDPA over the
+# rope_kv, and the same patched with grouped_decode on (a decode step's attention over the
 # grouped KV heads in place). The wheel is packaged here (--no-measure, with the native
 # launcher against this machine's torch) from the committed H100 databases of the layer,
 # e2e and rope-kv sweeps for bench/manifests/llama-e2e-grouped-h100.toml (M 1, 16, 64),
@@ -12,8 +12,8 @@
 #   bash ci/gpu_e2e_grouped.sh                                  # check + grouped at 1, 16
 #   SEED=bench/results/<earlier>.json PARTS=grouped BATCHES=64 bash ci/gpu_e2e_grouped.sh
 #        (SEED: an earlier run's JSON, merged into: the batches run now are added)
-#   GROUPED_VARIANT=math BATCHES=1,4,16,64 bash ci/gpu_e2e_grouped.sh
-#        (the grouped twin: patch_model(grouped_decode="math"))
+#   GROUPED_VARIANT=sdpa BATCHES=1,4,16,64 bash ci/gpu_e2e_grouped.sh
+#        (the grouped twin: patch_model(grouped_decode="sdpa"); default "math")
 #
 # Under $OUT: gpu.txt, wheel-build.txt, llama-kv-e2e-rope.json, llama-kv-e2e.txt.
 set -euo pipefail

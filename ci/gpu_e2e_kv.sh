@@ -33,11 +33,12 @@ $PY -c "import torch, transformers, $PKG as p; print('torch', torch.__version__,
 json=$OUT/llama-kv-e2e.json
 ROPE=()
 if [ "${ROPE_KV:-0}" = 1 ]; then json=$OUT/llama-kv-e2e-rope.json; ROPE=(--rope-kv); fi
-# GROUPED=1: also patch_model(grouped_decode=True) (a decode step's SDPA over the grouped
-# KV heads in place, not transformers' per-head copy of the cache)
+# GROUPED=1: the patched models as patch_model's default, grouped_decode on (a decode
+# step's attention over the grouped KV heads in place, not transformers' per-head copy of
+# the cache); without it they pass grouped_decode=False (the GEMMs' share alone)
 if [ "${GROUPED:-0}" = 1 ]; then json=${json%.json}-grouped.json; ROPE+=(--grouped-decode); fi
-# GROUPED_VARIANT=math: the grouped models' attention as two matmuls and a softmax
-ROPE+=(--grouped-variant "${GROUPED_VARIANT:-sdpa}")
+# GROUPED_VARIANT=sdpa: the grouped models' attention as one SDPA call (default math)
+ROPE+=(--grouped-variant "${GROUPED_VARIANT:-math}")
 [ "${KEEP:-0}" = 1 ] || rm -f "$json"
 rc=0
 for part in ${PARTS:-check eager prefill graph qwen2}; do

@@ -1,5 +1,5 @@
 """Grouped decode attention against transformers' path, alone (issue 21): where does
-``patch_model(grouped_decode=True)``'s SDPA over the grouped KV heads beat what
+``patch_model(grouped_decode="sdpa")``'s SDPA over the grouped KV heads beat what
 transformers runs under ``torch.compile`` (``repeat_kv``: a copy of every KV head per
 query head, then SDPA over all query heads)?
 

@@ -54,13 +54,14 @@ launches. Its logits are wrong by design; only its time is reported
 (``speedup_bound``: unpatched over it, paired as ``speedup``).
 
 Grouped decode (``grouped``, not in the default parts): the ``graph`` decode with a third
-model, a patched twin with ``grouped_decode=True`` (a decode step's SDPA over the grouped
+model, a patched twin with ``grouped_decode`` (a decode step's attention over the grouped
 KV heads in place, not transformers' copy of every KV head per query head), timed
 interleaved with the unpatched and the patched model, so the attention's share of the
 gain is told apart from the GEMMs' (``speedup_grouped``, paired as ``speedup``); its
 logits are checked against fp32 as ``check`` checks the patched model's
-(``correctness_grouped``); ``--grouped-variant math``: the twin's is
-``grouped_decode="math"`` (two matmuls and a softmax, at any batch).
+(``correctness_grouped``). ``--grouped-variant``: the twin's form, ``math`` (the
+default, as ``patch_model``'s: two matmuls and a softmax, at any batch) or ``sdpa`` (one
+SDPA call, from 16 (sequence, KV head) pairs).
 ``--grouped-decode``: the patched model itself is grouped; without it, it passes
 ``grouped_decode=False`` (``patch_model``'s default is on), so that every part measures
 the GEMMs' share alone unless asked.
@@ -191,8 +192,7 @@ def patched_copy(s: Setup, model: Any, grouped: bool | None = None) -> tuple[Any
     # gain into the GEMMs'; the experiment's patched model is the GEMM patch alone unless
     # --grouped-decode (the ``grouped`` part times both)
     on = grouped if grouped is not None else getattr(s.args, "grouped_decode", False)
-    math = getattr(s.args, "grouped_variant", "sdpa") == "math"
-    rope["grouped_decode"] = ("math" if math else True) if on else False
+    rope["grouped_decode"] = getattr(s.args, "grouped_variant", "math") if on else False
     return twin, s.pkg.patch_model(twin, originals="keep", uncovered=uncovered, **rope)
 
 
@@ -548,12 +548,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "write in the qkv kernel",
     )  # fmt: skip
     ap.add_argument(
-        "--grouped-decode", action="store_true", help="patch_model(grouped_decode=True): a "
-        "decode step's SDPA over the grouped KV heads in place",
+        "--grouped-decode", action="store_true", help="patch_model(grouped_decode=...): a "
+        "decode step's attention over the grouped KV heads in place",
     )  # fmt: skip
     ap.add_argument(
-        "--grouped-variant", choices=("sdpa", "math"), default="sdpa", help="the grouped "
-        "models' (--grouped-decode, the grouped part): grouped_decode=True (SDPA) or 'math'",
+        "--grouped-variant", choices=("math", "sdpa"), default="math", help="the grouped "
+        "models' form (--grouped-decode, the grouped part): grouped_decode='math' (two "
+        "matmuls and a softmax; patch_model's default) or 'sdpa' (one SDPA call)",
     )  # fmt: skip
     args = ap.parse_args(argv)
     for name, v in (("--layers", args.layers), ("--steps", args.steps), ("--reps", args.reps)):

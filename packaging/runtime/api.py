@@ -800,15 +800,18 @@ class Api:
         epilogue: str = "none",
         device: int | None = None,
         layout: str = "tn",
+        decided: bool = False,
     ) -> tuple[tuple[int, int], ...]:
         """The M ranges (first, last; ascending, merged) at which a call of (dtype,
         layout, M, N, K) with fused ``epilogue`` finds a table entry that launches a
         kernel: a ``kernel`` or ``cublaslt`` entry, or (plain GEMMs) a fallback entry's
-        eager alternative. ``device``: a CUDA device index, answered for its GPU as its
-        calls resolve it (nothing where the device cannot use the table); None: for any
-        GPU model of the table (what a CPU run asks: the path a GPU would take). Loads
-        and launches nothing; a call in range can still fall back at launch (alignment,
-        the recipe's fit, a failed load: ``stats`` counts those)."""
+        eager alternative. ``decided``: at which it finds any entry, a fallback entry
+        too (the build measured torch's own ops fastest there). ``device``: a CUDA
+        device index, answered for its GPU as its calls resolve it (nothing where the
+        device cannot use the table); None: for any GPU model of the table (what a CPU
+        run asks: the path a GPU would take). Loads and launches nothing; a call in
+        range can still fall back at launch (alignment, the recipe's fit, a failed load:
+        ``stats`` counts those)."""
         if device is None:
             models = self.table.models()
         else:
@@ -821,7 +824,7 @@ class Api:
         for gpu, arch in models:
             for lo, hi, e in self.table.m_spans(gpu, arch, dtype, layout, n, k, epilogue):
                 launches = e.kind in ("kernel", "cublaslt")
-                if launches or (epilogue == "none" and e.eager is not None):
+                if decided or launches or (epilogue == "none" and e.eager is not None):
                     spans.append((lo, hi))
         merged: list[tuple[int, int]] = []
         for lo, hi in sorted(spans):

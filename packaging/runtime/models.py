@@ -22,7 +22,10 @@ flash and static or dynamic caches behave as in the unpatched model.
 
 The path per call: from its M (rows of the hidden states; static under torch.compile),
 a layer runs the fused forward where every fused-epilogue GEMM of it has a kernel entry
-at that M (``Api.m_ranges`` on the layer's device, read once at patch time); elsewhere,
+at that M (``Api.m_ranges`` on the layer's device, read once at patch time) and, with
+grouped decode on, a decode call (one new token a sequence) also where a GEMM's entry is
+a fallback (the build's measured choice of torch's unfused math for it, which the fused
+op then runs: the grouped attention and the other kernels are kept); elsewhere,
 with the originals kept, its class's own forward on the original modules (the unpatched
 layer, bit for bit: never slower than unpatched), or with ``uncovered="fused"`` (and
 ``originals`` "cpu" / "drop", which take the originals away) the fused forward, each
@@ -86,7 +89,9 @@ class GemmReport:
     whether the table has an entry for (dtype, N, K, epilogue) (``entries``: GPU and M
     range of each) or the op falls back to torch's unfused math (``fallback``: why);
     ``m_ranges``: the M ranges at which a call on the layer's device launches an entry
-    (``Api.m_ranges``; a CPU layer: on any GPU of the table)."""
+    (``Api.m_ranges``; a CPU layer: on any GPU of the table); ``decided``: at which the
+    table has any entry, a fallback entry too (the build measured torch's unfused math
+    fastest there: the op runs it, as the table says)."""
 
     gemm: str
     op: str
@@ -97,6 +102,7 @@ class GemmReport:
     entries: tuple[str, ...]
     fallback: str | None
     m_ranges: tuple[tuple[int, int], ...] = ()
+    decided: tuple[tuple[int, int], ...] = ()
 
     def as_json(self) -> dict:
         return {
@@ -123,16 +129,19 @@ PATHS = ("fused", "original", "fused_fallback")
 class _Route:
     """Which path a call at M takes: ``fused_ms`` the M ranges where every fused GEMM
     of the layer has a kernel entry (a tuple of int pairs: a constant to dynamo, so the
-    choice costs nothing under torch.compile and is part of the traced graph), and
-    ``uncovered`` what runs elsewhere (``UNCOVERED``). ``seen``: M -> path of the eager
-    calls made (compiled calls are traced once and not counted)."""
+    choice costs nothing under torch.compile and is part of the traced graph),
+    ``decode_ms`` where a decode call (one new token a sequence) takes the fused forward
+    too (every fused GEMM has an entry, a kernel or a fallback), and ``uncovered`` what
+    runs elsewhere (``UNCOVERED``). ``seen``: M -> path of the eager calls made
+    (compiled calls are traced once and not counted)."""
 
     fused_ms: tuple[tuple[int, int], ...]
     uncovered: str
     seen: dict[int, str] = field(default_factory=dict)
+    decode_ms: tuple[tuple[int, int], ...] = ()
 
-    def path(self, m: int) -> str:
-        for lo, hi in self.fused_ms:
+    def path(self, m: int, decode: bool = False) -> str:
+        for lo, hi in (*self.fused_ms, *(self.decode_ms if decode else ())):
             if lo <= m <= hi:
                 return "fused"
         return "original" if self.uncovered == "original" else "fused_fallback"
@@ -154,9 +163,9 @@ class _Plan:
     api: Any  # the Api: plain inference (the same dispatch, no dispatcher cost)
     route: _Route
     rope: _Rope | None = None  # rope_kv=True: RoPE and the cache write in the qkv kernel
-    # True: ``_grouped_decode_sdpa`` at one token (from GROUPED_MIN_KV_ROWS pairs);
-    # "math": ``_grouped_decode_math`` at one token
-    grouped_decode: bool | str = False
+    # "math": ``_grouped_decode_math`` at one token; "sdpa": ``_grouped_decode_sdpa`` at
+    # one token from GROUPED_MIN_KV_ROWS pairs; False: transformers' attention
+    grouped_decode: str | bool = False
 
 
 @dataclass(frozen=True)
@@ -258,13 +267,15 @@ class ModelPatch:
     def report(self, ms: Any = ()) -> dict:
         """Per decoder layer its GEMMs (``GemmReport.as_json``), and the LM head's;
         ``paths``: per layer (and ``lm_head`` where folded), per M (a string key) the
-        path (``PATHS``) of every eager call seen and of each M in ``ms`` asked for."""
+        path (``PATHS``) of every eager call seen (as it took it) and of each M in ``ms``
+        asked for (as a call of several tokens a sequence takes it)."""
         ms = [int(m) for m in ms]
         routes = {p.name: p.route for p in self._layers}
         if isinstance(self._head, _Head):
             routes["lm_head"] = self._head.plan.route
-        paths = {
-            name: {str(m): r.path(m) for m in sorted({*ms, *r.seen})} for name, r in routes.items()
+        paths = {  # a seen call's own path (a decode call's can differ from ``path(m)``)
+            name: {str(m): r.seen.get(m) or r.path(m) for m in sorted({*ms, *r.seen})}
+            for name, r in routes.items()
         }
         return {
             "layers": {p.name: [g.as_json() for g in p.gemms] for p in self._layers},
@@ -336,17 +347,20 @@ def _tokens(x: Any) -> int:
 # (8 KV heads) 0.82x at batch 1, 0.99x at 2, 1.68x at 4; Qwen2-7B (4 KV heads) 0.89x at
 # batch 2, 1.48x at 4; a first run: 0.67x, 1.00x, 1.69x and 0.89x, 1.49x).
 GROUPED_MIN_KV_ROWS = 16
-GROUPED_DECODE = (True, False, "math")  # patch_model's grouped_decode values
+# patch_model's grouped_decode values: True is "math", the form measured faster end to end
+# at every batch (bench/results/h200-llama-kv-e2e-grouped-math.json: 1.30x at batch 1,
+# 1.46x at 4, 1.98x at 16, 2.95x at 64, against 1.12x, 1.28x, 1.95x and 2.88x with "sdpa")
+GROUPED_DECODE = {True: "math", False: False, "math": "math", "sdpa": "sdpa"}
 
 
 def _grouped_decode(p: _Plan, attn: Any, q: Any, k: Any, extra: dict) -> bool:
     """Whether a patched layer's attention takes the grouped call: asked for
-    (``patch_model(grouped_decode=True or "math")``), one new token a sequence, for
-    ``True`` (SDPA) at least ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA the
+    (``patch_model(grouped_decode=True, "math" or "sdpa")``), one new token a sequence,
+    for ``"sdpa"`` at least ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA the
     model's attention, fewer KV heads than query heads, and nothing SDPA's own call would
     not express (a soft cap)."""
     return (
-        p.grouped_decode is not False
+        p.grouped_decode in ("math", "sdpa")
         and q.shape[2] == 1
         and (p.grouped_decode == "math" or q.shape[0] * k.shape[1] >= GROUPED_MIN_KV_ROWS)
         and attn.config._attn_implementation == "sdpa"
@@ -407,7 +421,8 @@ def _fused_forward(
             "restore() the patch before training"
         )
     torch = _torch
-    path = p.route.path(_tokens(hidden_states))
+    # one new token a sequence: [b, 1, hidden] (static under torch.compile)
+    path = p.route.path(_tokens(hidden_states), decode=hidden_states.shape[-2] == 1)
     if not torch.compiler.is_compiling():
         p.route.seen[_tokens(hidden_states)] = path
     if path == "original":
@@ -460,7 +475,7 @@ def _fused_forward(
             k, v = cache.update(k, v, attn.layer_idx)
     extra = p.family.attn_kwargs(attn) if p.family.attn_kwargs else {}
     if _grouped_decode(p, attn, q, k, extra):
-        grouped = _grouped_decode_math if p.grouped_decode == "math" else _grouped_decode_sdpa
+        grouped = _grouped_decode_sdpa if p.grouped_decode == "sdpa" else _grouped_decode_math
         o = grouped(torch, q, k, v, attention_mask, attn.scaling)
     else:
         attention = p.attention_functions.get_interface(
@@ -714,18 +729,30 @@ def _gemm_report(api: Any, name: str, gemm: Gemm, w: Any) -> GemmReport:
     hit = api.covers(n, k, dtype) if epilogue == "none" else fuses(w.dtype, w, epilogue)
     device = w.device.index if w.is_cuda else None
     ranges = api.m_ranges(n, k, dtype, epilogue, device)
-    return GemmReport(name, op, epilogue, n, k, dtype, entries, None if hit else "no_entry", ranges)
+    decided = api.m_ranges(n, k, dtype, epilogue, device, decided=True)
+    # no kernel: the table has a fallback entry for it (the build's measured choice of
+    # torch's math there) or none at all
+    why = None if hit else ("fallback_entry" if entries else "no_entry")
+    return GemmReport(name, op, epilogue, n, k, dtype, entries, why, ranges, decided)
 
 
-def _route(gemms: list[GemmReport], uncovered: str) -> _Route:
+def _route(gemms: list[GemmReport], uncovered: str, grouped: bool = False) -> _Route:
     """The route of a layer whose GEMMs are ``gemms``: fused where every fused-epilogue
     GEMM has a kernel entry (plain ones fall back to the same ``F.linear`` the original
-    layer runs, so they do not decide)."""
+    layer runs, so they do not decide). ``grouped`` (the layer's attention takes the
+    grouped decode form): a decode call is fused also where a GEMM's entry is a
+    fallback (the build found torch's unfused math fastest for it there, and the fused
+    op runs that), since the fused forward keeps the grouped attention and the other
+    GEMMs' kernels; a prefill there is not (the fallback's math over the packed weights
+    gains nothing and cost 2.4% of a 2,048-token prefill on an H200:
+    bench/results/h200-llama-kv-e2e-fallback-all.json)."""
     fused_ms: tuple[tuple[int, int], ...] = ((1, 2**62),)
+    decode_ms: tuple[tuple[int, int], ...] = ((1, 2**62),) if grouped else ()
     for g in gemms:
         if g.epilogue != "none":
             fused_ms = _intersect(fused_ms, g.m_ranges)
-    return _Route(fused_ms, uncovered)
+            decode_ms = _intersect(decode_ms, g.decided)
+    return _Route(fused_ms, uncovered, decode_ms=decode_ms)
 
 
 def _pack(torch: Any, fam: Family, layer: Any) -> tuple[Any, Any, Any, list[Any]]:
@@ -832,13 +859,12 @@ def patch_model(
     order, and where the cache is transformers' static one (initialised: from the second
     call) each layer's qkv GEMM applies RoPE and writes k and v into the cache itself
     (``linear_rope_kv``; its rotary and ``cache.update`` are skipped); no extra memory.
-    ``grouped_decode`` (default on): at one new token a sequence and at least
-    ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs, SDPA over the grouped KV heads in
-    place (``_grouped_decode_sdpa``), not transformers' copy of every KV head per query
-    head under ``torch.compile`` (docs/inference.md, "Grouped decode"); ``"math"``: at
-    one new token a sequence, at any batch, the grouped heads' attention as transformers'
-    eager attention computes it (``_grouped_decode_math``: faster alone at every batch
-    measured, not yet end to end).
+    ``grouped_decode`` (default ``True``, the same as ``"math"``): at one new token a
+    sequence, the attention over the grouped KV heads in place, not transformers' copy of
+    every KV head per query head under ``torch.compile`` (docs/inference.md, "Grouped
+    decode"): as transformers' eager attention computes it (``_grouped_decode_math``, at
+    any batch), or with ``"sdpa"`` one SDPA call (``_grouped_decode_sdpa``, from
+    ``GROUPED_MIN_KV_ROWS`` (sequence, KV head) pairs); ``False``: transformers' attention.
     Refuses what it does not know with ``PatchModelError`` before changing anything."""
     global _torch
     import torch
@@ -861,11 +887,13 @@ def patch_model(
         )
     if head not in HEADS:
         raise ValueError(f"patch_model: head must be one of {list(HEADS)}, got {head!r}")
-    if not any(grouped_decode is v or (isinstance(v, str) and grouped_decode == v)
-               for v in GROUPED_DECODE):  # fmt: skip
+    # bool or str only: 1 == True and 0 == False as dict keys
+    if not isinstance(grouped_decode, bool | str) or grouped_decode not in GROUPED_DECODE:
         raise ValueError(
-            f"patch_model: grouped_decode must be True, False or 'math', got {grouped_decode!r}"
+            f"patch_model: grouped_decode must be one of {list(GROUPED_DECODE)}, "
+            f"got {grouped_decode!r}"
         )
+    grouped_form = GROUPED_DECODE[grouped_decode]
     mt, fam, layers, lm_head = _check_model(torch, model)
     if rope_kv and mt not in ROPE_KV_MODEL_TYPES:
         raise _refuse(mt, f"rope_kv=True: the rope_kv epilogues serve {list(ROPE_KV_MODEL_TYPES)}")
@@ -937,7 +965,7 @@ def patch_model(
             _gemm_report(api, _REPORT_NAMES[g.proj], g, weights[g.proj])
             for g in layer_gemms(fam, act)
         ]
-        route = _route(gemms, uncovered)
+        route = _route(gemms, uncovered, grouped=grouped_form is not False)
         plan = _Plan(
             family=fam,
             act=act,
@@ -951,7 +979,7 @@ def patch_model(
             api=api,
             route=route,
             rope=rope,
-            grouped_decode=grouped_decode,
+            grouped_decode=grouped_form,
         )
         layer.register_buffer("_cudal2_w_qkv", w_qkv, persistent=False)
         layer.register_buffer("_cudal2_b_qkv", b_qkv, persistent=False)

@@ -189,29 +189,33 @@ def test_dry_run_with_rope_kv(e2e, package, tmp_path, monkeypatch):
 
 def test_dry_run_with_grouped_decode(e2e, package, tmp_path, monkeypatch):
     """``--grouped-decode`` (with ``--rope-kv``): the patched models' decode steps run the
-    grouped SDPA, eagerly and traced whole by torch.compile; the logits still pass."""
+    grouped form (``math`` unless ``--grouped-variant`` says, as ``patch_model``'s
+    default), eagerly and traced whole by torch.compile; the logits still pass."""
     import importlib
 
     runtime = importlib.import_module(package.__name__ + "._runtime.models")
     calls = []
-    real = runtime._grouped_decode_sdpa
-    monkeypatch.setattr(runtime, "_grouped_decode_sdpa", lambda *a: calls.append(1) or real(*a))
+    for name in ("math", "sdpa"):
+        real = getattr(runtime, f"_grouped_decode_{name}")
+        monkeypatch.setattr(
+            runtime, f"_grouped_decode_{name}", lambda *a, n=name, f=real: calls.append(n) or f(*a)
+        )
     out = tmp_path / "kv-grouped.json"
     base = ["--dry-run", "--package", package.__name__, "--out", str(out), "--rope-kv"]
     base += ["--grouped-decode", "--batches", "8", "--steps", "2", "--reps", "2"]
     assert e2e.main([*base, "--part", "check", "--part", "graph"]) == 0
     got = json.loads(out.read_text())
-    assert got["env"]["grouped_decode"] is True
+    assert got["env"]["grouped_decode"] is True and got["env"]["grouped_variant"] == "math"
     assert got["llama"]["check"]["correctness"]["ok"]
     assert got["llama"]["graph"]["batches"]["8"]["max_diff_compiled_vs_eager_patched"] < 1e-4
-    assert calls
+    assert calls and set(calls) == {"math"}
 
 
 @pytest.mark.parametrize("variant", ["sdpa", "math"])
 def test_the_grouped_part(e2e, package, tmp_path, monkeypatch, variant):
-    """``grouped``: a third model, the patched one with ``grouped_decode=True`` (or
-    ``"math"``), timed beside the two under torch.compile; its decode steps (and only its)
-    run the grouped call (SDPA from 16 (sequence, KV head) pairs: batch 8, not 1; the
+    """``grouped``: a third model, the patched one with ``grouped_decode="sdpa"`` (or
+    ``"math"``, the default), timed beside the two under torch.compile; its decode steps
+    (and only its) run the grouped call (SDPA from 16 (sequence, KV head) pairs: batch 8, not 1; the
     math form at both); its logits are checked against fp32; the rows carry its paired
     speedup."""
     import importlib

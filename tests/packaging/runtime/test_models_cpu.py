@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+import re
 import sys
 
 import pytest
@@ -195,15 +196,16 @@ def test_generate_gives_the_same_tokens(pkg, family, cache):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize(("variant", "batch"), [(True, 8), (True, 4), ("math", 2)])
+@pytest.mark.parametrize(("variant", "batch"), [("sdpa", 8), ("sdpa", 4), ("math", 2), (True, 1)])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_grouped_decode_generates_the_same_logits(pkg, family, cache, variant, batch, monkeypatch):
     """``grouped_decode``: each decode step's attention over the grouped KV heads in place
     (the tiny models: 4 query heads, 2 KV heads), the same tokens and, step by step, the
     logits within the fp32 bound; at one new token a sequence only, not for Gemma-2 (its
-    soft cap). ``True`` (the default, SDPA) from ``GROUPED_MIN_KV_ROWS`` (16) (sequence,
-    KV head) pairs (batch 8, not 4); ``"math"`` (two matmuls and a softmax) at any batch."""
+    soft cap). ``"sdpa"`` from ``GROUPED_MIN_KV_ROWS`` (16) (sequence, KV head) pairs
+    (batch 8, not 4); ``"math"`` (two matmuls and a softmax; ``True``, the default, is it)
+    at any batch."""
     model = tiny(family)
     x = ids(4, batch=batch, tokens=5)
     kw = dict(max_new_tokens=5, do_sample=False, min_new_tokens=5, output_logits=True)
@@ -212,7 +214,7 @@ def test_grouped_decode_generates_the_same_logits(pkg, family, cache, variant, b
         kw["cache_implementation"] = "static"
     runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
     calls = []
-    name = "_grouped_decode_math" if variant == "math" else "_grouped_decode_sdpa"
+    name = "_grouped_decode_sdpa" if variant == "sdpa" else "_grouped_decode_math"
     real = getattr(runtime, name)
     monkeypatch.setattr(
         runtime, name, lambda torch, q, *a: calls.append(q.shape) or real(torch, q, *a)
@@ -225,7 +227,7 @@ def test_grouped_decode_generates_the_same_logits(pkg, family, cache, variant, b
     w, g = torch.stack(want.logits).float(), torch.stack(got.logits).float()
     assert (g - w).abs().max().item() <= FP32_REL * w.abs().max().item()
     layers = model.config.num_hidden_layers
-    enough = variant == "math" or batch * 2 >= runtime.GROUPED_MIN_KV_ROWS
+    enough = variant != "sdpa" or batch * 2 >= runtime.GROUPED_MIN_KV_ROWS
     grouped = family != "gemma2" and enough
     assert calls == ([(batch, 4, 1, 16)] * (4 * layers) if grouped else []), calls[:3]
 
@@ -255,10 +257,20 @@ def test_grouped_decode_math_pairs_the_heads_as_repeat_kv(monkeypatch):
     assert (other - ref).abs().max().item() > 1e-2
 
 
-@pytest.mark.parametrize(("given", "want"), [({}, ["sdpa"]), ({"grouped_decode": False}, [])])
-def test_grouped_decode_is_on_by_default_and_off_with_false(pkg, monkeypatch, given, want):
-    """The default runs the grouped SDPA call (batch 8: 16 pairs) in each layer of the one
-    decode step; ``False``: transformers' attention at every batch."""
+@pytest.mark.parametrize(
+    ("given", "batch", "want"),
+    [
+        ({}, 1, ["math"]),
+        ({}, 8, ["math"]),
+        ({"grouped_decode": "sdpa"}, 8, ["sdpa"]),
+        ({"grouped_decode": "sdpa"}, 1, []),
+        ({"grouped_decode": False}, 8, []),
+    ],
+)
+def test_grouped_decode_is_on_by_default_and_off_with_false(pkg, monkeypatch, given, batch, want):
+    """The default runs the grouped math form in each layer of the one decode step at
+    any batch; ``"sdpa"`` the grouped SDPA call from 16 pairs (batch 8, not 1);
+    ``False``: transformers' attention at every batch."""
     runtime = importlib.import_module(pkg.__name__ + "._runtime.models")
     calls = []
     for name in ("sdpa", "math"):
@@ -269,13 +281,14 @@ def test_grouped_decode_is_on_by_default_and_off_with_false(pkg, monkeypatch, gi
     model = tiny("llama")
     kw = dict(max_new_tokens=2, do_sample=False, min_new_tokens=2)
     with torch.no_grad(), pkg.patch_model(model, **given, **FUSED):
-        model.generate(ids(4, batch=8, tokens=5), **kw)
+        model.generate(ids(4, batch=batch, tokens=5), **kw)
     assert calls == want * model.config.num_hidden_layers
 
 
-@pytest.mark.parametrize("value", ["yes", 1, "MATH", None])
-def test_grouped_decode_must_be_true_false_or_math(pkg, value):
-    with pytest.raises(ValueError, match=f"True, False or 'math', got {value!r}"):
+@pytest.mark.parametrize("value", ["yes", 1, 0, "MATH", None, "SDPA", 1.0])
+def test_grouped_decode_must_be_true_false_math_or_sdpa(pkg, value):
+    want = "must be one of [True, False, 'math', 'sdpa'], got "
+    with pytest.raises(ValueError, match=re.escape(want + repr(value))):
         pkg.patch_model(tiny("llama"), grouped_decode=value)
 
 
@@ -419,11 +432,18 @@ def table_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_
         key=lambda x: x.n * x.k,
     )
 
-    def entry(n, k, epilogue, m_max, dtype="fp16"):
+    def entry(n, k, epilogue, m_max, dtype="fp16", kind="kernel"):
         launch = dict(e.launch)
         if epilogue != "none":
             boxes = {"a": [64, launch["tile_m"]], "b": [64, launch["tile_n"]]}
             launch |= {"abi": "gemm_v3", "epilogue": epilogue, "tma": boxes}
+        if kind == "fallback":  # the build found the baseline (torch's ops) best here
+            nothing = dict.fromkeys(("kernel", "symbol", "cubin_sha256", "launch", "design_key"))
+            return dataclasses.replace(
+                e, **nothing, kind=kind, n=n, k=k, epilogue=epilogue, m_min=1,
+                m_max=m_max, m_measured=m_max, dtype=dtype, speedup=1.0,
+                time_us=e.baseline_us or e.time_us,
+            )  # fmt: skip
         return dataclasses.replace(
             e,
             n=n,
@@ -576,6 +596,39 @@ def test_a_gemm_without_an_entry_keeps_the_layer_original(table_package):
         rep = patch.report(ms=[4, 9])
     assert rep["paths"]["model.layers.0"] == {"4": "original", "9": "original"}
     assert rep["paths"]["lm_head"] == {"4": "fused", "9": "original"}
+    exact = logits(ref, x)
+    assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
+
+
+@pytest.mark.parametrize(
+    ("grouped", "batch", "tokens", "path"),
+    [
+        (True, 3, 1, "fused"),  # a decode call: the fused forward, gate_up on torch's math
+        (True, 2, 2, "original"),  # a prefill at a covered M: the layers' own forward
+        (False, 3, 1, "original"),  # no grouped decode: the layers' own forward
+    ],
+)
+def test_a_gemm_with_a_fallback_entry(table_package, grouped, batch, tokens, path):
+    """gate_up's table entry at M is a fallback (the build measured torch's math best
+    there): with grouped decode on, a decode call still runs the fused forward (gate_up
+    on torch's unfused math, the rest on their kernels' entries, the grouped attention);
+    a prefill, or a patch without grouped decode, runs the layers' own forward there
+    (the paths are those the calls took); the report names the fallback entry."""
+    specs = [s if s[2] != "rmsnorm_silu" else (*s, "fallback") for s in _tiny_specs()]
+    pkg = table_package(specs)
+    model = tiny("llama", torch.bfloat16)
+    ref = copy.deepcopy(model).float()
+    x = ids(4, batch=batch, tokens=tokens)
+    want = logits(model, x)
+    with pkg.patch_model(model, grouped_decode=grouped) as patch:
+        got = logits(model, x)
+        rep = patch.report()
+    m = str(batch * tokens)
+    assert rep["paths"]["model.layers.0"] == {m: path}
+    rows = {r["gemm"]: r for r in rep["layers"]["model.layers.0"]}
+    assert rows["gate_up"]["fallback"] == "fallback_entry" and rows["gate_up"]["m_ranges"] == []
+    assert rows["qkv"]["fallback"] is None
+    # (the LM head has its kernel entry here: fused either way, so no bitwise check)
     exact = logits(ref, x)
     assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
 
