@@ -180,31 +180,39 @@ def _e2e_line(root: Path) -> str:
 
 
 def _kv_grouped_line(root: Path) -> str:
-    """The README's line on generating with a KV cache: ``patch_model``'s compiled decode
-    against the compiled unpatched model (``kv_e2e_grouped``'s runs; a batch run on both
-    machines gives both figures)."""
-    runs = [json.loads((root / f).read_text()) for f in (KV_E2E_GROUPED, KV_E2E_GROUPED_RULE)]
-    per: dict[int, list[dict]] = {}
-    for d in runs:
-        for b, r in d["llama"]["grouped"]["batches"].items():
-            per.setdefault(int(b), []).append(r)
+    """The README's line on generating with a KV cache: ``patch_model``'s defaults against
+    the compiled unpatched model (``kv_e2e_default``'s run), and the GEMMs' share alone
+    (``kv_e2e_grouped``'s runs: a batch run on several machines gives each figure)."""
+    d = json.loads((root / KV_E2E_DEFAULT).read_text())
+    env = d["env"]
 
-    def span(rs: list[dict], key: str) -> str:
-        lo, hi = min(r[key] for r in rs), max(r[key] for r in rs)
-        return _x(lo, 3) if lo == hi else f"{lo:.3f}–{_x(hi, 3)}"
+    def speedups(mode: str) -> str:
+        rows = sorted(d["llama"][mode]["batches"].items(), key=lambda x: int(x[0]))
+        return ", ".join(f"{b}: {_x(r['paired_speedup'], 3)}" for b, r in rows)
 
-    gemms = ", ".join(f"{b}: {span(rs, 'paired_speedup')}" for b, rs in sorted(per.items()))
-    grouped = ", ".join(
-        f"{b}: {span(rs, 'paired_speedup_grouped')}" for b, rs in sorted(per.items()) if b > 1
+    runs = [
+        json.loads((root / f).read_text())
+        for f in (KV_E2E_GROUPED, KV_E2E_GROUPED_RULE, KV_E2E_GROUPED_MATH)
+    ]
+    per: dict[int, list[float]] = {}
+    for g in runs:
+        for b, r in g["llama"]["grouped"]["batches"].items():
+            per.setdefault(int(b), []).append(r["paired_speedup"])
+    gemms = ", ".join(
+        f"{b}: {_x(min(v), 3) if min(v) == max(v) else f'{min(v):.3f}–{_x(max(v), 3)}'}"
+        for b, v in sorted(per.items())
     )
-    env = runs[0]["env"]
+    pf = d["llama"]["prefill"]
     return (
-        f"Generating with transformers' static cache over a {env['context']}-token context, "
-        f'both models compiled (`torch.compile(mode="reduce-overhead")`, {env["gpu"]}, two '
-        f"machines, `{KV_E2E_GROUPED}`, `{KV_E2E_GROUPED_RULE}`), `patch_model`'s fused GEMMs "
-        f"decode faster by batch {gemms}; with its grouped-KV decode attention (on from 16 "
-        f"(sequence, KV head) pairs; transformers' compiled path copies the cache per query "
-        f'head) by batch {grouped} (`docs/inference.md`, "Grouped decode").'
+        f"Generating with transformers' static cache over a {env['context']}-token context "
+        f"(Llama-3.1-8B, {env['gpu']}, `{KV_E2E_DEFAULT}`), `patch_model`'s defaults (the "
+        "fused GEMMs, and the decode attention over the grouped KV heads in place, where "
+        "transformers' compiled path copies the cache per query head) decode faster, both "
+        f'models compiled (`torch.compile(mode="reduce-overhead")`), by batch '
+        f"{speedups('graph')}; eagerly by batch {speedups('eager')}; a "
+        f"{pf['tokens']}-token prefill at {_x(pf['speedup'], 3)}. The fused GEMMs' share "
+        f"alone (with `rope_kv`), compiled, over {len(runs)} machines: by batch {gemms} "
+        '(`docs/inference.md`, "Grouped decode").'
     )
 
 
@@ -798,14 +806,37 @@ KV_E2E = "bench/results/h100-llama-kv-e2e.json"  # ci/gpu_e2e_kv.sh on the H100
 
 
 def llama_kv_e2e(root: Path) -> str:
-    """``docs/inference.md``'s end to end with a KV cache (``llama_kv_e2e.py``): decode
-    tokens/s per model, mode and batch, prefill, the logits check and the patch's memory."""
-    d = json.loads((root / KV_E2E).read_text())
+    """``docs/inference.md``'s end to end with a KV cache on the H100 (the GEMMs' patch)."""
+    return _kv_e2e_table(root, KV_E2E)
+
+
+# ci/gpu_e2e_default.sh on an H200: patch_model's defaults (grouped decode, "math" form)
+KV_E2E_DEFAULT = "bench/results/h200-llama-kv-e2e-default.json"
+
+
+def kv_e2e_default(root: Path) -> str:
+    """``docs/inference.md``'s end to end with ``patch_model``'s defaults (on an H200)."""
+    return _kv_e2e_table(root, KV_E2E_DEFAULT)
+
+
+def _patch_settings(env: dict[str, Any]) -> str:
+    """How a run's patched model was patched, from its env (runs before ``grouped_decode``
+    existed record neither key: their patch was the GEMMs')."""
+    if "grouped_decode" not in env:
+        return ""
+    grouped = json.dumps(env.get("grouped_variant", "sdpa")) if env["grouped_decode"] else "False"
+    return f" Patched: `patch_model(rope_kv={env['rope_kv']}, grouped_decode={grouped})`."
+
+
+def _kv_e2e_table(root: Path, path: str) -> str:
+    """One ``llama_kv_e2e.py`` run's table: decode tokens/s per model, mode and batch,
+    prefill, the logits check, the patch's memory and the path Qwen2's layers took."""
+    d = json.loads((root / path).read_text())
     env = d["env"]
     lines = [
         f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
         f"`{env['package']}` ({env['launcher']} launcher), {env['layers']} layers, context "
-        f"{env['context']} tokens (`{KV_E2E}`). Graphs: {env['compile']}.",
+        f"{env['context']} tokens (`{path}`). Graphs: {env['compile']}.{_patch_settings(env)}",
         "",
         "| model | mode | batch | unpatched tok/s | patched tok/s | speedup (paired p20–p80) |",
         "|---|---|---:|---:|---:|---|",
@@ -836,6 +867,15 @@ def llama_kv_e2e(root: Path) -> str:
         f"{added / 2**30:.2f} GiB, {added / mem['model_bytes']:.1%} of the model's "
         f"{mem['model_bytes'] / 2**30:.2f} GiB.",
     ]
+    q = (d.get("qwen2") or {}).get("report")
+    if q:  # where a layer has a GEMM without a kernel entry, it runs its original modules
+        paths = ", ".join(f"{k} {n}" for k, n in q["paths"]["1"]["layers"].items())
+        none = [g for g, r in q["per_gemm"].items() if not r["entry_in_layers"]]
+        lines[-1] += (
+            f" Qwen2-7B's layers at batch 1: {paths}"
+            + (f" (no kernel entry for {', '.join(none)})" if none else "")
+            + "."
+        )
     return "\n".join(lines)
 
 
@@ -976,10 +1016,12 @@ def kv_e2e_rope(root: Path) -> str:
     return "\n".join(lines)
 
 
-# ci/gpu_e2e_grouped.sh on an H200: grouped decode at every batch (1, 16, 64), then with
-# GROUPED_MIN_KV_ROWS (1, 4; another machine); bench/experiments/grouped_sdpa.py
+# ci/gpu_e2e_grouped.sh on an H200: the "sdpa" form at every batch (1, 16, 64), then with
+# GROUPED_MIN_KV_ROWS (1, 4; another machine), then the "math" form (1, 4, 16, 64; a
+# third); bench/experiments/grouped_sdpa.py
 KV_E2E_GROUPED = "bench/results/h200-llama-kv-e2e-grouped.json"
 KV_E2E_GROUPED_RULE = "bench/results/h200-llama-kv-e2e-grouped-rule.json"
+KV_E2E_GROUPED_MATH = "bench/results/h200-llama-kv-e2e-grouped-math.json"
 GROUPED_SDPA = "bench/results/h200-grouped-sdpa.json"
 
 
@@ -989,8 +1031,9 @@ def kv_e2e_grouped(root: Path) -> str:
     ``grouped_decode``, interleaved; the grouped twin's logits check; the attention alone
     (``grouped_sdpa.py``) per head layout and batch."""
     runs = [
-        (KV_E2E_GROUPED, "grouped at every batch"),
-        (KV_E2E_GROUPED_RULE, "grouped from 16 (sequence, KV head) pairs"),
+        (KV_E2E_GROUPED, '`"sdpa"` at every batch'),
+        (KV_E2E_GROUPED_RULE, '`"sdpa"` from 16 (sequence, KV head) pairs'),
+        (KV_E2E_GROUPED_MATH, '`"math"` (the default) at every batch'),
     ]
     first = json.loads((root / runs[0][0]).read_text())["env"]
     lines = [
@@ -999,7 +1042,7 @@ def kv_e2e_grouped(root: Path) -> str:
         f"({first['layers']} layers, random fp16 weights), context {first['context']}, "
         'torch.compile(mode="reduce-overhead") per model and batch; ms per decode step, '
         "the three models interleaved; speedups over the unpatched model paired per block "
-        "(p20–p80). Two machines (a lent H200 each time).",
+        f"(p20–p80). Each run on its own machine (a lent H200 each time).",
         "",
         "| run | batch | target | unpatched | patched (GEMMs, `rope_kv`) | speedup | "
         "patched + `grouped_decode` | speedup |",
@@ -1682,6 +1725,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "kv-e2e-bound": kv_e2e_bound,
     "kv-e2e-rope": kv_e2e_rope,
     "kv-e2e-grouped": kv_e2e_grouped,
+    "kv-e2e-default": kv_e2e_default,
     "room-timing": room_timing,
     "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,

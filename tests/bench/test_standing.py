@@ -406,7 +406,11 @@ def test_the_grouped_decode_table_is_made_from_its_results_files(tmp_path):
     r["paired_speedup_grouped"], r["ms_per_step"]["grouped"] = 7.777, 1.234
     d["llama"]["grouped"]["correctness_grouped"]["ok"] = False
     (tmp_path / standing.KV_E2E_GROUPED).write_text(json.dumps(d))
-    shutil.copy(ROOT / standing.KV_E2E_GROUPED_RULE, tmp_path / standing.KV_E2E_GROUPED_RULE)
+    for name in (standing.KV_E2E_GROUPED_RULE, standing.KV_E2E_DEFAULT):
+        shutil.copy(ROOT / name, tmp_path / name)
+    m = json.loads((ROOT / standing.KV_E2E_GROUPED_MATH).read_text())
+    m["llama"]["grouped"]["batches"]["4"]["paired_speedup"] = 0.555  # the GEMMs' share
+    (tmp_path / standing.KV_E2E_GROUPED_MATH).write_text(json.dumps(m))
     sd = json.loads((ROOT / standing.GROUPED_SDPA).read_text())
     sd["rows"][0]["speedup_grouped"] = 0.123
     (tmp_path / standing.GROUPED_SDPA).write_text(json.dumps(sd))
@@ -414,7 +418,30 @@ def test_the_grouped_decode_table_is_made_from_its_results_files(tmp_path):
     assert "| 1.234 | **7.777** (" in table
     assert "(fails)" in table and "| 0.123 |" in table
     rule = json.loads((ROOT / standing.KV_E2E_GROUPED_RULE).read_text())
-    rows = len(d["llama"]["grouped"]["batches"]) + len(rule["llama"]["grouped"]["batches"])
+    rows = sum(len(x["llama"]["grouped"]["batches"]) for x in (d, rule, m))
     assert table.count("\n| `h200-") == rows
     assert table.count("\n| llama-3.1-8b ") + table.count("\n| qwen2-7b ") == len(sd["rows"])
-    assert "16: 7.777x" in standing._kv_grouped_line(tmp_path)
+    assert "4: 0.555–" in standing._kv_grouped_line(tmp_path)
+
+
+def test_the_default_patch_table_and_the_readme_line_read_its_results_file(tmp_path):
+    """``kv-e2e-default``: each row, the patch's settings and Qwen2's layer paths come
+    from the file; the README's line takes its graph, eager and prefill figures."""
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    for name in (standing.KV_E2E_GROUPED, standing.KV_E2E_GROUPED_RULE):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copy(ROOT / standing.KV_E2E_GROUPED_MATH, tmp_path / standing.KV_E2E_GROUPED_MATH)
+    d = json.loads((ROOT / standing.KV_E2E_DEFAULT).read_text())
+    d["llama"]["graph"]["batches"]["16"]["paired_speedup"] = 6.543
+    d["llama"]["eager"]["batches"]["64"]["paired_speedup"] = 5.432
+    d["llama"]["prefill"]["speedup"] = 0.765
+    d["env"]["grouped_variant"] = "sdpa"
+    d["qwen2"]["report"]["paths"]["1"]["layers"] = {"original": 28}
+    (tmp_path / standing.KV_E2E_DEFAULT).write_text(json.dumps(d))
+    table = standing.kv_e2e_default(tmp_path)
+    assert "| llama | graph | 16 |" in table and "| 6.543 (" in table
+    assert 'grouped_decode="sdpa")' in table
+    assert "Qwen2-7B's layers at batch 1: original 28 (no kernel entry for gate_up)." in table
+    line = standing._kv_grouped_line(tmp_path)
+    assert "16: 6.543x" in line and "64: 5.432x" in line and "prefill at 0.765x" in line
