@@ -868,7 +868,7 @@ def _kv_e2e_table(root: Path, path: str) -> str:
         f"{mem['model_bytes'] / 2**30:.2f} GiB.",
     ]
     q = (d.get("qwen2") or {}).get("report")
-    if q:  # where a layer has a GEMM without a kernel entry, it runs its original modules
+    if q:  # the paths Qwen2's layers took at batch 1, and its GEMMs without a kernel
         paths = ", ".join(f"{k} {n}" for k, n in q["paths"]["1"]["layers"].items())
         none = [g for g, r in q["per_gemm"].items() if not r["entry_in_layers"]]
         lines[-1] += (
@@ -1042,7 +1042,7 @@ def kv_e2e_grouped(root: Path) -> str:
         f"({first['layers']} layers, random fp16 weights), context {first['context']}, "
         'torch.compile(mode="reduce-overhead") per model and batch; ms per decode step, '
         "the three models interleaved; speedups over the unpatched model paired per block "
-        f"(p20–p80). Each run on its own machine (a lent H200 each time).",
+        "(p20–p80). Each run on its own machine (a lent H200 each time).",
         "",
         "| run | batch | target | unpatched | patched (GEMMs, `rope_kv`) | speedup | "
         "patched + `grouped_decode` | speedup |",
