@@ -40,7 +40,9 @@ Correctness (``check``, and ``qwen2``): an fp32 copy of the fp16 model (same val
 the reference: a [4, 128] prompt into a static cache, then 4 decode steps fed the
 reference's tokens; every logit of the prefill and the steps compared. The patched model
 passes when its max |error| against fp32 is at most ``TOLERANCE`` (2) times the unpatched
-model's (today's e2e rule). ``check`` also records the patch's memory
+model's (today's e2e rule). ``qwen2`` also checks a [1, 128] prompt
+(``correctness_b1``): the wheel's Qwen2 targets are at decode batch 1, so at 4 sequences
+its layers may run their original modules. ``check`` also records the patch's memory
 (``ModelPatch.memory()`` and ``torch.cuda.memory_allocated`` before / after), its
 per-layer report (which GEMMs hit a table entry, which fall back) and the package's hit
 / fallback counts over one patched eager decode step.
@@ -307,12 +309,14 @@ def summarise(times: dict[str, list[float]], batch: int, steps: int) -> dict:
 # -- the parts ---------------------------------------------------------------------------
 
 
-def correctness(s: Setup, model: Any, patched: Any) -> dict:
-    """Logits of the prefill and 4 decode steps against an fp32 copy (module docstring)."""
+def correctness(s: Setup, model: Any, patched: Any, batch: int | None = None) -> dict:
+    """Logits of the prefill and 4 decode steps against an fp32 copy (module docstring);
+    ``batch``: that many sequences (default 4; the dry run's 8)."""
     torch = s.torch
     ref = copy.deepcopy(model).float()
     # the dry run: 8 sequences x 2 KV heads, so grouped decode (from 16 pairs) runs
     b, t, n = (8, 8, 3) if s.dry else (4, 128, 4)
+    b = batch or b
     g = torch.Generator(device=s.device).manual_seed(7)
     prompt = torch.randint(0, model.config.vocab_size, (b, t), generator=g, device=s.device)
     out: dict[str, list] = {"ref": [], "unpatched": [], "patched": []}
@@ -657,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
         model = build(s, s.config("qwen2"))
         patched, patch = patched_copy(s, model)
         got = {"correctness": correctness(s, model, patched)}
+        # and at batch 1, the decode M the Qwen2 targets cover (4 sequences may run the
+        # original modules, where the wheel has no entry)
+        got["correctness_b1"] = correctness(s, model, patched, batch=1)
         batches, args.batches = args.batches, [1]
         got["graph"] = part_decode(s, model, patched, compiled=True)
         got["eager"] = part_decode(s, model, patched, compiled=False)
@@ -674,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, check in (
             ("llama", (llama_parts.get("check") or {}).get("correctness")),
             ("qwen2", (result.get("qwen2") or {}).get("correctness")),
+            ("qwen2 batch 1", (result.get("qwen2") or {}).get("correctness_b1")),
             ("llama grouped_decode", (llama_parts.get("grouped") or {}).get("correctness_grouped")),
         )
         if check and not check["ok"]

@@ -73,9 +73,25 @@ def test_dry_run_every_part(e2e, package, tmp_path):
     assert graph["max_diff_compiled_vs_eager_patched"] < 1e-4
     assert got["llama"]["prefill"]["tokens"] == 32
     q = got["qwen2"]
-    assert q["correctness"]["ok"]
+    assert q["correctness"]["ok"] and q["correctness_b1"]["ok"]
+    assert q["correctness_b1"]["prompt"][0] == 1
     assert q["report"]["per_gemm"]["qkv"]["epilogue"] == "rmsnorm_bias"
     assert sorted(q["graph"]["batches"]) == sorted(q["eager"]["batches"]) == ["1"]
+
+
+def test_a_failed_qwen2_check_at_batch_1_fails_the_run(e2e, package, tmp_path, monkeypatch):
+    """``qwen2``'s batch-1 logits check counts as the others do: wrong, the run exits 1."""
+    real = e2e.correctness
+
+    def wrong_at_1(s, model, patched, batch=None):
+        return {**real(s, model, patched, batch), "ok": batch != 1}
+
+    monkeypatch.setattr(e2e, "correctness", wrong_at_1)
+    out = tmp_path / "kv.json"
+    argv = ["--dry-run", "--package", package.__name__, "--out", str(out), "--part", "qwen2"]
+    assert e2e.main([*argv, "--batches", "1", "--steps", "2", "--reps", "2"]) == 1
+    got = json.loads(out.read_text())["qwen2"]
+    assert got["correctness"]["ok"] and not got["correctness_b1"]["ok"]
 
 
 @pytest.mark.parametrize(
