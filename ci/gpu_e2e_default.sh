@@ -14,17 +14,9 @@
 # Under $OUT: gpu.txt, wheel-build.txt, llama-kv-e2e-grouped.json, llama-kv-e2e.txt.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-job=.e2e-job/default
-mkdir -p "$job"
-if ! ls "$job"/*.whl >/dev/null 2>&1; then
-  step "package bench/manifests/llama-e2e-h100.toml (--no-measure)"
-  zcat bench/manifests/layer-epilogues-h100.measurements.jsonl.gz \
-    bench/manifests/llama-e2e-h100.measurements.jsonl.gz > "$job/db.jsonl"
-  cudal2-build bench/manifests/llama-e2e-h100.toml --measurements "$job/db.jsonl" \
-    --no-measure --out "$job" 2>&1 | noprogress > "$OUT/wheel-build.txt"
-  tail -5 "$OUT/wheel-build.txt"
-fi
-WHEEL=$(ls "$job"/*.whl | head -1)
+package_wheel .e2e-job/default bench/manifests/llama-e2e-h100.toml \
+  bench/manifests/layer-epilogues-h100.measurements.jsonl.gz \
+  bench/manifests/llama-e2e-h100.measurements.jsonl.gz
 if [ -n "${SEED:-}" ]; then cp "$SEED" "$OUT/llama-kv-e2e-grouped.json"; export KEEP=1; fi
 WHEEL=$WHEEL GROUPED=1 PARTS="${PARTS:-check graph}" BATCHES="${BATCHES:-1,16,64}" \
   PART_TIMEOUT="${PART_TIMEOUT:-480}" bash ci/gpu_e2e_kv.sh

@@ -16,6 +16,22 @@ $PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-de
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 noprogress() { grep -v '/s\]\|s/[a-z]*\]' || true; }  # tqdm lines
 quiet() { noprogress | grep -v '^H100\|^NVIDIA' || true; }  # nor per-target table rows
+# package_wheel JOB MANIFEST DB.gz...: the manifest's wheel packaged into JOB/ (--no-measure,
+# with the native launcher against this machine's torch) from the committed databases, once
+# (a warm machine's JOB/ keeps it); WHEEL is then its path. The log: $OUT/wheel-build.txt.
+package_wheel() {
+  local job=$1 manifest=$2
+  shift 2
+  mkdir -p "$job"
+  if ! ls "$job"/*.whl >/dev/null 2>&1; then
+    step "package $manifest (--no-measure)"
+    zcat "$@" > "$job/db.jsonl"
+    cudal2-build "$manifest" --measurements "$job/db.jsonl" --no-measure --out "$job" 2>&1 \
+      | noprogress > "$OUT/wheel-build.txt"
+    tail -5 "$OUT/wheel-build.txt"
+  fi
+  WHEEL=$(ls "$job"/*.whl | head -1)
+}
 # SASS counts of one cubin: symbol, HMMA, HGMMA, local-memory loads/stores.
 sass_counts() {
   local sass sym
