@@ -49,6 +49,12 @@ def adapter_for(gpu: str | None, checkpoint: Path) -> Path | None:
     return None
 
 
+def _kind(target: Target) -> tuple[str, ...]:
+    """What the legal space of ``target`` depends on (``policy.base.search_space``
+    without a ``space``)."""
+    return (target.arch, target.dtype, target.layout, target.epilogue)
+
+
 def row_of(m: Measurement) -> Row:
     """A build's measurement as a corpus row (for the prompt's history)."""
     if m.design is None:
@@ -115,6 +121,7 @@ class PolicyProposer:
         self._loaded: tuple[Any, Any, Any, OnlineLearner | None] | None = None
         # per search space (its designs, in order): its grammar and the designs' keys
         self._spaces: dict[tuple[KernelDesign, ...], tuple[Grammar, list[str]]] = {}
+        self._kinds: dict[tuple[str, ...], tuple[Grammar, list[str]] | None] = {}
 
     def describe(self) -> str:
         adapter = f" + adapter {self.adapter.name}" if self.adapter else ""
@@ -179,13 +186,18 @@ class PolicyProposer:
         space: tokenising and keying a legal space of thousands of designs cost more than
         sampling from it, and a build asks for it for every target and round. None: an
         empty space."""
+        # Without a ``space``, the legal space is one per (arch, dtype, layout, epilogue):
+        # found by that, not by hashing its thousands of designs at every proposal.
+        kind = None if self.space is not None else _kind(target)
+        if kind is not None and kind in self._kinds:
+            return self._kinds[kind]
         designs = tuple(dict.fromkeys(search_space(target, self.families, self.space)))
         found = self._spaces.get(designs)
-        if found is None:
-            if not designs:
-                return None
+        if found is None and designs:
             found = (Grammar(designs), [d.key for d in designs])
             self._spaces[designs] = found
+        if kind is not None:
+            self._kinds[kind] = found
         return found
 
     def observe(self, measurements: Sequence[Measurement]) -> str | None:

@@ -642,20 +642,23 @@ class Build:
         label: str,
     ) -> RoundStream:
         """A round's proposals and builds as they come (``pipeline.compiling``): the
-        targets proposed for in order and compiled in chunks that fill every core, in
-        the background from now on."""
-        cores = self.jobs or os.cpu_count() or 1
+        targets proposed for in order, each design compiled as soon as it is proposed
+        (on every core: ``--jobs`` compiles at a time), in the background from now on.
+        The compile stage's seconds are those with any compile running. A runner that
+        needs no cubins (the replay) has each design rendered, one at a time: its jobs
+        come in proposal order, on every run alike."""
+        cores = (self.jobs or os.cpu_count() or 1) if runner.needs_cubins else 1
         bar = progress(len(targets), f"{label}: propose + compile", "target", self.log)
 
-        def compile_chunk(designs: list[KernelDesign], on_done: Callable[[BuildResult], None]):
-            with self.clock.stage("compile"):
+        def compile_one(designs: list[KernelDesign], on_done: Callable[[BuildResult], None]):
+            with self.clock.shared("compile"):
                 self._compile_designs(runner, designs, f"{label}: compile", on_done)
 
         return RoundStream(
             targets,
             propose,
-            compile_chunk,
-            chunk=2 * cores,
+            compile_one,
+            workers=cores,
             bar=bar,
             on_end=lambda n: self.counts.update(compiled=n),
         )

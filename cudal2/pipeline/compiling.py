@@ -3,12 +3,18 @@ to the runner as soon as its cubin is ready, so the GPU measures the first targe
 kernels while the proposer still proposes for the later targets and nvcc compiles
 (``pipeline.build``).
 
-Two threads behind the stream: one proposes for each target in order, and hands the
-proposals on in chunks of enough new designs to keep every core busy; the other
-compiles each chunk (on all cores) and puts, in order, each target's proposals and then
-each build as it finishes. Proposing within a round reads only what earlier rounds
-measured, so proposing target by target in a thread of its own proposes what proposing
-them all first did.
+Two threads behind the stream, and a pool of compile workers: one thread proposes for
+each target in order and hands each target's proposals on at once; the other puts them
+in the stream and starts the compile of each design not built or building yet on the
+pool (at most ``workers`` at a time); each build is put as it finishes. A target's
+proposals are always in the stream before any of their builds. Proposing within a round
+reads only what earlier rounds measured, so proposing target by target in a thread of
+its own proposes what proposing them all first did.
+
+Until issue 23's fourth slice the proposals went on in chunks of ``2 x cores`` new
+designs, each chunk compiled whole before the next: in a round after the first, whose
+~30-45 new designs (of 192 candidates) made one chunk, nothing of the round was
+measured until nearly every target had been proposed and that chunk compiled.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,29 +44,30 @@ class RoundStream:
     """``Proposed`` and ``BuildResult`` items as they come (iterate it; an error of the
     proposer or the compile is raised here). ``propose(target)``: a target's proposals;
     ``compile(designs, on_done)``: builds ``designs``, calling ``on_done`` with each
-    build as it finishes; ``chunk``: the new designs a compile is started with (fewer
-    only at the end); ``bar``: counts the targets proposed and compiled; ``on_end``:
-    called with the number of designs compiled. A design proposed for a second target
-    is compiled once: its build is put again after that target's proposals. ``close()``
-    stops proposing and waits for both threads."""
+    build as it finishes (called with one design at a time, from up to ``workers``
+    threads at once); ``bar``: counts the targets whose designs are all built;
+    ``on_end``: called with the number of designs compiled. A design proposed for a
+    second target is compiled once: its build is put again after that target's
+    proposals (or, still building, put once when it finishes). ``close()`` stops
+    proposing and compiling, and waits for the threads (running compiles end first)."""
 
     def __init__(
         self,
         targets: Sequence[Target],
         propose: Callable[[Target], Sequence[KernelDesign]],
         compile: Callable[[list[KernelDesign], Callable[[BuildResult], None]], None],
-        chunk: int,
+        workers: int,
         bar: Any = None,
         on_end: Callable[[int], None] | None = None,
     ):
         self._targets = list(targets)
         self._propose_one = propose
         self._compile = compile
-        self._chunk = max(1, chunk)
+        self._workers = max(1, workers)
         self._bar = bar
         self._on_end = on_end
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._proposed: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._over = False
         self._threads = [
@@ -71,60 +79,85 @@ class RoundStream:
 
     def _proposing(self) -> None:
         try:
-            batch: list[Proposed] = []
-            seen: set[str] = set()
-            new = 0
             for target in self._targets:
                 if self._stop.is_set():
                     break
-                p = Proposed(target, tuple(self._propose_one(target)))
-                batch.append(p)
-                new += len({d.key for d in p.designs} - seen)
-                seen.update(d.key for d in p.designs)
-                if new >= self._chunk:
-                    self._chunks.put(batch)
-                    batch, new = [], 0
-            if batch:
-                self._chunks.put(batch)
-            self._chunks.put(_END)
+                self._proposed.put(Proposed(target, tuple(self._propose_one(target))))
+            self._proposed.put(_END)
         except BaseException as e:  # raised again in the thread that iterates
-            self._chunks.put(e)
+            self._proposed.put(e)
 
     def _compiling(self) -> None:
+        lock = threading.Lock()
         built: dict[str, BuildResult] = {}
+        building: set[str] = set()
+        waiting: list[set[str]] = []  # per target handed on: its designs not built yet
+        failed: list[BaseException] = []
         compiled = 0
+
+        def count(key: str) -> None:  # under ``lock``: targets whose designs are all built
+            done = 0
+            for left in waiting:
+                if key in left:
+                    left.discard(key)
+                    done += not left
+            if done and self._bar is not None:
+                self._bar.update(done)
+
+        def done(b: BuildResult) -> None:
+            with lock:
+                built[b.design_key] = b
+                building.discard(b.design_key)
+                self._out.put(b)
+                count(b.design_key)
+
+        def run(d: KernelDesign) -> None:
+            if self._stop.is_set():  # stopping: a compile not started is dropped
+                with lock:
+                    building.discard(d.key)
+                return
+            try:
+                self._compile([d], done)
+            except BaseException as e:
+                with lock:
+                    building.discard(d.key)
+                failed.append(e)
+                self._stop.set()
+                self._proposed.put(e)  # wakes the compile thread, which raises it
+
+        pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="nvcc")
         try:
-            while (batch := self._chunks.get()) is not _END:
-                if isinstance(batch, BaseException):
-                    raise batch
+            while (p := self._proposed.get()) is not _END:
+                if isinstance(p, BaseException):
+                    raise p
                 if self._stop.is_set():
                     continue  # drain to the proposer's end
-                fresh: dict[str, KernelDesign] = {}
-                again: list[str] = []
-                for p in batch:
+                fresh: list[KernelDesign] = []
+                with lock:
                     self._out.put(p)
+                    keys = {d.key for d in p.designs}
+                    for key in keys & built.keys():  # built before: put again, after p
+                        self._out.put(built[key])
+                    left = keys - built.keys()
+                    waiting.append(left)
+                    if not left and self._bar is not None:
+                        self._bar.update(1)
                     for d in p.designs:
-                        if d.key in built:
-                            again.append(d.key)
-                        else:
-                            fresh.setdefault(d.key, d)
-                for key in dict.fromkeys(again):
-                    self._out.put(built[key])
-
-                def done(b: BuildResult) -> None:
-                    built[b.design_key] = b
-                    self._out.put(b)
-
-                if fresh:
-                    self._compile(list(fresh.values()), done)
-                    compiled += len(fresh)
-                if self._bar is not None:
-                    self._bar.update(len(batch))
+                        if d.key in left and d.key not in building:
+                            building.add(d.key)
+                            fresh.append(d)
+                for d in fresh:
+                    pool.submit(run, d)
+                compiled += len(fresh)
+            pool.shutdown(wait=True)
+            if failed:
+                raise failed[0]
             if self._on_end is not None:
                 self._on_end(compiled)
             self._out.put(_END)
         except BaseException as e:
             self._stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
             self._out.put(e)
 
     def __iter__(self) -> RoundStream:
@@ -142,7 +175,8 @@ class RoundStream:
         return item
 
     def close(self) -> None:
-        """Stop proposing, and wait for both threads (a running compile ends first)."""
+        """Stop proposing and compiling, and wait for the threads (a running compile
+        ends first)."""
         self._stop.set()
         for t in self._threads:
             t.join()

@@ -198,6 +198,7 @@ class StageClock:
         self._lock = threading.Lock()
         self._local = threading.local()  # each thread's stack of [stage, resumed at]
         self._background: set[str] = set(OVERLAPPED)
+        self._shared: dict[str, tuple[int, float]] = {}  # stage -> (threads inside, since)
 
     def _stack(self) -> list[list[Any]]:
         stack = getattr(self._local, "stack", None)
@@ -228,6 +229,27 @@ class StageClock:
             self._add(inner[0], now - inner[1])
             if stack:
                 stack[-1][1] = now  # the enclosing stage resumes
+
+    @contextmanager
+    def shared(self, name: str) -> Iterator[None]:
+        """Count the time inside as ``name``'s, once however many threads are inside at
+        the same time (the union of their spans): compiles running side by side on a
+        pool are the compile stage's busy seconds, not their sum. No enclosing stage of
+        the thread is paused (the pool's threads have none)."""
+        if name not in STAGES:
+            raise ValueError(f"unknown build stage {name!r}: one of {', '.join(STAGES)}")
+        with self._lock:
+            inside, since = self._shared.get(name, (0, self.clock()))
+            self._shared[name] = (inside + 1, since)
+        try:
+            yield
+        finally:
+            with self._lock:
+                inside, since = self._shared.pop(name)
+                if inside > 1:
+                    self._shared[name] = (inside - 1, since)
+                else:
+                    self._busy[name] = self._busy.get(name, 0.0) + self.clock() - since
 
     def background(self, name: str) -> None:
         """Say that stage ``name`` runs beside the others in this build (the table marks

@@ -67,3 +67,18 @@ def test_the_policy_samples_on_one_thread_and_gives_the_threads_back(monkeypatch
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_legal_space_is_found_once_per_kind_of_target(monkeypatch):
+    """Without a given space, one search space (and grammar) per (arch, dtype, layout,
+    epilogue): a proposal for another target of that kind does not enumerate or hash the
+    space's designs again."""
+    from cudal2.policy import learned
+
+    calls = []
+    real = learned.search_space
+    monkeypatch.setattr(learned, "search_space", lambda t, *a: calls.append(t) or real(t, *a))
+    p = learned.PolicyProposer(0, ("sm90direct",))
+    assert p.propose(NEW, [], 2) and p.propose(dataclasses.replace(NEW, m=NEW.m + 7), [], 2)
+    assert len(calls) == 1
+    assert p.propose(dataclasses.replace(NEW, dtype="bf16"), [], 2) and len(calls) == 2
