@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import pickle
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,49 @@ def adapter_for(gpu: str | None, checkpoint: Path) -> Path | None:
             info = json.loads((folder / "cudal2_adapter.json").read_text())
             return folder if info.get("base") == checkpoint.name else None
     return None
+
+
+def _enumerate(kind: tuple[str, ...], families: tuple[str, ...] | None) -> list[KernelDesign]:
+    """The legal space of targets of ``kind`` (``_kind``)."""
+    arch, dtype, layout, epilogue = kind
+    return search_space(Target(arch, dtype, layout, 1, 1, 1, epilogue=epilogue), families)
+
+
+class _Spaces:
+    """Legal spaces enumerated in a child process (``python -m cudal2.policy.learned``,
+    the kinds and families as JSON on its command line, the spaces pickled on its
+    stdout) while the build loads the policy: a plain child, not ``multiprocessing``'s,
+    which would import the caller's main module again. ``take(kind)``: that kind's
+    designs, once (waiting for the child if need be); None where it was not asked for
+    or the child failed, so the caller enumerates it itself (the same designs, in the
+    same order)."""
+
+    def __init__(self, child: subprocess.Popen[bytes], kinds: list[tuple[str, ...]]):
+        self._child, self._kinds = child, kinds
+        self._spaces: dict[tuple[str, ...], list[KernelDesign]] | None = None
+
+    @classmethod
+    def start(cls, kinds: set[tuple[str, ...]], families: Sequence[str] | None) -> _Spaces:
+        asked = sorted(kinds)
+        arg = json.dumps({"kinds": asked, "families": families and list(families)})
+        cmd = [sys.executable, "-m", "cudal2.policy.learned", arg]
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return cls(child, asked)
+
+    def take(self, kind: tuple[str, ...]) -> list[KernelDesign] | None:
+        if self._spaces is None:
+            out, _ = self._child.communicate()
+            spaces = pickle.loads(out) if self._child.returncode == 0 and out else {}
+            self._spaces = {tuple(k): v for k, v in zip(self._kinds, spaces, strict=False)}
+        return self._spaces.pop(kind, None)
+
+
+def _main(arg: str) -> None:
+    """The child of ``_Spaces``: each asked kind's legal space, pickled on stdout."""
+    asked = json.loads(arg)
+    fams = tuple(asked["families"]) if asked["families"] is not None else None
+    spaces = [_enumerate(tuple(k), fams) for k in asked["kinds"]]
+    sys.stdout.buffer.write(pickle.dumps(spaces, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def _kind(target: Target) -> tuple[str, ...]:
@@ -122,15 +169,23 @@ class PolicyProposer:
         # per search space (its designs, in order): its grammar and the designs' keys
         self._spaces: dict[tuple[KernelDesign, ...], tuple[Grammar, list[str]]] = {}
         self._kinds: dict[tuple[str, ...], tuple[Grammar, list[str]] | None] = {}
+        self._pending: _Spaces | None = None  # legal spaces enumerated by ``load``
 
     def describe(self) -> str:
         adapter = f" + adapter {self.adapter.name}" if self.adapter else ""
         updates = f", updated between rounds (lr {self.online.lr})" if self.updates else ""
         return f"policy {self.checkpoint.name}{adapter}{updates}"
 
-    def load(self) -> None:
+    def load(self, targets: Sequence[Target] = ()) -> None:
         """Load the weights and the corpus now (else the first ``propose`` does): a
-        build times it as a stage of its own."""
+        build times it as a stage of its own. The legal spaces of ``targets``' kinds are
+        enumerated meanwhile, in a child process (``_Spaces``): on a GPU machine the
+        first proposal waited ~5 s for the space after the ~3 s of loading."""
+        if self.space is None and targets and self._pending is None:
+            try:
+                self._pending = _Spaces.start({_kind(t) for t in targets}, self.families)
+            except Exception:  # no child process here: the first proposal enumerates
+                self._pending = None
         self._load()
 
     def _load(self) -> tuple[Any, Any, Any, OnlineLearner | None]:
@@ -191,7 +246,10 @@ class PolicyProposer:
         kind = None if self.space is not None else _kind(target)
         if kind is not None and kind in self._kinds:
             return self._kinds[kind]
-        designs = tuple(dict.fromkeys(search_space(target, self.families, self.space)))
+        enumerated = self._pending.take(kind) if self._pending and kind else None
+        if enumerated is None:
+            enumerated = search_space(target, self.families, self.space)
+        designs = tuple(dict.fromkeys(enumerated))
         found = self._spaces.get(designs)
         if found is None and designs:
             found = (Grammar(designs), [d.key for d in designs])
@@ -211,3 +269,7 @@ class PolicyProposer:
                 rewards.setdefault(m.target, {})[m.design] = reward(row_of(m), 0.0)
         done = self._loaded[3].update(rewards)
         return f"policy: weights updated from {done['groups']} targets' rounds"
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

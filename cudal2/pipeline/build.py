@@ -422,11 +422,11 @@ class Build:
         self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)
         self.say(f"proposer: {describe() if describe else proposer.name}")
+        targets = [t for t in m.targets if t.arch == arch]
         load = getattr(proposer, "load", None)
         if load is not None:
             with self.clock.stage("proposer load"):
-                load()
-        targets = [t for t in m.targets if t.arch == arch]
+                load(targets)
         skipped = len(m.targets) - len(targets)
         if skipped:
             self.say(f"{skipped} targets are for other archs than {arch}: not measured here")

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from cudal2.generator import legality
 from cudal2.policy import make_proposer
 from cudal2.policy.learned import DEFAULT_CHECKPOINT, row_of
@@ -82,3 +84,24 @@ def test_the_legal_space_is_found_once_per_kind_of_target(monkeypatch):
     assert p.propose(NEW, [], 2) and p.propose(dataclasses.replace(NEW, m=NEW.m + 7), [], 2)
     assert len(calls) == 1
     assert p.propose(dataclasses.replace(NEW, dtype="bf16"), [], 2) and len(calls) == 2
+
+
+@pytest.mark.parametrize("child", ["enumerates", "fails"])
+def test_load_enumerates_the_targets_spaces_in_a_child_and_proposes_the_same(monkeypatch, child):
+    """``load(targets)`` has a child process enumerate the legal spaces of the targets'
+    kinds while the weights load: the proposals are those of a proposer that enumerated
+    them itself, and the build's process enumerates none (a child that fails: it does)."""
+    from cudal2.policy import learned
+
+    targets = [NEW, dataclasses.replace(NEW, m=4096)]
+    plain = learned.PolicyProposer(0, ("sm90direct", "sm90tma"))
+    want = [plain.propose(t, [], 4) for t in targets]
+    if child == "fails":
+        monkeypatch.setattr(learned.sys, "executable", "/nonexistent/python")
+    calls = []
+    real = learned.search_space
+    monkeypatch.setattr(learned, "search_space", lambda t, *a: calls.append(t) or real(t, *a))
+    warmed = learned.PolicyProposer(0, ("sm90direct", "sm90tma"))
+    warmed.load(targets)
+    assert [warmed.propose(t, [], 4) for t in targets] == want
+    assert len(calls) == (0 if child == "enumerates" else 1)
