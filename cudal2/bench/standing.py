@@ -1513,6 +1513,85 @@ def build_stages(root: Path) -> str:
     return "\n".join(lines)
 
 
+BUILD_AB = "bench/results/h200-build-ab.json"  # ci/gpu_build_ab.sh on a lent H200
+# The A/B's two databases the selections are compared from (call B's last pair).
+BUILD_AB_DBS = (
+    "bench/results/h200-llama-build-ab-before.measurements.jsonl.gz",
+    "bench/results/h200-llama-build-ab-after.measurements.jsonl.gz",
+)
+AB_ROWS = ("propose", "compile", "wait for cubins", "measure", "profile")
+
+
+def best_speedups(db: Path) -> tuple[float, float]:
+    """A build's database: the geomean over its targets of the fastest own kernel's
+    speedup over torch (in its own job), and of the fastest of that, the autotuned
+    cuBLASLt algorithm and torch itself."""
+    from cudal2.database import MeasurementDB
+    from cudal2.records import Status
+
+    own: dict[Any, float] = {}
+    lt: dict[Any, float] = {}
+    for m in MeasurementDB(db).read():
+        if m.status != Status.OK or "torch" not in m.baselines_us:
+            continue
+        x = m.baselines_us["torch"] / m.median_us
+        if m.design is not None:
+            own[m.target] = max(own.get(m.target, 0.0), x)
+        elif m.proposer == "cublaslt-autotune":
+            lt[m.target] = x
+    return geomean(list(own.values())), geomean(
+        [max(v, lt.get(t, 0.0), 1.0) for t, v in own.items()]
+    )
+
+
+def build_ab(root: Path) -> str:
+    """``docs/runners.md``'s before and after of issue 23's fourth slice: each call of
+    ``ci/gpu_build_ab.sh`` on one machine, its builds in the order they ran."""
+    d = json.loads((root / BUILD_AB).read_text())
+    runs = [(c, r) for c in d["calls"] for r in c["runs"]]
+    head = [f"{c['label']}{r['i']} {r['side']}" for c, r in runs]
+    lines = [
+        f"{d['gpu']}, driver {d['driver']}, power limit {d['power_limit_w']} W, {d['machine']}, "
+        f"`{d['manifest']}` ({d['targets']} targets); {d['how']} (`{BUILD_AB}`). Busy seconds "
+        "per stage; each column one build, in the order the call ran them.",
+        "",
+        "| | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(runs),
+        "| cores | " + " | ".join(str(c["cores"]) for c, _ in runs) + " |",
+    ]
+
+    def row(label: str, cell: Callable[[dict[str, Any]], float | None], fmt: str = "{:.1f}"):
+        vals = [cell(r) for _, r in runs]
+        lines.append(
+            f"| {label} | " + " | ".join("–" if v is None else fmt.format(v) for v in vals) + " |"
+        )
+
+    row("wall from the shell", lambda r: r["shell_wall_s"])
+    row("build's own wall", lambda r: r["stages"]["wall_s"])
+    row("targets per GPU-hour (shell)", lambda r: d["targets"] * 3600 / r["shell_wall_s"], "{:.0f}")
+    for stage in AB_ROWS:
+        row(stage, lambda r, s=stage: r["stages"]["stages_s"].get(s))
+        if stage == "measure":
+            for label, key in (
+                ("in the worker's jobs", "in_jobs_s"),
+                ("outside them", "outside_s"),
+            ):
+                row(
+                    f"measure: {label}",
+                    lambda r, k=key: r["stages"].get("measure_split", {}).get(k),
+                )
+    lines.append("")
+    for c in d["calls"]:
+        lines.append(f"- {c['label']}: `{c['command']}`; after = {c['after_code']}; {c['note']}.")
+    (b_own, b_all), (a_own, a_all) = (best_speedups(root / p) for p in BUILD_AB_DBS)
+    lines.append(
+        f"- Selections (B's last pair, `{BUILD_AB_DBS[0]}` and `{BUILD_AB_DBS[1]}`): the fastest "
+        f"own kernel per target, geomean over torch, {b_own:.3f} before and {a_own:.3f} after; "
+        f"with cuBLASLt's autotuned algorithm and torch among them, {b_all:.3f} and {a_all:.3f}."
+    )
+    return "\n".join(lines)
+
+
 LAG_RUN = "after5b"  # the lag-0 run (its database and stages) the lag's estimate reads
 LAG_ROUNDS = 4  # its manifest's search.rounds (manifests/llama-3.1-8b-h100.toml)
 
@@ -1732,6 +1811,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "epilogue-gated-timing": epilogue_gated_timing,
     "tma-v5-sweep": tma_v5_sweep,
     "build-stages": build_stages,
+    "build-ab": build_ab,
     "profile-lag": profile_lag,
     "prefill-bench": prefill_bench,
     "math-ceiling": math_ceiling,

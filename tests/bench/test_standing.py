@@ -445,3 +445,27 @@ def test_the_default_patch_table_and_the_readme_line_read_its_results_file(tmp_p
     assert "Qwen2-7B's layers at batch 1: original 28 (no kernel entry for gate_up)." in table
     line = standing._kv_grouped_line(tmp_path)
     assert "16: 6.543x" in line and "64: 5.432x" in line and "prefill at 0.765x" in line
+
+
+def test_the_build_ab_table_has_a_column_per_build_and_the_selections_from_the_databases(
+    tmp_path,
+):
+    """Each call's builds in the order they ran (the call's label and the build's place),
+    the shell's wall as targets per GPU-hour, "–" where a build's figure did not come
+    back; the selections line is read from the two committed databases."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for p in standing.BUILD_AB_DBS:
+        shutil.copyfile(ROOT / p, tmp_path / p)
+    d = json.loads((ROOT / standing.BUILD_AB).read_text())
+    call = d["calls"][0]
+    call["runs"] = call["runs"][:2]
+    call["runs"][0]["shell_wall_s"] = 72.0
+    del call["runs"][0]["stages"]["stages_s"]["compile"]
+    d["calls"] = [call]
+    (tmp_path / standing.BUILD_AB).write_text(json.dumps(d))
+    table = standing.build_ab(tmp_path)
+    assert "| | A1 before | A2 after |" in table
+    assert "| targets per GPU-hour (shell) | 1200 |" in table  # 24 x 3600 / 72
+    assert "| compile | – | 25.2 |" in table
+    own, best = standing.best_speedups(tmp_path / standing.BUILD_AB_DBS[1])
+    assert 0.9 < own < best and f"{own:.3f} after" in table
