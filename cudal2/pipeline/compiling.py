@@ -135,10 +135,11 @@ class RoundStream:
                 fresh: list[KernelDesign] = []
                 with lock:
                     self._out.put(p)
-                    keys = {d.key for d in p.designs}
-                    for key in keys & built.keys():  # built before: put again, after p
-                        self._out.put(built[key])
-                    left = keys - built.keys()
+                    keys = list(dict.fromkeys(d.key for d in p.designs))  # in proposal order
+                    for key in keys:
+                        if key in built:  # built before: put again, after p
+                            self._out.put(built[key])
+                    left = {key for key in keys if key not in built}
                     waiting.append(left)
                     if not left and self._bar is not None:
                         self._bar.update(1)
