@@ -186,9 +186,9 @@ class PolicyProposer:
         build times it as a stage of its own. The legal spaces of ``targets``' kinds are
         enumerated meanwhile, in a child process (``_Spaces``), so the first proposal
         does not wait for them after the loading (on a 2-core CPU machine it took 1.2 s,
-        not 2.5 s). The child
-        writes them all at once when the first proposal reads them; a build that fails
-        before proposing leaves it blocked on its pipe until the build's process ends."""
+        not 2.5 s). The child writes them all at once when the first proposal reads
+        them; a build that fails before proposing leaves it blocked on its pipe until the
+        build's process ends."""
         if self.space is None and targets and self._pending is None:
             try:
                 self._pending = _Spaces.start({_kind(t) for t in targets}, self.families)
