@@ -108,6 +108,17 @@ STORE = (0, 1)  # 0: 4-byte stores from the accumulators; 1: C buffer + bulk cop
 # tests/generator/test_sm90_tma_v5_tile_n.py derives the set from the shapes again.
 TILE_N = (80, 160, 192, 224)
 TILE_N_DEPTHS = 2  # the two deepest rings that fit beside the C buffer, per tile N
+# v5 pair tile N (issue 22): the persistent multicast pair with 128 x n tiles, n not a
+# power of two. cuBLASLt's autotuned winners at M >= 1024 (the committed H100 sweeps'
+# cublaslt-autotune records) are, in this orientation, 128 x {144, 168, 176} tiles in
+# clusters of two along M sharing the weight tile (CLUSTER_SHAPE_1x2x1): this kernel's
+# pair, with a narrower tile than v5's 128x256, so a deeper ring fits beside the C buffer
+# (128x176: 4 stages, 128x256: 3) to absorb the pair's coupling. Each CTA multicasts
+# half the B box (n / 2 rows of 128 bytes), which must start on a 1024-byte swizzle
+# atom: n / 2 a multiple of 8 (168 cannot pair). 144 and 176 also unpaired, as controls.
+PAIR_TILE_N = (144, 160, 176, 192, 224)
+PAIR_TILE_N_CONTROLS = (144, 176)  # the unpaired twins the space lacks (TILE_N has the rest)
+PAIR_ROWS = 8  # each CTA's half of the multicast B box: a multiple of 8 rows
 # v5 ping-pong (issue 22): the ping-pong kernel's tiles (m_blocks, wgmma_n) that take v5's
 # bulk store, walk and CTA cap: 128x128 and 128x160 (two 64-row blocks a warpgroup), 64x256
 # (one block of the cooperative 128x256's wgmma), and the tile N ones a warpgroup's
@@ -326,6 +337,12 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
             "a persistent multicast pair: the compute orientation (swap=0) with two "
             "consumer warpgroups only"
         ]
+    if k.persistent == 1 and (k.wgmma_n // 2) % PAIR_ROWS:
+        return [
+            f"wgmma_n={k.wgmma_n}: each CTA of a pair multicasts {k.wgmma_n // 2} rows of "
+            f"B, which must be a multiple of {PAIR_ROWS} (its half starts on a 1024-byte "
+            "swizzle atom)"
+        ]
     return []
 
 
@@ -394,6 +411,44 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += _pair_designs(dtype)
     out += _tile_n_designs(dtype)
     out += _pingpong_v5_designs(dtype)
+    out += _pair_tile_n_designs(dtype)
+    return out
+
+
+def pair_tile_n_stages(n: int, store: int, dtype: str = "fp16") -> int:
+    """The deepest ring of a persistent 128 x ``n`` pair (with the bulk store's C buffer
+    for ``store`` 1) that fits shared memory (144: 5 and 6 stages; 176: 4 and 5; 224: 3
+    and 4)."""
+    fits = [
+        st
+        for st in range(2, 17)
+        if not check(
+            design(dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, store=store),
+            sys.modules[__name__],
+        )
+    ]
+    return max(fits)
+
+
+def _pair_tile_n_designs(dtype: str) -> list[KernelDesign]:
+    """v5 pair tile N (issue 22): for each n of ``PAIR_TILE_N`` the persistent pair at
+    its deepest ring with the bulk store and with the accumulator store, each raster 0 /
+    8 x ctas 0 / 128 (5 x 2 x 4 = 40 per dtype); then the unpaired bulk-store twins of
+    ``PAIR_TILE_N_CONTROLS`` as ``_tile_n_designs`` makes them (2 x 2 x 6 = 24)."""
+    out = []
+    for n, store, raster, ctas in itertools.product(PAIR_TILE_N, (1, 0), RASTER[:2], CTAS):
+        st = pair_tile_n_stages(n, store, dtype)
+        d = design(
+            dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, raster=raster, ctas=ctas,
+            store=store,
+        )  # fmt: skip
+        if not check(d, sys.modules[__name__]):
+            out.append(d)
+    for n in PAIR_TILE_N_CONTROLS:
+        for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
+            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=1)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
     return out
 
 

@@ -18,7 +18,7 @@ from cudal2.generator.families import (
     sm90_tma,
     sm90_wgmma,
 )
-from cudal2.generator.space import design_name, launch_recipe
+from cudal2.generator.space import design_name, launch_recipe, legality
 from cudal2.records import KernelDesign, Target
 
 torch = pytest.importorskip("torch")
@@ -176,6 +176,20 @@ TMA_V5_TILE_N_DESIGNS = [
 ]
 TILE_N_SHAPES = [*V5_SHAPES, (1024, 1280, 1096), (1024, 7168, 1096)]
 
+# sm90tma v5 pair tile N (issue 22): the persistent multicast pair with 128 x n tiles
+# (sm90_tma.PAIR_TILE_N), each CTA multicasting n / 2 rows of B: 176 and 224 with the
+# bulk store, 144 and 160 with the accumulator store, at their deepest rings (as in the
+# space), with and without the walk and the cap. V5_SHAPES: 1x8x8 (the pair's second CTA
+# past M), 2100x2056x1096 (17 M tiles), N = 1001, 264, 129, 40, 8 and 4096 (4096 % 176 =
+# 48: a partial last N tile), plus 1024x8192x1096 (8192 % 176 = 96, % 144 = 128).
+TMA_V5_PAIR_TILE_N_DESIGNS = [
+    (1, 176, 4, 8, 128, 1),
+    (1, 224, 3, 0, 0, 1),
+    (1, 144, 6, 8, 0, 0),
+    (1, 160, 6, 0, 128, 0),
+]
+PAIR_TILE_N_SHAPES = [*V5_SHAPES, (1024, 8192, 1096)]
+
 # sm90tma v5 ping-pong (issue 22): the ping-pong kernel with v5's bulk store (each
 # warpgroup through its own C buffer half), walk and cap (the knobs of TMA_V5_DESIGNS):
 # 128x128 (4 and 3 stages), 128x160, 64x256 (3 and 2), the tile N ones (128x80, 64x224,
@@ -322,6 +336,15 @@ def test_tma_v5_tile_n_persistent_correct(tmp_path, dtype, knobs):
     d = _v5_design(dtype, knobs)
     assert d.knobs.wgmma_n in sm90_tma.TILE_N and launch_recipe(d)["tile_n"] == knobs[1]
     _check_design(tmp_path, d, TILE_N_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_PAIR_TILE_N_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_pair_tile_n_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs, cluster=2)
+    assert d.knobs.wgmma_n in sm90_tma.PAIR_TILE_N and legality(d) == []
+    assert launch_recipe(d)["cluster"] == [2, 1, 1]
+    _check_design(tmp_path, d, PAIR_TILE_N_SHAPES)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
