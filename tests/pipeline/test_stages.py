@@ -545,18 +545,25 @@ def test_a_runner_on_another_gpu_than_proposed_for_is_refused(tmp_path, recorded
     assert "measures on NVIDIA H200" in str(got.value) and hint in str(got.value)
 
 
+def _slowly_proposed(tmp_path, recorded, candidates: int, jobs: int):
+    """A one-round build of three targets whose proposer takes 0.3 s a target and whose
+    compiles take none: (the runner, the proposer) after it."""
+    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0)
+    proposer = Sees(_space(recorded), runner, slow_s=0.3)
+    m = _manifest(rounds=1, candidates=candidates, profile_top=0)
+    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
+              proposer=proposer, log=io.StringIO(), jobs=jobs)  # fmt: skip
+    b.measure_and_select()
+    return runner, proposer
+
+
 @needs_nvcc
 def test_the_first_targets_are_measured_while_later_ones_are_proposed(
     tmp_path, recorded, no_cubins
 ):
-    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0)
-    proposer = Sees(_space(recorded), runner, slow_s=0.3)
-    m = _manifest(rounds=1, candidates=8, profile_top=0)
-    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
-              proposer=proposer, log=io.StringIO(), jobs=2)  # fmt: skip
-    b.measure_and_select()
+    runner, proposer = _slowly_proposed(tmp_path, recorded, candidates=8, jobs=2)
     assert len(proposer.asked) == 3
-    # a chunk is 4 new designs (2 x 2 cores): one target's 8; its jobs run meanwhile
+    # the first target's 8 designs compiled as proposed; its jobs run meanwhile
     assert min(runner.arrived.values()) < proposer.asked[-1]
     assert len(runner.arrived) == len(runner.compiled)
 
@@ -569,12 +576,7 @@ def test_a_targets_designs_are_compiled_and_measured_before_the_next_is_proposed
     built in earlier rounds) and many cores: each target's cubin is compiled and
     measured while the next target is proposed, not held back until enough new designs
     fill every core (the chunks before issue 23's fourth slice held all three)."""
-    runner = SlowCompiles(recorded, name="the corpus hold-out", delay_s=0.0)
-    proposer = Sees(_space(recorded), runner, slow_s=0.3)
-    m = _manifest(rounds=1, candidates=1, profile_top=0)
-    b = Build(m, tmp_path / "db.jsonl", ArtifactCache(tmp_path / "c"), tmp_path, runner=runner,
-              proposer=proposer, log=io.StringIO(), jobs=8)  # fmt: skip
-    b.measure_and_select()
+    runner, proposer = _slowly_proposed(tmp_path, recorded, candidates=1, jobs=8)
     assert len(proposer.asked) == len(runner.arrived) == 3
     arrived = sorted(runner.arrived.values())
     # target i's job while target i + 1 is proposed (asked at i's end, 0.3 s each)
