@@ -879,6 +879,40 @@ def _kv_e2e_table(root: Path, path: str) -> str:
     return "\n".join(lines)
 
 
+# Qwen2-7B's part again with its batch-1 logits check (``correctness_b1``), on another
+# lent H200 (2026-12-04): PARTS=qwen2 bash ci/gpu_e2e_default.sh
+KV_E2E_QWEN2_B1 = "bench/results/h200-llama-kv-e2e-qwen2-b1.json"
+
+
+def kv_e2e_qwen2_b1(root: Path) -> str:
+    """``docs/inference.md``'s Qwen2-7B batch-1 check: its logits at batch 1 (where the
+    wheel's Qwen2 entries are) against fp32, and the part's speedups beside it."""
+    d = json.loads((root / KV_E2E_QWEN2_B1).read_text())
+    env, q = d["env"], d["qwen2"]
+    parts = []
+    for name in ("correctness", "correctness_b1"):
+        c = q[name]
+        parts.append(
+            f"a {c['prompt'][0]}x{c['prompt'][1]} prompt and {c['decode_steps']} decode steps: "
+            f"unpatched {c['err_unpatched_vs_fp32']:.4f}, patched {c['err_patched_vs_fp32']:.4f} "
+            f"against fp32 (at most {c['tolerance']:g}x: {'passes' if c['ok'] else 'FAILS'})"
+        )
+    speed = []
+    for mode in ("graph", "eager"):
+        for b, r in sorted(q.get(mode, {}).get("batches", {}).items(), key=lambda x: int(x[0])):
+            lo, hi = r["paired_p20_p80"]
+            speed.append(f"{mode} at batch {b} {r['paired_speedup']:.3f} ({lo:.3f}–{hi:.3f})")
+    return (
+        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
+        f"`{env['package']}` ({env['launcher']} launcher) (`{KV_E2E_QWEN2_B1}`). Qwen2-7B's "
+        "logits, "
+        + "; ".join(parts)
+        + ". Its paired speedups in the same run: "
+        + ", ".join(speed)
+        + "."
+    )
+
+
 # The same wheel's records on a second lent H100 (2026-11-25): graph decode again, and the
 # bound without RoPE and the cache write (llama_kv_e2e.py --part bound)
 KV_E2E_2 = "bench/results/h100-llama-kv-e2e-machine2.json"
@@ -1416,6 +1450,96 @@ def tma_v5_sweep(root: Path) -> str:
     return "\n".join(lines)
 
 
+# v5 pair tile N (issue 22; sweep-tma-v5-pairn-h100.toml on a lent H200, ci/gpu_prefill.sh)
+TMA_V5_PAIRN = "bench/results/h200-sweep-tma-v5-pairn.measurements.jsonl.gz"
+
+
+def tma_v5_pairn(root: Path) -> str:
+    """``docs/kernels.md``'s sm90tma v5 pair tile N table: per target, the fastest kernel
+    of each kind (a pair of 128 x n tiles, n not 256; the same widths unpaired; v5's
+    128x256 unpaired and paired) and cuBLASLt's autotuned algorithm, each against torch
+    in its own job; then the pair's gain at the same width, and the narrow tiles' over
+    128x256."""
+    import math
+
+    from cudal2.bench.schedules import timed
+    from cudal2.database import MeasurementDB, latest
+
+    ms = latest(MeasurementDB(root / TMA_V5_PAIRN).read())
+    by_target = timed(ms)
+    lt = {
+        (m.target.dtype, m.target.m, m.target.n, m.target.k): m.baselines_us["torch"] / m.median_us
+        for m in ms
+        if m.status == "ok" and m.design is None and "torch" in m.baselines_us
+    }
+    gpu = next((m.gpu.name for m in ms if m.gpu), "?")
+    kinds = {
+        "pair, 128 x n": lambda k: k.get("cluster_m", 1) == 2 and k["wgmma_n"] != 256,
+        "unpaired, 128 x n": lambda k: k.get("cluster_m", 1) == 1 and k["wgmma_n"] != 256,
+        "unpaired, 128x256": lambda k: k.get("cluster_m", 1) == 1 and k["wgmma_n"] == 256,
+        "pair, 128x256": lambda k: k.get("cluster_m", 1) == 2 and k["wgmma_n"] == 256,
+    }
+    lines = [
+        f"{gpu}, fp16 tn, offline (`{TMA_V5_PAIRN}`: {len(ms)} records, "
+        f"{sum(m.status == 'ok' for m in ms)} correct). Each cell: the kind's fastest "
+        "kernel as a speedup over torch timed in the same job (n: its tile N, and `a` where "
+        "it stores from its accumulators, not through the C buffer); cuBLASLt: the build's "
+        "autotuned algorithm, likewise.",
+        "",
+        "| M×N×K | " + " | ".join(kinds) + " | cuBLASLt |",
+        "|---|" + "---:|" * (len(kinds) + 1),
+    ]
+    logs: dict[str, list[float]] = {"pair": [], "narrow": [], "own": [], "lt": []}
+    for key in sorted(by_target):
+        rows = by_target[key]
+        best = {}
+        for name, pick in kinds.items():
+            mine = [r for r in rows if pick(r.knobs)]
+            best[name] = max(mine, key=lambda r: r.speedup) if mine else None
+
+        def cell(r: Any, wide: bool) -> str:
+            if r is None:
+                return "–"
+            tag = f" ({r.knobs['wgmma_n']}{'' if r.knobs.get('store') else ' a'})" if wide else ""
+            return f"{r.speedup:.3f}{tag}"
+
+        lines.append(
+            f"| {key[1]}×{key[2]}×{key[3]} | "
+            + " | ".join(cell(best[n], n.endswith("x n")) for n in kinds)
+            + f" | {lt[key]:.3f} |"
+        )
+        for n in {r.knobs["wgmma_n"] for r in rows if r.knobs.get("cluster_m", 1) == 2}:
+            pair = [
+                r.speedup
+                for r in rows
+                if r.knobs["wgmma_n"] == n and r.knobs.get("cluster_m", 1) == 2
+            ]
+            solo = [
+                r.speedup
+                for r in rows
+                if r.knobs["wgmma_n"] == n and r.knobs.get("cluster_m", 1) == 1
+            ]
+            if pair and solo:
+                logs["pair"].append(math.log(max(pair) / max(solo)))
+        narrow, wide = best["unpaired, 128 x n"], best["unpaired, 128x256"]
+        if narrow and wide:
+            logs["narrow"].append(math.log(narrow.speedup / wide.speedup))
+        logs["own"].append(math.log(max(r.speedup for r in rows)))
+        logs["lt"].append(math.log(lt[key]))
+
+    def gm(xs: list[float]) -> str:
+        return f"{math.exp(sum(xs) / len(xs)):.3f}"
+
+    lines += [
+        "",
+        f"Geomean over the {len(by_target)} targets: the pair against the same width unpaired "
+        f"(each width and target with both) {gm(logs['pair'])} ({len(logs['pair'])} pairs of "
+        f"kernels); the fastest narrow tile against 128x256, both unpaired, {gm(logs['narrow'])}; "
+        f"the fastest own kernel over torch {gm(logs['own'])}, cuBLASLt's {gm(logs['lt'])}.",
+    ]
+    return "\n".join(lines)
+
+
 BUILD_STAGES = "bench/results/h100-build-stages.json"  # ci/gpu_build_stages.sh on the H100
 STAGE_ROWS = ("runner start", "wait for runner", "proposer load", "propose", "compile",
               "wait for cubins", "measure", "record", "profile", "wait for profile",
@@ -1805,11 +1929,13 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "kv-e2e-rope": kv_e2e_rope,
     "kv-e2e-grouped": kv_e2e_grouped,
     "kv-e2e-default": kv_e2e_default,
+    "kv-e2e-qwen2-b1": kv_e2e_qwen2_b1,
     "room-timing": room_timing,
     "fused-host": fused_host,
     "epilogue-timing": epilogue_timing,
     "epilogue-gated-timing": epilogue_gated_timing,
     "tma-v5-sweep": tma_v5_sweep,
+    "tma-v5-pairn": tma_v5_pairn,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

@@ -469,3 +469,37 @@ def test_the_build_ab_table_has_a_column_per_build_and_the_selections_from_the_d
     assert "| compile | – | 25.2 |" in table
     own, best = standing.best_speedups(tmp_path / standing.BUILD_AB_DBS[1])
     assert 0.9 < own < best and f"{own:.3f} after" in table
+
+
+def test_the_pair_tile_n_table_has_each_kind_per_target_and_a_dash_for_a_missing_one(tmp_path):
+    """The committed H200 sweep: a row per target with each kind's fastest kernel (its
+    width), cuBLASLt's; a sweep without the 128x256 pairs shows "–" in that column and
+    the pair's gain is still taken over the widths that have both."""
+    import gzip
+
+    full = standing.tma_v5_pairn(ROOT)
+    rows = [x for x in full.splitlines() if x[:3] in ("| 1", "| 4", "| 8")]
+    assert len(rows) == 17 and all(x.count("|") == 7 for x in rows)
+    assert "| 1024×7168×8192 | 1.031 (224) | 1.098 (224) |" in full
+    src = ROOT / standing.TMA_V5_PAIRN
+    with gzip.open(src, "rt") as f:
+        lines = [x for x in f if not ('"cluster_m":2' in x and '"wgmma_n":256' in x)]
+    dst = tmp_path / standing.TMA_V5_PAIRN
+    dst.parent.mkdir(parents=True)
+    with gzip.open(dst, "wt") as f:
+        f.writelines(lines)
+    cut = standing.tma_v5_pairn(tmp_path)
+    assert "| 1024×7168×8192 | 1.031 (224) | 1.098 (224) | 0.985 | – |" in cut
+    assert "(85 pairs of kernels)" in cut and "(102 pairs of kernels)" in full
+
+
+def test_the_qwen2_batch_1_check_says_fails_where_it_failed(tmp_path):
+    """The committed run passes both logits checks; a run whose batch-1 check failed is
+    reported as failing, not passing."""
+    assert standing.kv_e2e_qwen2_b1(ROOT).count("passes") == 2
+    d = json.loads((ROOT / standing.KV_E2E_QWEN2_B1).read_text())
+    d["qwen2"]["correctness_b1"]["ok"] = False
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / standing.KV_E2E_QWEN2_B1).write_text(json.dumps(d))
+    text = standing.kv_e2e_qwen2_b1(tmp_path)
+    assert "1x128 prompt" in text and text.count("passes") == 1 and "FAILS" in text
