@@ -9,8 +9,8 @@
 #   PATCH=ab.patch ORDER="before after after before" bash ci/gpu_build_ab.sh
 #
 # (the patch is an untracked file of the tree, so it travels to the GPU machine; it is
-# not committed). Each build's files under $OUT are gpu_build_stages.sh's, named
-# <side>-<i> (e.g. before-1, after-2); ARGS as there (default "--runner host").
+# not committed). Each build's files are gpu_build_stages.sh's, named <side>-<i> (e.g.
+# before-1, after-2), all in $OUT/ab.tgz; ARGS as there (default "--runner host").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -28,4 +28,9 @@ for side in ${ORDER:-before after before after}; do
   if [ "$side" = before ]; then restore; trap - EXIT; fi
   tail -1 "$OUT/$side-$i-wall.txt"
 done
+# A call gives back only so many files (the first A/B call lost all but one build's):
+# everything under $OUT in one archive, ab.tgz, the wheels and lock files left out.
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name ab.tgz ! -name .ab-list ! -name '*.whl' ! -name '*.lock' \
+  -printf '%P\n' | sort > .ab-list && tar czf ab.tgz -T .ab-list && xargs rm -f < .ab-list \
+  && rm -f .ab-list ./*.whl ./*.lock)
 exit "$rc"
