@@ -46,7 +46,9 @@ storing its own tiles through its own half of the C buffer (``PINGPONG_V5_TILES`
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
 (``.multicast::cluster``), so B is read from L2 once per pair, and a ring slot is
-refilled only when the consumers of both CTAs have released it.
+refilled only when the consumers of both CTAs have released it. The persistent
+cooperative kernel pairs too (v5 pair), also with 128 x n tiles of ``PAIR_TILE_N``
+(v5 pair tile N: each CTA's half of B a whole number of 8-row swizzle atoms).
 
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
@@ -116,6 +118,8 @@ TILE_N_DEPTHS = 2  # the two deepest rings that fit beside the C buffer, per til
 # (128x176: 4 stages, 128x256: 3) to absorb the pair's coupling. Each CTA multicasts
 # half the B box (n / 2 rows of 128 bytes), which must start on a 1024-byte swizzle
 # atom: n / 2 a multiple of 8 (168 cannot pair). 144 and 176 also unpaired, as controls.
+# Measured on an H200 (docs/kernels.md, "sm90tma v5 pair tile N"): the deeper ring did not
+# absorb the coupling; the pair is 0.982 of the same width unpaired (16 of 17 targets).
 PAIR_TILE_N = (144, 160, 176, 192, 224)
 PAIR_TILE_N_CONTROLS = (144, 176)  # the unpaired twins the space lacks (TILE_N has the rest)
 PAIR_ROWS = 8  # each CTA's half of the multicast B box: a multiple of 8 rows
@@ -375,7 +379,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     each raster x ctas with the accumulator store, then with the bulk store; then the
     persistent multicast pairs (issue 22, ``_pair_designs``); then v5's tile N (128 x n
     tiles, n not a power of two, ``_tile_n_designs``); then v5 ping-pong's (the ping-pong
-    kernel with the bulk store, ``_pingpong_v5_designs``)."""
+    kernel with the bulk store, ``_pingpong_v5_designs``); then the pairs of 128 x n tiles
+    and their unpaired controls (``_pair_tile_n_designs``)."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -418,7 +423,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
 def pair_tile_n_stages(n: int, store: int, dtype: str = "fp16") -> int:
     """The deepest ring of a persistent 128 x ``n`` pair (with the bulk store's C buffer
     for ``store`` 1) that fits shared memory (144: 5 and 6 stages; 176: 4 and 5; 224: 3
-    and 4)."""
+    and 5)."""
     fits = [
         st
         for st in range(2, 17)
