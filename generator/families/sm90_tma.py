@@ -47,8 +47,9 @@ storing its own tiles through its own half of the C buffer (``PINGPONG_V5_TILES`
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
 (``.multicast::cluster``), so B is read from L2 once per pair, and a ring slot is
 refilled only when the consumers of both CTAs have released it. The persistent
-cooperative kernel pairs too (v5 pair), also with 128 x n tiles of ``PAIR_TILE_N``
-(v5 pair tile N: each CTA's half of B a whole number of 8-row swizzle atoms).
+cooperative kernel pairs too (v5 pair); with 128 x n tiles of ``PAIR_TILE_N`` (v5 pair
+tile N: each CTA's half of B a whole number of 8-row swizzle atoms) it lost to its
+unpaired twin, and those designs are not in the space.
 
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
@@ -119,7 +120,10 @@ TILE_N_DEPTHS = 2  # the two deepest rings that fit beside the C buffer, per til
 # half the B box (n / 2 rows of 128 bytes), which must start on a 1024-byte swizzle
 # atom: n / 2 a multiple of 8 (168 cannot pair). 144 and 176 also unpaired, as controls.
 # Measured on an H200 (docs/kernels.md, "sm90tma v5 pair tile N"): the deeper ring did not
-# absorb the coupling; the pair is 0.982 of the same width unpaired (16 of 17 targets).
+# absorb the coupling; the pair is 0.982 of the same width unpaired (16 of 17 targets). So
+# these designs are not in the space (``space``): the grid's cost model, which prices the
+# pair's L2 saving and not its coupling, ranked them first at M = 2048, and every build
+# would compile and measure them for nothing. ``pair_tile_n_designs`` still makes them.
 PAIR_TILE_N = (144, 160, 176, 192, 224)
 PAIR_TILE_N_CONTROLS = (144, 176)  # the unpaired twins the space lacks (TILE_N has the rest)
 PAIR_ROWS = 8  # each CTA's half of the multicast B box: a multiple of 8 rows
@@ -379,8 +383,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     each raster x ctas with the accumulator store, then with the bulk store; then the
     persistent multicast pairs (issue 22, ``_pair_designs``); then v5's tile N (128 x n
     tiles, n not a power of two, ``_tile_n_designs``); then v5 ping-pong's (the ping-pong
-    kernel with the bulk store, ``_pingpong_v5_designs``); then the pairs of 128 x n tiles
-    and their unpaired controls (``_pair_tile_n_designs``)."""
+    kernel with the bulk store, ``_pingpong_v5_designs``). Not the pairs of 128 x n tiles
+    (``pair_tile_n_designs``): measured and taken out."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -416,7 +420,6 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += _pair_designs(dtype)
     out += _tile_n_designs(dtype)
     out += _pingpong_v5_designs(dtype)
-    out += _pair_tile_n_designs(dtype)
     return out
 
 
@@ -435,11 +438,12 @@ def pair_tile_n_stages(n: int, store: int, dtype: str = "fp16") -> int:
     return max(fits)
 
 
-def _pair_tile_n_designs(dtype: str) -> list[KernelDesign]:
-    """v5 pair tile N (issue 22): for each n of ``PAIR_TILE_N`` the persistent pair at
-    its deepest ring with the bulk store and with the accumulator store, each raster 0 /
-    8 x ctas 0 / 128 (5 x 2 x 4 = 40 per dtype); then the unpaired bulk-store twins of
-    ``PAIR_TILE_N_CONTROLS`` as ``_tile_n_designs`` makes them (2 x 2 x 6 = 24)."""
+def pair_tile_n_designs(dtype: str) -> list[KernelDesign]:
+    """v5 pair tile N (issue 22; in the space at 8bed9bd, measured, taken out): for each
+    n of ``PAIR_TILE_N`` the persistent pair at its deepest ring with the bulk store and
+    with the accumulator store, each raster 0 / 8 x ctas 0 / 128 (5 x 2 x 4 = 40 per
+    dtype); then the unpaired bulk-store twins of ``PAIR_TILE_N_CONTROLS`` as
+    ``_tile_n_designs`` makes them (2 x 2 x 6 = 24)."""
     out = []
     for n, store, raster, ctas in itertools.product(PAIR_TILE_N, (1, 0), RASTER[:2], CTAS):
         st = pair_tile_n_stages(n, store, dtype)

@@ -170,9 +170,7 @@ def test_space_holds_the_v5_designs():
         v5 = [d for d in space if set(d.knobs.names()) & {"raster", "ctas", "store"}]
         # the pairs: test_sm90_tma_v5_pair; the tile N designs: test_sm90_tma_v5_tile_n
         # ... and the ping-pong ones: test_sm90_tma_v5_pingpong
-        # ... and the pairs' tile N controls (144, 176): test_sm90_tma_v5_pair_tile_n
-        wide = (*sm90_tma.TILE_N, *sm90_tma.PAIR_TILE_N)
-        v5 = [d for d in v5 if d.knobs.cluster_m == 1 and d.knobs.wgmma_n not in wide]
+        v5 = [d for d in v5 if d.knobs.cluster_m == 1 and d.knobs.wgmma_n not in sm90_tma.TILE_N]
         v5 = [d for d in v5 if d.knobs.persistent == 1]
         assert len(v5) == 68 and all(legality(d) == [] for d in v5)
         assert all(d.knobs.persistent == 1 and not sm90_tma.swapped(d) for d in v5)

@@ -22,16 +22,18 @@ def _pair(n: int, store: int = 1, stages: int | None = None, dtype: str = "fp16"
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_space_holds_each_width_paired_at_its_deepest_ring_and_the_controls(dtype):
-    space = sm90_tma.space("sm_90a", dtype, "tn")
-    assert len({d.key for d in space}) == len(space)
-    pairs = [
-        d
-        for d in space
-        if d.knobs.cluster_m == 2 and d.knobs.persistent == 1
-        and d.knobs.wgmma_n in sm90_tma.PAIR_TILE_N
-    ]  # fmt: skip
-    assert len(pairs) == 40 and all(legality(d) == [] for d in pairs)
+def test_each_width_pairs_at_its_deepest_ring_and_none_is_in_the_space(dtype):
+    """``pair_tile_n_designs``: each width paired at its deepest ring with either store,
+    each walk and cap, and the unpaired controls, all legal; measured (0.982 of the same
+    width unpaired), so none of them is in the space any more."""
+    made = sm90_tma.pair_tile_n_designs(dtype)
+    assert len({d.key for d in made}) == len(made) == 64
+    assert all(legality(d) == [] for d in made)
+    space = {d.key for d in sm90_tma.space("sm_90a", dtype, "tn")}
+    new = [d for d in made if d.knobs.cluster_m == 2 or d.knobs.wgmma_n in (144, 176)]
+    assert new and not any(d.key in space for d in new)
+    pairs = [d for d in made if d.knobs.cluster_m == 2]
+    assert len(pairs) == 40 and {d.knobs.wgmma_n for d in pairs} == set(sm90_tma.PAIR_TILE_N)
     for n in sm90_tma.PAIR_TILE_N:
         for store in (0, 1):
             mine = [d for d in pairs if d.knobs.wgmma_n == n and sm90_tma.v5(d, "store") == store]
@@ -41,13 +43,9 @@ def test_space_holds_each_width_paired_at_its_deepest_ring_and_the_controls(dtyp
             assert stages == sm90_tma.pair_tile_n_stages(n, store, dtype)
             deeper = _pair(n, store, stages + 1, dtype)  # the deepest: one more does not fit
             assert any("shared memory" in r for r in legality(deeper)), (n, store)
-    controls = [
-        d
-        for d in space
-        if d.knobs.cluster_m == 1 and d.knobs.persistent == 1
-        and d.knobs.wgmma_n in sm90_tma.PAIR_TILE_N_CONTROLS
-    ]  # fmt: skip
+    controls = [d for d in made if d.knobs.cluster_m == 1]
     assert len(controls) == 24 and all(sm90_tma.v5(d, "store") for d in controls)
+    assert {d.knobs.wgmma_n for d in controls} == set(sm90_tma.PAIR_TILE_N_CONTROLS)
     # the narrower tile's ring is deeper beside the C buffer than 128x256's 3
     assert sm90_tma.pair_tile_n_stages(176, 1, dtype) == 4
     assert sm90_tma.pair_tile_n_stages(144, 1, dtype) == 5

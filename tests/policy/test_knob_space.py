@@ -56,7 +56,7 @@ def test_the_v5_sweep_measures_every_v5_design_and_the_controls():
         for d in sm90_tma.space("sm_90a", "fp16", "tn")
         if set(d.knobs.names()) & {"raster", "ctas", "store"}
         and d.knobs.cluster_m == 1
-        and d.knobs.wgmma_n not in (*sm90_tma.TILE_N, *sm90_tma.PAIR_TILE_N)
+        and d.knobs.wgmma_n not in sm90_tma.TILE_N
         and d.knobs.persistent == 1
     ]
     assert sorted(d.key for d in v5) == sorted(d.key for d in every_v5)
@@ -117,9 +117,7 @@ def test_the_tile_n_sweep_measures_the_tile_n_designs_and_their_controls(path, d
         every = [
             d
             for d in sm90_tma.space("sm_90a", dtype, "tn")
-            if d.knobs.wgmma_n in sm90_tma.TILE_N
-            and d.knobs.persistent == 1
-            and d.knobs.cluster_m == 1  # (the tile N pairs came after this sweep)
+            if d.knobs.wgmma_n in sm90_tma.TILE_N and d.knobs.persistent == 1
         ]
         assert sorted(d.key for d in tile_n) == sorted(d.key for d in every if d.knobs.stages >= 3)
         controls = [d for d in proposed if d not in tile_n]
