@@ -453,12 +453,7 @@ def pair_tile_n_designs(dtype: str) -> list[KernelDesign]:
         )  # fmt: skip
         if not check(d, sys.modules[__name__]):
             out.append(d)
-    for n in PAIR_TILE_N_CONTROLS:
-        for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
-            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=1)
-            if not check(d, sys.modules[__name__]):
-                out.append(d)
-    return out
+    return out + _tile_n_designs(dtype, PAIR_TILE_N_CONTROLS)
 
 
 def pingpong_v5_stages(mp: int, n: int, dtype: str = "fp16") -> tuple[int, ...]:
@@ -499,12 +494,12 @@ def tile_n_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     return tuple(sorted(fits)[-TILE_N_DEPTHS:])
 
 
-def _tile_n_designs(dtype: str) -> list[KernelDesign]:
+def _tile_n_designs(dtype: str, widths: tuple[int, ...] = TILE_N) -> list[KernelDesign]:
     """v5 tile N (issue 22): the persistent cooperative 128 x n designs with the bulk
-    store for each n of ``TILE_N``, at its two deepest rings, each raster x ctas (as v5's
-    bulk-store designs): 4 x 2 x 6 = 48 per dtype."""
+    store for each n of ``widths`` (``TILE_N``), at its two deepest rings, each raster x
+    ctas (as v5's bulk-store designs): 4 x 2 x 6 = 48 per dtype."""
     out = []
-    for n in TILE_N:
+    for n in widths:
         for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
             d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=1)
             if not check(d, sys.modules[__name__]):
