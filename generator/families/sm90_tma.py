@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from cudal2.generator import tags
@@ -423,19 +424,19 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     return out
 
 
+def _fitting(make: Callable[[int], KernelDesign], most: int = 16) -> list[int]:
+    """The ring depths 2 .. ``most``, in order, at which ``make(stages)`` is legal (fits
+    shared memory, among the rest)."""
+    return [st for st in range(2, most + 1) if not check(make(st), sys.modules[__name__])]
+
+
 def pair_tile_n_stages(n: int, store: int, dtype: str = "fp16") -> int:
     """The deepest ring of a persistent 128 x ``n`` pair (with the bulk store's C buffer
     for ``store`` 1) that fits shared memory (144: 5 and 6 stages; 176: 4 and 5; 224: 3
     and 5)."""
-    fits = [
-        st
-        for st in range(2, 17)
-        if not check(
-            design(dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, store=store),
-            sys.modules[__name__],
-        )
-    ]
-    return max(fits)
+    return max(
+        _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, store=store))
+    )
 
 
 def pair_tile_n_designs(dtype: str) -> list[KernelDesign]:
@@ -461,12 +462,10 @@ def pingpong_v5_stages(mp: int, n: int, dtype: str = "fp16") -> tuple[int, ...]:
     space: the ``TILE_N_DEPTHS`` deepest that fit shared memory beside the two C buffer
     halves (128x128: 3, 4; 128x160: 2, 3; 64x256: 2, 3; 128x80: 5, 6; 64x192: 4, 5;
     64x224: 3, 4)."""
-    fits = [
-        st
-        for st in range(2, PINGPONG_MAX_STAGES + 1)
-        if not check(design(dtype, 2, mp, False, n, st, 1, pers=2, store=1), sys.modules[__name__])
-    ]
-    return tuple(sorted(fits)[-TILE_N_DEPTHS:])
+    fits = _fitting(
+        lambda st: design(dtype, 2, mp, False, n, st, 1, pers=2, store=1), PINGPONG_MAX_STAGES
+    )
+    return tuple(fits[-TILE_N_DEPTHS:])
 
 
 def _pingpong_v5_designs(dtype: str) -> list[KernelDesign]:
@@ -486,12 +485,8 @@ def tile_n_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     """The ring depths of a 128 x ``n`` bulk-store design in the space: the
     ``TILE_N_DEPTHS`` deepest that fit shared memory beside the C buffer (80: 7, 6; 160:
     5, 4; 192: 4, 3; 224: 3, 2)."""
-    fits = [
-        st
-        for st in range(2, 17)
-        if not check(design(dtype, 2, 1, False, n, st, 1, pers=1, store=1), sys.modules[__name__])
-    ]
-    return tuple(sorted(fits)[-TILE_N_DEPTHS:])
+    fits = _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, store=1))
+    return tuple(fits[-TILE_N_DEPTHS:])
 
 
 def _tile_n_designs(dtype: str, widths: tuple[int, ...] = TILE_N) -> list[KernelDesign]:
