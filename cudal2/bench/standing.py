@@ -828,6 +828,16 @@ def _patch_settings(env: dict[str, Any]) -> str:
     return f" Patched: `patch_model(rope_kv={env['rope_kv']}, grouped_decode={grouped})`."
 
 
+def _logits(c: dict[str, Any]) -> str:
+    """One ``llama_kv_e2e.py`` logits check, as the tables say it."""
+    return (
+        f"(a {c['prompt'][0]}x{c['prompt'][1]} prompt and {c['decode_steps']} decode steps) "
+        f"against fp32: unpatched {c['err_unpatched_vs_fp32']:.4f}, patched "
+        f"{c['err_patched_vs_fp32']:.4f} (at most {c['tolerance']:g}x: "
+        f"{'passes' if c['ok'] else 'FAILS'})"
+    )
+
+
 def _kv_e2e_table(root: Path, path: str) -> str:
     """One ``llama_kv_e2e.py`` run's table: decode tokens/s per model, mode and batch,
     prefill, the logits check, the patch's memory and the path Qwen2's layers took."""
@@ -859,11 +869,8 @@ def _kv_e2e_table(root: Path, path: str) -> str:
     lines += [
         "",
         f"Prefill of {pf['tokens']} tokens (eager): unpatched {pf['ms']['unpatched']:.1f} ms, "
-        f"patched {pf['ms']['patched']:.1f} ms, speedup {pf['speedup']:.3f}. Logits (a "
-        f"{c['prompt'][0]}x{c['prompt'][1]} prompt and {c['decode_steps']} decode steps) "
-        f"against fp32: unpatched {c['err_unpatched_vs_fp32']:.4f}, patched "
-        f"{c['err_patched_vs_fp32']:.4f} (at most {c['tolerance']:g}x: "
-        f'{"passes" if c["ok"] else "FAILS"}). Memory the patch added (`originals="keep"`): '
+        f"patched {pf['ms']['patched']:.1f} ms, speedup {pf['speedup']:.3f}. Logits "
+        f'{_logits(c)}. Memory the patch added (`originals="keep"`): '
         f"{added / 2**30:.2f} GiB, {added / mem['model_bytes']:.1%} of the model's "
         f"{mem['model_bytes'] / 2**30:.2f} GiB.",
     ]
@@ -889,14 +896,7 @@ def kv_e2e_qwen2_b1(root: Path) -> str:
     wheel's Qwen2 entries are) against fp32, and the part's speedups beside it."""
     d = json.loads((root / KV_E2E_QWEN2_B1).read_text())
     env, q = d["env"], d["qwen2"]
-    parts = []
-    for name in ("correctness", "correctness_b1"):
-        c = q[name]
-        parts.append(
-            f"a {c['prompt'][0]}x{c['prompt'][1]} prompt and {c['decode_steps']} decode steps: "
-            f"unpatched {c['err_unpatched_vs_fp32']:.4f}, patched {c['err_patched_vs_fp32']:.4f} "
-            f"against fp32 (at most {c['tolerance']:g}x: {'passes' if c['ok'] else 'FAILS'})"
-        )
+    parts = [_logits(q[name]) for name in ("correctness", "correctness_b1")]
     speed = []
     for mode in ("graph", "eager"):
         for b, r in sorted(q.get(mode, {}).get("batches", {}).items(), key=lambda x: int(x[0])):
@@ -905,7 +905,7 @@ def kv_e2e_qwen2_b1(root: Path) -> str:
     return (
         f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
         f"`{env['package']}` ({env['launcher']} launcher) (`{KV_E2E_QWEN2_B1}`). Qwen2-7B's "
-        "logits, "
+        "logits "
         + "; ".join(parts)
         + ". Its paired speedups in the same run: "
         + ", ".join(speed)
