@@ -22,6 +22,14 @@
 #   TESTS='tma_v5_pingpong' TEST_TIMEOUT=240 SWEEP=bench/manifests/sweep-tma-v5-pingpong-h100.toml \
 #     BENCH=0 bash ci/gpu_prefill.sh
 #
+# sm90tma v5 overlap (docs/kernels.md "sm90tma v5 overlap"): TESTS='overlap' selects its
+# GPU tests in both default files (the kernels on every residue, the strided bulk store,
+# the fused epilogues in place and under memcheck: 30); VENDOR_KERNELS=1 then names
+# torch.matmul's cuBLAS kernels on the prefill shapes (bench/experiments/vendor_kernels.py):
+#
+#   TESTS='overlap' TEST_TIMEOUT=300 SWEEP=bench/manifests/sweep-tma-v5-overlap-h100.toml \
+#     BENCH=0 VENDOR_KERNELS=1 bash ci/gpu_prefill.sh
+#
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):
@@ -32,7 +40,8 @@
 #
 # Under $OUT: gpu.txt, gpu-tests.txt, <sweep>.measurements.jsonl.gz, build.txt, sass.txt,
 # the wheel (dist/), prefill.jsonl (bench rows), prefill-summary.txt and
-# prefill-summary.json.txt (`cudal2-bench summarize --m-min 1024 --json` per dtype and mode).
+# prefill-summary.json.txt (`cudal2-bench summarize --m-min 1024 --json` per dtype and mode),
+# vendor-kernels.json (VENDOR_KERNELS=1).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 SWEEP=${SWEEP:?SWEEP=path/to/sweep.toml is required}
@@ -75,6 +84,10 @@ if [ "${BENCH:-1}" = 1 ] && [ -n "$WHEEL" ]; then
         --dtype "$dtype" --json | tr -d '\n ')" | tee -a "$OUT/prefill-summary.json.txt"
     done
   done
+fi
+if [ "${VENDOR_KERNELS:-0}" = 1 ]; then
+  step "torch.matmul's cuBLAS kernels on the prefill shapes"
+  timeout 120 $PY bench/experiments/vendor_kernels.py --out "$OUT/vendor-kernels.json" 2>&1 | tail -40 || rc=$?
 fi
 echo "exit $rc"
 exit "$rc"

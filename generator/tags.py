@@ -314,15 +314,24 @@ TMA_RASTER = {
 TMA_STORE = {
     0: {"tile": "sm90_tma/store/direct.cu.j2", "drain": NONE},
     1: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
+    # v5 overlap: the same bulk store, run by its own kernel under the next tile's first
+    # k tile (two accumulator sets)
+    2: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
+    # v5 halves: in two row halves through a C buffer of half the rows
+    3: {"tile": "sm90_tma/store/bulk_halves.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
 }
+# The kernel a store brings where it is not the persistent kernel of TMA_KERNEL.
+TMA_STORE_KERNEL = {2: "sm90_tma/persistent_overlap_kernel.cu.j2"}
 
 
 def tma_v5(raster: int, store: int, pair: bool = False) -> dict[str, Any]:
     """sm90tma's persistent walk (``raster`` = G, 0 the M-fastest one; over pair tiles,
-    G / 2 pair rows a group, for a multicast ``pair``) and store."""
+    G / 2 pair rows a group, for a multicast ``pair``) and store (with its own kernel,
+    ``TMA_STORE_KERNEL``, for v5 overlap)."""
     walk = TMA_RASTER[("grouped" if raster else "m_fastest") + ("_pair" if pair else "")]
     group = raster // 2 if pair else raster
-    return {"raster": {**walk, "group": group}, "store": TMA_STORE[store]}
+    kernel = {"kernel": TMA_STORE_KERNEL[store]} if store in TMA_STORE_KERNEL else {}
+    return {"raster": {**walk, "group": group}, "store": TMA_STORE[store], **kernel}
 
 
 # Designs that leave room (base.ROOM, docs/kernels.md "Designs that leave room"): the

@@ -42,6 +42,11 @@ bulk-store designs also take 128 x n tiles, n in ``TILE_N`` (80, 160, 192, 224: 
 powers of two), whose tile counts fill whole waves where 128x256 tiles leave SMs idle.
 v5 ping-pong: the ping-pong kernel takes the three knobs too, each consumer warpgroup
 storing its own tiles through its own half of the C buffer (``PINGPONG_V5_TILES``).
+v5 overlap: ``store`` = 2, the persistent cooperative kernel with two accumulator sets,
+each tile's bulk store run under the next tile's first k tile (``OVERLAP_TILE_N``). v5
+halves: ``store`` = 3, the bulk store in two row halves through a C buffer of half the
+rows, so the ring keeps a stage more (``HALVES_TILE_N``; measured to lose, not in the
+space).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -100,7 +105,10 @@ PERSISTENT = (0, 1, 2)  # one tile per CTA; persistent cooperative; persistent p
 RASTER = (0, 8, 16)
 # ``ctas``: 0 one CTA per SM slot; c: at most c CTAs (fast.cu: 128 of the H100's 132 SMs).
 CTAS = (0, 128)
-STORE = (0, 1)  # 0: 4-byte stores from the accumulators; 1: C buffer + bulk copies
+# 0: 4-byte stores from the accumulators; 1: C buffer + bulk copies; 2: the bulk store
+# overlapped with the next tile's main loop (v5 overlap: two accumulator sets, below);
+# 3: the bulk store in two row halves through a C buffer of half the rows (v5 halves)
+STORE = (0, 1, 2, 3)
 # v5 tile N (issue 22): the persistent cooperative kernel's tile N (``wgmma_n``, 128 x n
 # tiles) that is not a power of two, so that the tile count fills whole waves of 128 or
 # 132 CTAs where v5's 128x256 tiles leave SMs idle. The rule: for each llm-public
@@ -134,6 +142,28 @@ PAIR_ROWS = 8  # each CTA's half of the multicast B box: a multiple of 8 rows
 # registers take (128x80, 64x192, 64x224; 128 x 192 or 224 would need 192 or 224
 # accumulators + 40 > 224). Each at its two deepest rings beside the two C buffer halves.
 PINGPONG_V5_TILES = ((2, 128), (2, 160), (1, 256), (2, 80), (1, 192), (1, 224))
+# v5 overlap (issue 22): ``store`` = 2, the persistent cooperative kernel with two
+# accumulator sets a consumer thread, so that a tile's epilogue (the C buffer writes,
+# the barriers, the bulk copies' issue) runs after the next tile's first k tile is issued
+# into the other set: the tensor pipe works through it, where the cooperative kernel's
+# pipe idles from its last wgmma to the next tile's first (ping-pong's overlap, with the
+# cooperative kernel's operand sharing). Two sets of 64 x n accumulators take 2 x n / 2
+# registers + 40 <= OVERLAP_CONSUMER_REGS: n <= 192 (128x256 cannot). The widths: those
+# whose bulk-store twins (``store`` = 1) are in the space, 128 (v5), 160 and 192 (tile N),
+# each at its two deepest rings beside the C buffer, each raster x ctas.
+OVERLAP_TILE_N = (128, 160, 192)
+# v5 halves (issue 22): ``store`` = 3, the persistent cooperative kernel storing each
+# tile in two row halves through a C buffer of half its rows (each consumer warpgroup 32
+# rows: 128x256, 33 KiB, not 66), so the ring keeps one more stage: 128x256 at 4 stages,
+# as torch's cuBLAS kernels at M >= 1024 on the H200 run it (nvjet_sm90_..._256x128_64x4
+# _1x2_..., bench/results/h200-vendor-kernels.json), where the bulk store leaves 3. The
+# widest tiles, whose rings the C buffer cuts most; each at its two deepest rings (the
+# shallower is the bulk store's deepest: the two halves' cost alone), each raster x ctas.
+# Measured on an H200 (docs/kernels.md, "sm90tma v5 overlap and halves"): the second
+# half's wait for the first half's copies costs 3.5% at the same ring, the extra stage
+# gives back 1.2%: 0.977 of the bulk store at its deepest. So these designs are not in
+# the space; ``halves_designs`` still makes them.
+HALVES_TILE_N = (192, 224, 256)
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
 # aligned, as cp.async.bulk asks of its shared-memory source.
@@ -160,6 +190,10 @@ PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # (two CTAs per SM) when the accumulators are 64 or fewer, 255 otherwise.
 PRODUCER_REGS = 56
 CONSUMER_REGS = 224
+# v5 overlap's split (CUTLASS's cooperative one): 2 x 232 + 40 = 504 a lane of the three
+# warpgroups, the 168 x 3 they launch with.
+OVERLAP_PRODUCER_REGS = 40
+OVERLAP_CONSUMER_REGS = 232
 
 KNOBS = (
     Knob("swap", (0, 1), "swap{}"),
@@ -175,7 +209,7 @@ KNOBS = (
 OPTIONAL_KNOBS = (
     Knob("raster", RASTER, "r{}", default=0),
     Knob("ctas", CTAS, "ct{}", default=0),
-    Knob("store", STORE, "st{}", default=0, spellings=((1, "bulk"),)),
+    Knob("store", STORE, "st{}", default=0, spellings=((1, "bulk"), (2, "overlap"), (3, "halves"))),
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
@@ -226,6 +260,19 @@ def pingpong(d: KernelDesign) -> bool:
     return d.knobs.persistent == 2
 
 
+def overlapped(d: KernelDesign) -> bool:
+    """v5 overlap: the bulk store under the next tile's first k tile (``store`` = 2)."""
+    return v5(d, "store") == 2
+
+
+def consumer_regs(d: KernelDesign) -> tuple[int, int]:
+    """The registers setmaxnreg gives the producer and each consumer thread (two
+    consumer warpgroups)."""
+    if overlapped(d):
+        return OVERLAP_PRODUCER_REGS, OVERLAP_CONSUMER_REGS
+    return PRODUCER_REGS, CONSUMER_REGS
+
+
 def m_blocks(d: KernelDesign) -> int:
     """64-row wgmma M blocks per consumer warpgroup (accumulator sets)."""
     return d.knobs.m_blocks
@@ -253,8 +300,8 @@ def tile(d: KernelDesign) -> mma_sync.Tile:
 
 
 def acc_regs(d: KernelDesign) -> int:
-    """fp32 accumulator registers per consumer thread."""
-    return d.knobs.m_blocks * d.knobs.wgmma_n // 2
+    """fp32 accumulator registers per consumer thread (both sets of v5 overlap)."""
+    return (2 if overlapped(d) else 1) * d.knobs.m_blocks * d.knobs.wgmma_n // 2
 
 
 def threads(d: KernelDesign) -> int:
@@ -274,11 +321,13 @@ def _epilogue_or_none(d: KernelDesign) -> str:
 
 
 def c_buffer_bytes(d: KernelDesign) -> int:
-    """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1), or 0;
-    ping-pong has one a consumer warpgroup (each stores its own tiles)."""
+    """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1, 2), or
+    0; ping-pong has one a consumer warpgroup (each stores its own tiles); v5 halves
+    (``store`` = 3) half the rows."""
     bm, bn = tile_mn(d)
     halves = 2 if pingpong(d) else 1
-    return halves * bm * (bn + C_PAD) * 2 if v5(d, "store") else 0
+    rows = bm // 2 if v5(d, "store") == 3 else bm
+    return halves * rows * (bn + C_PAD) * 2 if v5(d, "store") else 0
 
 
 def smem_bytes(d: KernelDesign) -> int:
@@ -325,7 +374,7 @@ def rules(d: KernelDesign) -> list[str]:
         reasons += _pair_reasons(d)
     reasons += _v5_reasons(d)
     reasons += mma_sync.smem_reason(smem_bytes(d))
-    cap = CONSUMER_REGS if k.warpgroups > 1 else 255
+    cap = consumer_regs(d)[1] if k.warpgroups > 1 else 255
     if acc_regs(d) + 40 > cap:
         reasons.append(f"{acc_regs(d)} accumulator registers + 40 > {cap} per thread")
     return reasons
@@ -367,7 +416,24 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
     if v5(d, "store") and swapped(d):
         # The C buffer is written row-major from the compute orientation's accumulator
         # pairs (two adjacent columns of one row); swapped pairs are two rows.
-        return ["store=1: the compute orientation only (swap=0)"]
+        return [f"store={v5(d, 'store')}: the compute orientation only (swap=0)"]
+    if overlapped(d) and (k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2):
+        # Written for the cooperative kernel's one walk: ping-pong overlaps already, and
+        # the pair's partner would wait on slots held across the epilogue.
+        return [
+            "store=2: the persistent cooperative kernel (persistent=1) of two consumer "
+            "warpgroups, unpaired (cluster_m=1)"
+        ]
+    if overlapped(d) and k.m_blocks != 1:
+        return ["store=2: one 64-row block a warpgroup (m_blocks=1): two sets of two spill"]
+    if v5(d, "store") == 3 and (
+        k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
+    ):
+        # Each consumer warpgroup stores its one 64-row block through its 32 buffer rows.
+        return [
+            "store=3: the persistent cooperative kernel (persistent=1) of two consumer "
+            "warpgroups of one 64-row block (m_blocks=1), unpaired (cluster_m=1)"
+        ]
     return []
 
 
@@ -384,8 +450,9 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     each raster x ctas with the accumulator store, then with the bulk store; then the
     persistent multicast pairs (issue 22, ``_pair_designs``); then v5's tile N (128 x n
     tiles, n not a power of two, ``_tile_n_designs``); then v5 ping-pong's (the ping-pong
-    kernel with the bulk store, ``_pingpong_v5_designs``). Not the pairs of 128 x n tiles
-    (``pair_tile_n_designs``): measured and taken out."""
+    kernel with the bulk store, ``_pingpong_v5_designs``); then v5 overlap's (two
+    accumulator sets, ``_overlap_designs``). Not the pairs of 128 x n tiles
+    (``pair_tile_n_designs``) nor v5 halves (``halves_designs``): measured and taken out."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -410,7 +477,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
             d = design(dtype, wgs, mp, swap, n, st, 1, cluster=2)
             if not check(d, sys.modules[__name__]):
                 out.append(d)
-    for store in STORE:
+    for store in STORE[:2]:  # store = 2, 3: their own widths (``_overlap_designs``, ...)
         stages = V5_STAGES if store else STAGES
         for mp, n, st, raster, ctas in itertools.product(M_BLOCKS, WGMMA_N, stages, RASTER, CTAS):
             if not (store or raster or ctas):
@@ -421,6 +488,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += _pair_designs(dtype)
     out += _tile_n_designs(dtype)
     out += _pingpong_v5_designs(dtype)
+    out += _overlap_designs(dtype)
     return out
 
 
@@ -502,12 +570,47 @@ def _tile_n_designs(dtype: str, widths: tuple[int, ...] = TILE_N) -> list[Kernel
     return out
 
 
+def _overlap_designs(dtype: str) -> list[KernelDesign]:
+    """v5 overlap (issue 22): the persistent cooperative 128 x n designs whose epilogue
+    runs under the next tile's first k tile (``store`` = 2), for each n of
+    ``OVERLAP_TILE_N`` at the two rings of its bulk-store twin, each raster x ctas:
+    3 x 2 x 6 = 36 per dtype."""
+    out = []
+    for n in OVERLAP_TILE_N:
+        for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
+            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=2)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
+    return out
+
+
+def halves_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
+    """The ring depths of a 128 x ``n`` v5 halves design in the space: the
+    ``TILE_N_DEPTHS`` deepest beside the half C buffer (192: 4, 5; 224: 3, 4; 256: 3, 4)."""
+    fits = _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, store=3))
+    return tuple(fits[-TILE_N_DEPTHS:])
+
+
+def halves_designs(dtype: str) -> list[KernelDesign]:
+    """v5 halves (issue 22; measured, not in the space): the persistent cooperative
+    128 x n designs storing through a C buffer of half the rows (``store`` = 3), for each
+    n of ``HALVES_TILE_N`` at its two deepest rings, each raster x ctas: 3 x 2 x 6 = 36
+    per dtype."""
+    out = []
+    for n in HALVES_TILE_N:
+        for st, raster, ctas in itertools.product(halves_stages(n, dtype), RASTER, CTAS):
+            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=3)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
+    return out
+
+
 def _pair_designs(dtype: str) -> list[KernelDesign]:
     """Issue 22's multicast pairs inside the persistent cooperative kernel (tiles of at
     least 128 x 128, compute orientation): each stage count, raster and ctas with the
     accumulator store, then with the bulk store."""
     out = []
-    for store in STORE:
+    for store in STORE[:2]:  # store = 2, 3: their own widths (``_overlap_designs``, ...)
         stages = V5_STAGES if store else STAGES
         for mp, n, st, raster, ctas in itertools.product(M_BLOCKS, WGMMA_N, stages, RASTER, CTAS):
             d = design(
@@ -560,8 +663,8 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         q_rows=q,
         split_k=k.split_k,
         min_blocks=min_blocks(d),
-        producer_regs=PRODUCER_REGS,
-        consumer_regs=CONSUMER_REGS,
+        producer_regs=consumer_regs(d)[0],
+        consumer_regs=consumer_regs(d)[1],
         nacc=nacc,
         acc_list=", ".join(f"%{i}" for i in range(nacc)),
         acc_constraints=", ".join(f'"+f"(d[{i}])' for i in range(nacc)),

@@ -297,6 +297,11 @@ GOLDEN_V5 = [
                   ctas=128, store=1), "7b7f6498b7cec154"),
     ("bf16", dict(wgs=2, mp=1, swap=False, n=224, stages=4, split=1, pers=2, store=1),
      "f5bfcca6ede8553a"),
+    # v5 overlap (its own kernel: two accumulator sets) and v5 halves (the half C buffer)
+    ("fp16", dict(wgs=2, mp=1, swap=False, n=192, stages=4, split=1, pers=1, raster=8,
+                  ctas=128, store=2), "1178724d1be5f930"),
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=16,
+                  store=3), "0b11948fee88325a"),
 ]  # fmt: skip
 
 

@@ -61,6 +61,15 @@ DESIGNS = {
     "tma_v5_pingpong_64x256": dict(
         wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=2, store=1
     ),
+    # v5 overlap (issue 22): a tile's epilogue (residual read, bias added) under the
+    # next tile's first k tile, from either accumulator set
+    "tma_v5_overlap": dict(
+        wgs=2, mp=1, swap=False, n=192, stages=4, split=1, pers=1, raster=8, ctas=128, store=2
+    ),
+    # v5 halves (issue 22): the epilogue in two row halves through half a C buffer
+    "tma_v5_halves": dict(
+        wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=3
+    ),
 }
 
 
@@ -113,7 +122,7 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
     "shape",
     [
         "split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk",
-        "tile_n_bulk", "tma_v5_pingpong_bulk",
+        "tile_n_bulk", "tma_v5_pingpong_bulk", "tma_v5_overlap", "tma_v5_halves",
     ],
 )  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
@@ -207,7 +216,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
     [("split4", "residual"), ("tile", "bias_residual"), ("split4_bm64", "rmsnorm_silu"),
      ("swap_split8", "rmsnorm_bias"), ("pair_bm64", "gelu_tanh"),
      ("persistent_bulk", "bias_residual"), ("tile_n_bulk", "bias_residual"),
-     ("tma_v5_pingpong_bulk", "bias_residual")],
+     ("tma_v5_pingpong_bulk", "bias_residual"), ("tma_v5_overlap", "bias_residual"),
+     ("tma_v5_halves", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

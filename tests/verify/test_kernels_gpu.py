@@ -211,6 +211,36 @@ TMA_V5_PINGPONG_DESIGNS = [
 ]
 PINGPONG_V5_SHAPES = [*V5_SHAPES, (1024, 8192, 1024), (1024, 1280, 1096)]
 
+# sm90tma v5 overlap (issue 22, store = 2): the persistent cooperative kernel with two
+# accumulator sets, each tile's epilogue under the next tile's first k tile, for each
+# width of sm90_tma.OVERLAP_TILE_N at both rings, each walk and cap. V5_SHAPES: CTAs
+# with no tile (1x8x8), one k tile (K = 8, 24: the epilogue right after the only group),
+# an odd and an even number of tiles a CTA (2100x2056x1096, 4096^3: the last tile in
+# either set), partial last N tiles; 1024x8192x1024 the K = 1024 shape the overlap is for.
+TMA_V5_OVERLAP_DESIGNS = [
+    (1, 128, 5, 0, 0, 2),
+    (1, 128, 4, 16, 128, 2),
+    (1, 160, 5, 8, 128, 2),
+    (1, 160, 4, 0, 0, 2),
+    (1, 192, 4, 8, 0, 2),
+    (1, 192, 3, 16, 128, 2),
+]
+OVERLAP_SHAPES = [*V5_SHAPES, (1024, 8192, 1024)]
+
+# sm90tma v5 halves (issue 22, store = 3): the persistent cooperative kernel storing each
+# tile in two row halves through a C buffer of half the rows, for each width of
+# sm90_tma.HALVES_TILE_N at both rings, each walk and cap. V5_SHAPES: tiles past M (the
+# second half's rows past M copy nothing), partial last N tiles, CTAs walking several
+# tiles (each half waiting on the previous half's and tile's copies).
+TMA_V5_HALVES_DESIGNS = [
+    (1, 256, 4, 8, 128, 3),
+    (1, 256, 3, 0, 0, 3),
+    (1, 224, 4, 16, 0, 3),
+    (1, 224, 3, 8, 128, 3),
+    (1, 192, 5, 0, 128, 3),
+    (1, 192, 4, 16, 128, 3),
+]
+
 
 def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1, pers: int = 1) -> KernelDesign:
     mp, n, st, raster, ctas, store = knobs
@@ -355,6 +385,22 @@ def test_tma_v5_pingpong_persistent_correct(tmp_path, dtype, knobs):
     _check_design(tmp_path, d, PINGPONG_V5_SHAPES)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_OVERLAP_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_overlap_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs)
+    assert sm90_tma.overlapped(d) and legality(d) == []
+    _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_HALVES_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_halves_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs)
+    assert sm90_tma.v5(d, "store") == 3 and legality(d) == []
+    _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
 # (N, ldc - N, C offset in elements): the bulk store's rows into a strided C: N % 8 != 0
 # with ldc % 8 == 0 (whole 16-byte chunks by cp.async.bulk, the last N % 8 columns by
 # plain stores), and a C 2 bytes past 16-byte alignment (every row by plain stores).
@@ -393,6 +439,20 @@ def test_tma_v5_pingpong_bulk_store_into_a_strided_output(tmp_path, n, pad, offs
     rows through its own C buffer half."""
     knobs = (*tile, 8, 128, 1)
     _strided_output(tmp_path, _v5_design("fp16", knobs, pers=2), n, pad, offset)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_STRIDED)
+def test_tma_v5_overlap_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
+    """As above, v5 overlap (128 x 192, the epilogue under the next tile's first k tile)."""
+    _strided_output(tmp_path, _v5_design(dtype, (1, 192, 4, 8, 128, 2)), n, pad, offset)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_STRIDED)
+def test_tma_v5_halves_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
+    """As above, v5 halves (128 x 256 at 4 stages, each half's rows by bulk copies)."""
+    _strided_output(tmp_path, _v5_design(dtype, (1, 256, 4, 8, 128, 3)), n, pad, offset)
 
 
 def _strided_output(tmp_path, d: KernelDesign, n: int, pad: int, offset: int) -> None:
