@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cudal2.bench import prefill_store
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
 
 # The last run that timed every vendor beside the llm-public wheel of its day.
@@ -1936,6 +1937,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "epilogue-gated-timing": epilogue_gated_timing,
     "tma-v5-sweep": tma_v5_sweep,
     "tma-v5-pairn": tma_v5_pairn,
+    "tma-v5-store": prefill_store.tma_v5_store,
+    "power-own": prefill_store.power_own,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

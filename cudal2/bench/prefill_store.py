@@ -1,0 +1,207 @@
+"""Issue 22's generated blocks of the 2026-12-04 slices (``docs/kernels.md``): sm90tma
+v5's two stores (overlap, ``store`` = 2; halves, ``store`` = 3) against the bulk store
+they change, from the four H200 sweeps; and the sustained runs of the fastest own
+kernels beside cuBLASLt and torch (``bench/experiments/power_own.py``), with torch's
+cuBLAS kernel names (``bench/experiments/vendor_kernels.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+# ci/gpu_prefill.sh on a lent H200 (sweep-tma-v5-{overlap,halves}[-bf16]-h100.toml)
+STORE_SWEEPS = {
+    "overlap": (
+        "bench/results/h200-sweep-tma-v5-overlap.measurements.jsonl.gz",
+        "bench/results/h200-sweep-tma-v5-overlap-bf16.measurements.jsonl.gz",
+    ),
+    "halves": (
+        "bench/results/h200-sweep-tma-v5-halves.measurements.jsonl.gz",
+        "bench/results/h200-sweep-tma-v5-halves-bf16.measurements.jsonl.gz",
+    ),
+}
+POWER_OWN = "bench/results/h200-power-own.json"  # ci/gpu_power_own.sh
+VENDOR_KERNELS = "bench/results/h200-vendor-kernels.json"  # ci/gpu_prefill.sh VENDOR_KERNELS=1
+
+
+def _gm(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _tile(knobs: dict) -> tuple[int, int, int]:
+    """A sweep kernel's (tile N, ring stages, store)."""
+    return knobs["wgmma_n"], knobs["stages"], knobs.get("store", 0)
+
+
+def _sweep(root: Path, path: str) -> tuple[str, dict, dict]:
+    """The sweep's GPU, its kernels' speedups over torch per (dtype, M, N, K) and
+    (wgmma_n, stages, store), and cuBLASLt's per (dtype, M, N, K)."""
+    from cudal2.bench.schedules import timed
+    from cudal2.database import MeasurementDB, latest
+
+    ms = latest(MeasurementDB(root / path).read())
+    own = {key: {_tile(r.knobs): r.speedup for r in rows} for key, rows in timed(ms).items()}
+    lt = {
+        (m.target.dtype, m.target.m, m.target.n, m.target.k): m.baselines_us["torch"] / m.median_us
+        for m in ms
+        if m.status == "ok" and m.design is None and "torch" in m.baselines_us
+    }
+    gpu = next((m.gpu.name for m in ms if m.gpu), "?")
+    return gpu, own, lt
+
+
+def _twin_gains(own: dict, store: int, deepest: bool = False) -> list[float]:
+    """Each design of ``store`` against its bulk-store twin (``store`` 1, the same tile
+    and ring), per target: the speedup ratios; with ``deepest``, each tile N at its
+    deepest ring of ``store`` against the bulk store at its deepest."""
+    out = []
+    for kernels in own.values():
+        if not deepest:
+            out += [
+                v / kernels[(n, st, 1)]
+                for (n, st, s), v in kernels.items()
+                if s == store and (n, st, 1) in kernels
+            ]
+            continue
+        for n in {k[0] for k in kernels if k[2] == store}:
+            mine = max(k[1] for k in kernels if k[0] == n and k[2] == store)
+            bulk = [k[1] for k in kernels if k[0] == n and k[2] == 1]
+            if bulk:
+                out.append(kernels[(n, mine, store)] / kernels[(n, max(bulk), 1)])
+    return out
+
+
+def tma_v5_store(root: Path) -> str:
+    """Per fp16 target: the fastest kernel of each store (the bulk store, overlap, halves)
+    and cuBLASLt, each against torch in its own job; then each store's gain over its
+    twin, per sweep and dtype."""
+    sweeps = {
+        (kind, i): _sweep(root, p)
+        for kind, paths in STORE_SWEEPS.items()
+        for i, p in enumerate(paths)
+    }
+    gpu = sweeps[("overlap", 0)][0]
+    n_records = sum(
+        len(kernels) for _, own, _ in sweeps.values() for kernels in own.values()
+    ) + sum(len(lt) for _, _, lt in sweeps.values())
+    lines = [
+        f"{gpu}, tn, offline (`{'`, `'.join(p for ps in STORE_SWEEPS.values() for p in ps)}`: "
+        f"{n_records} correct kernels and autotunings). fp16: each cell the fastest kernel of "
+        "the store as a speedup over torch in the same job (its tile N / ring stages); the "
+        "bulk store's from the overlap sweep (128 x 128, 160, 192, 256); cuBLASLt: the "
+        "build's autotuned algorithm, likewise.",
+        "",
+        "| M×N×K | bulk store | overlap (`store` 2) | halves (`store` 3) | cuBLASLt |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    _, ov, ov_lt = sweeps[("overlap", 0)]
+    _, hv, _ = sweeps[("halves", 0)]
+
+    def best(kernels: dict, store: int) -> str:
+        mine = {k: v for k, v in kernels.items() if k[2] == store}
+        if not mine:
+            return "–"
+        (n, st, _), v = max(mine.items(), key=lambda kv: kv[1])
+        return f"{v:.3f} ({n}/{st})"
+
+    for key in sorted(ov, key=lambda k: k[1:]):
+        lines.append(
+            f"| {key[1]}×{key[2]}×{key[3]} | {best(ov[key], 1)} | {best(ov[key], 2)} | "
+            f"{best(hv.get(key, {}), 3)} | {ov_lt[key]:.3f} |"
+        )
+    lines += [
+        "",
+        "Each store against the bulk store's twin (geomean over every tile, ring and target "
+        "with both; kernels timed in the same sweep):",
+        "",
+        "| store | against | dtype | gain | pairs | wins |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    rows = [
+        ("overlap (`store` 2)", "the same tile and ring", "overlap", 2, False),
+        ("halves (`store` 3)", "the same tile and ring", "halves", 3, False),
+        ("halves (`store` 3), its deepest ring", "the same tile, its deepest", "halves", 3, True),
+    ]
+    for label, against, kind, store, deepest in rows:
+        for i, dtype in enumerate(("fp16", "bf16")):
+            g = _twin_gains(sweeps[(kind, i)][1], store, deepest)
+            lines.append(
+                f"| {label} | {against} | {dtype} | {_gm(g):.3f} | {len(g)} | "
+                f"{sum(x > 1 for x in g)} |"
+            )
+    return "\n".join(lines)
+
+
+def _median(xs: Iterable[float]) -> float:
+    return statistics.median(list(xs))
+
+
+def power_own(root: Path) -> str:
+    """Per prefill shape (fp16 tn): torch, the fastest own kernel of the sweeps and
+    cuBLASLt's algorithm, sustained: median TFLOP/s, SM MHz and W of the runs, and the
+    work a cycle (TFLOP/s per GHz) against torch's; torch's cuBLAS kernel."""
+    d = json.loads((root / POWER_OWN).read_text())
+    names = {}
+    vk = root / VENDOR_KERNELS
+    if vk.exists():
+        for s in json.loads(vk.read_text())["shapes"]:
+            if s["dtype"] == "fp16" and s["kernels"]:
+                names[(s["m"], s["n"], s["k"])] = s["kernels"][0]["name"]
+    env = d["env"]
+    lines = [
+        f"{env['gpu']}, power limit {env['power_limit_w']:.0f} W, driver {env['driver']}, "
+        f"torch {env['torch']} (`{POWER_OWN}`; torch's kernels from `{VENDOR_KERNELS}`). "
+        f"Medians of {env['reps']} runs of >= {env['seconds']} s each per callable, "
+        "interleaved; MHz and W are the mean SM clock and power over each run's second "
+        "half. Own: the fastest own kernel of the v5 overlap and halves sweeps' fp16 "
+        "records; cuBLASLt: their autotuned algorithm. /GHz: TFLOP/s per GHz of SM "
+        "clock, against torch's.",
+        "",
+        "| M×N×K | torch's kernel | torch TFLOP/s, MHz / W | own TFLOP/s, MHz / W | cuBLASLt TFLOP/s, MHz / W | own /GHz | cuBLASLt /GHz |",  # noqa: E501
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    ratios: dict[str, list[float]] = {"own": [], "cublaslt": [], "own_t": [], "lt_t": []}
+    clocks: dict[str, list[float]] = {"torch": [], "own": [], "cublaslt": []}
+    order = sorted(d["shapes"], key=lambda s: tuple(s["target"][x] for x in "mnk"))
+    for s in order:
+        t = s["target"]
+        med = {
+            name: (
+                _median(r["tflops"] for r in runs),
+                _median(r["sm_mhz"] for r in runs),
+                _median(r["power_w"] for r in runs),
+            )
+            for name, runs in s["runs"].items()
+        }
+        per_ghz = {name: tf / (mhz / 1000) for name, (tf, mhz, _) in med.items()}
+        cells = []
+        for name in ("torch", "own", "cublaslt"):
+            if name in med:
+                tf, mhz, w = med[name]
+                cells.append(f"{tf:.1f}, {mhz:.0f} / {w:.0f}")
+                clocks[name].append(mhz)
+            else:
+                cells.append("–")
+        rel = {n: per_ghz[n] / per_ghz["torch"] for n in ("own", "cublaslt") if n in per_ghz}
+        ratios["own"].append(rel["own"])
+        ratios["cublaslt"].append(rel["cublaslt"])
+        ratios["own_t"].append(med["own"][0] / med["torch"][0])
+        ratios["lt_t"].append(med["cublaslt"][0] / med["torch"][0])
+        lines.append(
+            f"| {t['m']}×{t['n']}×{t['k']} | `{names.get((t['m'], t['n'], t['k']), '?')}` | "
+            + " | ".join(cells)
+            + f" | {rel['own']:.3f} | {rel['cublaslt']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Geomean over the {len(order)} shapes: TFLOP/s over torch's, own "
+        f"{_gm(ratios['own_t']):.3f}, cuBLASLt {_gm(ratios['lt_t']):.3f}; work a cycle over "
+        f"torch's, own {_gm(ratios['own']):.3f}, cuBLASLt {_gm(ratios['cublaslt']):.3f}; "
+        f"median SM clock torch {_median(clocks['torch']):.0f}, own "
+        f"{_median(clocks['own']):.0f}, cuBLASLt {_median(clocks['cublaslt']):.0f} MHz.",
+    ]
+    return "\n".join(lines)
