@@ -549,25 +549,39 @@ def _pingpong_v5_designs(dtype: str) -> list[KernelDesign]:
     return out
 
 
+def _deepest(n: int, dtype: str, store: int) -> tuple[int, ...]:
+    """The ``TILE_N_DEPTHS`` deepest rings at which a persistent cooperative 128 x ``n``
+    design with ``store`` fits."""
+    fits = _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, store=store))
+    return tuple(fits[-TILE_N_DEPTHS:])
+
+
+def _with_store(
+    dtype: str, widths: tuple[int, ...], stages: Callable[[int, str], tuple[int, ...]], store: int
+) -> list[KernelDesign]:
+    """The legal persistent cooperative 128 x n designs with ``store``, for each n of
+    ``widths`` at each ring of ``stages(n, dtype)``, each raster x ctas."""
+    out = []
+    for n in widths:
+        for st, raster, ctas in itertools.product(stages(n, dtype), RASTER, CTAS):
+            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=store)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
+    return out
+
+
 def tile_n_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     """The ring depths of a 128 x ``n`` bulk-store design in the space: the
     ``TILE_N_DEPTHS`` deepest that fit shared memory beside the C buffer (80: 7, 6; 160:
     5, 4; 192: 4, 3; 224: 3, 2)."""
-    fits = _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, store=1))
-    return tuple(fits[-TILE_N_DEPTHS:])
+    return _deepest(n, dtype, 1)
 
 
 def _tile_n_designs(dtype: str, widths: tuple[int, ...] = TILE_N) -> list[KernelDesign]:
     """v5 tile N (issue 22): the persistent cooperative 128 x n designs with the bulk
     store for each n of ``widths`` (``TILE_N``), at its two deepest rings, each raster x
     ctas (as v5's bulk-store designs): 4 x 2 x 6 = 48 per dtype."""
-    out = []
-    for n in widths:
-        for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
-            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=1)
-            if not check(d, sys.modules[__name__]):
-                out.append(d)
-    return out
+    return _with_store(dtype, widths, tile_n_stages, 1)
 
 
 def _overlap_designs(dtype: str) -> list[KernelDesign]:
@@ -575,20 +589,13 @@ def _overlap_designs(dtype: str) -> list[KernelDesign]:
     runs under the next tile's first k tile (``store`` = 2), for each n of
     ``OVERLAP_TILE_N`` at the two rings of its bulk-store twin, each raster x ctas:
     3 x 2 x 6 = 36 per dtype."""
-    out = []
-    for n in OVERLAP_TILE_N:
-        for st, raster, ctas in itertools.product(tile_n_stages(n, dtype), RASTER, CTAS):
-            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=2)
-            if not check(d, sys.modules[__name__]):
-                out.append(d)
-    return out
+    return _with_store(dtype, OVERLAP_TILE_N, tile_n_stages, 2)
 
 
 def halves_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
-    """The ring depths of a 128 x ``n`` v5 halves design in the space: the
-    ``TILE_N_DEPTHS`` deepest beside the half C buffer (192: 4, 5; 224: 3, 4; 256: 3, 4)."""
-    fits = _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, store=3))
-    return tuple(fits[-TILE_N_DEPTHS:])
+    """The ring depths of a 128 x ``n`` v5 halves design: the ``TILE_N_DEPTHS`` deepest
+    beside the half C buffer (192: 4, 5; 224: 3, 4; 256: 3, 4)."""
+    return _deepest(n, dtype, 3)
 
 
 def halves_designs(dtype: str) -> list[KernelDesign]:
@@ -596,13 +603,7 @@ def halves_designs(dtype: str) -> list[KernelDesign]:
     128 x n designs storing through a C buffer of half the rows (``store`` = 3), for each
     n of ``HALVES_TILE_N`` at its two deepest rings, each raster x ctas: 3 x 2 x 6 = 36
     per dtype."""
-    out = []
-    for n in HALVES_TILE_N:
-        for st, raster, ctas in itertools.product(halves_stages(n, dtype), RASTER, CTAS):
-            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=3)
-            if not check(d, sys.modules[__name__]):
-                out.append(d)
-    return out
+    return _with_store(dtype, HALVES_TILE_N, halves_stages, 3)
 
 
 def _pair_designs(dtype: str) -> list[KernelDesign]:

@@ -24,3 +24,26 @@ def sass_of(tmp_path):
         return sass.sass(checked_cubin(d, cache), r.symbol)
 
     return listing
+
+
+@pytest.fixture
+def v5_sass(sass_of):
+    """``v5_sass(design)``: the SASS listing of a persistent bulk-store design (sm90tma
+    v5's stores), asserted to hold HGMMA of its wgmma N only, the bulk copies (UBLKCP),
+    no local memory, and in a PDL design no global access before griddepcontrol.wait
+    but the prefetch."""
+    import re
+
+    from cudal2.generator import sass
+    from cudal2.generator.families import base
+
+    def listing(d) -> str:
+        text = sass_of(d)
+        assert set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text)) == {f"64x{d.knobs.wgmma_n}x16"}
+        assert "UBLKCP" in text and "LDL" not in text and "STL" not in text
+        trigger = base.pdl_trigger(d)
+        if trigger != "none":
+            assert sass.pdl_violations(text, trigger) == []
+        return text
+
+    return listing

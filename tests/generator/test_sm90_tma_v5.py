@@ -181,6 +181,19 @@ def test_space_holds_the_v5_designs():
         assert {d.knobs.stages for d in bulk if sm90_tma.tile_mn(d) == (128, 256)} == {2, 3}
 
 
+# Every bulk store (v5's, v5 tile N's, v5 overlap's, v5 halves': store 1, 2, 3) adds
+# bias, residual and bias_residual in registers before the C buffer; the gated and
+# row-scaled epilogues stay the one-tile kernel's.
+@pytest.mark.parametrize("n, stages, store", [(160, 5, 1), (192, 4, 2), (224, 4, 3)])
+def test_the_bulk_stores_take_the_persistent_epilogues(n, stages, store):
+    d = sm90_tma.design("fp16", 2, 1, False, n, stages, 1, pers=1, raster=8, store=store)
+    assert legality(d) == []
+    for epi in ("bias", "residual", "bias_residual"):
+        assert legality(base.with_epilogue(d, epi)) == [], epi
+    for epi in ("silu", "rmsnorm"):
+        assert any("the one-tile kernel only" in r for r in legality(base.with_epilogue(d, epi)))
+
+
 # The grouped walk, compiled for the host: every tile visited once, in groups of G M
 # tiles walked column by column, for tile grids up to 40 x 40 (a last group shorter than
 # G, a single row, a single column).
