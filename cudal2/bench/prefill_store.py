@@ -24,6 +24,22 @@ STORE_SWEEPS = {
     ),
 }
 POWER_OWN = "bench/results/h200-power-own.json"  # ci/gpu_power_own.sh
+# ci/gpu_ncu_prefill.sh: Nsight Compute's details page of both kernels, a file a shape
+NCU_PREFILL = (
+    "bench/results/h200-ncu-prefill-4096x4096x4096.csv",
+    "bench/results/h200-ncu-prefill-4096x8192x1024.csv",
+)
+NCU_ROWS = (  # (the details page's metric, how the table names it)
+    ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe active %"),
+    ("SM Frequency", "SM clock (GHz)"),
+    ("Elapsed Cycles", "elapsed cycles"),
+    ("Duration", "duration (us)"),
+    ("Compute (SM) Throughput", "SM throughput %"),
+    ("L2 Cache Throughput", "L2 throughput %"),
+    ("Dynamic Shared Memory Per Block", "dynamic shared memory (KB)"),
+    ("Grid Size", "CTAs"),
+    ("Cluster Size", "cluster size"),
+)
 VENDOR_KERNELS = "bench/results/h200-vendor-kernels.json"  # ci/gpu_prefill.sh VENDOR_KERNELS=1
 
 
@@ -204,4 +220,34 @@ def power_own(root: Path) -> str:
         f"median SM clock torch {_median(clocks['torch']):.0f}, own "
         f"{_median(clocks['own']):.0f}, cuBLASLt {_median(clocks['cublaslt']):.0f} MHz.",
     ]
+    return "\n".join(lines)
+
+
+def ncu_prefill(root: Path) -> str:
+    """Per profiled shape: the own kernel's and cuBLASLt's Nsight Compute figures side by
+    side (one launch each, clocks as found, caches flushed)."""
+    import csv
+
+    lines = [
+        "Nsight Compute (`ci/gpu_ncu_prefill.sh`: one launch of each, `--clock-control "
+        f"none`, caches flushed; `{'`, `'.join(NCU_PREFILL)}`): the fastest own kernel of "
+        "the overlap and halves sweeps and cuBLASLt's autotuned algorithm (its kernel's "
+        "name: cuBLAS's m, the first of its tile, is this project's N).",
+    ]
+    for path in NCU_PREFILL:
+        with open(root / path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        kernels = list(dict.fromkeys(r["Kernel Name"] for r in rows))
+        own = next(k for k in kernels if k.startswith("hgemm_"))
+        lt = next(k for k in kernels if not k.startswith("hgemm_"))
+        value = {(r["Kernel Name"], r["Metric Name"]): r["Metric Value"] for r in rows}
+        shape = Path(path).stem.removeprefix("h200-ncu-prefill-").replace("x", "×")
+        lines += [
+            "",
+            f"{shape}: own `{own.split('(')[0]}`, cuBLASLt `{lt.split('(')[0]}`",
+            "",
+            "| | own | cuBLASLt |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| {label} | {value[(own, m)]} | {value[(lt, m)]} |" for m, label in NCU_ROWS]
     return "\n".join(lines)

@@ -1939,6 +1939,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tma-v5-pairn": tma_v5_pairn,
     "tma-v5-store": prefill_store.tma_v5_store,
     "power-own": prefill_store.power_own,
+    "ncu-prefill": prefill_store.ncu_prefill,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

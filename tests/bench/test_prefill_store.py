@@ -86,3 +86,21 @@ def test_the_work_a_cycle_is_tflops_over_the_clock_against_torch():
     assert float(cells[-2]) == round(per_ghz("own") / per_ghz("torch"), 3)
     assert float(cells[-1]) == round(per_ghz("cublaslt") / per_ghz("torch"), 3)
     assert cells[1] == "`nvjet_sm90_hsh_320x128_64x3_1x2_h_bz_coopB_TNT`"
+
+
+def test_the_ncu_block_quotes_each_kernels_figures_from_its_csv():
+    import csv
+
+    block = ps.ncu_prefill(ROOT)
+    with open(ROOT / ps.NCU_PREFILL[0], newline="") as f:
+        rows = list(csv.DictReader(f))
+    metric = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
+    own, lt = (
+        next(r["Metric Value"] for r in rows if r["Metric Name"] == metric and pick(r))
+        for pick in (
+            lambda r: r["Kernel Name"].startswith("hgemm_"),
+            lambda r: not r["Kernel Name"].startswith("hgemm_"),
+        )
+    )
+    assert f"| tensor pipe active % | {own} | {lt} |" in block
+    assert float(lt) > float(own)  # what the worklog says of these runs

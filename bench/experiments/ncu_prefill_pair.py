@@ -1,0 +1,79 @@
+"""Under ncu: the fastest own kernel of a sweep's database and cuBLASLt's autotuned
+algorithm on one prefill shape, each launched in an NVTX range of its name ("own",
+"cublaslt"), for Nsight Compute's per-kernel sections side by side (issue 22: where the
+own kernels' tensor pipe waits, docs/kernels.md).
+
+    ncu --nvtx --nvtx-include "own/" --nvtx-include "cublaslt/" --section ... \\
+        python bench/experiments/ncu_prefill_pair.py --db DB.jsonl.gz [...] [--shape M N K]
+
+(``ci/gpu_ncu_prefill.sh`` runs it so.) The own kernel and the algorithm are picked as
+``power_own.py`` picks them; operands uniform(-1, 1), fp16 tn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from power_own import best_records  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", nargs="+", type=Path, required=True)
+    ap.add_argument("--shape", nargs=3, type=int, default=[4096, 4096, 4096])
+    ap.add_argument("--launches", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from cudal2.generator.compile import ArtifactCache, build
+    from cudal2.generator.space import design_name, launch_recipe
+    from cudal2.packaging.runtime import driver
+    from cudal2.records import KernelDesign, Target
+    from cudal2.verify.launch import launch_dense
+    from cudal2.verify.spread import VendorSpread
+
+    m, n, k = args.shape
+    recs = best_records(args.db)[(m, n, k)]
+    t = Target(arch="sm_90a", dtype="fp16", layout="tn", m=m, n=n, k=k)
+    a = torch.rand(m, k, device="cuda").mul_(2).sub_(1).half()
+    w = torch.rand(n, k, device="cuda").mul_(2).sub_(1).half()
+    c = torch.empty(m, n, device="cuda", dtype=torch.half)
+    stream = torch.cuda.current_stream().cuda_stream
+    d = KernelDesign.from_json(recs["own"]["design"])
+    cache = ArtifactCache(Path(os.environ.get("CUDAL2_CACHE", ".cache/artifacts")))
+    b = build(d, cache)
+    if not b.ok:
+        raise RuntimeError(f"{design_name(d)}: {b.error}")
+    recipe = launch_recipe(d)
+    kernel = driver.Kernel(cache.cubin(b.artifact_key), b.symbol, recipe["smem_bytes"])
+    lt = VendorSpread().problem(t)
+    i = int(recs["cublaslt"]["vendor"]["heuristic_index"])
+    if lt.algo_bytes(i).hex() != recs["cublaslt"]["vendor"]["algo"]:
+        raise RuntimeError("cuBLASLt's heuristic list differs from the database's")
+    runs = {
+        "own": lambda: launch_dense(
+            kernel, recipe, t, a.data_ptr(), w.data_ptr(), c.data_ptr(), stream
+        ),
+        "cublaslt": lambda: lt.run(i, a.data_ptr(), w.data_ptr(), c.data_ptr(), stream),
+    }
+    for fn in runs.values():  # warm-up, outside the ranges
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in runs.items():
+        for _ in range(args.launches):
+            with torch.cuda.nvtx.range(name):
+                fn()
+            torch.cuda.synchronize()
+    print(f"own: {design_name(d)}; cublaslt: {recs['cublaslt']['vendor']['name']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

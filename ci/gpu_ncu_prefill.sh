@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 22, where the own kernels' tensor pipe waits, one call: Nsight Compute's sections
+# for the fastest own kernel of the sweeps' databases and cuBLASLt's autotuned algorithm
+# on prefill shapes (bench/experiments/ncu_prefill_pair.py), clocks as found:
+#
+#   bash ci/gpu_ncu_prefill.sh                     (carry .whl: nvmath-python)
+#
+# SHAPES (default "4096 4096 4096;4096 8192 1024"), DBS (default: the H200 v5 overlap and
+# halves sweeps, fp16). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
+# both kernels' sections, ncu --csv) and ncu-run.txt. Commit the CSVs as
+# bench/results/h200-ncu-prefill-<M>x<N>x<K>.csv.
+set -euo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
+NCU=$($PY -c "from cudal2.verify.profile import find_ncu; print(find_ncu() or '')")
+[ -n "$NCU" ] || { echo "ncu not found"; exit 2; }
+DBS=${DBS:-bench/results/h200-sweep-tma-v5-overlap.measurements.jsonl.gz bench/results/h200-sweep-tma-v5-halves.measurements.jsonl.gz}
+IFS=';' read -r -a SHAPE_LIST <<<"${SHAPES:-4096 4096 4096;4096 8192 1024}"
+for shape in "${SHAPE_LIST[@]}"; do
+  read -r m n k <<<"$shape"
+  step "ncu: own and cuBLASLt at ${m}x${n}x${k}"
+  rep="$OUT/ncu-${m}x${n}x${k}"
+  # shellcheck disable=SC2086
+  timeout 240 "$NCU" --clock-control none --cache-control all --replay-mode kernel \
+    --nvtx --nvtx-include "own/" --nvtx-include "cublaslt/" --launch-count 4 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    --metrics sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
+    --export "$rep" --force-overwrite \
+    $PY bench/experiments/ncu_prefill_pair.py --db $DBS --shape "$m" "$n" "$k" --launches 1 \
+    2>&1 | tee -a "$OUT/ncu-run.txt" | grep -v "^==PROF==" | tail -5
+  "$NCU" --import "$rep.ncu-rep" --csv --page details > "$rep.csv"
+  rm -f "$rep.ncu-rep"
+  wc -l "$rep.csv"
+done
