@@ -149,6 +149,16 @@ def tma_v5_store(root: Path) -> str:
                 f"| {label} | {against} | {dtype} | {_gm(g):.3f} | {len(g)} | "
                 f"{sum(x > 1 for x in g)} |"
             )
+    lines += [
+        "",
+        "The overlap's gain by tile and ring (fp16; geomean over the targets):",
+        "",
+        "| tile | ring stages | gain | targets |",
+        "|---|---:|---:|---:|",
+    ]
+    for n, st in sorted({(k[0], k[1]) for ks in ov.values() for k in ks if k[2] == 2}):
+        g = [ks[(n, st, 2)] / ks[(n, st, 1)] for ks in ov.values() if (n, st, 1) in ks]
+        lines.append(f"| 128 x {n} | {st} | {_gm(g):.3f} | {len(g)} |")
     return "\n".join(lines)
 
 

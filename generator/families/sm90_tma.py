@@ -425,7 +425,8 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
             "warpgroups, unpaired (cluster_m=1)"
         ]
     if overlapped(d) and k.m_blocks != 1:
-        return ["store=2: one 64-row block a warpgroup (m_blocks=1): two sets of two spill"]
+        # The overlap kernel holds one 64-row block a set (its turn takes MP = 1).
+        return ["store=2: one 64-row block a warpgroup (m_blocks=1)"]
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
     ):
@@ -611,7 +612,7 @@ def _pair_designs(dtype: str) -> list[KernelDesign]:
     least 128 x 128, compute orientation): each stage count, raster and ctas with the
     accumulator store, then with the bulk store."""
     out = []
-    for store in STORE[:2]:  # store = 2, 3: their own widths (``_overlap_designs``, ...)
+    for store in STORE[:2]:  # stores 2 and 3 do not pair
         stages = V5_STAGES if store else STAGES
         for mp, n, st, raster, ctas in itertools.product(M_BLOCKS, WGMMA_N, stages, RASTER, CTAS):
             d = design(
