@@ -6,7 +6,9 @@
 #   bash ci/gpu_ncu_prefill.sh                     (carry .whl: nvmath-python)
 #
 # SHAPES (default "4096 4096 4096;4096 8192 1024"), DBS (default: the H200 v5 overlap and
-# halves sweeps, fp16). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
+# halves sweeps, fp16), EXTRA_METRICS (more ncu metrics, comma-separated; e.g. the warp
+# stall reasons: regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio), TAG
+# (a suffix of the files' names). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
 # both kernels' sections, ncu --csv) and ncu-run.txt. Commit the CSVs as
 # bench/results/h200-ncu-prefill-<M>x<N>x<K>.csv.
 set -euo pipefail
@@ -19,13 +21,13 @@ IFS=';' read -r -a SHAPE_LIST <<<"${SHAPES:-4096 4096 4096;4096 8192 1024}"
 for shape in "${SHAPE_LIST[@]}"; do
   read -r m n k <<<"$shape"
   step "ncu: own and cuBLASLt at ${m}x${n}x${k}"
-  rep="$OUT/ncu-${m}x${n}x${k}"
+  rep="$OUT/ncu-${m}x${n}x${k}${TAG:-}"
   # shellcheck disable=SC2086
   timeout 240 "$NCU" --clock-control none --cache-control all --replay-mode kernel \
     --nvtx --nvtx-include "own/" --nvtx-include "cublaslt/" --launch-count 4 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
-    --metrics sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
+    --metrics "sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active${EXTRA_METRICS:+,$EXTRA_METRICS}" \
     --export "$rep" --force-overwrite \
     $PY bench/experiments/ncu_prefill_pair.py --db $DBS --shape "$m" "$n" "$k" --launches 1 \
     2>&1 | tee -a "$OUT/ncu-run.txt" | grep -v "^==PROF==" | tail -5

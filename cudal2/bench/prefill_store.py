@@ -29,6 +29,9 @@ NCU_PREFILL = (
     "bench/results/h200-ncu-prefill-4096x4096x4096.csv",
     "bench/results/h200-ncu-prefill-4096x8192x1024.csv",
 )
+# ci/gpu_ncu_prefill.sh with the warp stall reasons (EXTRA_METRICS, TAG=-stalls)
+NCU_STALLS = "bench/results/h200-ncu-prefill-4096x4096x4096-stalls.csv"
+_STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 NCU_ROWS = (  # (the details page's metric, how the table names it)
     ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe active %"),
     ("SM Frequency", "SM clock (GHz)"),
@@ -260,4 +263,36 @@ def ncu_prefill(root: Path) -> str:
             "|---|---:|---:|",
         ]
         lines += [f"| {label} | {value[(own, m)]} | {value[(lt, m)]} |" for m, label in NCU_ROWS]
+    own, lt, stalls = _stalls(root / NCU_STALLS)
+    lines += [
+        "",
+        f"Warp stall reasons at 4096×4096×4096 (`{NCU_STALLS}`, a second run: cycles a "
+        "warp waits per instruction issued, every warp of the kernel, producers too; "
+        "those above 0.1 in either kernel):",
+        "",
+        "| reason | own | cuBLASLt |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| {reason} | {v[own]:.2f} | {v[lt]:.2f} |"
+        for reason, v in sorted(stalls.items(), key=lambda kv: -max(kv[1].values()))
+        if max(v.values()) > 0.1 and reason != "selected"
+    ]
     return "\n".join(lines)
+
+
+def _stalls(path: Path) -> tuple[str, str, dict[str, dict[str, float]]]:
+    """The own and the vendor kernel's names and, per stall reason, each one's cycles a
+    warp waits per issued instruction."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["Metric Name"].startswith(_STALL[0])]
+    kernels = list(dict.fromkeys(r["Kernel Name"] for r in rows))
+    own = next(k for k in kernels if k.startswith("hgemm_"))
+    lt = next(k for k in kernels if not k.startswith("hgemm_"))
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        reason = r["Metric Name"].removeprefix(_STALL[0]).removesuffix(_STALL[1])
+        out.setdefault(reason, {})[r["Kernel Name"]] = float(r["Metric Value"].replace(",", ""))
+    return own, lt, out

@@ -104,3 +104,12 @@ def test_the_ncu_block_quotes_each_kernels_figures_from_its_csv():
     )
     assert f"| tensor pipe active % | {own} | {lt} |" in block
     assert float(lt) > float(own)  # what the worklog says of these runs
+
+
+def test_the_stall_table_reads_both_kernels_from_its_csv():
+    own, lt, stalls = ps._stalls(ROOT / ps.NCU_STALLS)
+    assert own.startswith("hgemm_") and not lt.startswith("hgemm_")
+    block = ps.ncu_prefill(ROOT)
+    mio = stalls["mio_throttle"]
+    assert f"| mio_throttle | {mio[own]:.2f} | {mio[lt]:.2f} |" in block
+    assert mio[own] > mio[lt]  # what the worklog says of this run
