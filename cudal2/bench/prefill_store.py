@@ -59,16 +59,12 @@ def _tile(knobs: dict) -> tuple[int, int, int]:
 def _sweep(root: Path, path: str) -> tuple[str, dict, dict]:
     """The sweep's GPU, its kernels' speedups over torch per (dtype, M, N, K) and
     (wgmma_n, stages, store), and cuBLASLt's per (dtype, M, N, K)."""
-    from cudal2.bench.schedules import timed
+    from cudal2.bench.schedules import timed, vendor_timed
     from cudal2.database import MeasurementDB, latest
 
     ms = latest(MeasurementDB(root / path).read())
     own = {key: {_tile(r.knobs): r.speedup for r in rows} for key, rows in timed(ms).items()}
-    lt = {
-        (m.target.dtype, m.target.m, m.target.n, m.target.k): m.baselines_us["torch"] / m.median_us
-        for m in ms
-        if m.status == "ok" and m.design is None and "torch" in m.baselines_us
-    }
+    lt = vendor_timed(ms)
     gpu = next((m.gpu.name for m in ms if m.gpu), "?")
     return gpu, own, lt
 
@@ -239,7 +235,6 @@ def power_own(root: Path) -> str:
 def ncu_prefill(root: Path) -> str:
     """Per profiled shape: the own kernel's and cuBLASLt's Nsight Compute figures side by
     side (one launch each, clocks as found, caches flushed)."""
-    import csv
 
     lines = [
         "Nsight Compute (`ci/gpu_ncu_prefill.sh`: one launch of each, `--clock-control "
@@ -248,11 +243,7 @@ def ncu_prefill(root: Path) -> str:
         "name: cuBLAS's m, the first of its tile, is this project's N).",
     ]
     for path in NCU_PREFILL:
-        with open(root / path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        kernels = list(dict.fromkeys(r["Kernel Name"] for r in rows))
-        own = next(k for k in kernels if k.startswith("hgemm_"))
-        lt = next(k for k in kernels if not k.startswith("hgemm_"))
+        rows, own, lt = _ncu_rows(root / path)
         value = {(r["Kernel Name"], r["Metric Name"]): r["Metric Value"] for r in rows}
         shape = Path(path).stem.removeprefix("h200-ncu-prefill-").replace("x", "×")
         lines += [
@@ -281,18 +272,25 @@ def ncu_prefill(root: Path) -> str:
     return "\n".join(lines)
 
 
-def _stalls(path: Path) -> tuple[str, str, dict[str, dict[str, float]]]:
-    """The own and the vendor kernel's names and, per stall reason, each one's cycles a
-    warp waits per issued instruction."""
+def _ncu_rows(path: Path) -> tuple[list[dict[str, str]], str, str]:
+    """An ncu details CSV's rows and the names of its own kernel (``hgemm_``...) and of
+    the vendor's."""
     import csv
 
     with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["Metric Name"].startswith(_STALL[0])]
+        rows = list(csv.DictReader(f))
     kernels = list(dict.fromkeys(r["Kernel Name"] for r in rows))
     own = next(k for k in kernels if k.startswith("hgemm_"))
     lt = next(k for k in kernels if not k.startswith("hgemm_"))
+    return rows, own, lt
+
+
+def _stalls(path: Path) -> tuple[str, str, dict[str, dict[str, float]]]:
+    """The own and the vendor kernel's names and, per stall reason, each one's cycles a
+    warp waits per issued instruction."""
+    rows, own, lt = _ncu_rows(path)
     out: dict[str, dict[str, float]] = {}
-    for r in rows:
+    for r in (r for r in rows if r["Metric Name"].startswith(_STALL[0])):
         reason = r["Metric Name"].removeprefix(_STALL[0]).removesuffix(_STALL[1])
         out.setdefault(reason, {})[r["Kernel Name"]] = float(r["Metric Value"].replace(",", ""))
     return own, lt, out

@@ -76,6 +76,16 @@ def timed(ms: Iterable[Any]) -> dict[tuple[str, int, int, int], list[Timed]]:
     return out
 
 
+def vendor_timed(ms: Iterable[Any]) -> dict[tuple[str, int, int, int], float]:
+    """(dtype, M, N, K) -> cuBLASLt's autotuned record (no design) as a speedup over the
+    torch baseline timed beside it."""
+    return {
+        (m.target.dtype, m.target.m, m.target.n, m.target.k): m.baselines_us["torch"] / m.median_us
+        for m in ms
+        if m.status == "ok" and m.design is None and "torch" in m.baselines_us
+    }
+
+
 def best_by_schedule(rows: Sequence[Timed]) -> dict[str, Timed]:
     """The fastest (over its own torch) kernel of each schedule present."""
     best: dict[str, Timed] = {}

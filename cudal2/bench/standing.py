@@ -1463,16 +1463,12 @@ def tma_v5_pairn(root: Path) -> str:
     128x256."""
     import math
 
-    from cudal2.bench.schedules import timed
+    from cudal2.bench.schedules import timed, vendor_timed
     from cudal2.database import MeasurementDB, latest
 
     ms = latest(MeasurementDB(root / TMA_V5_PAIRN).read())
     by_target = timed(ms)
-    lt = {
-        (m.target.dtype, m.target.m, m.target.n, m.target.k): m.baselines_us["torch"] / m.median_us
-        for m in ms
-        if m.status == "ok" and m.design is None and "torch" in m.baselines_us
-    }
+    lt = vendor_timed(ms)
     gpu = next((m.gpu.name for m in ms if m.gpu), "?")
     kinds = {
         "pair, 128 x n": lambda k: k.get("cluster_m", 1) == 2 and k["wgmma_n"] != 256,
