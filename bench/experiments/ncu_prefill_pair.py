@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from power_own import best_records  # noqa: E402
+from power_own import best_records, lt_algo, own_kernel  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,10 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from cudal2.generator.compile import ArtifactCache, build
-    from cudal2.generator.space import design_name, launch_recipe
-    from cudal2.packaging.runtime import driver
-    from cudal2.records import KernelDesign, Target
+    from cudal2.generator.compile import ArtifactCache
+    from cudal2.records import Target
     from cudal2.verify.launch import launch_dense
     from cudal2.verify.spread import VendorSpread
 
@@ -46,16 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     w = torch.rand(n, k, device="cuda").mul_(2).sub_(1).half()
     c = torch.empty(m, n, device="cuda", dtype=torch.half)
     stream = torch.cuda.current_stream().cuda_stream
-    d = KernelDesign.from_json(recs["own"]["design"])
     cache = ArtifactCache(Path(os.environ.get("CUDAL2_CACHE", ".cache/artifacts")))
-    b = build(d, cache)
-    if not b.ok:
-        raise RuntimeError(f"{design_name(d)}: {b.error}")
-    recipe = launch_recipe(d)
-    kernel = driver.Kernel(cache.cubin(b.artifact_key), b.symbol, recipe["smem_bytes"])
-    lt = VendorSpread().problem(t)
-    i = int(recs["cublaslt"]["vendor"]["heuristic_index"])
-    if lt.algo_bytes(i).hex() != recs["cublaslt"]["vendor"]["algo"]:
+    own_name, kernel, recipe = own_kernel(recs["own"]["design"], cache)
+    lt, i = lt_algo(VendorSpread(), t, recs["cublaslt"]["vendor"])
+    if i is None:
         raise RuntimeError("cuBLASLt's heuristic list differs from the database's")
     runs = {
         "own": lambda: launch_dense(
@@ -71,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             with torch.cuda.nvtx.range(name):
                 fn()
             torch.cuda.synchronize()
-    print(f"own: {design_name(d)}; cublaslt: {recs['cublaslt']['vendor']['name']}")
+    print(f"own: {own_name}; cublaslt: {recs['cublaslt']['vendor']['name']}")
     return 0
 
 

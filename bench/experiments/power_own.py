@@ -63,14 +63,40 @@ def write_json(path: Path, d: dict) -> None:
     os.replace(tmp, path)
 
 
+def own_kernel(design: dict, cache) -> tuple[str, object, dict]:
+    """A record's design compiled here (into ``cache``): its name, the loaded kernel and
+    its launch recipe."""
+    from cudal2.generator.compile import build
+    from cudal2.generator.space import design_name, launch_recipe
+    from cudal2.packaging.runtime import driver
+    from cudal2.records import KernelDesign
+
+    d = KernelDesign.from_json(design)
+    b = build(d, cache)
+    if not b.ok:
+        raise RuntimeError(f"{design_name(d)}: {b.error}")
+    recipe = launch_recipe(d)
+    return (
+        design_name(d),
+        driver.Kernel(cache.cubin(b.artifact_key), b.symbol, recipe["smem_bytes"]),
+        recipe,
+    )
+
+
+def lt_algo(spread, t, vendor: dict):
+    """The target's cuBLASLt problem and the index of a record's algorithm in its
+    heuristic list, or None where the list holds other bytes there."""
+    lt = spread.problem(t)
+    i = int(vendor["heuristic_index"])
+    same = i < lt.count and lt.algo_bytes(i).hex() == vendor["algo"]
+    return lt, (i if same else None)
+
+
 def measure_shape(key, recs: dict, spread, cache, mon: Monitor, args) -> dict:
     import torch
 
     from cudal2.bench.bench import make_operands
-    from cudal2.generator.compile import build
-    from cudal2.generator.space import design_name, launch_recipe
-    from cudal2.packaging.runtime import driver
-    from cudal2.records import KernelDesign, Target
+    from cudal2.records import Target
     from cudal2.verify.launch import launch_dense
     from cudal2.verify.timing import operand_sets, time_sustained
 
@@ -87,24 +113,17 @@ def measure_shape(key, recs: dict, spread, cache, mon: Monitor, args) -> dict:
     rec: dict = {"target": {"m": m, "n": n, "k": k, "dtype": "fp16", "layout": "tn"}}
     own = recs.get("own")
     if own:
-        d = KernelDesign.from_json(own["design"])
-        b = build(d, cache)
-        if not b.ok:
-            raise RuntimeError(f"{design_name(d)}: {b.error}")
-        recipe = launch_recipe(d)
-        kernel = driver.Kernel(cache.cubin(b.artifact_key), b.symbol, recipe["smem_bytes"])
+        name, kernel, recipe = own_kernel(own["design"], cache)
         fns["own"] = lambda j: launch_dense(
             kernel, recipe, t, ops.a[j].data_ptr(), ops.w_tn[j].data_ptr(), ops.c[j].data_ptr(),
             stream(),
         )  # fmt: skip
-        rec["own"] = {"design": design_name(d), "record_median_us": own["median_us"]}
+        rec["own"] = {"design": name, "record_median_us": own["median_us"]}
     lt_rec = recs.get("cublaslt")
     if lt_rec:
-        lt = spread.problem(t)
-        i = int(lt_rec["vendor"]["heuristic_index"])
-        same = i < lt.count and lt.algo_bytes(i).hex() == lt_rec["vendor"]["algo"]
-        rec["cublaslt"] = {"name": lt_rec["vendor"]["name"], "same_algo": same}
-        if same:
+        lt, i = lt_algo(spread, t, lt_rec["vendor"])
+        rec["cublaslt"] = {"name": lt_rec["vendor"]["name"], "same_algo": i is not None}
+        if i is not None:
             fns["cublaslt"] = lambda j: lt.run(
                 i, ops.a[j].data_ptr(), ops.w_tn[j].data_ptr(), ops.c[j].data_ptr(), stream()
             )
