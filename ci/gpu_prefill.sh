@@ -30,6 +30,13 @@
 #   TESTS='overlap' TEST_TIMEOUT=300 SWEEP=bench/manifests/sweep-tma-v5-overlap-h100.toml \
 #     BENCH=0 VENDOR_KERNELS=1 bash ci/gpu_prefill.sh
 #
+# sm90tma v5 TMA store (docs/kernels.md "sm90tma v5 TMA store"): TESTS='tma_v5_tma or
+# pingpong_tma' selects its GPU tests (the kernels on every residue N % 8 == 0, the strided
+# output, a misaligned C refused, the fused epilogues in place and under memcheck: 51):
+#
+#   TESTS='tma_v5_tma or pingpong_tma' TEST_TIMEOUT=400 SWEEP=bench/manifests/sweep-tma-v5-tma-h100.toml \
+#     BENCH=0 bash ci/gpu_prefill.sh
+#
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):

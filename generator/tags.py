@@ -311,14 +311,27 @@ TMA_RASTER = {
         "n0": "raster_n(tile, pairs_m, pair_tiles) * BN",
     },
 }
+# ``params``: what the store adds to the kernel's parameters after tmB (the TMA store's
+# tensor map of C; the runtime encodes it from the recipe's ``tma.c`` box).
 TMA_STORE = {
-    0: {"tile": "sm90_tma/store/direct.cu.j2", "drain": NONE},
-    1: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
+    0: {"tile": "sm90_tma/store/direct.cu.j2", "drain": NONE, "params": ""},
+    1: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2", "params": ""},
     # v5 overlap: the same bulk store, run by its own kernel under the next tile's first
     # k tile (two accumulator sets)
-    2: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
+    2: {"tile": "sm90_tma/store/bulk.cu.j2", "drain": "sm90_tma/store/drain.cu.j2", "params": ""},
     # v5 halves: in two row halves through a C buffer of half the rows
-    3: {"tile": "sm90_tma/store/bulk_halves.cu.j2", "drain": "sm90_tma/store/drain.cu.j2"},
+    3: {
+        "tile": "sm90_tma/store/bulk_halves.cu.j2",
+        "drain": "sm90_tma/store/drain.cu.j2",
+        "params": "",
+    },
+    # v5 TMA store: 64 x 64 subtiles through two buffers a consumer warpgroup, written
+    # with stmatrix and stored by cp.async.bulk.tensor through a tensor map of C
+    4: {
+        "tile": "sm90_tma/store/tma.cu.j2",
+        "drain": "sm90_tma/store/drain.cu.j2",
+        "params": ",\n    const __grid_constant__ TmaMap tmC",
+    },
 }
 # The kernel a store brings where it is not the persistent kernel of TMA_KERNEL.
 TMA_STORE_KERNEL = {2: "sm90_tma/persistent_overlap_kernel.cu.j2"}

@@ -46,7 +46,10 @@ v5 overlap: ``store`` = 2, the persistent cooperative kernel with two accumulato
 each tile's bulk store run under the next tile's first k tile (``OVERLAP_TILE_N``). v5
 halves: ``store`` = 3, the bulk store in two row halves through a C buffer of half the
 rows, so the ring keeps a stage more (``HALVES_TILE_N``; measured to lose, not in the
-space).
+space). v5 TMA store: ``store`` = 4, each tile in 64 x 64 subtiles through two small
+buffers a consumer warpgroup, one ``cp.async.bulk.tensor`` store a subtile through a
+third tensor map (of C, the recipe's ``tma.c`` box), so the ring keeps a stage more
+(``TMA_STORE_TILE_N``, ``TMA_STORE_PINGPONG_TILES``).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -107,8 +110,10 @@ RASTER = (0, 8, 16)
 CTAS = (0, 128)
 # 0: 4-byte stores from the accumulators; 1: C buffer + bulk copies; 2: the bulk store
 # overlapped with the next tile's main loop (v5 overlap: two accumulator sets, below);
-# 3: the bulk store in two row halves through a C buffer of half the rows (v5 halves)
-STORE = (0, 1, 2, 3)
+# 3: the bulk store in two row halves through a C buffer of half the rows (v5 halves);
+# 4: 64 x 64 subtiles through two small buffers a consumer warpgroup, each stored by TMA
+# through a tensor map of C (v5 TMA store)
+STORE = (0, 1, 2, 3, 4)
 # v5 tile N (issue 22): the persistent cooperative kernel's tile N (``wgmma_n``, 128 x n
 # tiles) that is not a power of two, so that the tile count fills whole waves of 128 or
 # 132 CTAs where v5's 128x256 tiles leave SMs idle. The rule: for each llm-public
@@ -164,6 +169,21 @@ OVERLAP_TILE_N = (128, 160, 192)
 # gives back 1.2%: 0.977 of the bulk store at its deepest. So these designs are not in
 # the space; ``halves_designs`` still makes them.
 HALVES_TILE_N = (192, 224, 256)
+# v5 TMA store (issue 22): ``store`` = 4. cuBLASLt's kernels at M >= 1024 keep about 16
+# KiB beside a deep ring (docs/kernels.md, the ncu-prefill block): the tile leaves in
+# subtiles through a small buffer, each stored by one TMA instruction, where the bulk
+# store holds the whole tile (66 KiB at 128x256) and issues a copy a row. Here each
+# consumer warpgroup writes its 64-row blocks in 64 x 64 subtiles (stmatrix, 16 bytes a
+# lane, into the 128-byte swizzle of the C tensor map's box) through two 8 KiB buffers
+# of its own, double-buffered against its copies: 32 KiB for two warpgroups, so 128x256
+# keeps 4 stages and 128x128 6 (the bulk store: 3 and 5). The subtile is 64 columns, so
+# the tile N is a multiple of 64; the box's rows past M and columns past N are clipped
+# by the tensor map. The kernel takes a third tensor map (tmC, after tmB; the recipe's
+# ``tma.c`` box) encoded by the runtime over C [M, N] with row stride ldc.
+TMA_STORE_TILE_N = (128, 192, 256)
+TMA_STORE_BOX = 64  # the C box [64 columns, 64 rows]: one subtile
+TMA_STORE_BUFFERS = 2  # a consumer warpgroup's subtile buffers
+TMA_STORE_OFFSET = 1024  # the buffers after the ring, on a 1024-byte swizzle atom
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
 # aligned, as cp.async.bulk asks of its shared-memory source.
@@ -209,7 +229,13 @@ KNOBS = (
 OPTIONAL_KNOBS = (
     Knob("raster", RASTER, "r{}", default=0),
     Knob("ctas", CTAS, "ct{}", default=0),
-    Knob("store", STORE, "st{}", default=0, spellings=((1, "bulk"), (2, "overlap"), (3, "halves"))),
+    Knob(
+        "store",
+        STORE,
+        "st{}",
+        default=0,
+        spellings=((1, "bulk"), (2, "overlap"), (3, "halves"), (4, "tma")),
+    ),  # fmt: skip
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
@@ -323,7 +349,11 @@ def _epilogue_or_none(d: KernelDesign) -> str:
 def c_buffer_bytes(d: KernelDesign) -> int:
     """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1, 2), or
     0; ping-pong has one a consumer warpgroup (each stores its own tiles); v5 halves
-    (``store`` = 3) half the rows."""
+    (``store`` = 3) half the rows; the TMA store (4) two 64 x 64 subtiles a consumer
+    warpgroup, from the first 1024-byte boundary after the barriers."""
+    if v5(d, "store") == 4:
+        sub = TMA_STORE_BOX * TMA_STORE_BOX * 2
+        return TMA_STORE_OFFSET - BARRIER_BYTES + d.knobs.warpgroups * TMA_STORE_BUFFERS * sub
     bm, bn = tile_mn(d)
     halves = 2 if pingpong(d) else 1
     rows = bm // 2 if v5(d, "store") == 3 else bm
@@ -427,6 +457,16 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
     if overlapped(d) and k.m_blocks != 1:
         # The overlap kernel holds one 64-row block a set (its turn takes MP = 1).
         return ["store=2: one 64-row block a warpgroup (m_blocks=1)"]
+    if v5(d, "store") == 4 and (k.cluster_m != 1 or k.warpgroups != 2):
+        # Written for the unpaired persistent kernels (cooperative and ping-pong).
+        return [
+            "store=4: the persistent kernels (persistent=1 or 2) of two consumer "
+            "warpgroups, unpaired (cluster_m=1)"
+        ]
+    if v5(d, "store") == 4 and k.wgmma_n % TMA_STORE_BOX:
+        return [
+            f"store=4: wgmma_n={k.wgmma_n} is not a multiple of the {TMA_STORE_BOX}-column subtile"
+        ]
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
     ):
@@ -490,6 +530,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += _tile_n_designs(dtype)
     out += _pingpong_v5_designs(dtype)
     out += _overlap_designs(dtype)
+    out += tma_store_designs(dtype)
     return out
 
 
@@ -599,6 +640,35 @@ def halves_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     return _deepest(n, dtype, 3)
 
 
+def tma_store_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
+    """The ring depths of a persistent cooperative 128 x ``n`` TMA-store design: the
+    ``TILE_N_DEPTHS`` deepest beside its subtile buffers (128: 5, 6; 192: 3, 4; 256: 3, 4)."""
+    return _deepest(n, dtype, 4)
+
+
+# v5 TMA store's ping-pong tiles (m_blocks, wgmma_n): v5 ping-pong's whose tile N is a
+# multiple of the 64-column subtile (128x128 in two 64-row blocks, 64x256, 64x192).
+TMA_STORE_PINGPONG_TILES = ((2, 128), (1, 256), (1, 192))
+
+
+def tma_store_designs(dtype: str) -> list[KernelDesign]:
+    """v5 TMA store (issue 22): the persistent cooperative 128 x n designs for each n of
+    ``TMA_STORE_TILE_N`` and the ping-pong ones of ``TMA_STORE_PINGPONG_TILES``, each at
+    its two deepest rings, each raster x ctas, storing through subtiles by TMA
+    (``store`` = 4): (3 + 3) x 2 x 6 = 72 per dtype."""
+    out = _with_store(dtype, TMA_STORE_TILE_N, tma_store_stages, 4)
+    for mp, n in TMA_STORE_PINGPONG_TILES:
+        fits = _fitting(
+            lambda st, mp=mp, n=n: design(dtype, 2, mp, False, n, st, 1, pers=2, store=4),
+            PINGPONG_MAX_STAGES,
+        )
+        for st, raster, ctas in itertools.product(fits[-TILE_N_DEPTHS:], RASTER, CTAS):
+            d = design(dtype, 2, mp, False, n, st, 1, pers=2, raster=raster, ctas=ctas, store=4)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
+    return out
+
+
 def halves_designs(dtype: str) -> list[KernelDesign]:
     """v5 halves (issue 22; measured, not in the space): the persistent cooperative
     128 x n designs storing through a C buffer of half the rows (``store`` = 3), for each
@@ -641,6 +711,10 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe = gemm_v1_recipe(bm, bn, threads(d), smem_bytes(d), {"k": 8}, k.split_k, k.cluster_m)
     recipe["abi"] = "gemm_v2"
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
+    if v5(d, "store") == 4:  # the TMA store's map of C [M, N]: [columns, rows]
+        recipe["tma"]["c"] = [TMA_STORE_BOX, TMA_STORE_BOX]
+        # C's row stride a multiple of 16 bytes (the runtime's C has ldc = N)
+        recipe["align"] = {**recipe["align"], "n": 8}
     if k.persistent and k.cluster_m > 1:
         # The persistent pair's grid is 1-D: clusters of two CTAs along x (the runtime
         # launches whole clusters, driver.gemm_grid and the native launcher's plan).
@@ -677,7 +751,11 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         )
     )
     pair = k.persistent == 1 and k.cluster_m > 1
-    ctx.update(tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair), c_pad=C_PAD)
+    ctx.update(
+        tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair),
+        c_pad=C_PAD,
+        c_tma_offset=TMA_STORE_OFFSET,
+    )
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     if pair:  # ... of its first pair tile

@@ -46,7 +46,7 @@
 
 namespace {
 
-constexpr int kAbi = 3;  // cudal2_native_abi(): bumped when the C interface changes
+constexpr int kAbi = 4;  // cudal2_native_abi(): bumped when the C interface changes
 constexpr int kSlots = 8;  // op namespaces one copy of this library can serve
 constexpr int kMaxPlans = 1 << 14;
 constexpr size_t kReadyMax = 1 << 16;  // remembered shapes, as the Python runtime
@@ -145,7 +145,7 @@ using LtMatmulFn = int (*)(void*, void*, const void*, const void*, void*, const 
 // One table entry as it runs on one device (filled by Python: `cudal2_native_set_plan`).
 struct PlanDesc {
   int32_t kind;  // 1 kernel, 2 cuBLASLt, 0 torch's GEMM (a fallback entry with an eager plan)
-  int32_t abi;  // 1 gemm_v1, 2 gemm_v2 (two tensor maps appended), 3 gemm_v3 (+ epilogue)
+  int32_t abi;  // 1 gemm_v1, 2 gemm_v2 (two tensor maps, three with box_c), 3 gemm_v3 (+ epilogue)
   uint64_t function;  // CUfunction, loaded by Python in the device's primary context
   int32_t block[3];
   int32_t smem;
@@ -153,6 +153,7 @@ struct PlanDesc {
   int32_t cluster[3];
   int32_t persistent, ctas_per_sm, sm_count;
   int32_t box_a[2], box_b[2];
+  int32_t box_c[2];  // C's box for a kernel that stores by TMA (its map after B's); 0: none
   int32_t pdl;  // launch with programmatic stream serialization
   // 1 + the id of the entry's eager alternative (an own kernel), launched in this plan's
   // place when the current stream is not capturing a CUDA graph; 0: none
@@ -431,14 +432,25 @@ CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, co
   void* pres = epi != nullptr ? reinterpret_cast<void*>(epi->residual) : nullptr;
   long long ldr = epi != nullptr ? epi->ldr : 0;
   float eps = epi != nullptr ? epi->eps : 0.0f;
-  CUtensorMap ta, tb;
-  void* args[15] = {&pa, &pb, &pc, &m, &n, &k, &lda, &ldb, &ldc, &ta, &tb,
-                    &pbias, &pres, &ldr, &eps};
+  CUtensorMap ta, tb, tc;
+  void* args[16] = {&pa, &pb, &pc, &m, &n, &k, &lda, &ldb, &ldc};
+  int n_args = 9;
   if (p.abi == 2 || p.abi == 3) {
     CUresult r = tensor_map(&ta, a, o.m, o.k, o.lda, p.box_a);
     if (r == CUDA_SUCCESS) r = tensor_map(&tb, b, o.n, o.k, o.ldb, p.box_b);
+    // C [M, N] with row stride ldc, for a kernel that stores by TMA
+    if (r == CUDA_SUCCESS && p.box_c[0] > 0) r = tensor_map(&tc, c, o.m, o.n, ldc, p.box_c);
     if (r != CUDA_SUCCESS) return r;
+    args[n_args++] = &ta;
+    args[n_args++] = &tb;
+    if (p.box_c[0] > 0) args[n_args++] = &tc;
   }
+  // gemm_v3's epilogue operands (a kernel of another ABI has no more parameters: the
+  // driver reads only as many as the kernel declares)
+  args[n_args++] = &pbias;
+  args[n_args++] = &pres;
+  args[n_args++] = &ldr;
+  args[n_args++] = &eps;
   CUlaunchConfig cfg{};
   unsigned grid[3];
   kernel_grid(p, o.m, o.n, grid);
@@ -1101,7 +1113,7 @@ CUDAL2_EXPORT void cudal2_native_grid(const PlanDesc* plan, int64_t m, int64_t n
 // (native.py checks its ctypes mirror field for field at load).
 #define CUDAL2_PLAN_FIELDS(X)                                                              \
   X(kind) X(abi) X(function) X(block) X(smem) X(tile_m) X(tile_n) X(split_k) X(cluster)      \
-  X(persistent) X(ctas_per_sm) X(sm_count) X(box_a) X(box_b) X(pdl) X(eager) X(lt_matmul)    \
+  X(persistent) X(ctas_per_sm) X(sm_count) X(box_a) X(box_b) X(box_c) X(pdl) X(eager) X(lt_matmul)    \
   X(lt_handle) X(lt_desc) X(lt_w) X(lt_a) X(lt_c) X(lt_algo) X(lt_alpha) X(lt_beta)          \
   X(lt_workspace_bytes) X(bias_function) X(epilogue) X(reserved)
 #define CUDAL2_OFFSET(f) offsetof(PlanDesc, f),

@@ -29,7 +29,8 @@ GEMM_V1_TYPES = (
     ctypes.c_longlong,
     ctypes.c_longlong,
 )
-# ABI gemm_v2 appends two tensor maps (CUtensorMap, passed by pointer: type None).
+# ABI gemm_v2 appends two tensor maps (CUtensorMap, passed by pointer: type None), and a
+# third, of C, where the recipe's ``tma`` has a ``c`` box (a kernel storing by TMA).
 GEMM_V2_TYPES = (*GEMM_V1_TYPES, None, None)
 # ABI gemm_v3 appends a fused epilogue's operands: bias, residual (null when unused), ldr.
 GEMM_V3_TYPES = (*GEMM_V2_TYPES, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong)
@@ -342,36 +343,41 @@ def launch_gemm(
     shape; the tensor maps from the recipe's boxes; gemm_v3's epilogue operands from
     ``epilogue``, which must give every operand the recipe's ``epilogue`` reads, and
     its ``eps`` only where that epilogue is ROW_SCALED, its ``rope_kv`` only where it is
-    ROPE_KV); never synchronises. The grid
+    ROPE_KV; C's tensor map, after B's, where the recipe's ``tma`` has a ``c`` box);
+    never synchronises. The grid
     tiles the GEMM's N (the packed 2I of a gated epilogue); ``gemm.ldc`` is the output's
     row stride (N / 2 for a gated one)."""
     args: tuple = gemm  # gemm_v1's parameter block as it stands
-    types = GEMM_V1_TYPES
+    types: tuple = GEMM_V1_TYPES
     abi = recipe.get("abi")
     if abi in ("gemm_v2", EPILOGUE_ABI):
         boxes = recipe["tma"]
-        args = (
-            *gemm,
+        maps = [
             tensor_map(gemm.a, gemm.m, gemm.k, gemm.lda, tuple(boxes["a"])),
             tensor_map(gemm.b, gemm.n, gemm.k, gemm.ldb, tuple(boxes["b"])),
-        )
-        types = GEMM_V2_TYPES
+        ]
+        if "c" in boxes:  # C [M, N] (the table refuses a box of C beside a gated epilogue)
+            maps.append(tensor_map(gemm.c, gemm.m, gemm.n, gemm.ldc, tuple(boxes["c"])))
+        args = (*gemm, *maps)
+        types = (*GEMM_V1_TYPES, *(None,) * len(maps))
     if abi == EPILOGUE_ABI:
         name = recipe.get("epilogue", "none")
         missing = epilogue.missing(name) if epilogue is not None else [name]
         if missing:
             # A kernel that adds an operand it was not given would read address 0.
             raise ValueError(f"a {EPILOGUE_ABI} kernel of epilogue {name!r} needs {missing}")
+        # gemm_v2's parameters (with C's map where there is one), then the epilogue's
         if name in ROPE_KV:
             # bias, residual, ldr, eps, then RoPE's and the caches' operands
             args = (*args, *epilogue[:4], *epilogue.rope_kv.flat())
-            types = GEMM_V3_ROPE_KV_TYPES
+            tail = GEMM_V3_ROPE_KV_TYPES
         elif name in ROW_SCALED:
             args = (*args, *epilogue[:4])  # bias, residual, ldr, then the float eps
-            types = GEMM_V3_ROW_SCALED_TYPES
+            tail = GEMM_V3_ROW_SCALED_TYPES
         else:
             args = (*args, *epilogue[:3])  # no eps: the kernel has no such parameter
-            types = GEMM_V3_TYPES
+            tail = GEMM_V3_TYPES
+        types = (*types, *tail[len(GEMM_V2_TYPES) :])
     elif epilogue is not None and any(epilogue):
         raise ValueError(f"an {abi or 'gemm_v1'} kernel takes no epilogue operands")
     grid = gemm_grid(recipe, gemm.m, gemm.n, device)

@@ -39,7 +39,7 @@ from .abi import EPILOGUE_OPERANDS, GemmArgs
 
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
-ABI = 3  # cudal2_native_abi() of the library this file drives
+ABI = 4  # cudal2_native_abi() of the library this file drives
 # The kernel ABIs the C launcher passes parameters for (PlanDesc.abi: 1, 2, 3); gemm_v3
 # kernels only for the fused ops' calls, of the epilogue the call asks for
 NATIVE_ABIS = ("gemm_v1", "gemm_v2", "gemm_v3")
@@ -70,6 +70,7 @@ class PlanDesc(ctypes.Structure):
         ("sm_count", ctypes.c_int32),
         ("box_a", ctypes.c_int32 * 2),
         ("box_b", ctypes.c_int32 * 2),
+        ("box_c", ctypes.c_int32 * 2),
         ("pdl", ctypes.c_int32),
         ("eager", ctypes.c_int32),
         ("lt_matmul", ctypes.c_uint64),
@@ -522,6 +523,8 @@ class Native:
         if desc.abi >= 2:  # the tensor maps of gemm_v2 and gemm_v3
             desc.box_a[:] = list(r["tma"]["a"])
             desc.box_b[:] = list(r["tma"]["b"])
+            if "c" in r["tma"]:  # C's map after B's (a kernel that stores by TMA)
+                desc.box_c[:] = list(r["tma"]["c"])
         desc.pdl = int(r.get("pdl") is True)  # as driver.launch_gemm reads it
         desc.epilogue = EPILOGUES.index(r.get("epilogue", "none"))
 

@@ -30,7 +30,15 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .abi import ABIS, EPILOGUE_ABI, EPILOGUE_ACTIVATION, EPILOGUE_OPERANDS, LIMITS, ROW_SCALED
+from .abi import (
+    ABIS,
+    EPILOGUE_ABI,
+    EPILOGUE_ACTIVATION,
+    EPILOGUE_OPERANDS,
+    LIMITS,
+    ROPE_KV,
+    ROW_SCALED,
+)
 
 FORMAT = 1
 # A table of 10,000 targets on a few GPU models is a few megabytes; a file far larger
@@ -676,6 +684,18 @@ def _check_epilogue(e: TableEntry) -> None:
     ):
         # Only the one-tile kernel renders them: a persistent one is not a design.
         raise TableError(f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent")
+    tma = e.launch.get("tma")
+    if (
+        isinstance(tma, Mapping)
+        and "c" in tma
+        and (e.epilogue in EPILOGUE_ACTIVATION or e.epilogue in ROPE_KV)
+    ):
+        # The launcher encodes C's map over [M, N]: a gated output is [M, N / 2], and a
+        # RoPE one is not C's shape at all.
+        raise TableError(
+            f"key 'launch.tma.c': a kernel storing C by TMA writes [M, N], not the output "
+            f"of epilogue {e.epilogue!r}"
+        )
 
 
 def _positive_int(value: Any) -> bool:
@@ -808,14 +828,21 @@ def _check_limits(recipe: Mapping[str, Any], e: TableEntry) -> None:
 def _check_tma(tma: Any) -> None:
     """gemm_v2's tensor-map boxes, as ``cuTensorMapEncodeTiled`` takes them with the
     128-byte swizzle: [k, rows], each dimension 1 to 256, a box row (k elements of 2
-    bytes) a multiple of 16 bytes and at most the swizzle's 128."""
+    bytes) a multiple of 16 bytes and at most the swizzle's 128; C's (``c``, optional: a
+    kernel that stores by TMA takes its map after B's) [columns, rows] by the same rule."""
     lim = LIMITS
     box = _positive_ints(2)
-    if not isinstance(tma, Mapping) or not (box(tma.get("a")) and box(tma.get("b"))):
+    if (
+        not isinstance(tma, Mapping)
+        or not (box(tma.get("a")) and box(tma.get("b")))
+        or ("c" in tma and not box(tma["c"]))
+        or not set(tma) <= {"a", "b", "c"}
+    ):
         raise TableError(
-            f"key 'launch.tma' must hold boxes 'a' and 'b' of 2 positive integers each, got {tma!r}"
+            f"key 'launch.tma' must hold boxes 'a' and 'b' (and optionally 'c') of 2 "
+            f"positive integers each, got {tma!r}"
         )
-    for name in ("a", "b"):
+    for name in sorted(tma):
         k, rows = tma[name]
         row_bytes = k * lim.element_bytes
         if rows > lim.tma_box or row_bytes % 16 or row_bytes > lim.tma_swizzle_bytes:

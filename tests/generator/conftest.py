@@ -29,7 +29,8 @@ def sass_of(tmp_path):
 @pytest.fixture
 def v5_sass(sass_of):
     """``v5_sass(design)``: the SASS listing of a persistent bulk-store design (sm90tma
-    v5's stores), asserted to hold HGMMA of its wgmma N only, the bulk copies (UBLKCP),
+    v5's stores), asserted to hold HGMMA of its wgmma N only, the bulk copies (UBLKCP;
+    the TMA store's UTMASTG),
     no local memory, and in a PDL design no global access before griddepcontrol.wait
     but the prefetch."""
     import re
@@ -40,7 +41,9 @@ def v5_sass(sass_of):
     def listing(d) -> str:
         text = sass_of(d)
         assert set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text)) == {f"64x{d.knobs.wgmma_n}x16"}
-        assert "UBLKCP" in text and "LDL" not in text and "STL" not in text
+        # the bulk copies (UBLKCP), or the TMA store's (UTMASTG, ``store`` = 4)
+        copy = "UTMASTG" if d.knobs.as_json().get("store") == 4 else "UBLKCP"
+        assert copy in text and "LDL" not in text and "STL" not in text
         trigger = base.pdl_trigger(d)
         if trigger != "none":
             assert sass.pdl_violations(text, trigger) == []

@@ -241,6 +241,25 @@ TMA_V5_HALVES_DESIGNS = [
     (1, 192, 4, 16, 128, 3),
 ]
 
+# sm90tma v5 TMA store (issue 22, store = 4): 64 x 64 subtiles through two buffers a
+# consumer warpgroup, stored by TMA through a tensor map of C, for each cooperative width
+# of sm90_tma.TMA_STORE_TILE_N and each ping-pong tile of TMA_STORE_PINGPONG_TILES at
+# both rings, walks and caps spread over them (the last field: persistent). V5_SHAPES:
+# tiles past M and N (the map clips the subtiles' rows and columns), N % 64 != 0 (a
+# subtile partly past N), CTAs walking several tiles (each warpgroup's first subtile
+# waiting for the previous tile's copies), 1024x8192x1024.
+TMA_V5_TMA_DESIGNS = [
+    (1, 256, 4, 8, 128, 4, 1),
+    (1, 256, 3, 0, 0, 4, 1),
+    (1, 192, 4, 16, 0, 4, 1),
+    (1, 192, 3, 8, 128, 4, 1),
+    (1, 128, 6, 0, 128, 4, 1),
+    (1, 128, 5, 16, 128, 4, 1),
+    (2, 128, 6, 8, 128, 4, 2),
+    (1, 256, 4, 0, 0, 4, 2),
+    (1, 192, 6, 16, 128, 4, 2),
+]
+
 
 def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1, pers: int = 1) -> KernelDesign:
     mp, n, st, raster, ctas, store = knobs
@@ -263,6 +282,8 @@ def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
     for m, n, k in shapes:
         if d.layout == "nn" and n % 8:
             continue  # nn needs N % 8 == 0 (dispatch falls back otherwise)
+        if n % launch_recipe(d)["align"].get("n", 1):
+            continue  # the TMA store's N % 8 (C's map; the ABI's rule): dispatch falls back
         t = Target("sm_90a", d.dtype, d.layout, m, n, k)
 
         def run(a, bb, c, t=t):
@@ -401,6 +422,15 @@ def test_tma_v5_halves_persistent_correct(tmp_path, dtype, knobs):
     _check_design(tmp_path, d, OVERLAP_SHAPES)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_TMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_tma_store_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs[:6], pers=knobs[6])
+    assert sm90_tma.v5(d, "store") == 4 and legality(d) == []
+    assert launch_recipe(d)["tma"]["c"] == [64, 64]
+    _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
 # (N, ldc - N, C offset in elements): the bulk store's rows into a strided C: N % 8 != 0
 # with ldc % 8 == 0 (whole 16-byte chunks by cp.async.bulk, the last N % 8 columns by
 # plain stores), and a C 2 bytes past 16-byte alignment (every row by plain stores).
@@ -453,6 +483,32 @@ def test_tma_v5_overlap_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad
 def test_tma_v5_halves_bulk_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
     """As above, v5 halves (128 x 256 at 4 stages, each half's rows by bulk copies)."""
     _strided_output(tmp_path, _v5_design(dtype, (1, 256, 4, 8, 128, 3)), n, pad, offset)
+
+
+# The TMA store's C: a tensor map over [M, N] with row stride ldc, so ldc % 8 == 0 and C
+# 16-byte aligned, and N % 8 == 0 (the recipe's align; the ABI's C has ldc = N, N % 8
+# == 0): measured on the H200, the store writes whole 16-byte granules, so N = 2052 and
+# 1001 got columns written past N (to the next multiple of 8). N % 64 != 0 (a subtile
+# partly past N) is clipped by the map.
+V5_TMA_STRIDED = [(2056, 8, 0), (1000, 8, 0), (264, 0, 8), (2056, 16, 8)]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_TMA_STRIDED)
+@pytest.mark.parametrize("knobs", [(1, 256, 4, 8, 128, 4, 1), (2, 128, 6, 8, 128, 4, 2)])
+def test_tma_v5_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset, knobs):
+    """As above, the TMA store (cooperative 128x256 and ping-pong 128x128): the map's
+    columns past N are not written."""
+    _strided_output(tmp_path, _v5_design(dtype, knobs[:6], pers=knobs[6]), n, pad, offset)
+
+
+def test_tma_v5_tma_store_refuses_a_misaligned_c(tmp_path):
+    """A C that a tensor map cannot address (2 bytes past 16-byte alignment) is refused
+    by the map's encoding, before any launch: nothing is written."""
+    from cudal2.packaging.runtime import driver
+
+    with pytest.raises(driver.CudaDriverError, match="cuTensorMapEncodeTiled"):
+        _strided_output(tmp_path, _v5_design("fp16", (1, 256, 4, 8, 128, 4)), 264, 0, 1)
 
 
 def _strided_output(tmp_path, d: KernelDesign, n: int, pad: int, offset: int) -> None:

@@ -190,3 +190,39 @@ def test_a_rope_kv_launch_needs_every_operand_and_no_other_takes_them(recorded, 
     with pytest.raises(ValueError, match=needle):
         _launch({**RECIPE, "epilogue": epilogue}, ops)
     assert recorded.calls == []
+
+
+# A kernel that stores by TMA (sm90tma ``store`` = 4) takes C's tensor map after B's,
+# before any epilogue operand: encoded over C [M, N] with row stride ldc, in the recipe's
+# box of C.
+@pytest.mark.parametrize("epilogue", ["none", "bias", "bias_residual"])
+def test_a_box_of_c_appends_cs_map_after_bs(recorded, epilogue):
+    recipe = {**RECIPE, "epilogue": epilogue, "tma": {**RECIPE["tma"], "c": [64, 64]}}
+    if epilogue == "none":
+        recipe = {k: v for k, v in recipe.items() if k != "epilogue"} | {"abi": "gemm_v2"}
+    ops = EpilogueArgs(bias=0x4000, residual=0x3000, ldr=300) if epilogue != "none" else None
+    _launch(recipe, ops)
+    ((_, call),) = recorded.calls
+    args, types = call[9]
+    assert tuple(args[:9]) == tuple(GEMM)
+    assert args[9:12] == (
+        ("TMAP", GEMM.a, (64, 16)),
+        ("TMAP", GEMM.b, (64, 128)),
+        ("TMAP", GEMM.c, (64, 64)),
+    )
+    assert types[:12] == (*driver.GEMM_V2_TYPES, None)
+    tail = {"none": (), "bias": (0x4000, 0x3000, 300), "bias_residual": (0x4000, 0x3000, 300)}
+    assert tuple(args[12:]) == tail[epilogue]
+    assert types[12:] == driver.GEMM_V3_TYPES[len(driver.GEMM_V2_TYPES) :] * bool(tail[epilogue])
+    assert len(args) == len(types)
+
+
+def test_cs_map_is_encoded_over_m_rows_of_n_columns(recorded, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        driver, "tensor_map", lambda ptr, rows, k, ld, box: seen.append((ptr, rows, k, ld, box))
+    )
+    recipe = {**RECIPE, "abi": "gemm_v2", "tma": {**RECIPE["tma"], "c": [64, 64]}}
+    del recipe["epilogue"]
+    _launch(recipe, None)
+    assert seen[2] == (GEMM.c, GEMM.m, GEMM.n, GEMM.ldc, (64, 64))

@@ -391,7 +391,7 @@ def test_the_library_checks_a_fused_call_as_the_python_path(lib, op, make, act, 
 def test_its_epilogues_and_plan_record_are_the_runtimes(lib):
     assert native.epilogues(lib) == native.EPILOGUES == tuple(records.EPILOGUES)
     assert tuple(abi.EPILOGUE_OPERANDS) == native.EPILOGUES
-    assert lib.cudal2_native_abi() == native.ABI == 3
+    assert lib.cudal2_native_abi() == native.ABI == 4
     fields = [getattr(native.PlanDesc, name).offset for name, _ in native.PlanDesc._fields_]
     assert native.plan_offsets(lib) == fields
     assert lib.cudal2_native_plan_bytes() == ctypes.sizeof(native.PlanDesc)
@@ -472,6 +472,22 @@ def test_a_fused_shape_gets_its_epilogues_kernel(served, epilogue):
     answers[plain[:6]] = _plan(e)
     desc = _answer(got, plain, e.k)
     assert desc.abi in (1, 2) and desc.epilogue == 0
+    assert list(desc.box_c) == [0, 0]  # no box of C: the kernel takes two maps
+
+
+@pytest.mark.parametrize("epilogue", ["bias", "residual"])
+def test_a_box_of_c_reaches_the_plan_record(served, epilogue):
+    """A kernel that stores by TMA: the launcher encodes C's map from the record's box."""
+    got, answers, e = served
+    fused_e = _as_epilogue(e, epilogue)
+    fused_e = dataclasses.replace(
+        fused_e, launch={**fused_e.launch, "tma": {**fused_e.launch["tma"], "c": [64, 64]}}
+    )
+    shape = (0, "fp16", "tn", 16, e.n, e.k, epilogue)
+    answers[shape] = _plan(fused_e)
+    desc = _answer(got, shape, e.k)
+    assert not isinstance(desc, str), desc
+    assert list(desc.box_c) == [64, 64]
 
 
 def _with_reason(plan, reason="fallback_entry"):

@@ -122,6 +122,22 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     ("kernel", "launch.pdl", "true", "key 'launch.pdl' must be true or false, got 'true'"),
     ("kernel", "launch.pdl", None, "key 'launch.pdl' must be true or false, got None"),
     ("kernel", "launch", lambda _, e: dict(e["launch"], abi="gemm_v2"), "key 'launch.tma' must"),
+    # the TMA store's box of C (optional; [columns, rows] by the boxes' rule)
+    *(
+        (
+            "kernel",
+            "launch",
+            lambda _, e, tma=tma: dict(e["launch"], abi="gemm_v2", tma=tma),
+            needle,
+        )
+        for tma, needle in (
+            ({"a": [64, 128], "b": [64, 256], "c": [64]}, "key 'launch.tma' must hold boxes"),
+            ({"a": [64, 128], "b": [64, 256], "c": [0, 64]}, "key 'launch.tma' must hold boxes"),
+            ({"a": [64, 128], "b": [64, 256], "c": [72, 64]}, "key 'launch.tma.c' must be a box"),
+            ({"a": [64, 128], "b": [64, 256], "c": [64, 512]}, "key 'launch.tma.c' must be a box"),
+            ({"a": [64, 128], "b": [64, 256], "d": [64, 64]}, "key 'launch.tma' must hold boxes"),
+        )
+    ),
     ("kernel", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),
     ("kernel", "cublaslt", "algo", "only a cublaslt entry has key 'cublaslt'"),
     ("cublaslt", "cublaslt", DROP, "a cublaslt entry needs an object 'cublaslt'"),
@@ -148,6 +164,21 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
             e["launch"], abi="gemm_v3", epilogue="bias", tma={"a": [64, 16], "b": [64, 64]}
         ),
         "key 'epilogue' 'none': its kernel must be of ABI",
+    ),
+    # a box of C (the TMA store writes [M, N]) beside a gated epilogue's [M, N / 2] output
+    (
+        "kernel",
+        "launch",
+        lambda _, e: (
+            e.update(epilogue="silu", n=2 * e["n"]),
+            dict(
+                e["launch"],
+                abi="gemm_v3",
+                epilogue="silu",
+                tma={"a": [64, 16], "b": [64, 64], "c": [64, 64]},
+            ),
+        )[1],
+        "key 'launch.tma.c': a kernel storing C by TMA writes [M, N], not the output of",
     ),
     ("cublaslt", "epilogue", "residual", "a cublaslt entry serves no epilogue"),
     ("cublaslt", "epilogue", "silu", "a cublaslt entry serves no epilogue"),

@@ -1,0 +1,130 @@
+"""sm90tma v5 TMA store (issue 22, ``store`` = 4): each consumer warpgroup stores its
+64-row blocks in 64 x 64 subtiles through two 8 KiB buffers of its own (stmatrix into
+the 128-byte swizzle), one cp.async.bulk.tensor store a subtile through a third tensor
+map (of C), so the ring keeps a stage more than beside the bulk store's whole-tile C
+buffer. The space, legality (hostile designs as table rows), shared memory, the recipe's
+box of C, what the kernel renders, and nvcc + SASS (STSM, UTMASTG, no local memory)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from cudal2.generator import design_name, legality
+from cudal2.generator.families import base, sm90_tma
+from cudal2.generator.render import render
+from cudal2.records import KernelDesign, Knobs
+
+
+def _tma(n: int, stages: int, pers: int = 1, mp: int = 1, dtype: str = "fp16", **v5):
+    return sm90_tma.design(dtype, 2, mp, False, n, stages, 1, pers=pers, store=4, **v5)
+
+
+def _with(d: KernelDesign, **knobs) -> KernelDesign:
+    return KernelDesign(
+        d.family, d.arch, d.dtype, d.layout, Knobs.of(**{**d.knobs.as_json(), **knobs})
+    )
+
+
+def test_space_holds_the_tma_store_designs():
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = [d for d in space if sm90_tma.v5(d, "store") == 4]
+        assert len(new) == 72 and all(legality(d) == [] for d in new)
+        assert new == sm90_tma.tma_store_designs(dtype)
+        coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
+        # a stage more than the bulk store at 128 and 256 (5, 6 against 4, 5; 3, 4
+        # against 2, 3); 128x192 keeps 3, 4 (its rings fit beside either)
+        assert coop == {
+            ((128, 128), 5), ((128, 128), 6), ((128, 192), 3), ((128, 192), 4),
+            ((128, 256), 3), ((128, 256), 4),
+        }  # fmt: skip
+        pp = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 2}
+        assert pp == {
+            ((128, 128), 5), ((128, 128), 6), ((64, 256), 3), ((64, 256), 4),
+            ((64, 192), 5), ((64, 192), 6),
+        }  # fmt: skip
+        for tile in {sm90_tma.tile_mn(d) for d in new}:
+            walks = {(sm90_tma.v5(d, "raster"), sm90_tma.v5(d, "ctas")) for d in new}
+            assert walks == {(r, c) for r in sm90_tma.RASTER for c in sm90_tma.CTAS}, tile
+
+
+def test_the_subtile_buffers_leave_the_ring_a_stage_more():
+    """Two 8 KiB buffers a consumer warpgroup (32 KiB) from the first 1024-byte boundary
+    after the barriers, where the bulk store's C buffer is the whole padded tile."""
+    d = _tma(256, 4)
+    assert sm90_tma.c_buffer_bytes(d) == 1024 - sm90_tma.BARRIER_BYTES + 2 * 2 * 64 * 64 * 2
+    assert sm90_tma.smem_bytes(d) == 4 * 48 * 1024 + 1024 + 32 * 1024 + 1024
+    assert sm90_tma.smem_bytes(d) <= 227 * 1024
+    assert legality(_with(d, store=1)) != []  # the bulk store's 66 KiB leave 3 stages
+
+
+def test_the_recipe_carries_the_box_of_c_and_asks_n_multiple_of_8():
+    r = sm90_tma.launch_recipe(_tma(256, 4, raster=8, ctas=128))
+    assert r["tma"] == {"a": [64, 128], "b": [64, 256], "c": [64, 64]}
+    assert r["align"] == {"k": 8, "n": 8}
+    twin = sm90_tma.launch_recipe(_with(_tma(256, 3), store=1))
+    assert "c" not in twin["tma"] and twin["align"] == {"k": 8}
+
+
+# Hostile designs: (knobs over a cooperative 128x256 TMA-store design, a reason's phrase).
+ILLEGAL = [
+    (dict(wgmma_n=160), "wgmma_n=160 is not a multiple of the 64-column subtile"),
+    (dict(wgmma_n=224, stages=3), "is not a multiple of the 64-column subtile"),
+    (dict(cluster_m=2), "store=4: the persistent kernels (persistent=1 or 2) of two consumer"),
+    (dict(warpgroups=1), "store=4: the persistent kernels"),
+    (dict(persistent=0), "persistent designs only"),
+    (dict(swap=1, wgmma_n=128), "store=4: the compute orientation only"),
+    (dict(stages=5), "shared memory"),  # 5 x 48 KiB ring + 33 KiB of buffers
+    (dict(split_k=2), "do not split K"),
+    (dict(epilogue=4), "the one-tile kernel only"),  # a gated activation (silu)
+]
+
+
+@pytest.mark.parametrize("knobs, needle", ILLEGAL, ids=[str(k) for k, _ in ILLEGAL])
+def test_illegal_tma_store_designs_say_why(knobs, needle):
+    reasons = legality(_with(_tma(256, 4), **knobs))
+    assert any(needle in r for r in reasons), reasons
+
+
+def test_what_the_tma_store_renders():
+    """Its C map after tmB and before the epilogue's operands, stmatrix into a swizzled
+    subtile, one TMA store a subtile, a warpgroup-local barrier; every other store's
+    kernel has no such parameter (their sources are the digest tests')."""
+    d = base.with_epilogue(_tma(256, 4, raster=8, ctas=128), "bias_residual")
+    src = render(d)
+    for needle in (
+        "TmaMap tmB,\n    const __grid_constant__ TmaMap tmC,\n    const T* __restrict__ bias",
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16",
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];",
+        "buf + row * 128 + ((chunk ^ rr) << 4)",
+        'asm volatile("bar.sync %0, 128;\\n" ::"r"(8 + wg) : "memory");',
+        "cp.async.bulk.wait_group.read 1;",
+        "base + DATA_BYTES + 1024 + wg * 2 * C_SUB_BYTES",
+    ):
+        assert needle in src, needle
+    assert "tmC" not in render(_with(_tma(256, 3), store=1))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize(
+    "d",
+    [
+        _tma(256, 4, raster=8, ctas=128),
+        _tma(192, 6, pers=2, dtype="bf16", raster=16),
+        _tma(128, 6, pers=2, mp=2, ctas=128),
+        base.with_epilogue(_tma(128, 6, raster=8), "bias_residual"),
+        base.with_pdl(_tma(192, 4, dtype="bf16", raster=8, ctas=128), "before_epilogue"),
+    ],
+    ids=design_name,
+)
+def test_tma_store_designs_compile_to_stmatrix_and_tma_stores(v5_sass, d):
+    """Per warpgroup and tile: 64 rows x n / 64 subtiles x MP blocks, each 4 stmatrix.x4
+    a thread and one TMA store; one wgmma group in flight in the k loop."""
+    listing = v5_sass(d)
+    subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // 64
+    assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == 4 * subtiles
+    assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in listing
