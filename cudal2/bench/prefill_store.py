@@ -165,11 +165,14 @@ def _median(xs: Iterable[float]) -> float:
     return statistics.median(list(xs))
 
 
-def power_own(root: Path) -> str:
-    """Per prefill shape (fp16 tn): torch, the fastest own kernel of the sweeps and
-    cuBLASLt's algorithm, sustained: median TFLOP/s, SM MHz and W of the runs, and the
-    work a cycle (TFLOP/s per GHz) against torch's; torch's cuBLAS kernel."""
-    d = json.loads((root / POWER_OWN).read_text())
+def power_own(
+    root: Path, path: str = POWER_OWN, own_from: str = "the v5 overlap and halves sweeps'"
+) -> str:
+    """Per prefill shape (fp16 tn): torch, the fastest own kernel of the sweeps
+    (``own_from``) and cuBLASLt's algorithm, sustained (``path``: power_own.py's results):
+    median TFLOP/s, SM MHz and W of the runs, and the work a cycle (TFLOP/s per GHz)
+    against torch's; torch's cuBLAS kernel."""
+    d = json.loads((root / path).read_text())
     names = {}
     vk = root / VENDOR_KERNELS
     if vk.exists():
@@ -179,10 +182,10 @@ def power_own(root: Path) -> str:
     env = d["env"]
     lines = [
         f"{env['gpu']}, power limit {env['power_limit_w']:.0f} W, driver {env['driver']}, "
-        f"torch {env['torch']} (`{POWER_OWN}`; torch's kernels from `{VENDOR_KERNELS}`). "
+        f"torch {env['torch']} (`{path}`; torch's kernels from `{VENDOR_KERNELS}`). "
         f"Medians of {env['reps']} runs of >= {env['seconds']} s each per callable, "
         "interleaved; MHz and W are the mean SM clock and power over each run's second "
-        "half. Own: the fastest own kernel of the v5 overlap and halves sweeps' fp16 "
+        f"half. Own: the fastest own kernel of {own_from} fp16 "
         "records; cuBLASLt: their autotuned algorithm. /GHz: TFLOP/s per GHz of SM "
         "clock, against torch's.",
         "",

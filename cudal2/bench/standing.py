@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.bench import prefill_store
+from cudal2.bench import prefill_store, prefill_tma_store
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
 
 # The last run that timed every vendor beside the llm-public wheel of its day.
@@ -1859,11 +1859,12 @@ PREFILL_BENCHES = (
 )
 
 
-def prefill_bench(root: Path) -> str:
+def prefill_bench(root: Path, benches: tuple[tuple[str, str], ...] = PREFILL_BENCHES) -> str:
     """``docs/kernels.md``'s issue 22 summary: the llm-public wheel (rebuilt with the
-    sweeps' records of each slice) beside every vendor in one process on the prefill
-    shapes, M >= 1024, per dtype and timing mode (``cudal2-bench summarize --m-min 1024``)."""
-    files = ", ".join(f"{label}: `{path}`" for label, path in PREFILL_BENCHES)
+    sweeps' records of each slice; or, ``benches``, other kernels' results files) beside
+    every vendor in one process on the prefill shapes, M >= 1024, per dtype and timing
+    mode (``cudal2-bench summarize --m-min 1024``)."""
+    files = ", ".join(f"{label}: `{path}`" for label, path in benches)
     lines = [
         f"{files} (`cudal2-bench summarize … --m-min 1024`): the geomean speedup of the "
         "wheel's dispatch over each baseline, its own kernels and cuBLASLt entries, wins "
@@ -1873,7 +1874,7 @@ def prefill_bench(root: Path) -> str:
         "cuBLASLt | wins | floor frac |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for label, path in PREFILL_BENCHES:
+    for label, path in benches:
         rows = read_results(root / path)
         for dtype in ("fp16", "bf16"):
             for mode in ("offline", "server"):
@@ -1936,6 +1937,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tma-v5-store": prefill_store.tma_v5_store,
     "power-own": prefill_store.power_own,
     "ncu-prefill": prefill_store.ncu_prefill,
+    "tma-v5-tma": prefill_tma_store.tma_v5_tma,
+    "power-own-tma": prefill_tma_store.power_own_tma,
+    "prefill-bench-tma": prefill_tma_store.prefill_bench_tma,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

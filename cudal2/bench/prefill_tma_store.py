@@ -1,0 +1,139 @@
+"""Issue 22's generated blocks of the TMA-store slice (``docs/kernels.md``, "sm90tma v5
+TMA store"): the subtiled TMA store (``store`` = 4) against the bulk store (1) in the
+same two H200 sweeps (fp16, bf16), per target and per tile; and the sustained runs of
+the fastest own kernel of the fp16 sweep beside cuBLASLt and torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cudal2.bench.prefill_store import _gm, power_own
+
+# ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tma[-bf16]-h100.toml)
+TMA_SWEEPS = {
+    "fp16": "bench/results/h200-sweep-tma-v5-tma.measurements.jsonl.gz",
+    "bf16": "bench/results/h200-sweep-tma-v5-tma-bf16.measurements.jsonl.gz",
+}
+POWER_OWN_TMA = "bench/results/h200-power-own-tma.json"  # ci/gpu_power_own.sh DBS=fp16 sweep
+# cudal2-bench on the prefill shapes with both sweeps' databases as --kernels (their
+# winners as a build selects them), offline and server, fp16 and bf16
+PREFILL_TMA = (("TMA store sweeps' winners", "bench/results/h200-prefill-tma.jsonl"),)
+_SCHEDULE = {1: "cooperative", 2: "ping-pong"}
+
+# A kernel of the sweeps: (persistent, m_blocks, wgmma_n, stages, store)
+Kernel = tuple[int, int, int, int, int]
+
+
+def _kernels(root: Path, path: str) -> tuple[str, dict, dict]:
+    """The sweep's GPU, per (M, N, K) each kernel's speedup over its torch, and
+    cuBLASLt's per (M, N, K)."""
+    from cudal2.bench.schedules import timed, vendor_timed
+    from cudal2.database import MeasurementDB, latest
+
+    ms = latest(MeasurementDB(root / path).read())
+    own = {
+        key[1:]: {
+            tuple(
+                r.knobs.get(k, 0) for k in ("persistent", "m_blocks", "wgmma_n", "stages", "store")
+            ): r.speedup  # noqa: E501
+            for r in rows
+        }
+        for key, rows in timed(ms).items()
+    }
+    lt = {key[1:]: v for key, v in vendor_timed(ms).items()}
+    gpu = next((m.gpu.name for m in ms if m.gpu), "?")
+    return gpu, own, lt
+
+
+def _label(k: Kernel) -> str:
+    """A kernel's tile, schedule and ring: ``128x256/4``, ``pp 128x128/6``."""
+    pers, mp, n, st, _ = k
+    rows = 64 * mp * (2 if pers == 1 else 1)
+    return f"{'pp ' if pers == 2 else ''}{rows}x{n}/{st}"
+
+
+def _best(kernels: dict, store: int) -> tuple[Kernel, float]:
+    return max(((k, v) for k, v in kernels.items() if k[4] == store), key=lambda kv: kv[1])
+
+
+def tma_v5_tma(root: Path) -> str:
+    """Per fp16 target: the fastest TMA-store and bulk-store kernels and cuBLASLt, each
+    against torch in its own job; per dtype the geomeans; per tile the TMA store's gain
+    over the bulk store at the same ring and each at its best ring."""
+    sweeps = {dtype: _kernels(root, p) for dtype, p in TMA_SWEEPS.items()}
+    gpu, own, lt = sweeps["fp16"]
+    n_records = sum(len(ks) for _, o, lt_ in sweeps.values() for ks in o.values()) + sum(
+        len(lt_) for _, _, lt_ in sweeps.values()
+    )
+    lines = [
+        f"{gpu}, tn, offline (`{'`, `'.join(TMA_SWEEPS.values())}`: {n_records} correct "
+        "kernels and autotunings). fp16: each cell the fastest kernel of the store as a "
+        "speedup over torch in the same job (its tile / ring stages; `pp`: ping-pong, the "
+        "tile a warpgroup's); cuBLASLt: the build's autotuned algorithm, likewise.",
+        "",
+        "| M×N×K | bulk store (`store` 1) | TMA store (`store` 4) | cuBLASLt |",
+        "|---|---:|---:|---:|",
+    ]
+    for key in sorted(own):
+        (bk, bv), (tk, tv) = _best(own[key], 1), _best(own[key], 4)
+        lines.append(
+            f"| {key[0]}×{key[1]}×{key[2]} | {bv:.3f} ({_label(bk)}) | "
+            f"{tv:.3f} ({_label(tk)}) | {lt[key]:.3f} |"
+        )
+    lines += [
+        "",
+        "Geomean over the targets of each target's fastest kernel (× torch), and the "
+        "targets where the TMA store's fastest beats cuBLASLt's algorithm:",
+        "",
+        "| dtype | bulk store | TMA store | cuBLASLt | TMA store ≥ cuBLASLt |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for dtype, (_, o, lt_) in sweeps.items():
+        b = [_best(o[key], 1)[1] for key in o]
+        t = [_best(o[key], 4)[1] for key in o]
+        v = [lt_[key] for key in o]
+        wins = sum(_best(o[key], 4)[1] >= lt_[key] for key in o)
+        lines.append(
+            f"| {dtype} | {_gm(b):.3f} | {_gm(t):.3f} | {_gm(v):.3f} | {wins} of {len(o)} |"
+        )
+    lines += [
+        "",
+        "The TMA store against the bulk store by tile (geomean over the targets; wins: "
+        "targets where the TMA store is faster), at the same ring and each at its "
+        "deepest (the TMA store's ring one stage deeper at 128x128, 128x256, 64x256):",
+        "",
+        "| tile | dtype | same ring: stages, gain, wins | best rings: stages, gain, wins |",
+        "|---|---|---|---|",
+    ]
+    for dtype, (_, o, _) in sweeps.items():
+        for tile in sorted({k[:3] for ks in o.values() for k in ks if k[4] == 4}):
+            tma = sorted({k[3] for ks in o.values() for k in ks if k[:3] == tile and k[4] == 4})
+            bulk = sorted({k[3] for ks in o.values() for k in ks if k[:3] == tile and k[4] == 1})
+            shared = [st for st in tma if st in bulk]
+            same = [ks[(*tile, st, 4)] / ks[(*tile, st, 1)] for ks in o.values() for st in shared]
+            deep = [ks[(*tile, tma[-1], 4)] / ks[(*tile, bulk[-1], 1)] for ks in o.values()]
+            cell = (
+                f"{'/'.join(map(str, shared))}, {_gm(same):.3f}, "
+                f"{sum(x > 1 for x in same)} of {len(same)}"
+                if same
+                else "–"
+            )
+            lines.append(
+                f"| {_SCHEDULE[tile[0]]} {_label((*tile, 0, 0)).split('/')[0].removeprefix('pp ')} "
+                f"| {dtype} | {cell} | {tma[-1]} against {bulk[-1]}, {_gm(deep):.3f}, "
+                f"{sum(x > 1 for x in deep)} of {len(deep)} |"
+            )
+    return "\n".join(lines)
+
+
+def prefill_bench_tma(root: Path) -> str:
+    """The TMA store sweeps' winners beside every vendor (``standing.prefill_bench``'s
+    table)."""
+    from cudal2.bench.standing import prefill_bench
+
+    return prefill_bench(root, PREFILL_TMA)
+
+
+def power_own_tma(root: Path) -> str:
+    """The sustained runs (``power_own``'s table) of the TMA-store sweep's fastest kernels."""
+    return power_own(root, POWER_OWN_TMA, "the v5 TMA store sweep's")
