@@ -1,7 +1,9 @@
 """Issue 22's generated blocks of the TMA-store slice (``docs/kernels.md``, "sm90tma v5
 TMA store"): the subtiled TMA store (``store`` = 4) against the bulk store (1) in the
-same two H200 sweeps (fp16, bf16), per target and per tile; and the sustained runs of
-the fastest own kernel of the fp16 sweep beside cuBLASLt and torch."""
+same H200 sweeps (fp16, bf16; 64-column subtiles, then the narrow ones), per target and
+per tile; the fastest of both against cuBLASLt; the sweeps' winners beside every vendor;
+and the sustained runs of the fastest own kernel of the first fp16 sweep beside cuBLASLt
+and torch."""
 
 from __future__ import annotations
 
@@ -9,15 +11,25 @@ from pathlib import Path
 
 from cudal2.bench.prefill_store import _gm, power_own
 
-# ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tma[-bf16]-h100.toml)
+# ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tma[-bf16]-h100.toml):
+# the 64-column subtiles (tiles 128, 192, 256 wide)
 TMA_SWEEPS = {
     "fp16": "bench/results/h200-sweep-tma-v5-tma.measurements.jsonl.gz",
     "bf16": "bench/results/h200-sweep-tma-v5-tma-bf16.measurements.jsonl.gz",
 }
+# ... (sweep-tma-v5-tma-n[-bf16]-h100.toml): 16- and 32-column subtiles (80, 160, 224)
+TMA_N_SWEEPS = {
+    "fp16": "bench/results/h200-sweep-tma-v5-tma-n.measurements.jsonl.gz",
+    "bf16": "bench/results/h200-sweep-tma-v5-tma-n-bf16.measurements.jsonl.gz",
+}
 POWER_OWN_TMA = "bench/results/h200-power-own-tma.json"  # ci/gpu_power_own.sh DBS=fp16 sweep
+POWER_OWN_TMA_N = "bench/results/h200-power-own-tma-n.json"  # ... DBS=both fp16 sweeps
 # cudal2-bench on the prefill shapes with both sweeps' databases as --kernels (their
 # winners as a build selects them), offline and server, fp16 and bf16
-PREFILL_TMA = (("TMA store sweeps' winners", "bench/results/h200-prefill-tma.jsonl"),)
+PREFILL_TMA = (
+    ("64-column sweeps' winners", "bench/results/h200-prefill-tma.jsonl"),
+    ("all four sweeps' winners", "bench/results/h200-prefill-tma-n.jsonl"),
+)
 _SCHEDULE = {1: "cooperative", 2: "ping-pong"}
 
 # A kernel of the sweeps: (persistent, m_blocks, wgmma_n, stages, store)
@@ -56,17 +68,18 @@ def _best(kernels: dict, store: int) -> tuple[Kernel, float]:
     return max(((k, v) for k, v in kernels.items() if k[4] == store), key=lambda kv: kv[1])
 
 
-def tma_v5_tma(root: Path) -> str:
+def tma_v5_tma(root: Path, files: dict[str, str] = TMA_SWEEPS) -> str:
     """Per fp16 target: the fastest TMA-store and bulk-store kernels and cuBLASLt, each
     against torch in its own job; per dtype the geomeans; per tile the TMA store's gain
-    over the bulk store at the same ring and each at its best ring."""
-    sweeps = {dtype: _kernels(root, p) for dtype, p in TMA_SWEEPS.items()}
+    over the bulk store at the same ring and each at its best ring (the sweeps of
+    ``files``, by dtype)."""
+    sweeps = {dtype: _kernels(root, p) for dtype, p in files.items()}
     gpu, own, lt = sweeps["fp16"]
     n_records = sum(len(ks) for _, o, lt_ in sweeps.values() for ks in o.values()) + sum(
         len(lt_) for _, _, lt_ in sweeps.values()
     )
     lines = [
-        f"{gpu}, tn, offline (`{'`, `'.join(TMA_SWEEPS.values())}`: {n_records} correct "
+        f"{gpu}, tn, offline (`{'`, `'.join(files.values())}`: {n_records} correct "
         "kernels and autotunings). fp16: each cell the fastest kernel of the store as a "
         "speedup over torch in the same job (its tile / ring stages; `pp`: ping-pong, the "
         "tile a warpgroup's); cuBLASLt: the build's autotuned algorithm, likewise.",
@@ -100,7 +113,7 @@ def tma_v5_tma(root: Path) -> str:
         "",
         "The TMA store against the bulk store by tile (geomean over the targets; wins: "
         "targets where the TMA store is faster), at the same ring and each at its "
-        "deepest (the TMA store's ring one stage deeper at 128x128, 128x256, 64x256):",
+        "deepest (the TMA store's stages against the bulk store's):",
         "",
         "| tile | dtype | same ring: stages, gain, wins | best rings: stages, gain, wins |",
         "|---|---|---|---|",
@@ -126,6 +139,52 @@ def tma_v5_tma(root: Path) -> str:
     return "\n".join(lines)
 
 
+def tma_v5_tma_n(root: Path) -> str:
+    """``tma_v5_tma``'s tables for the sweep of the narrow subtiles."""
+    return tma_v5_tma(root, TMA_N_SWEEPS)
+
+
+def tma_v5_best(root: Path) -> str:
+    """Per target and dtype, the fastest TMA-store kernel of both sweeps against the
+    faster of the two sweeps' cuBLASLt algorithms (each a speedup over torch in its own
+    job), and the geomeans."""
+    lines = [
+        "Both TMA-store sweeps together: per target the fastest TMA-store kernel (× torch in "
+        "its job; its tile / ring stages) against cuBLASLt's algorithm, the faster of its "
+        "two autotunings (one a sweep, × torch likewise).",
+        "",
+        "| M×N×K | fp16 TMA store | fp16 cuBLASLt | bf16 TMA store | bf16 cuBLASLt |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    best: dict[str, dict] = {}
+    for dtype in ("fp16", "bf16"):
+        runs = [_kernels(root, files[dtype]) for files in (TMA_SWEEPS, TMA_N_SWEEPS)]
+        best[dtype] = {
+            key: (
+                max((_best(own[key], 4) for _, own, _ in runs), key=lambda kv: kv[1]),
+                max(lt[key] for _, _, lt in runs),
+            )
+            for key in runs[0][1]
+        }
+    for key in sorted(best["fp16"]):
+        cells = []
+        for dtype in ("fp16", "bf16"):
+            (k, v), lt = best[dtype][key]
+            cells += [f"{v:.3f} ({_label(k)})", f"{lt:.3f}"]
+        lines.append(f"| {key[0]}×{key[1]}×{key[2]} | " + " | ".join(cells) + " |")
+    lines += ["", "| dtype | TMA store | cuBLASLt | TMA store / cuBLASLt | ≥ cuBLASLt |"]
+    lines += ["|---|---:|---:|---:|---:|"]
+    for dtype in ("fp16", "bf16"):
+        own = [v for (_, v), _ in best[dtype].values()]
+        lt = [lt for _, lt in best[dtype].values()]
+        wins = sum(o >= v for o, v in zip(own, lt, strict=True))
+        lines.append(
+            f"| {dtype} | {_gm(own):.3f} | {_gm(lt):.3f} | {_gm(own) / _gm(lt):.3f} | "
+            f"{wins} of {len(own)} |"
+        )
+    return "\n".join(lines)
+
+
 def prefill_bench_tma(root: Path) -> str:
     """The TMA store sweeps' winners beside every vendor (``standing.prefill_bench``'s
     table)."""
@@ -137,3 +196,8 @@ def prefill_bench_tma(root: Path) -> str:
 def power_own_tma(root: Path) -> str:
     """The sustained runs (``power_own``'s table) of the TMA-store sweep's fastest kernels."""
     return power_own(root, POWER_OWN_TMA, "the v5 TMA store sweep's")
+
+
+def power_own_tma_n(root: Path) -> str:
+    """... of the fastest kernels of both TMA-store sweeps (64-column and narrow)."""
+    return power_own(root, POWER_OWN_TMA_N, "both v5 TMA store sweeps'")

@@ -173,15 +173,18 @@ HALVES_TILE_N = (192, 224, 256)
 # KiB beside a deep ring (docs/kernels.md, the ncu-prefill block): the tile leaves in
 # subtiles through a small buffer, each stored by one TMA instruction, where the bulk
 # store holds the whole tile (66 KiB at 128x256) and issues a copy a row. Here each
-# consumer warpgroup writes its 64-row blocks in 64 x 64 subtiles (stmatrix, 16 bytes a
-# lane, into the 128-byte swizzle of the C tensor map's box) through two 8 KiB buffers
-# of its own, double-buffered against its copies: 32 KiB for two warpgroups, so 128x256
-# keeps 4 stages and 128x128 6 (the bulk store: 3 and 5). The subtile is 64 columns, so
-# the tile N is a multiple of 64; the box's rows past M and columns past N are clipped
-# by the tensor map. The kernel takes a third tensor map (tmC, after tmB; the recipe's
-# ``tma.c`` box) encoded by the runtime over C [M, N] with row stride ldc.
-TMA_STORE_TILE_N = (128, 192, 256)
-TMA_STORE_BOX = 64  # the C box [64 columns, 64 rows]: one subtile
+# consumer warpgroup writes its 64-row blocks in 64-row subtiles (stmatrix, 16 bytes a
+# lane, into the swizzle of the C tensor map's box) through two buffers of its own,
+# double-buffered against its copies: 32 KiB for two warpgroups at 64 columns, so
+# 128x256 keeps 4 stages and 128x128 6 (the bulk store: 3 and 5). A subtile is the
+# widest of ``TMA_STORE_SUB_N`` dividing the tile N (80: 16 columns; 160, 224: 32), its
+# box row 128, 64 or 32 bytes, the swizzle of that span (the runtime derives it from the
+# box). The box's rows past M and columns past N are clipped by the tensor map. The
+# kernel takes a third tensor map (tmC, after tmB; the recipe's ``tma.c`` box) encoded by
+# the runtime over C [M, N] with row stride ldc.
+TMA_STORE_TILE_N = (80, 128, 160, 192, 224, 256)
+TMA_STORE_SUB_N = (64, 32, 16)  # a subtile's columns: the widest dividing the tile N
+TMA_STORE_ROWS = 64  # a subtile's rows: a warpgroup's 64-row block
 TMA_STORE_BUFFERS = 2  # a consumer warpgroup's subtile buffers
 TMA_STORE_OFFSET = 1024  # the buffers after the ring, on a 1024-byte swizzle atom
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
@@ -346,13 +349,19 @@ def _epilogue_or_none(d: KernelDesign) -> str:
     return ALL_EPILOGUES[value] if value in range(len(ALL_EPILOGUES)) else "none"
 
 
+def tma_store_sub_n(d: KernelDesign) -> int:
+    """The TMA store's subtile columns: the widest of ``TMA_STORE_SUB_N`` dividing the
+    tile N (0: none does)."""
+    return next((c for c in TMA_STORE_SUB_N if d.knobs.wgmma_n % c == 0), 0)
+
+
 def c_buffer_bytes(d: KernelDesign) -> int:
     """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1, 2), or
     0; ping-pong has one a consumer warpgroup (each stores its own tiles); v5 halves
     (``store`` = 3) half the rows; the TMA store (4) two 64 x 64 subtiles a consumer
     warpgroup, from the first 1024-byte boundary after the barriers."""
     if v5(d, "store") == 4:
-        sub = TMA_STORE_BOX * TMA_STORE_BOX * 2
+        sub = TMA_STORE_ROWS * tma_store_sub_n(d) * 2
         return TMA_STORE_OFFSET - BARRIER_BYTES + d.knobs.warpgroups * TMA_STORE_BUFFERS * sub
     bm, bn = tile_mn(d)
     halves = 2 if pingpong(d) else 1
@@ -463,9 +472,10 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
             "store=4: the persistent kernels (persistent=1 or 2) of two consumer "
             "warpgroups, unpaired (cluster_m=1)"
         ]
-    if v5(d, "store") == 4 and k.wgmma_n % TMA_STORE_BOX:
+    if v5(d, "store") == 4 and not tma_store_sub_n(d):
         return [
-            f"store=4: wgmma_n={k.wgmma_n} is not a multiple of the {TMA_STORE_BOX}-column subtile"
+            f"store=4: wgmma_n={k.wgmma_n} is not a multiple of a subtile's columns "
+            f"({', '.join(map(str, TMA_STORE_SUB_N))})"
         ]
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
@@ -646,16 +656,16 @@ def tma_store_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     return _deepest(n, dtype, 4)
 
 
-# v5 TMA store's ping-pong tiles (m_blocks, wgmma_n): v5 ping-pong's whose tile N is a
-# multiple of the 64-column subtile (128x128 in two 64-row blocks, 64x256, 64x192).
-TMA_STORE_PINGPONG_TILES = ((2, 128), (1, 256), (1, 192))
+# v5 TMA store's ping-pong tiles (m_blocks, wgmma_n): v5 ping-pong's (128x128 and 128x160
+# in two 64-row blocks, 64x256, 128x80, 64x192, 64x224).
+TMA_STORE_PINGPONG_TILES = PINGPONG_V5_TILES
 
 
 def tma_store_designs(dtype: str) -> list[KernelDesign]:
     """v5 TMA store (issue 22): the persistent cooperative 128 x n designs for each n of
     ``TMA_STORE_TILE_N`` and the ping-pong ones of ``TMA_STORE_PINGPONG_TILES``, each at
     its two deepest rings, each raster x ctas, storing through subtiles by TMA
-    (``store`` = 4): (3 + 3) x 2 x 6 = 72 per dtype."""
+    (``store`` = 4): (6 + 6) x 2 x 6 = 144 per dtype."""
     out = _with_store(dtype, TMA_STORE_TILE_N, tma_store_stages, 4)
     for mp, n in TMA_STORE_PINGPONG_TILES:
         fits = _fitting(
@@ -712,7 +722,7 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe["abi"] = "gemm_v2"
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
     if v5(d, "store") == 4:  # the TMA store's map of C [M, N]: [columns, rows]
-        recipe["tma"]["c"] = [TMA_STORE_BOX, TMA_STORE_BOX]
+        recipe["tma"]["c"] = [tma_store_sub_n(d), TMA_STORE_ROWS]
         # C's row stride a multiple of 16 bytes (the runtime's C has ldc = N)
         recipe["align"] = {**recipe["align"], "n": 8}
     if k.persistent and k.cluster_m > 1:
@@ -755,6 +765,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair),
         c_pad=C_PAD,
         c_tma_offset=TMA_STORE_OFFSET,
+        c_sub_n=tma_store_sub_n(d),
     )
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY

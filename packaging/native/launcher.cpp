@@ -370,10 +370,15 @@ CUresult tensor_map(CUtensorMap* out, uint64_t ptr, uint64_t rows, uint64_t k, u
   cuuint64_t strides[1] = {2 * ld};
   cuuint32_t boxes[2] = {static_cast<cuuint32_t>(box[0]), static_cast<cuuint32_t>(box[1])};
   cuuint32_t elem[2] = {1, 1};
+  // the swizzle of a box row's bytes where that is 32 or 64 (the TMA store's narrow boxes
+  // of C), else 128 (every A and B box): driver.swizzle_bytes
+  const int row_bytes = 2 * box[0];
+  const CUtensorMapSwizzle swizzle = row_bytes == 32   ? CU_TENSOR_MAP_SWIZZLE_32B
+                                     : row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                       : CU_TENSOR_MAP_SWIZZLE_128B;
   CUresult r = drv.encode(out, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, reinterpret_cast<void*>(ptr),
-                          dims, strides, boxes, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                          dims, strides, boxes, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS) {
     std::lock_guard<std::mutex> lock(tmap_mu);
     if (tmaps.size() >= kTmapMax) tmaps.clear();

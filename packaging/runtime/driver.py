@@ -292,10 +292,20 @@ _tmaps: OrderedDict[tuple[int, ...], Any] = OrderedDict()
 _tmap_lock = threading.Lock()
 
 
+def swizzle_bytes(box: tuple[int, int]) -> int:
+    """A box's swizzle: its row's bytes where that is 32 or 64 (the TMA store's boxes of
+    16 and 32 columns), else 128 (every A and B box: 64 k). The kernels lay out shared
+    memory for the same rule (sm90tma's store template)."""
+    row = box[0] * LIMITS.element_bytes
+    return row if row in (32, 64) else 128
+
+
 def tensor_map(ptr: int, rows: int, k: int, ld: int, box: tuple[int, int]) -> Any:
     """The TMA descriptor of a K-major [rows, k] matrix of 2-byte elements with row
     stride ``ld`` (elements), read in boxes of [box[0] k, box[1] rows] with the
-    128-byte swizzle; the TMA engine fills out-of-bounds elements with zeros.
+    swizzle of a box row's bytes (``swizzle_bytes``: 128 for the A and B boxes of 64 k;
+    64 or 32 for the TMA store's narrow boxes of C); the TMA engine fills out-of-bounds
+    elements with zeros.
 
     Encoding is host-only work (no GPU call, safe during graph capture); descriptors
     are cached by (pointer, shape, stride, box), most recent kept, so a weight's
@@ -318,7 +328,7 @@ def tensor_map(ptr: int, rows: int, k: int, ld: int, box: tuple[int, int]) -> An
             [drv.cuuint32_t(box[0]), drv.cuuint32_t(box[1])],
             [drv.cuuint32_t(1), drv.cuuint32_t(1)],
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle_bytes(box)}B"),
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         ),

@@ -845,6 +845,12 @@ def _check_tma(tma: Any) -> None:
     for name in sorted(tma):
         k, rows = tma[name]
         row_bytes = k * lim.element_bytes
+        if name == "c" and row_bytes not in (32, 64, 128):
+            # the TMA store's box row is a swizzle's span (driver.swizzle_bytes)
+            raise TableError(
+                f"key 'launch.tma.c' must be a box [columns, rows] of 16, 32 or 64 columns "
+                f"(32, 64 or 128 bytes: a swizzle's span), got {list(tma[name])}"
+            )
         if rows > lim.tma_box or row_bytes % 16 or row_bytes > lim.tma_swizzle_bytes:
             raise TableError(
                 f"key 'launch.tma.{name}' must be a box [k, rows] with rows at most "

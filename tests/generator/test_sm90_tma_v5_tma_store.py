@@ -1,9 +1,10 @@
 """sm90tma v5 TMA store (issue 22, ``store`` = 4): each consumer warpgroup stores its
-64-row blocks in 64 x 64 subtiles through two 8 KiB buffers of its own (stmatrix into
-the 128-byte swizzle), one cp.async.bulk.tensor store a subtile through a third tensor
-map (of C), so the ring keeps a stage more than beside the bulk store's whole-tile C
-buffer. The space, legality (hostile designs as table rows), shared memory, the recipe's
-box of C, what the kernel renders, and nvcc + SASS (STSM, UTMASTG, no local memory)."""
+64-row blocks in subtiles of 64, 32 or 16 columns through two buffers of its own
+(stmatrix into the swizzle of the subtile's row bytes), one cp.async.bulk.tensor store a
+subtile through a third tensor map (of C), so the ring keeps a stage more than beside
+the bulk store's whole-tile C buffer. The space, legality (hostile designs as table
+rows), shared memory, the recipe's box of C, what the kernel renders, and nvcc + SASS
+(STSM, UTMASTG, no local memory)."""
 
 from __future__ import annotations
 
@@ -32,19 +33,21 @@ def test_space_holds_the_tma_store_designs():
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = [d for d in space if sm90_tma.v5(d, "store") == 4]
-        assert len(new) == 72 and all(legality(d) == [] for d in new)
+        assert len(new) == 144 and all(legality(d) == [] for d in new)
         assert new == sm90_tma.tma_store_designs(dtype)
         coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
-        # a stage more than the bulk store at 128 and 256 (5, 6 against 4, 5; 3, 4
-        # against 2, 3); 128x192 keeps 3, 4 (its rings fit beside either)
+        # a stage more than the bulk store at 80, 128, 224 and 256 (8 against 7, 6
+        # against 5, 4 against 3, 4 against 3); 160 and 192 keep theirs (5, 4)
         assert coop == {
-            ((128, 128), 5), ((128, 128), 6), ((128, 192), 3), ((128, 192), 4),
-            ((128, 256), 3), ((128, 256), 4),
+            ((128, 80), 7), ((128, 80), 8), ((128, 128), 5), ((128, 128), 6),
+            ((128, 160), 4), ((128, 160), 5), ((128, 192), 3), ((128, 192), 4),
+            ((128, 224), 3), ((128, 224), 4), ((128, 256), 3), ((128, 256), 4),
         }  # fmt: skip
         pp = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 2}
         assert pp == {
             ((128, 128), 5), ((128, 128), 6), ((64, 256), 3), ((64, 256), 4),
-            ((64, 192), 5), ((64, 192), 6),
+            ((64, 192), 5), ((64, 192), 6), ((128, 80), 7), ((128, 80), 8),
+            ((128, 160), 4), ((128, 160), 5), ((64, 224), 4), ((64, 224), 5),
         }  # fmt: skip
         for tile in {sm90_tma.tile_mn(d) for d in new}:
             walks = {(sm90_tma.v5(d, "raster"), sm90_tma.v5(d, "ctas")) for d in new}
@@ -52,27 +55,34 @@ def test_space_holds_the_tma_store_designs():
 
 
 def test_the_subtile_buffers_leave_the_ring_a_stage_more():
-    """Two 8 KiB buffers a consumer warpgroup (32 KiB) from the first 1024-byte boundary
-    after the barriers, where the bulk store's C buffer is the whole padded tile."""
+    """Two buffers of a 64-row subtile a consumer warpgroup from the first 1024-byte
+    boundary after the barriers, where the bulk store's C buffer is the whole padded
+    tile; the subtile the widest of 64, 32, 16 columns dividing the tile N."""
     d = _tma(256, 4)
     assert sm90_tma.c_buffer_bytes(d) == 1024 - sm90_tma.BARRIER_BYTES + 2 * 2 * 64 * 64 * 2
     assert sm90_tma.smem_bytes(d) == 4 * 48 * 1024 + 1024 + 32 * 1024 + 1024
     assert sm90_tma.smem_bytes(d) <= 227 * 1024
     assert legality(_with(d, store=1)) != []  # the bulk store's 66 KiB leave 3 stages
+    subs = {n: sm90_tma.tma_store_sub_n(_tma(n, 3)) for n in (80, 128, 144, 160, 192, 224, 256)}
+    assert subs == {80: 16, 128: 64, 144: 16, 160: 32, 192: 64, 224: 32, 256: 64}
+    narrow = _tma(80, 8)
+    assert sm90_tma.c_buffer_bytes(narrow) == 1024 - sm90_tma.BARRIER_BYTES + 2 * 2 * 64 * 16 * 2
 
 
 def test_the_recipe_carries_the_box_of_c_and_asks_n_multiple_of_8():
     r = sm90_tma.launch_recipe(_tma(256, 4, raster=8, ctas=128))
     assert r["tma"] == {"a": [64, 128], "b": [64, 256], "c": [64, 64]}
     assert r["align"] == {"k": 8, "n": 8}
+    assert sm90_tma.launch_recipe(_tma(160, 5))["tma"]["c"] == [32, 64]
+    assert sm90_tma.launch_recipe(_tma(80, 8, pers=2, mp=2))["tma"]["c"] == [16, 64]
     twin = sm90_tma.launch_recipe(_with(_tma(256, 3), store=1))
     assert "c" not in twin["tma"] and twin["align"] == {"k": 8}
 
 
 # Hostile designs: (knobs over a cooperative 128x256 TMA-store design, a reason's phrase).
 ILLEGAL = [
-    (dict(wgmma_n=160), "wgmma_n=160 is not a multiple of the 64-column subtile"),
-    (dict(wgmma_n=224, stages=3), "is not a multiple of the 64-column subtile"),
+    (dict(wgmma_n=136, stages=3), "wgmma_n=136 is not a multiple of a subtile's columns"),
+    (dict(wgmma_n=200, stages=3), "is not a multiple of a subtile's columns (64, 32, 16)"),
     (dict(cluster_m=2), "store=4: the persistent kernels (persistent=1 or 2) of two consumer"),
     (dict(warpgroups=1), "store=4: the persistent kernels"),
     (dict(persistent=0), "persistent designs only"),
@@ -99,10 +109,12 @@ def test_what_the_tma_store_renders():
         "TmaMap tmB,\n    const __grid_constant__ TmaMap tmC,\n    const T* __restrict__ bias",
         "stmatrix.sync.aligned.m8n8.x4.shared.b16",
         "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];",
-        "buf + row * 128 + ((chunk ^ rr) << 4)",
+        "const int swz = off ^ (((off >> 7) & (SUB_B / 16 - 1)) << 4);",
+        "constexpr int SUB_N = 64;",
         'asm volatile("bar.sync %0, 128;\\n" ::"r"(8 + wg) : "memory");',
         "cp.async.bulk.wait_group.read 1;",
         "base + DATA_BYTES + 1024 + wg * 2 * C_SUB_BYTES",
+        "n0 + SUB_N * c",
     ):
         assert needle in src, needle
     assert "tmC" not in render(_with(_tma(256, 3), store=1))
@@ -115,16 +127,20 @@ def test_what_the_tma_store_renders():
         _tma(256, 4, raster=8, ctas=128),
         _tma(192, 6, pers=2, dtype="bf16", raster=16),
         _tma(128, 6, pers=2, mp=2, ctas=128),
+        _tma(80, 8, raster=8, ctas=128),
+        _tma(160, 5, pers=2, mp=2, dtype="bf16"),
+        _tma(224, 4, raster=16),
         base.with_epilogue(_tma(128, 6, raster=8), "bias_residual"),
         base.with_pdl(_tma(192, 4, dtype="bf16", raster=8, ctas=128), "before_epilogue"),
     ],
     ids=design_name,
 )
 def test_tma_store_designs_compile_to_stmatrix_and_tma_stores(v5_sass, d):
-    """Per warpgroup and tile: 64 rows x n / 64 subtiles x MP blocks, each 4 stmatrix.x4
-    a thread and one TMA store; one wgmma group in flight in the k loop."""
+    """Per warpgroup and tile: MP blocks x n / SUB_N subtiles, each SUB_N / 16
+    stmatrix.x4 a thread and one TMA store; one wgmma group in flight in the k loop."""
     listing = v5_sass(d)
-    subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // 64
-    assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == 4 * subtiles
+    sub_n = sm90_tma.tma_store_sub_n(d)
+    subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // sub_n
+    assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == sub_n // 16 * subtiles
     assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in listing

@@ -241,7 +241,7 @@ TMA_V5_HALVES_DESIGNS = [
     (1, 192, 4, 16, 128, 3),
 ]
 
-# sm90tma v5 TMA store (issue 22, store = 4): 64 x 64 subtiles through two buffers a
+# sm90tma v5 TMA store (issue 22, store = 4): 64-row subtiles through two buffers a
 # consumer warpgroup, stored by TMA through a tensor map of C, for each cooperative width
 # of sm90_tma.TMA_STORE_TILE_N and each ping-pong tile of TMA_STORE_PINGPONG_TILES at
 # both rings, walks and caps spread over them (the last field: persistent). V5_SHAPES:
@@ -258,6 +258,13 @@ TMA_V5_TMA_DESIGNS = [
     (2, 128, 6, 8, 128, 4, 2),
     (1, 256, 4, 0, 0, 4, 2),
     (1, 192, 6, 16, 128, 4, 2),
+    # subtiles of 16 columns (80: 32-byte box rows) and 32 (160, 224: 64-byte rows)
+    (1, 80, 8, 8, 128, 4, 1),
+    (1, 160, 5, 0, 0, 4, 1),
+    (1, 224, 4, 16, 128, 4, 1),
+    (2, 80, 7, 8, 0, 4, 2),
+    (2, 160, 5, 16, 128, 4, 2),
+    (1, 224, 5, 0, 128, 4, 2),
 ]
 
 
@@ -427,7 +434,7 @@ def test_tma_v5_halves_persistent_correct(tmp_path, dtype, knobs):
 def test_tma_v5_tma_store_persistent_correct(tmp_path, dtype, knobs):
     d = _v5_design(dtype, knobs[:6], pers=knobs[6])
     assert sm90_tma.v5(d, "store") == 4 and legality(d) == []
-    assert launch_recipe(d)["tma"]["c"] == [64, 64]
+    assert launch_recipe(d)["tma"]["c"] == [sm90_tma.tma_store_sub_n(d), 64]
     _check_design(tmp_path, d, OVERLAP_SHAPES)
 
 
@@ -495,10 +502,12 @@ V5_TMA_STRIDED = [(2056, 8, 0), (1000, 8, 0), (264, 0, 8), (2056, 16, 8)]
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("n, pad, offset", V5_TMA_STRIDED)
-@pytest.mark.parametrize("knobs", [(1, 256, 4, 8, 128, 4, 1), (2, 128, 6, 8, 128, 4, 2)])
+@pytest.mark.parametrize(
+    "knobs", [(1, 256, 4, 8, 128, 4, 1), (2, 128, 6, 8, 128, 4, 2), (1, 80, 8, 8, 128, 4, 1)]
+)
 def test_tma_v5_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset, knobs):
-    """As above, the TMA store (cooperative 128x256 and ping-pong 128x128): the map's
-    columns past N are not written."""
+    """As above, the TMA store (cooperative 128x256, ping-pong 128x128, cooperative 128x80
+    in 16-column subtiles): the map's columns past N are not written."""
     _strided_output(tmp_path, _v5_design(dtype, knobs[:6], pers=knobs[6]), n, pad, offset)
 
 

@@ -226,3 +226,13 @@ def test_cs_map_is_encoded_over_m_rows_of_n_columns(recorded, monkeypatch):
     del recipe["epilogue"]
     _launch(recipe, None)
     assert seen[2] == (GEMM.c, GEMM.m, GEMM.n, GEMM.ldc, (64, 64))
+
+
+# The swizzle of a box is its row's bytes where that is 32 or 64 (the TMA store's boxes
+# of 16 and 32 columns), else 128: what every A and B box (64 k) had before.
+@pytest.mark.parametrize(
+    ("box", "swizzle"), [((64, 128), 128), ((64, 64), 128), ((32, 64), 64), ((16, 64), 32)]
+)
+def test_a_boxs_swizzle_is_its_rows_bytes(box, swizzle):
+    assert driver.swizzle_bytes(box) == swizzle
+    assert hasattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B")

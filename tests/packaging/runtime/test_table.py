@@ -135,6 +135,8 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
             ({"a": [64, 128], "b": [64, 256], "c": [0, 64]}, "key 'launch.tma' must hold boxes"),
             ({"a": [64, 128], "b": [64, 256], "c": [72, 64]}, "key 'launch.tma.c' must be a box"),
             ({"a": [64, 128], "b": [64, 256], "c": [64, 512]}, "key 'launch.tma.c' must be a box"),
+            ({"a": [64, 128], "b": [64, 256], "c": [8, 64]}, "of 16, 32 or 64 columns"),
+            ({"a": [64, 128], "b": [64, 256], "c": [48, 64]}, "of 16, 32 or 64 columns"),
             ({"a": [64, 128], "b": [64, 256], "d": [64, 64]}, "key 'launch.tma' must hold boxes"),
         )
     ),
