@@ -32,7 +32,7 @@
 #
 # sm90tma v5 TMA store (docs/kernels.md "sm90tma v5 TMA store"): TESTS='tma_v5_tma or
 # pingpong_tma' selects its GPU tests (the kernels on every residue N % 8 == 0, the strided
-# output, a misaligned C refused, the fused epilogues in place and under memcheck: 79):
+# output, a misaligned C refused, the fused epilogues in place and under memcheck: 101):
 #
 #   TESTS='tma_v5_tma or pingpong_tma' TEST_TIMEOUT=400 SWEEP=bench/manifests/sweep-tma-v5-tma-h100.toml \
 #     BENCH=0 bash ci/gpu_prefill.sh

@@ -325,12 +325,33 @@ TMA_STORE = {
         "drain": "sm90_tma/store/drain.cu.j2",
         "params": "",
     },
-    # v5 TMA store: 64 x 64 subtiles through two buffers a consumer warpgroup, written
-    # with stmatrix and stored by cp.async.bulk.tensor through a tensor map of C
+    # v5 TMA store: 64-row subtiles through two buffers a consumer warpgroup, written
+    # with stmatrix and stored by cp.async.bulk.tensor through a tensor map of C; the
+    # c_ keys: the rows one store takes, whose buffers, who issues, how they sync, the
+    # writer's first row in the box and the box's first row past the 64-row block's
     4: {
         "tile": "sm90_tma/store/tma.cu.j2",
         "drain": "sm90_tma/store/drain.cu.j2",
         "params": ",\n    const __grid_constant__ TmaMap tmC",
+        "c_rows": "64",
+        "c_owner": "wg",
+        "c_issuer": "(tid & 127) == 0",
+        "c_sync": 'asm volatile("bar.sync %0, 128;\\n" ::"r"(8 + wg) : "memory");',
+        "c_box_row": "w * 16 + ",
+        "c_row0": "",
+    },
+    # ... each warp its own 16 rows: two buffers a warp, its lane 0 issuing, __syncwarp
+    # in place of the warpgroup's barriers
+    5: {
+        "tile": "sm90_tma/store/tma.cu.j2",
+        "drain": "sm90_tma/store/drain.cu.j2",
+        "params": ",\n    const __grid_constant__ TmaMap tmC",
+        "c_rows": "16",
+        "c_owner": "(wg * 4 + w)",
+        "c_issuer": "lane == 0",
+        "c_sync": "__syncwarp();",
+        "c_box_row": "",
+        "c_row0": " + w * 16",
     },
 }
 # The kernel a store brings where it is not the persistent kernel of TMA_KERNEL.

@@ -235,20 +235,27 @@ def power_own(
     return "\n".join(lines)
 
 
-def ncu_prefill(root: Path) -> str:
-    """Per profiled shape: the own kernel's and cuBLASLt's Nsight Compute figures side by
-    side (one launch each, clocks as found, caches flushed)."""
+def ncu_prefill(
+    root: Path,
+    paths: tuple[str, ...] = NCU_PREFILL,
+    stalls_path: str = NCU_STALLS,
+    own_from: str = "the overlap and halves sweeps",
+) -> str:
+    """Per profiled shape (``paths``: a details CSV each): the own kernel's and cuBLASLt's
+    Nsight Compute figures side by side (one launch each, clocks as found, caches
+    flushed), and the warp stall reasons of ``stalls_path``'s two kernels."""
 
     lines = [
         "Nsight Compute (`ci/gpu_ncu_prefill.sh`: one launch of each, `--clock-control "
-        f"none`, caches flushed; `{'`, `'.join(NCU_PREFILL)}`): the fastest own kernel of "
-        "the overlap and halves sweeps and cuBLASLt's autotuned algorithm (its kernel's "
+        f"none`, caches flushed; `{'`, `'.join(paths)}`): the fastest own kernel of "
+        f"{own_from} and cuBLASLt's autotuned algorithm (its kernel's "
         "name: cuBLAS's m, the first of its tile, is this project's N).",
     ]
-    for path in NCU_PREFILL:
+    for path in paths:
         rows, own, lt = _ncu_rows(root / path)
         value = {(r["Kernel Name"], r["Metric Name"]): r["Metric Value"] for r in rows}
-        shape = Path(path).stem.removeprefix("h200-ncu-prefill-").replace("x", "×")
+        stem = Path(path).stem.removeprefix("h200-ncu-prefill-")
+        shape = stem.split("-")[0].replace("x", "×")
         lines += [
             "",
             f"{shape}: own `{own.split('(')[0]}`, cuBLASLt `{lt.split('(')[0]}`",
@@ -257,10 +264,12 @@ def ncu_prefill(root: Path) -> str:
             "|---|---:|---:|",
         ]
         lines += [f"| {label} | {value[(own, m)]} | {value[(lt, m)]} |" for m, label in NCU_ROWS]
-    own, lt, stalls = _stalls(root / NCU_STALLS)
+    own, lt, stalls = _stalls(root / stalls_path)
+    shape = Path(stalls_path).stem.removeprefix("h200-ncu-prefill-").split("-")[0]
     lines += [
         "",
-        f"Warp stall reasons at 4096×4096×4096 (`{NCU_STALLS}`, a second run: cycles a "
+        f"Warp stall reasons at {shape.replace('x', '×')} (`{stalls_path}`"
+        f"{'' if stalls_path in paths else ', a second run'}: cycles a "
         "warp waits per instruction issued, every warp of the kernel, producers too; "
         "those above 0.1 in either kernel):",
         "",

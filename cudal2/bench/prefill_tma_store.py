@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cudal2.bench.prefill_store import _gm, power_own
+from cudal2.bench.prefill_store import _gm, ncu_prefill, power_own
 
 # ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tma[-bf16]-h100.toml):
 # the 64-column subtiles (tiles 128, 192, 256 wide)
@@ -26,6 +26,13 @@ POWER_OWN_TMA = "bench/results/h200-power-own-tma.json"  # ci/gpu_power_own.sh D
 POWER_OWN_TMA_N = "bench/results/h200-power-own-tma-n.json"  # ... DBS=both fp16 sweeps
 # cudal2-bench on the prefill shapes with both sweeps' databases as --kernels (their
 # winners as a build selects them), offline and server, fp16 and bf16
+# ... (sweep-tma-v5-tmaw-h100.toml): each warp storing its 16 rows (store 5) against 4
+TMAW_SWEEP = "bench/results/h200-sweep-tma-v5-tmaw.measurements.jsonl.gz"
+# ci/gpu_ncu_prefill.sh DBS=<both fp16 sweeps> TAG=-tma EXTRA_METRICS=<the stall reasons>
+NCU_TMA = (
+    "bench/results/h200-ncu-prefill-4096x4096x4096-tma.csv",
+    "bench/results/h200-ncu-prefill-4096x8192x1024-tma.csv",
+)
 PREFILL_TMA = (
     ("64-column sweeps' winners", "bench/results/h200-prefill-tma.jsonl"),
     ("all four sweeps' winners", "bench/results/h200-prefill-tma-n.jsonl"),
@@ -183,6 +190,41 @@ def tma_v5_best(root: Path) -> str:
             f"{wins} of {len(own)} |"
         )
     return "\n".join(lines)
+
+
+def tma_v5_tmaw(root: Path) -> str:
+    """The store a warp (``store`` 5) against the warpgroup's (4) at the same tile and
+    ring, per tile: geomean over the targets and wins."""
+    gpu, own, _ = _kernels(root, TMAW_SWEEP)
+    pairs: dict[tuple[int, int, int], list[float]] = {}
+    for kernels in own.values():
+        for k, v in kernels.items():
+            if k[4] == 5 and (*k[:4], 4) in kernels:
+                pairs.setdefault(k[:3], []).append(v / kernels[(*k[:4], 4)])
+    lines = [
+        f"{gpu}, fp16 tn, offline (`{TMAW_SWEEP}`): each warp's own TMA store (`store` 5) "
+        "over the warpgroup's (`store` 4), the same tile and ring, both against torch in "
+        "their jobs.",
+        "",
+        "| tile | ring stages | gain | wins |",
+        "|---|---:|---:|---:|",
+    ]
+    for tile, g in sorted(pairs.items()):
+        stages = {k[3] for ks in own.values() for k in ks if k[:3] == tile and k[4] == 5}
+        name = f"{_SCHEDULE[tile[0]]} {_label((*tile, 0, 0)).split('/')[0].removeprefix('pp ')}"
+        lines.append(
+            f"| {name} | {min(stages)} | {_gm(g):.3f} | {sum(x > 1 for x in g)} of {len(g)} |"
+        )
+    every = [x for g in pairs.values() for x in g]
+    lines.append(
+        f"| every tile | | {_gm(every):.3f} | {sum(x > 1 for x in every)} of {len(every)} |"
+    )
+    return "\n".join(lines)
+
+
+def ncu_prefill_tma(root: Path) -> str:
+    """``ncu_prefill``'s tables for the fastest TMA-store kernels against cuBLASLt's."""
+    return ncu_prefill(root, NCU_TMA, NCU_TMA[0], "both TMA-store sweeps")
 
 
 def prefill_bench_tma(root: Path) -> str:

@@ -112,8 +112,9 @@ CTAS = (0, 128)
 # overlapped with the next tile's main loop (v5 overlap: two accumulator sets, below);
 # 3: the bulk store in two row halves through a C buffer of half the rows (v5 halves);
 # 4: 64 x 64 subtiles through two small buffers a consumer warpgroup, each stored by TMA
-# through a tensor map of C (v5 TMA store)
-STORE = (0, 1, 2, 3, 4)
+# through a tensor map of C (v5 TMA store); 5: the same, each warp storing its own 16
+# rows (v5 TMA store a warp)
+STORE = (0, 1, 2, 3, 4, 5)
 # v5 tile N (issue 22): the persistent cooperative kernel's tile N (``wgmma_n``, 128 x n
 # tiles) that is not a power of two, so that the tile count fills whole waves of 128 or
 # 132 CTAs where v5's 128x256 tiles leave SMs idle. The rule: for each llm-public
@@ -185,6 +186,7 @@ HALVES_TILE_N = (192, 224, 256)
 TMA_STORE_TILE_N = (80, 128, 160, 192, 224, 256)
 TMA_STORE_SUB_N = (64, 32, 16)  # a subtile's columns: the widest dividing the tile N
 TMA_STORE_ROWS = 64  # a subtile's rows: a warpgroup's 64-row block
+TMA_STORE_WARP_ROWS = 16  # ``store`` = 5: a warp's rows of it, one store each
 TMA_STORE_BUFFERS = 2  # a consumer warpgroup's subtile buffers
 TMA_STORE_OFFSET = 1024  # the buffers after the ring, on a 1024-byte swizzle atom
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
@@ -237,7 +239,7 @@ OPTIONAL_KNOBS = (
         STORE,
         "st{}",
         default=0,
-        spellings=((1, "bulk"), (2, "overlap"), (3, "halves"), (4, "tma")),
+        spellings=((1, "bulk"), (2, "overlap"), (3, "halves"), (4, "tma"), (5, "tmaw")),
     ),  # fmt: skip
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
@@ -349,6 +351,12 @@ def _epilogue_or_none(d: KernelDesign) -> str:
     return ALL_EPILOGUES[value] if value in range(len(ALL_EPILOGUES)) else "none"
 
 
+def tma_stored(d: KernelDesign) -> bool:
+    """Whether the design stores by TMA (``store`` = 4, a warpgroup a subtile, or 5, a
+    warp its 16 rows)."""
+    return v5(d, "store") in (4, 5)
+
+
 def tma_store_sub_n(d: KernelDesign) -> int:
     """The TMA store's subtile columns: the widest of ``TMA_STORE_SUB_N`` dividing the
     tile N (0: none does)."""
@@ -360,7 +368,7 @@ def c_buffer_bytes(d: KernelDesign) -> int:
     0; ping-pong has one a consumer warpgroup (each stores its own tiles); v5 halves
     (``store`` = 3) half the rows; the TMA store (4) two 64 x 64 subtiles a consumer
     warpgroup, from the first 1024-byte boundary after the barriers."""
-    if v5(d, "store") == 4:
+    if tma_stored(d):
         sub = TMA_STORE_ROWS * tma_store_sub_n(d) * 2
         return TMA_STORE_OFFSET - BARRIER_BYTES + d.knobs.warpgroups * TMA_STORE_BUFFERS * sub
     bm, bn = tile_mn(d)
@@ -466,15 +474,16 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
     if overlapped(d) and k.m_blocks != 1:
         # The overlap kernel holds one 64-row block a set (its turn takes MP = 1).
         return ["store=2: one 64-row block a warpgroup (m_blocks=1)"]
-    if v5(d, "store") == 4 and (k.cluster_m != 1 or k.warpgroups != 2):
+    if tma_stored(d) and (k.cluster_m != 1 or k.warpgroups != 2):
         # Written for the unpaired persistent kernels (cooperative and ping-pong).
         return [
-            "store=4: the persistent kernels (persistent=1 or 2) of two consumer "
-            "warpgroups, unpaired (cluster_m=1)"
+            f"store={v5(d, 'store')}: the persistent kernels (persistent=1 or 2) of two "
+            "consumer warpgroups, unpaired (cluster_m=1)"
         ]
-    if v5(d, "store") == 4 and not tma_store_sub_n(d):
+    if tma_stored(d) and not tma_store_sub_n(d):
         return [
-            f"store=4: wgmma_n={k.wgmma_n} is not a multiple of a subtile's columns "
+            f"store={v5(d, 'store')}: wgmma_n={k.wgmma_n} is not a multiple of a subtile's "
+            "columns "
             f"({', '.join(map(str, TMA_STORE_SUB_N))})"
         ]
     if v5(d, "store") == 3 and (
@@ -679,6 +688,28 @@ def tma_store_designs(dtype: str) -> list[KernelDesign]:
     return out
 
 
+def tma_store_warp_designs(dtype: str) -> list[KernelDesign]:
+    """v5 TMA store a warp (issue 22, ``store`` = 5): each TMA-store tile (cooperative and
+    ping-pong) at its deepest ring with the grouped walk of 8 and the 128-CTA cap, each
+    warp storing its own 16 rows of a subtile (a box [SUB_N, 16], ``__syncwarp`` in place
+    of the warpgroup's two barriers): 12 per dtype. Measured on an H200 (docs/kernels.md,
+    "sm90tma v5 TMA store"): 1.000 of the warpgroup's store over 204 pairs, so these
+    designs are not in the space."""
+    tiles = [(1, 1, n) for n in TMA_STORE_TILE_N] + [(2, mp, n) for mp, n in PINGPONG_V5_TILES]
+    out = []
+    for pers, mp, n in tiles:
+        fits = _fitting(
+            lambda st, pers=pers, mp=mp, n=n: design(
+                dtype, 2, mp, False, n, st, 1, pers=pers, raster=8, ctas=128, store=5
+            ),
+            PINGPONG_MAX_STAGES,
+        )
+        out.append(
+            design(dtype, 2, mp, False, n, fits[-1], 1, pers=pers, raster=8, ctas=128, store=5)
+        )
+    return out
+
+
 def halves_designs(dtype: str) -> list[KernelDesign]:
     """v5 halves (issue 22; measured, not in the space): the persistent cooperative
     128 x n designs storing through a C buffer of half the rows (``store`` = 3), for each
@@ -721,8 +752,9 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
     recipe = gemm_v1_recipe(bm, bn, threads(d), smem_bytes(d), {"k": 8}, k.split_k, k.cluster_m)
     recipe["abi"] = "gemm_v2"
     recipe["tma"] = {"a": [BK, a_rows], "b": [BK, b_rows // k.cluster_m]}
-    if v5(d, "store") == 4:  # the TMA store's map of C [M, N]: [columns, rows]
-        recipe["tma"]["c"] = [tma_store_sub_n(d), TMA_STORE_ROWS]
+    if tma_stored(d):  # the TMA store's map of C [M, N]: [columns, rows]
+        rows = TMA_STORE_WARP_ROWS if v5(d, "store") == 5 else TMA_STORE_ROWS
+        recipe["tma"]["c"] = [tma_store_sub_n(d), rows]
         # C's row stride a multiple of 16 bytes (the runtime's C has ldc = N)
         recipe["align"] = {**recipe["align"], "n": 8}
     if k.persistent and k.cluster_m > 1:

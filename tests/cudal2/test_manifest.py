@@ -292,7 +292,7 @@ BAD: list[tuple[str, str, Any]] = [
     ("[search]\nfamilies = []\n" + ONE_TARGET, "search.families", []),
     # [search] knobs: names of some family's knobs, lists of values in their domains
     ("[search]\nknobs = { rastr = [8] }\n" + ONE_TARGET, "search.knobs.rastr", [8]),
-    ("[search]\nknobs = { store = [5] }\n" + ONE_TARGET, "search.knobs.store", [5]),
+    ("[search]\nknobs = { store = [6] }\n" + ONE_TARGET, "search.knobs.store", [6]),
     ("[search]\nknobs = { store = [] }\n" + ONE_TARGET, "search.knobs.store", []),
     ("[search]\nknobs = { store = 1 }\n" + ONE_TARGET, "search.knobs.store", 1),
     ("[search]\nknobs = { store = [true] }\n" + ONE_TARGET, "search.knobs.store", True),

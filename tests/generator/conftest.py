@@ -41,8 +41,8 @@ def v5_sass(sass_of):
     def listing(d) -> str:
         text = sass_of(d)
         assert set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", text)) == {f"64x{d.knobs.wgmma_n}x16"}
-        # the bulk copies (UBLKCP), or the TMA store's (UTMASTG, ``store`` = 4)
-        copy = "UTMASTG" if d.knobs.as_json().get("store") == 4 else "UBLKCP"
+        # the bulk copies (UBLKCP), or the TMA store's (UTMASTG, ``store`` = 4, 5)
+        copy = "UTMASTG" if d.knobs.as_json().get("store") in (4, 5) else "UBLKCP"
         assert copy in text and "LDL" not in text and "STL" not in text
         trigger = base.pdl_trigger(d)
         if trigger != "none":

@@ -85,7 +85,7 @@ ILLEGAL = [
     (dict(ctas=0), "ctas=0 is the default: leave it out"),
     (dict(raster=5), "raster=5 is not one of (0, 8, 16)"),
     (dict(ctas=132), "ctas=132 is not one of (0, 128)"),
-    (dict(store=5), "store=5 is not one of (0, 1, 2, 3, 4)"),
+    (dict(store=6), "store=6 is not one of (0, 1, 2, 3, 4, 5)"),
     (dict(raster=-8), "raster=-8 is not one of"),
     (dict(raster=8, cluster_m=2, persistent=0), "persistent designs only"),
     (dict(ctas=128, split_k=2), "do not split K"),
@@ -173,7 +173,7 @@ def test_space_holds_the_v5_designs():
         # test_sm90_tma_v5_overlap
         v5 = [d for d in v5 if d.knobs.cluster_m == 1 and d.knobs.wgmma_n not in sm90_tma.TILE_N]
         v5 = [d for d in v5 if not sm90_tma.overlapped(d)]
-        v5 = [d for d in v5 if sm90_tma.v5(d, "store") != 4]  # test_sm90_tma_v5_tma_store
+        v5 = [d for d in v5 if not sm90_tma.tma_stored(d)]  # test_sm90_tma_v5_tma_store
         v5 = [d for d in v5 if d.knobs.persistent == 1]
         assert len(v5) == 68 and all(legality(d) == [] for d in v5)
         assert all(d.knobs.persistent == 1 and not sm90_tma.swapped(d) for d in v5)

@@ -75,7 +75,7 @@ ILLEGAL = [
     (dict(warpgroups=1, stages=3), "store=3: the persistent cooperative kernel"),
     (dict(swap=1, wgmma_n=128, stages=4), "store=3: the compute orientation only"),
     (dict(split_k=2), "do not split K"),
-    (dict(store=5), "store=5 is not one of"),
+    (dict(store=6), "store=6 is not one of"),
 ]
 
 

@@ -98,7 +98,7 @@ def test_space_holds_the_tile_n_designs():
         assert len({d.key for d in space}) == len(space)
         new = [d for d in space if d.knobs.wgmma_n in sm90_tma.TILE_N and d.knobs.persistent == 1]
         new = [d for d in new if not sm90_tma.overlapped(d)]  # test_sm90_tma_v5_overlap's
-        new = [d for d in new if sm90_tma.v5(d, "store") != 4]  # test_sm90_tma_v5_tma_store's
+        new = [d for d in new if not sm90_tma.tma_stored(d)]  # test_sm90_tma_v5_tma_store's
         assert len(new) == 48 and all(legality(d) == [] for d in new)
         assert all(sm90_tma.v5(d, "store") == 1 and d.knobs.cluster_m == 1 for d in new)
         assert {sm90_tma.tile_mn(d) for d in new} == {(128, n) for n in sm90_tma.TILE_N}

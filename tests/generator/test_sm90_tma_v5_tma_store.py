@@ -113,7 +113,7 @@ def test_what_the_tma_store_renders():
         "constexpr int SUB_N = 64;",
         'asm volatile("bar.sync %0, 128;\\n" ::"r"(8 + wg) : "memory");',
         "cp.async.bulk.wait_group.read 1;",
-        "base + DATA_BYTES + 1024 + wg * 2 * C_SUB_BYTES",
+        "base + DATA_BYTES + 1024 + wg * 2 * C_BUF_BYTES",
         "n0 + SUB_N * c",
     ):
         assert needle in src, needle
@@ -144,3 +144,49 @@ def test_tma_store_designs_compile_to_stmatrix_and_tma_stores(v5_sass, d):
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == sub_n // 16 * subtiles
     assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in listing
+
+
+# ``store`` = 5: each warp stores its own 16 rows of a subtile (a box [SUB_N, 16]): two
+# buffers a warp, its lane 0 waiting and issuing, __syncwarp in place of the warpgroup's
+# two barriers; the same shared memory and rings as ``store`` = 4.
+def test_the_warp_store_designs_are_legal_and_not_in_the_space():
+    """Measured (1.000 of the warpgroup's store): made by tma_store_warp_designs, each
+    beside its warpgroup twin, which the space holds."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        assert not [d for d in space if sm90_tma.v5(d, "store") == 5]
+        new = sm90_tma.tma_store_warp_designs(dtype)
+        assert len(new) == 12 and all(legality(d) == [] for d in new)
+        keys = {d.key for d in space}
+        for d in new:
+            twin = _with(d, store=4)
+            assert twin.key in keys  # measured beside its warpgroup twin
+            assert sm90_tma.smem_bytes(d) == sm90_tma.smem_bytes(twin)
+            r, rt = sm90_tma.launch_recipe(d), sm90_tma.launch_recipe(twin)
+            assert r["tma"]["c"] == [rt["tma"]["c"][0], 16] and rt["tma"]["c"][1] == 64
+
+
+def test_what_the_warp_store_renders():
+    src = render(_with(_tma(256, 4), store=5))
+    for needle in (
+        "constexpr int C_ROWS = 16;",
+        "+ (wg * 4 + w) * 2 * C_BUF_BYTES;",
+        "const bool issuer = lane == 0;",
+        "__syncwarp();",
+        '"r"(m0 + (wg * MP + j) * 64 + w * 16)',
+    ):
+        assert needle in src, needle
+    assert "bar.sync %0, 128" not in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("d", sm90_tma.tma_store_warp_designs("fp16")[::3], ids=design_name)
+def test_warp_store_designs_compile_without_warpgroup_barriers(v5_sass, d):
+    """A TMA store a warp and subtile, SUB_N / 16 stmatrix.x4 a thread each, and no
+    barrier in the epilogue (the one BAR.SYNC is the kernel's start)."""
+    listing = v5_sass(d)
+    sub_n = sm90_tma.tma_store_sub_n(d)
+    subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // sub_n
+    assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
+    assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == sub_n // 16 * subtiles
+    assert len(re.findall(r"\bBAR\.SYNC\b", listing)) == 1

@@ -59,7 +59,7 @@ def test_the_v5_sweep_measures_every_v5_design_and_the_controls():
         and d.knobs.wgmma_n not in sm90_tma.TILE_N
         and d.knobs.persistent == 1
         and not sm90_tma.overlapped(d)
-        and sm90_tma.v5(d, "store") != 4  # the TMA store: after this sweep
+        and not sm90_tma.tma_stored(d)  # the TMA store: after this sweep
     ]
     assert sorted(d.key for d in v5) == sorted(d.key for d in every_v5)
     controls = [d for d in proposed if d not in v5]
@@ -122,7 +122,7 @@ def test_the_tile_n_sweep_measures_the_tile_n_designs_and_their_controls(path, d
             if d.knobs.wgmma_n in sm90_tma.TILE_N
             and d.knobs.persistent == 1
             and not sm90_tma.overlapped(d)  # v5 overlap's 160 and 192: after this sweep
-            and sm90_tma.v5(d, "store") != 4  # the TMA store's 192: likewise
+            and not sm90_tma.tma_stored(d)  # the TMA store's 192: likewise
         ]
         assert sorted(d.key for d in tile_n) == sorted(d.key for d in every if d.knobs.stages >= 3)
         controls = [d for d in proposed if d not in tile_n]

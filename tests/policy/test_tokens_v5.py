@@ -39,9 +39,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # vocabulary's length and hash, and per (family, dtype, layout) the count and sha256 of
 # every design's "key ids..." line, for every design that sets no v5 knob
 BEFORE = json.loads((Path(__file__).parent / "data" / "tokens-before-v5.json").read_text())
-# (store=2, store=3 and store=4: v5 overlap, v5 halves and the v5 TMA store, appended
-# after store=1)
-V5_TOKENS = ("raster=8", "raster=16", "ctas=128", "store=1", "store=2", "store=3", "store=4")
+# (store=2 .. store=5: v5 overlap, v5 halves, the v5 TMA store and its store a warp,
+# appended after store=1)
+V5_TOKENS = (
+    "raster=8", "raster=16", "ctas=128", "store=1", "store=2", "store=3", "store=4", "store=5",
+)  # fmt: skip
 SWEEP = ROOT / "bench" / "results" / "h100-sweep-tma-v5.measurements.jsonl.gz"
 
 

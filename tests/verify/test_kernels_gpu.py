@@ -265,6 +265,11 @@ TMA_V5_TMA_DESIGNS = [
     (2, 80, 7, 8, 0, 4, 2),
     (2, 160, 5, 16, 128, 4, 2),
     (1, 224, 5, 0, 128, 4, 2),
+    # store = 5: each warp its 16 rows (box [SUB_N, 16])
+    (1, 256, 4, 8, 128, 5, 1),
+    (1, 80, 8, 8, 128, 5, 1),
+    (2, 160, 5, 8, 128, 5, 2),
+    (1, 192, 6, 8, 128, 5, 2),
 ]
 
 
@@ -433,8 +438,9 @@ def test_tma_v5_halves_persistent_correct(tmp_path, dtype, knobs):
 @pytest.mark.parametrize("knobs", TMA_V5_TMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_tma_store_persistent_correct(tmp_path, dtype, knobs):
     d = _v5_design(dtype, knobs[:6], pers=knobs[6])
-    assert sm90_tma.v5(d, "store") == 4 and legality(d) == []
-    assert launch_recipe(d)["tma"]["c"] == [sm90_tma.tma_store_sub_n(d), 64]
+    assert sm90_tma.tma_stored(d) and legality(d) == []
+    rows = 16 if sm90_tma.v5(d, "store") == 5 else 64
+    assert launch_recipe(d)["tma"]["c"] == [sm90_tma.tma_store_sub_n(d), rows]
     _check_design(tmp_path, d, OVERLAP_SHAPES)
 
 
@@ -503,7 +509,13 @@ V5_TMA_STRIDED = [(2056, 8, 0), (1000, 8, 0), (264, 0, 8), (2056, 16, 8)]
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("n, pad, offset", V5_TMA_STRIDED)
 @pytest.mark.parametrize(
-    "knobs", [(1, 256, 4, 8, 128, 4, 1), (2, 128, 6, 8, 128, 4, 2), (1, 80, 8, 8, 128, 4, 1)]
+    "knobs",
+    [
+        (1, 256, 4, 8, 128, 4, 1),
+        (2, 128, 6, 8, 128, 4, 2),
+        (1, 80, 8, 8, 128, 4, 1),
+        (1, 160, 5, 8, 128, 5, 1),
+    ],
 )
 def test_tma_v5_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset, knobs):
     """As above, the TMA store (cooperative 128x256, ping-pong 128x128, cooperative 128x80
