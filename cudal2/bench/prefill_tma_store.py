@@ -25,7 +25,8 @@ TMA_N_SWEEPS = {
 POWER_OWN_TMA = "bench/results/h200-power-own-tma.json"  # ci/gpu_power_own.sh DBS=fp16 sweep
 POWER_OWN_TMA_N = "bench/results/h200-power-own-tma-n.json"  # ... DBS=both fp16 sweeps
 # cudal2-bench on the prefill shapes with both sweeps' databases as --kernels (their
-# winners as a build selects them), offline and server, fp16 and bf16
+# winners as a build selects them), offline and server, fp16 and bf16: standing's
+# prefill-bench-tma block (``standing.prefill_bench`` over these files)
 # ... (sweep-tma-v5-tmaw-h100.toml): each warp storing its 16 rows (store 5) against 4
 TMAW_SWEEP = "bench/results/h200-sweep-tma-v5-tmaw.measurements.jsonl.gz"
 # ci/gpu_ncu_prefill.sh DBS=<both fp16 sweeps> TAG=-tma EXTRA_METRICS=<the stall reasons>
@@ -225,14 +226,6 @@ def tma_v5_tmaw(root: Path) -> str:
 def ncu_prefill_tma(root: Path) -> str:
     """``ncu_prefill``'s tables for the fastest TMA-store kernels against cuBLASLt's."""
     return ncu_prefill(root, NCU_TMA, NCU_TMA[0], "both TMA-store sweeps")
-
-
-def prefill_bench_tma(root: Path) -> str:
-    """The TMA store sweeps' winners beside every vendor (``standing.prefill_bench``'s
-    table)."""
-    from cudal2.bench.standing import prefill_bench
-
-    return prefill_bench(root, PREFILL_TMA)
 
 
 def power_own_tma(root: Path) -> str:

@@ -1944,7 +1944,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "power-own-tma": prefill_tma_store.power_own_tma,
     "power-own-tma-n": prefill_tma_store.power_own_tma_n,
     "ncu-prefill-tma": prefill_tma_store.ncu_prefill_tma,
-    "prefill-bench-tma": prefill_tma_store.prefill_bench_tma,
+    "prefill-bench-tma": lambda root: prefill_bench(root, prefill_tma_store.PREFILL_TMA),
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

@@ -46,10 +46,11 @@ v5 overlap: ``store`` = 2, the persistent cooperative kernel with two accumulato
 each tile's bulk store run under the next tile's first k tile (``OVERLAP_TILE_N``). v5
 halves: ``store`` = 3, the bulk store in two row halves through a C buffer of half the
 rows, so the ring keeps a stage more (``HALVES_TILE_N``; measured to lose, not in the
-space). v5 TMA store: ``store`` = 4, each tile in 64 x 64 subtiles through two small
-buffers a consumer warpgroup, one ``cp.async.bulk.tensor`` store a subtile through a
-third tensor map (of C, the recipe's ``tma.c`` box), so the ring keeps a stage more
-(``TMA_STORE_TILE_N``, ``TMA_STORE_PINGPONG_TILES``).
+space). v5 TMA store: ``store`` = 4, each tile in 64-row subtiles of 64, 32 or 16
+columns through two small buffers a consumer warpgroup, one ``cp.async.bulk.tensor``
+store a subtile through a third tensor map (of C, the recipe's ``tma.c`` box), so the
+ring keeps a stage more (``TMA_STORE_TILE_N``, ``TMA_STORE_PINGPONG_TILES``); ``store``
+= 5 the same a warp at a time (measured even with it, not in the space).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -366,8 +367,9 @@ def tma_store_sub_n(d: KernelDesign) -> int:
 def c_buffer_bytes(d: KernelDesign) -> int:
     """The bulk store's C buffer [bm][bn + C_PAD] of 2-byte outputs (``store`` = 1, 2), or
     0; ping-pong has one a consumer warpgroup (each stores its own tiles); v5 halves
-    (``store`` = 3) half the rows; the TMA store (4) two 64 x 64 subtiles a consumer
-    warpgroup, from the first 1024-byte boundary after the barriers."""
+    (``store`` = 3) half the rows; the TMA store (4, 5) two 64-row subtiles of its
+    ``tma_store_sub_n`` columns a consumer warpgroup, from the first 1024-byte boundary
+    after the barriers."""
     if tma_stored(d):
         sub = TMA_STORE_ROWS * tma_store_sub_n(d) * 2
         return TMA_STORE_OFFSET - BARRIER_BYTES + d.knobs.warpgroups * TMA_STORE_BUFFERS * sub
@@ -661,7 +663,8 @@ def halves_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
 
 def tma_store_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     """The ring depths of a persistent cooperative 128 x ``n`` TMA-store design: the
-    ``TILE_N_DEPTHS`` deepest beside its subtile buffers (128: 5, 6; 192: 3, 4; 256: 3, 4)."""
+    ``TILE_N_DEPTHS`` deepest beside its subtile buffers (80: 7, 8; 128: 5, 6; 160: 4, 5;
+    192: 3, 4; 224: 3, 4; 256: 3, 4)."""
     return _deepest(n, dtype, 4)
 
 

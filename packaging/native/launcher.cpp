@@ -1118,9 +1118,9 @@ CUDAL2_EXPORT void cudal2_native_grid(const PlanDesc* plan, int64_t m, int64_t n
 // (native.py checks its ctypes mirror field for field at load).
 #define CUDAL2_PLAN_FIELDS(X)                                                              \
   X(kind) X(abi) X(function) X(block) X(smem) X(tile_m) X(tile_n) X(split_k) X(cluster)      \
-  X(persistent) X(ctas_per_sm) X(sm_count) X(box_a) X(box_b) X(box_c) X(pdl) X(eager) X(lt_matmul)    \
-  X(lt_handle) X(lt_desc) X(lt_w) X(lt_a) X(lt_c) X(lt_algo) X(lt_alpha) X(lt_beta)          \
-  X(lt_workspace_bytes) X(bias_function) X(epilogue) X(reserved)
+  X(persistent) X(ctas_per_sm) X(sm_count) X(box_a) X(box_b) X(box_c) X(pdl) X(eager)       \
+  X(lt_matmul) X(lt_handle) X(lt_desc) X(lt_w) X(lt_a) X(lt_c) X(lt_algo) X(lt_alpha)        \
+  X(lt_beta) X(lt_workspace_bytes) X(bias_function) X(epilogue) X(reserved)
 #define CUDAL2_OFFSET(f) offsetof(PlanDesc, f),
 CUDAL2_EXPORT int cudal2_native_plan_offsets(int64_t* out, int n) {
   const int64_t offsets[] = {CUDAL2_PLAN_FIELDS(CUDAL2_OFFSET)};

@@ -829,7 +829,8 @@ def _check_tma(tma: Any) -> None:
     """gemm_v2's tensor-map boxes, as ``cuTensorMapEncodeTiled`` takes them with the
     128-byte swizzle: [k, rows], each dimension 1 to 256, a box row (k elements of 2
     bytes) a multiple of 16 bytes and at most the swizzle's 128; C's (``c``, optional: a
-    kernel that stores by TMA takes its map after B's) [columns, rows] by the same rule."""
+    kernel that stores by TMA takes its map after B's) [columns, rows] by the same rule,
+    its row 32, 64 or 128 bytes (the swizzle of that span, ``driver.swizzle_bytes``)."""
     lim = LIMITS
     box = _positive_ints(2)
     if (
