@@ -49,8 +49,9 @@ rows, so the ring keeps a stage more (``HALVES_TILE_N``; measured to lose, not i
 space). v5 TMA store: ``store`` = 4, each tile in 64-row subtiles of 64, 32 or 16
 columns through two small buffers a consumer warpgroup, one ``cp.async.bulk.tensor``
 store a subtile through a third tensor map (of C, the recipe's ``tma.c`` box), so the
-ring keeps a stage more (``TMA_STORE_TILE_N``, ``TMA_STORE_PINGPONG_TILES``); ``store``
-= 5 the same a warp at a time (measured even with it, not in the space).
+ring keeps a stage more (``TMA_STORE_TILE_N``, and every tile of
+``PINGPONG_V5_TILES``); ``store`` = 5 the same a warp at a time (measured even with it,
+not in the space).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -588,25 +589,28 @@ def pair_tile_n_designs(dtype: str) -> list[KernelDesign]:
     return out + _tile_n_designs(dtype, PAIR_TILE_N_CONTROLS)
 
 
-def pingpong_v5_stages(mp: int, n: int, dtype: str = "fp16") -> tuple[int, ...]:
-    """The ring depths of a ping-pong bulk-store design of 64 ``mp`` x ``n`` tiles in the
-    space: the ``TILE_N_DEPTHS`` deepest that fit shared memory beside the two C buffer
-    halves (128x128: 3, 4; 128x160: 2, 3; 64x256: 2, 3; 128x80: 5, 6; 64x192: 4, 5;
-    64x224: 3, 4)."""
+def pingpong_v5_stages(mp: int, n: int, dtype: str = "fp16", store: int = 1) -> tuple[int, ...]:
+    """The ring depths of a ping-pong design of 64 ``mp`` x ``n`` tiles with ``store`` in
+    the space: the ``TILE_N_DEPTHS`` deepest that fit shared memory beside its C buffers
+    (the bulk store's two halves: 128x128: 3, 4; 128x160: 2, 3; 64x256: 2, 3; 128x80: 5,
+    6; 64x192: 4, 5; 64x224: 3, 4)."""
     fits = _fitting(
-        lambda st: design(dtype, 2, mp, False, n, st, 1, pers=2, store=1), PINGPONG_MAX_STAGES
+        lambda st: design(dtype, 2, mp, False, n, st, 1, pers=2, store=store),
+        PINGPONG_MAX_STAGES,
     )
     return tuple(fits[-TILE_N_DEPTHS:])
 
 
-def _pingpong_v5_designs(dtype: str) -> list[KernelDesign]:
-    """v5 ping-pong (issue 22): the ping-pong designs with the bulk store (each consumer
-    warpgroup through its own C buffer half) for each tile of ``PINGPONG_V5_TILES``, at
-    its two deepest rings, each raster x ctas: 6 x 2 x 6 = 72 per dtype."""
+def _pingpong_v5_designs(dtype: str, store: int = 1) -> list[KernelDesign]:
+    """v5 ping-pong (issue 22): the ping-pong designs with ``store`` (the bulk store: each
+    consumer warpgroup through its own C buffer half) for each tile of
+    ``PINGPONG_V5_TILES``, at its two deepest rings, each raster x ctas: 6 x 2 x 6 = 72
+    per dtype."""
     out = []
     for mp, n in PINGPONG_V5_TILES:
-        for st, raster, ctas in itertools.product(pingpong_v5_stages(mp, n, dtype), RASTER, CTAS):
-            d = design(dtype, 2, mp, False, n, st, 1, pers=2, raster=raster, ctas=ctas, store=1)
+        stages = pingpong_v5_stages(mp, n, dtype, store)
+        for st, raster, ctas in itertools.product(stages, RASTER, CTAS):
+            d = design(dtype, 2, mp, False, n, st, 1, pers=2, raster=raster, ctas=ctas, store=store)
             if not check(d, sys.modules[__name__]):
                 out.append(d)
     return out
@@ -668,27 +672,14 @@ def tma_store_stages(n: int, dtype: str = "fp16") -> tuple[int, ...]:
     return _deepest(n, dtype, 4)
 
 
-# v5 TMA store's ping-pong tiles (m_blocks, wgmma_n): v5 ping-pong's (128x128 and 128x160
-# in two 64-row blocks, 64x256, 128x80, 64x192, 64x224).
-TMA_STORE_PINGPONG_TILES = PINGPONG_V5_TILES
-
-
 def tma_store_designs(dtype: str) -> list[KernelDesign]:
     """v5 TMA store (issue 22): the persistent cooperative 128 x n designs for each n of
-    ``TMA_STORE_TILE_N`` and the ping-pong ones of ``TMA_STORE_PINGPONG_TILES``, each at
+    ``TMA_STORE_TILE_N`` and the ping-pong ones of ``PINGPONG_V5_TILES``, each at
     its two deepest rings, each raster x ctas, storing through subtiles by TMA
     (``store`` = 4): (6 + 6) x 2 x 6 = 144 per dtype."""
-    out = _with_store(dtype, TMA_STORE_TILE_N, tma_store_stages, 4)
-    for mp, n in TMA_STORE_PINGPONG_TILES:
-        fits = _fitting(
-            lambda st, mp=mp, n=n: design(dtype, 2, mp, False, n, st, 1, pers=2, store=4),
-            PINGPONG_MAX_STAGES,
-        )
-        for st, raster, ctas in itertools.product(fits[-TILE_N_DEPTHS:], RASTER, CTAS):
-            d = design(dtype, 2, mp, False, n, st, 1, pers=2, raster=raster, ctas=ctas, store=4)
-            if not check(d, sys.modules[__name__]):
-                out.append(d)
-    return out
+    return _with_store(dtype, TMA_STORE_TILE_N, tma_store_stages, 4) + _pingpong_v5_designs(
+        dtype, 4
+    )
 
 
 def tma_store_warp_designs(dtype: str) -> list[KernelDesign]:
@@ -698,19 +689,12 @@ def tma_store_warp_designs(dtype: str) -> list[KernelDesign]:
     of the warpgroup's two barriers): 12 per dtype. Measured on an H200 (docs/kernels.md,
     "sm90tma v5 TMA store"): 1.000 of the warpgroup's store over 204 pairs, so these
     designs are not in the space."""
-    tiles = [(1, 1, n) for n in TMA_STORE_TILE_N] + [(2, mp, n) for mp, n in PINGPONG_V5_TILES]
-    out = []
-    for pers, mp, n in tiles:
-        fits = _fitting(
-            lambda st, pers=pers, mp=mp, n=n: design(
-                dtype, 2, mp, False, n, st, 1, pers=pers, raster=8, ctas=128, store=5
-            ),
-            PINGPONG_MAX_STAGES,
-        )
-        out.append(
-            design(dtype, 2, mp, False, n, fits[-1], 1, pers=pers, raster=8, ctas=128, store=5)
-        )
-    return out
+    deepest = [(1, 1, n, _deepest(n, dtype, 5)[-1]) for n in TMA_STORE_TILE_N]
+    deepest += [(2, mp, n, pingpong_v5_stages(mp, n, dtype, 5)[-1]) for mp, n in PINGPONG_V5_TILES]
+    return [
+        design(dtype, 2, mp, False, n, st, 1, pers=pers, raster=8, ctas=128, store=5)
+        for pers, mp, n, st in deepest
+    ]
 
 
 def halves_designs(dtype: str) -> list[KernelDesign]:

@@ -243,7 +243,7 @@ TMA_V5_HALVES_DESIGNS = [
 
 # sm90tma v5 TMA store (issue 22, store = 4): 64-row subtiles through two buffers a
 # consumer warpgroup, stored by TMA through a tensor map of C, for each cooperative width
-# of sm90_tma.TMA_STORE_TILE_N and each ping-pong tile of TMA_STORE_PINGPONG_TILES at
+# of sm90_tma.TMA_STORE_TILE_N and each ping-pong tile of PINGPONG_V5_TILES at
 # both rings, walks and caps spread over them (the last field: persistent). V5_SHAPES:
 # tiles past M and N (the map clips the subtiles' rows and columns), N % 64 != 0 (a
 # subtile partly past N), CTAs walking several tiles (each warpgroup's first subtile
