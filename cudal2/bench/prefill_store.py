@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # ci/gpu_prefill.sh on a lent H200 (sweep-tma-v5-{overlap,halves}[-bf16]-h100.toml)
@@ -56,14 +56,17 @@ def _tile(knobs: dict) -> tuple[int, int, int]:
     return knobs["wgmma_n"], knobs["stages"], knobs.get("store", 0)
 
 
-def _sweep(root: Path, path: str) -> tuple[str, dict, dict]:
+def _sweep(
+    root: Path, path: str, kernel: Callable[[dict], tuple[int, ...]] = _tile
+) -> tuple[str, dict, dict]:
     """The sweep's GPU, its kernels' speedups over torch per (dtype, M, N, K) and
-    (wgmma_n, stages, store), and cuBLASLt's per (dtype, M, N, K)."""
+    ``kernel(knobs)`` ((wgmma_n, stages, store) by default), and cuBLASLt's per (dtype,
+    M, N, K)."""
     from cudal2.bench.schedules import timed, vendor_timed
     from cudal2.database import MeasurementDB, latest
 
     ms = latest(MeasurementDB(root / path).read())
-    own = {key: {_tile(r.knobs): r.speedup for r in rows} for key, rows in timed(ms).items()}
+    own = {key: {kernel(r.knobs): r.speedup for r in rows} for key, rows in timed(ms).items()}
     lt = vendor_timed(ms)
     gpu = next((m.gpu.name for m in ms if m.gpu), "?")
     return gpu, own, lt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cudal2.bench.prefill_store import _gm, ncu_prefill, power_own
+from cudal2.bench.prefill_store import _gm, _sweep, ncu_prefill, power_own
 
 # ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tma[-bf16]-h100.toml):
 # the 64-column subtiles (tiles 128, 192, 256 wide)
@@ -24,9 +24,6 @@ TMA_N_SWEEPS = {
 }
 POWER_OWN_TMA = "bench/results/h200-power-own-tma.json"  # ci/gpu_power_own.sh DBS=fp16 sweep
 POWER_OWN_TMA_N = "bench/results/h200-power-own-tma-n.json"  # ... DBS=both fp16 sweeps
-# cudal2-bench on the prefill shapes with both sweeps' databases as --kernels (their
-# winners as a build selects them), offline and server, fp16 and bf16: standing's
-# prefill-bench-tma block (``standing.prefill_bench`` over these files)
 # ... (sweep-tma-v5-tmaw-h100.toml): each warp storing its 16 rows (store 5) against 4
 TMAW_SWEEP = "bench/results/h200-sweep-tma-v5-tmaw.measurements.jsonl.gz"
 # ci/gpu_ncu_prefill.sh DBS=<both fp16 sweeps> TAG=-tma EXTRA_METRICS=<the stall reasons>
@@ -34,6 +31,9 @@ NCU_TMA = (
     "bench/results/h200-ncu-prefill-4096x4096x4096-tma.csv",
     "bench/results/h200-ncu-prefill-4096x8192x1024-tma.csv",
 )
+# cudal2-bench on the prefill shapes with both sweeps' databases as --kernels (their
+# winners as a build selects them), offline and server, fp16 and bf16: standing's
+# prefill-bench-tma block (``standing.prefill_bench`` over these files)
 PREFILL_TMA = (
     ("64-column sweeps' winners", "bench/results/h200-prefill-tma.jsonl"),
     ("all four sweeps' winners", "bench/results/h200-prefill-tma-n.jsonl"),
@@ -44,25 +44,15 @@ _SCHEDULE = {1: "cooperative", 2: "ping-pong"}
 Kernel = tuple[int, int, int, int, int]
 
 
-def _kernels(root: Path, path: str) -> tuple[str, dict, dict]:
-    """The sweep's GPU, per (M, N, K) each kernel's speedup over its torch, and
-    cuBLASLt's per (M, N, K)."""
-    from cudal2.bench.schedules import timed, vendor_timed
-    from cudal2.database import MeasurementDB, latest
+def _kernel(knobs: dict) -> Kernel:
+    """A sweep kernel's (persistent, m_blocks, wgmma_n, stages, store)."""
+    return tuple(knobs.get(k, 0) for k in ("persistent", "m_blocks", "wgmma_n", "stages", "store"))
 
-    ms = latest(MeasurementDB(root / path).read())
-    own = {
-        key[1:]: {
-            tuple(
-                r.knobs.get(k, 0) for k in ("persistent", "m_blocks", "wgmma_n", "stages", "store")
-            ): r.speedup  # noqa: E501
-            for r in rows
-        }
-        for key, rows in timed(ms).items()
-    }
-    lt = {key[1:]: v for key, v in vendor_timed(ms).items()}
-    gpu = next((m.gpu.name for m in ms if m.gpu), "?")
-    return gpu, own, lt
+
+def _kernels(root: Path, path: str) -> tuple[str, dict, dict]:
+    """``prefill_store._sweep`` of one dtype's sweep, keyed by (M, N, K) and ``_kernel``."""
+    gpu, own, lt = _sweep(root, path, _kernel)
+    return gpu, {key[1:]: v for key, v in own.items()}, {key[1:]: v for key, v in lt.items()}
 
 
 def _label(k: Kernel) -> str:
@@ -70,6 +60,12 @@ def _label(k: Kernel) -> str:
     pers, mp, n, st, _ = k
     rows = 64 * mp * (2 if pers == 1 else 1)
     return f"{'pp ' if pers == 2 else ''}{rows}x{n}/{st}"
+
+
+def _tile_name(tile: tuple[int, int, int]) -> str:
+    """A (persistent, m_blocks, wgmma_n) tile spelled with its schedule: ``cooperative
+    128x256``, ``ping-pong 128x160`` (a warpgroup's tile)."""
+    return f"{_SCHEDULE[tile[0]]} {_label((*tile, 0, 0)).split('/')[0].removeprefix('pp ')}"
 
 
 def _best(kernels: dict, store: int) -> tuple[Kernel, float]:
@@ -140,7 +136,7 @@ def tma_v5_tma(root: Path, files: dict[str, str] = TMA_SWEEPS) -> str:
                 else "–"
             )
             lines.append(
-                f"| {_SCHEDULE[tile[0]]} {_label((*tile, 0, 0)).split('/')[0].removeprefix('pp ')} "
+                f"| {_tile_name(tile)} "
                 f"| {dtype} | {cell} | {tma[-1]} against {bulk[-1]}, {_gm(deep):.3f}, "
                 f"{sum(x > 1 for x in deep)} of {len(deep)} |"
             )
@@ -212,7 +208,7 @@ def tma_v5_tmaw(root: Path) -> str:
     ]
     for tile, g in sorted(pairs.items()):
         stages = {k[3] for ks in own.values() for k in ks if k[:3] == tile and k[4] == 5}
-        name = f"{_SCHEDULE[tile[0]]} {_label((*tile, 0, 0)).split('/')[0].removeprefix('pp ')}"
+        name = _tile_name(tile)
         lines.append(
             f"| {name} | {min(stages)} | {_gm(g):.3f} | {sum(x > 1 for x in g)} of {len(g)} |"
         )
