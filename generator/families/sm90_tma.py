@@ -51,15 +51,18 @@ columns through two small buffers a consumer warpgroup, one ``cp.async.bulk.tens
 store a subtile through a third tensor map (of C, the recipe's ``tma.c`` box), so the
 ring keeps a stage more (``TMA_STORE_TILE_N``, and every tile of
 ``PINGPONG_V5_TILES``); ``store`` = 5 the same a warp at a time (measured even with it,
-not in the space).
+not in the space). v5 ping-pong narrow: the ping-pong TMA-store kernel of 128 x n
+tiles of cuBLASLt's widths (``PINGPONG_NARROW_N``: 112, 144, 176) on deep rings (176 in
+the space).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
 (``.multicast::cluster``), so B is read from L2 once per pair, and a ring slot is
 refilled only when the consumers of both CTAs have released it. The persistent
 cooperative kernel pairs too (v5 pair); with 128 x n tiles of ``PAIR_TILE_N`` (v5 pair
-tile N: each CTA's half of B a whole number of 8-row swizzle atoms) it lost to its
-unpaired twin, and those designs are not in the space.
+tile N: each CTA's half of B a whole number of 8-row swizzle atoms) and with the TMA
+store (v5 pair TMA store) it lost to its unpaired twin, and those designs are not in the
+space.
 
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
@@ -186,6 +189,32 @@ HALVES_TILE_N = (192, 224, 256)
 # kernel takes a third tensor map (tmC, after tmB; the recipe's ``tma.c`` box) encoded by
 # the runtime over C [M, N] with row stride ldc.
 TMA_STORE_TILE_N = (80, 128, 160, 192, 224, 256)
+# v5 ping-pong narrow (issue 22): cuBLASLt's autotuned algorithms where they lead at M >=
+# 1024 on the H200 are ping-pong kernels (no ``coop`` in their names) of 128 x n tiles in
+# this orientation with deep rings: 128 x 112 at 7 stages (4096³,
+# ``nvjet_sm90_hsh_112x128_64x7_1x2_h_bz_TNN``), 128 x 144 at 6 (4096×8192×1024), and 128 x
+# 176 on the 28672- and 7168-wide shapes (docs/kernels.md, the ncu-prefill block and v5
+# pair tile N). With the TMA store's small buffers this kernel's ping-pong takes those
+# rings too (two 64-row blocks a warpgroup, 16-column subtiles; 176 accumulators + 40 <=
+# 224): each width at its two deepest (112: 6, 7; 144: 5, 6; 176: 4, 5), each walk x cap.
+# Measured on an H200 (docs/kernels.md, "sm90tma v5 ping-pong narrow and pair TMA store"):
+# 112 and 144 never the fastest own kernel (128 x 112 at 7 stages 8% behind torch at 4096³,
+# sustained); 176 at 4 stages ties v5's 128x256 at 8192³ sustained (+1.5% over torch). So
+# only 176 is in the space (``PINGPONG_NARROW_SPACE``); ``pingpong_narrow_designs`` still
+# makes the rest.
+PINGPONG_NARROW_N = (112, 144, 176)
+PINGPONG_NARROW_SPACE = (176,)
+# v5 pair TMA store (issue 22): the persistent multicast pair (``cluster_m`` = 2) with the
+# TMA store. The pair lost 2% to its unpaired twin twice, with the bulk store (3 stages
+# at 128x256, 4 at 128x176: v5 pair, v5 pair tile N), each slot waiting for the slower
+# CTA of the two; cuBLASLt's and torch's kernels at these shapes all run in clusters of
+# two along M. With the TMA store the C buffer no longer competes with the ring, so this
+# measures the pair on the rings the unpaired TMA-store kernels have: each width of
+# ``TMA_STORE_TILE_N`` (each CTA multicasting n / 2 rows of B: whole 8-row atoms) at the
+# two deepest rings, each walk and cap. Rows of a CTA past M (odd M tile counts) are
+# clipped by C's tensor map. Measured on an H200 (docs/kernels.md, "sm90tma v5 ping-pong
+# narrow and pair TMA store"): 0.988 (fp16) and 0.990 (bf16) of the same design unpaired,
+# a third time behind; not in the space, ``pair_tma_designs`` still makes them.
 TMA_STORE_SUB_N = (64, 32, 16)  # a subtile's columns: the widest dividing the tile N
 TMA_STORE_ROWS = 64  # a subtile's rows: a warpgroup's 64-row block
 TMA_STORE_WARP_ROWS = 16  # ``store`` = 5: a warp's rows of it, one store each
@@ -477,11 +506,12 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
     if overlapped(d) and k.m_blocks != 1:
         # The overlap kernel holds one 64-row block a set (its turn takes MP = 1).
         return ["store=2: one 64-row block a warpgroup (m_blocks=1)"]
-    if tma_stored(d) and (k.cluster_m != 1 or k.warpgroups != 2):
-        # Written for the unpaired persistent kernels (cooperative and ping-pong).
+    if tma_stored(d) and k.warpgroups != 2:
+        # Written for the persistent kernels of two consumer warpgroups (cooperative,
+        # ping-pong, and the cooperative pair: _pair_reasons has the rest).
         return [
             f"store={v5(d, 'store')}: the persistent kernels (persistent=1 or 2) of two "
-            "consumer warpgroups, unpaired (cluster_m=1)"
+            "consumer warpgroups"
         ]
     if tma_stored(d) and not tma_store_sub_n(d):
         return [
@@ -514,8 +544,11 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     persistent multicast pairs (issue 22, ``_pair_designs``); then v5's tile N (128 x n
     tiles, n not a power of two, ``_tile_n_designs``); then v5 ping-pong's (the ping-pong
     kernel with the bulk store, ``_pingpong_v5_designs``); then v5 overlap's (two
-    accumulator sets, ``_overlap_designs``). Not the pairs of 128 x n tiles
-    (``pair_tile_n_designs``) nor v5 halves (``halves_designs``): measured and taken out."""
+    accumulator sets, ``_overlap_designs``); then v5 TMA store's (``tma_store_designs``);
+    then v5 ping-pong narrow's (``pingpong_narrow_designs`` of 128 x 176). Not the pairs
+    of 128 x n tiles (``pair_tile_n_designs``), v5 halves (``halves_designs``), the TMA
+    store a warp (``tma_store_warp_designs``), the narrow ping-pong of 112 and 144 nor the
+    pair storing by TMA (``pair_tma_designs``): measured and taken out."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -553,6 +586,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += _pingpong_v5_designs(dtype)
     out += _overlap_designs(dtype)
     out += tma_store_designs(dtype)
+    out += pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
     return out
 
 
@@ -601,13 +635,15 @@ def pingpong_v5_stages(mp: int, n: int, dtype: str = "fp16", store: int = 1) -> 
     return tuple(fits[-TILE_N_DEPTHS:])
 
 
-def _pingpong_v5_designs(dtype: str, store: int = 1) -> list[KernelDesign]:
+def _pingpong_v5_designs(
+    dtype: str, store: int = 1, tiles: tuple[tuple[int, int], ...] = PINGPONG_V5_TILES
+) -> list[KernelDesign]:
     """v5 ping-pong (issue 22): the ping-pong designs with ``store`` (the bulk store: each
-    consumer warpgroup through its own C buffer half) for each tile of
-    ``PINGPONG_V5_TILES``, at its two deepest rings, each raster x ctas: 6 x 2 x 6 = 72
-    per dtype."""
+    consumer warpgroup through its own C buffer half) for each tile (m_blocks, n) of
+    ``tiles``, at its two deepest rings, each raster x ctas: 6 x 2 x 6 = 72 per dtype of
+    ``PINGPONG_V5_TILES``."""
     out = []
-    for mp, n in PINGPONG_V5_TILES:
+    for mp, n in tiles:
         stages = pingpong_v5_stages(mp, n, dtype, store)
         for st, raster, ctas in itertools.product(stages, RASTER, CTAS):
             d = design(dtype, 2, mp, False, n, st, 1, pers=2, raster=raster, ctas=ctas, store=store)
@@ -680,6 +716,34 @@ def tma_store_designs(dtype: str) -> list[KernelDesign]:
     return _with_store(dtype, TMA_STORE_TILE_N, tma_store_stages, 4) + _pingpong_v5_designs(
         dtype, 4
     )
+
+
+def pingpong_narrow_designs(
+    dtype: str, widths: tuple[int, ...] = PINGPONG_NARROW_N
+) -> list[KernelDesign]:
+    """v5 ping-pong narrow (issue 22): the ping-pong TMA-store designs of 128 x n tiles,
+    n of ``widths`` (cuBLASLt's, ``PINGPONG_NARROW_N``), each at its two deepest rings,
+    each raster x ctas: 2 x 6 = 12 per width and dtype (the space: 176's)."""
+    return _pingpong_v5_designs(dtype, 4, tuple((2, n) for n in widths))
+
+
+def pair_tma_designs(dtype: str) -> list[KernelDesign]:
+    """v5 pair TMA store (issue 22): the persistent cooperative pair of 128 x n tiles, n
+    of ``TMA_STORE_TILE_N``, storing by TMA (``store`` = 4), at its two deepest rings,
+    each raster x ctas: 6 x 2 x 6 = 72 per dtype."""
+    out = []
+    for n in TMA_STORE_TILE_N:
+        fits = _fitting(
+            lambda st, n=n: design(dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, store=4)
+        )
+        for st, raster, ctas in itertools.product(fits[-TILE_N_DEPTHS:], RASTER, CTAS):
+            d = design(
+                dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, raster=raster, ctas=ctas,
+                store=4,
+            )  # fmt: skip
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
+    return out
 
 
 def tma_store_warp_designs(dtype: str) -> list[KernelDesign]:

@@ -19,8 +19,12 @@ from cudal2.generator.render import render
 from cudal2.records import KernelDesign, Knobs
 
 
-def _tma(n: int, stages: int, pers: int = 1, mp: int = 1, dtype: str = "fp16", **v5):
-    return sm90_tma.design(dtype, 2, mp, False, n, stages, 1, pers=pers, store=4, **v5)
+def _tma(
+    n: int, stages: int, pers: int = 1, mp: int = 1, dtype: str = "fp16", cluster: int = 1, **v5
+):
+    return sm90_tma.design(
+        dtype, 2, mp, False, n, stages, 1, pers=pers, cluster=cluster, store=4, **v5
+    )
 
 
 def _with(d: KernelDesign, **knobs) -> KernelDesign:
@@ -32,9 +36,11 @@ def _with(d: KernelDesign, **knobs) -> KernelDesign:
 def test_space_holds_the_tma_store_designs():
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
-        new = [d for d in space if sm90_tma.v5(d, "store") == 4]
+        new = sm90_tma.tma_store_designs(dtype)
         assert len(new) == 144 and all(legality(d) == [] for d in new)
-        assert new == sm90_tma.tma_store_designs(dtype)
+        stored = [d for d in space if sm90_tma.v5(d, "store") == 4]
+        narrow = sm90_tma.pingpong_narrow_designs(dtype, sm90_tma.PINGPONG_NARROW_SPACE)
+        assert stored == new + narrow
         coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
         # a stage more than the bulk store at 80, 128, 224 and 256 (8 against 7, 6
         # against 5, 4 against 3, 4 against 3); 160 and 192 keep theirs (5, 4)
@@ -52,6 +58,48 @@ def test_space_holds_the_tma_store_designs():
         for tile in {sm90_tma.tile_mn(d) for d in new}:
             walks = {(sm90_tma.v5(d, "raster"), sm90_tma.v5(d, "ctas")) for d in new}
             assert walks == {(r, c) for r in sm90_tma.RASTER for c in sm90_tma.CTAS}, tile
+
+
+def test_the_narrow_pingpong_designs_and_the_space_holds_176():
+    """v5 ping-pong narrow: the ping-pong TMA-store kernel at cuBLASLt's widths (128 x
+    112, 144, 176), each at its two deepest rings (112 at 7: cuBLASLt's
+    ``112x128_64x7``), each walk and cap; the space holds 176's last (measured: 112 and
+    144 never the fastest)."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = sm90_tma.pingpong_narrow_designs(dtype)
+        assert len(new) == 36 and all(legality(d) == [] for d in new)
+        assert all(sm90_tma.pingpong(d) and sm90_tma.v5(d, "store") == 4 for d in new)
+        rings = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new}
+        assert rings == {
+            ((128, 112), 6), ((128, 112), 7), ((128, 144), 5), ((128, 144), 6),
+            ((128, 176), 4), ((128, 176), 5),
+        }  # fmt: skip
+        assert {sm90_tma.tma_store_sub_n(d) for d in new} == {16}
+        # a stage deeper does not fit
+        for (_, n), st in rings:
+            assert legality(_tma(n, st + 2, pers=2, mp=2, dtype=dtype)) != []
+        in_space = [d for d in new if d.knobs.wgmma_n == 176]
+        assert len(in_space) == 12 and space[-12:] == in_space
+        keys = {d.key for d in space}
+        assert not [d for d in new if d.knobs.wgmma_n != 176 and d.key in keys]
+
+
+def test_the_pair_tma_store_designs_are_legal_and_not_in_the_space():
+    """v5 pair TMA store: the multicast pair of each TMA-store width on its unpaired
+    twin's rings (the C buffer does not change with the pair), each walk and cap;
+    measured behind the twins, so none is in the space."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = sm90_tma.pair_tma_designs(dtype)
+        assert len(new) == 72 and all(legality(d) == [] for d in new)
+        assert not {d.key for d in new} & {d.key for d in space}
+        twins = [d for d in sm90_tma.tma_store_designs(dtype) if d.knobs.persistent == 1]
+        assert [_with(d, cluster_m=1) for d in new] == twins
+        for d in new:
+            r = sm90_tma.launch_recipe(d)
+            assert r["cluster"] == [2, 1, 1] and r["tma"]["c"] == [sm90_tma.tma_store_sub_n(d), 64]
+            assert r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
 
 
 def test_the_subtile_buffers_leave_the_ring_a_stage_more():
@@ -83,7 +131,8 @@ def test_the_recipe_carries_the_box_of_c_and_asks_n_multiple_of_8():
 ILLEGAL = [
     (dict(wgmma_n=136, stages=3), "wgmma_n=136 is not a multiple of a subtile's columns"),
     (dict(wgmma_n=200, stages=3), "is not a multiple of a subtile's columns (64, 32, 16)"),
-    (dict(cluster_m=2), "store=4: the persistent kernels (persistent=1 or 2) of two consumer"),
+    (dict(cluster_m=2, persistent=2), "persistent cooperative"),  # ping-pong does not pair
+    (dict(cluster_m=2, warpgroups=1), "two consumer warpgroups"),
     (dict(warpgroups=1), "store=4: the persistent kernels"),
     (dict(persistent=0), "persistent designs only"),
     (dict(swap=1, wgmma_n=128), "store=4: the compute orientation only"),
@@ -132,6 +181,13 @@ def test_what_the_tma_store_renders():
         _tma(224, 4, raster=16),
         base.with_epilogue(_tma(128, 6, raster=8), "bias_residual"),
         base.with_pdl(_tma(192, 4, dtype="bf16", raster=8, ctas=128), "before_epilogue"),
+        # v5 ping-pong narrow: 16-column subtiles, an odd number of them a block
+        _tma(112, 7, pers=2, mp=2, raster=8, ctas=128),
+        _tma(144, 6, pers=2, mp=2, dtype="bf16", raster=8),
+        _tma(176, 5, pers=2, mp=2, ctas=128),
+        # v5 pair TMA store: the multicast pair storing by TMA
+        _tma(256, 4, cluster=2, raster=8, ctas=128),
+        _tma(80, 8, cluster=2, dtype="bf16", raster=8),
     ],
     ids=design_name,
 )
@@ -139,6 +195,7 @@ def test_tma_store_designs_compile_to_stmatrix_and_tma_stores(v5_sass, d):
     """Per warpgroup and tile: MP blocks x n / SUB_N subtiles, each SUB_N / 16
     stmatrix.x4 a thread and one TMA store; one wgmma group in flight in the k loop."""
     listing = v5_sass(d)
+    assert ("MULTICAST" in listing) == (d.knobs.cluster_m == 2)
     sub_n = sm90_tma.tma_store_sub_n(d)
     subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // sub_n
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == sub_n // 16 * subtiles
@@ -185,6 +242,7 @@ def test_warp_store_designs_compile_without_warpgroup_barriers(v5_sass, d):
     """A TMA store a warp and subtile, SUB_N / 16 stmatrix.x4 a thread each, and no
     barrier in the epilogue (the one BAR.SYNC is the kernel's start)."""
     listing = v5_sass(d)
+    assert ("MULTICAST" in listing) == (d.knobs.cluster_m == 2)
     sub_n = sm90_tma.tma_store_sub_n(d)
     subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // sub_n
     assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles

@@ -82,6 +82,12 @@ DESIGNS = {
     "tma_v5_tma_160": dict(
         wgs=2, mp=1, swap=False, n=160, stages=5, split=1, pers=1, raster=8, ctas=128, store=4
     ),
+    # v5 ping-pong narrow: 128 x 144 in 16-column subtiles (nine a 64-row block)
+    "tma_v5_pingpong_144": dict(
+        wgs=2, mp=2, swap=False, n=144, stages=6, split=1, pers=2, raster=8, ctas=128, store=4
+    ),
+    # v5 pair TMA store: the multicast pair storing by TMA
+    "tma_v5_pair_tma": dict(_PAIR, stages=4, raster=8, ctas=128, store=4),
     # ... each warp its 16 rows (store = 5)
     "tma_v5_tmaw": dict(
         wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=5
@@ -142,6 +148,7 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         "split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk",
         "tile_n_bulk", "tma_v5_pingpong_bulk", "tma_v5_overlap", "tma_v5_halves",
         "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_tmaw",
+        "tma_v5_pingpong_144", "tma_v5_pair_tma",
     ],
 )  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
@@ -240,7 +247,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_pingpong_bulk", "bias_residual"), ("tma_v5_overlap", "bias_residual"),
      ("tma_v5_halves", "bias_residual"), ("tma_v5_tma", "bias_residual"),
      ("tma_v5_pingpong_tma", "bias_residual"), ("tma_v5_tma_160", "bias_residual"),
-     ("tma_v5_tmaw", "bias_residual")],
+     ("tma_v5_tmaw", "bias_residual"), ("tma_v5_pingpong_144", "bias_residual"),
+     ("tma_v5_pair_tma", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

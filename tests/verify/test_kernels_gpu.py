@@ -189,6 +189,16 @@ TMA_V5_PAIR_TILE_N_DESIGNS = [
     (1, 160, 6, 0, 128, 0),
 ]
 PAIR_TILE_N_SHAPES = [*V5_SHAPES, (1024, 8192, 1096)]
+# sm90tma v5 pair TMA store (issue 22): the multicast pair storing by TMA (the knobs of
+# TMA_V5_DESIGNS, store = 4): 128x256 at both rings, 128x80 (16-column subtiles), 128x160
+# (32), 128x128; a CTA past M (1x8x8, 17 M tiles) stores nothing: C's map clips its rows.
+TMA_V5_PAIR_TMA_DESIGNS = [
+    (1, 256, 4, 8, 128, 4),
+    (1, 256, 3, 0, 0, 4),
+    (1, 80, 8, 8, 0, 4),
+    (1, 160, 5, 16, 128, 4),
+    (1, 128, 6, 0, 128, 4),
+]
 
 # sm90tma v5 ping-pong (issue 22): the ping-pong kernel with v5's bulk store (each
 # warpgroup through its own C buffer half), walk and cap (the knobs of TMA_V5_DESIGNS):
@@ -265,6 +275,11 @@ TMA_V5_TMA_DESIGNS = [
     (2, 80, 7, 8, 0, 4, 2),
     (2, 160, 5, 16, 128, 4, 2),
     (1, 224, 5, 0, 128, 4, 2),
+    # v5 ping-pong narrow: 128 x 112, 144, 176 in 16-column subtiles (7, 9, 11 a block)
+    (2, 112, 7, 8, 128, 4, 2),
+    (2, 144, 6, 0, 0, 4, 2),
+    (2, 176, 5, 16, 128, 4, 2),
+    (2, 112, 6, 8, 0, 4, 2),
     # store = 5: each warp its 16 rows (box [SUB_N, 16])
     (1, 256, 4, 8, 128, 5, 1),
     (1, 80, 8, 8, 128, 5, 1),
@@ -411,6 +426,15 @@ def test_tma_v5_pair_tile_n_persistent_correct(tmp_path, dtype, knobs):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_PAIR_TMA_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_pair_tma_store_persistent_correct(tmp_path, dtype, knobs):
+    d = _v5_design(dtype, knobs, cluster=2)
+    assert sm90_tma.tma_stored(d) and legality(d) == []
+    assert launch_recipe(d)["cluster"] == [2, 1, 1]
+    _check_design(tmp_path, d, PAIR_TILE_N_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_V5_PINGPONG_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_pingpong_persistent_correct(tmp_path, dtype, knobs):
     d = _v5_design(dtype, knobs, pers=2)
@@ -515,12 +539,22 @@ V5_TMA_STRIDED = [(2056, 8, 0), (1000, 8, 0), (264, 0, 8), (2056, 16, 8)]
         (2, 128, 6, 8, 128, 4, 2),
         (1, 80, 8, 8, 128, 4, 1),
         (1, 160, 5, 8, 128, 5, 1),
+        (2, 144, 6, 8, 128, 4, 2),
     ],
+    ids=lambda k: "x".join(map(str, k)),
 )
 def test_tma_v5_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset, knobs):
     """As above, the TMA store (cooperative 128x256, ping-pong 128x128, cooperative 128x80
-    in 16-column subtiles): the map's columns past N are not written."""
+    in 16-column subtiles, the warp store, ping-pong 128x144 in nine 16-column subtiles a
+    block): the map's columns past N are not written."""
     _strided_output(tmp_path, _v5_design(dtype, knobs[:6], pers=knobs[6]), n, pad, offset)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_TMA_STRIDED)
+def test_tma_v5_pair_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
+    """As above, the multicast pair storing by TMA (17 M tiles: a CTA past M)."""
+    _strided_output(tmp_path, _v5_design(dtype, (1, 256, 4, 8, 128, 4), cluster=2), n, pad, offset)
 
 
 def test_tma_v5_tma_store_refuses_a_misaligned_c(tmp_path):

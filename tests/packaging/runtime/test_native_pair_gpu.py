@@ -5,7 +5,8 @@ and torch's result within the fp32-accumulate tolerance, at M with an odd M tile
 of both paths: ``kernel_grid`` in launcher.cpp, ``driver.persistent_grid``).
 
 The table is built here (a TEST FIXTURE, not measured figures): one pair design per
-dtype, compiled in the test, one entry each for N = 2056, K = 1096, M 1..4096."""
+dtype and store (the bulk store; the TMA store, whose recipe adds C's tensor map),
+compiled in the test, one entry each for N = 2056, K = 1096, M 1..4096."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ pytestmark = [
 
 N, K, M_MAX = 2056, 1096, 4096
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-# 128x256 tiles, the bulk store, groups of 8 M tiles, at most 128 CTAs (64 clusters)
-PAIR = dict(wgs=2, mp=1, swap=False, n=256, stages=3, split=1, pers=1, cluster=2)
-V5 = dict(raster=8, ctas=128, store=1)
+# 128x256 tiles, groups of 8 M tiles, at most 128 CTAs (64 clusters); the bulk store at 3
+# stages, the TMA store (v5 pair TMA store: C's tensor map beside the cluster launch) at 4
+PAIR = dict(wgs=2, mp=1, swap=False, n=256, split=1, pers=1, cluster=2)
+V5 = dict(raster=8, ctas=128)
+STORES = {"bulkstore": dict(stages=3, store=1), "tmastore": dict(stages=4, store=4)}
 
 
 def _entry(gpu, d, dtype, cubin) -> TableEntry:
@@ -43,8 +46,8 @@ def _entry(gpu, d, dtype, cubin) -> TableEntry:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def pair_pkg(tmp_path_factory, shipped_native):
+@pytest.fixture(scope="module", params=list(STORES))
+def pair_pkg(request, tmp_path_factory, shipped_native):
     import uuid
     import zipfile
 
@@ -57,7 +60,7 @@ def pair_pkg(tmp_path_factory, shipped_native):
     gpu = torch.cuda.get_device_name()
     entries, cubins = [], {}
     for dtype in DTYPES:
-        d = sm90_tma.design(dtype, **PAIR, **V5)
+        d = sm90_tma.design(dtype, **PAIR, **V5, **STORES[request.param])
         assert legality(d) == [] and launch_recipe(d)["cluster"] == [2, 1, 1]
         b = build(d, cache)
         assert b.ok, b.error
