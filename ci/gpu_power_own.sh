@@ -7,7 +7,8 @@
 #   bash ci/gpu_power_own.sh                       (carry .whl: nvmath-python)
 #
 # DBS (default: the H200 v5 overlap and halves sweeps, fp16), SECONDS_PER_RUN (1.5),
-# REPS (3), RUN_TIMEOUT (480 s). Under $OUT: gpu.txt, power-own.json (rewritten after
+# REPS (3), RUN_TIMEOUT (480 s), SHAPES (default bench/shapes/llm-public-prefill.toml;
+# bench/shapes/prefill-squares.toml: 8192^3 and 4096^3 only). Under $OUT: gpu.txt, power-own.json (rewritten after
 # every shape), power-own-run.txt (the log). Commit power-own.json as
 # bench/results/h200-power-own.json.
 set -euo pipefail
@@ -18,4 +19,5 @@ step "own kernels, cuBLASLt and torch, sustained"
 # shellcheck disable=SC2086
 timeout "${RUN_TIMEOUT:-480}" $PY bench/experiments/power_own.py --db $DBS \
   --seconds "${SECONDS_PER_RUN:-1.5}" --reps "${REPS:-3}" --out "$OUT/power-own.json" \
+  --shapes "${SHAPES:-bench/shapes/llm-public-prefill.toml}" \
   2>&1 | tee "$OUT/power-own-run.txt" | tail -25

@@ -46,6 +46,17 @@ NCU_ROWS = (  # (the details page's metric, how the table names it)
 VENDOR_KERNELS = "bench/results/h200-vendor-kernels.json"  # ci/gpu_prefill.sh VENDOR_KERNELS=1
 
 
+_PER_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3}  # a duration's unit, in microseconds
+
+
+def _us(row: dict) -> str:
+    """A details-page row's value as the table shows it: a duration in microseconds
+    (ncu prints it in whichever of ns, us, ms reads best), anything else as printed."""
+    if row["Metric Name"] != "Duration" or row["Metric Unit"] == "us":
+        return row["Metric Value"]
+    return f"{float(row['Metric Value'].replace(',', '')) * _PER_US[row['Metric Unit']]:,.2f}"
+
+
 def _gm(xs: Iterable[float]) -> float:
     xs = list(xs)
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
@@ -256,7 +267,7 @@ def ncu_prefill(
     ]
     for path in paths:
         rows, own, lt = _ncu_rows(root / path)
-        value = {(r["Kernel Name"], r["Metric Name"]): r["Metric Value"] for r in rows}
+        value = {(r["Kernel Name"], r["Metric Name"]): _us(r) for r in rows}
         stem = Path(path).stem.removeprefix("h200-ncu-prefill-")
         shape = stem.split("-")[0].replace("x", "×")
         lines += [

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.bench import prefill_store, prefill_tma_store
+from cudal2.bench import prefill_narrow_pair, prefill_store, prefill_tma_store
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
 
 # The last run that timed every vendor beside the llm-public wheel of its day.
@@ -1945,6 +1945,13 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "power-own-tma-n": prefill_tma_store.power_own_tma_n,
     "ncu-prefill-tma": prefill_tma_store.ncu_prefill_tma,
     "prefill-bench-tma": lambda root: prefill_bench(root, prefill_tma_store.PREFILL_TMA),
+    "tma-v5-ppn": prefill_narrow_pair.tma_v5_ppn,
+    "tma-v5-pairtma": prefill_narrow_pair.tma_v5_pairtma,
+    "tma-v5-best-ppn": prefill_narrow_pair.tma_v5_best_ppn,
+    "power-own-ppn": prefill_narrow_pair.power_own_ppn,
+    "power-squares": prefill_narrow_pair.power_squares,
+    "ncu-prefill-ppn": prefill_narrow_pair.ncu_prefill_ppn,
+    "llama-prefill-tma": prefill_narrow_pair.llama_prefill_tma,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

@@ -113,3 +113,16 @@ def test_the_stall_table_reads_both_kernels_from_its_csv():
     mio = stalls["mio_throttle"]
     assert f"| mio_throttle | {mio[own]:.2f} | {mio[lt]:.2f} |" in block
     assert mio[own] > mio[lt]  # what the worklog says of this run
+
+
+# (the details page's unit, its value, the table's microseconds): ncu prints a duration in
+# whichever unit reads best (8192³ in ms)
+DURATIONS = [("us", "179.90", "179.90"), ("ms", "1.43", "1,430.00"), ("ns", "950", "0.95")]
+
+
+def test_a_duration_is_quoted_in_microseconds_whatever_ncu_printed():
+    for unit, value, want in DURATIONS:
+        row = {"Metric Name": "Duration", "Metric Unit": unit, "Metric Value": value}
+        assert ps._us(row) == want
+    other = {"Metric Name": "Elapsed Cycles", "Metric Unit": "cycle", "Metric Value": "287,434"}
+    assert ps._us(other) == "287,434"

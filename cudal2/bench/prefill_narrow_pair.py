@@ -1,0 +1,227 @@
+"""Issue 22's generated blocks of the eighth slice (``docs/kernels.md``, "sm90tma v5
+ping-pong narrow and pair TMA store"): the ping-pong TMA-store kernel at cuBLASLt's tile
+widths (128 x 112, 144, 176) against the TMA store's fastest tiles, and the multicast
+pair storing by TMA against the same designs unpaired, in the same H200 sweeps (fp16,
+bf16); the fastest own kernel of the three TMA-store sweeps against cuBLASLt; and the
+sustained runs of the fastest own kernels beside cuBLASLt and torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cudal2.bench.prefill_store import _gm, _sweep, ncu_prefill, power_own
+from cudal2.bench.prefill_tma_store import TMA_N_SWEEPS, TMA_SWEEPS, _label
+
+# ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-ppn[-bf16]-h100.toml)
+PPN_SWEEPS = {
+    "fp16": "bench/results/h200-sweep-tma-v5-ppn.measurements.jsonl.gz",
+    "bf16": "bench/results/h200-sweep-tma-v5-ppn-bf16.measurements.jsonl.gz",
+}
+# ... (bench/manifests/sweep-tma-v5-pairtma[-bf16]-h100.toml)
+PAIRTMA_SWEEPS = {
+    "fp16": "bench/results/h200-sweep-tma-v5-pairtma.measurements.jsonl.gz",
+    "bf16": "bench/results/h200-sweep-tma-v5-pairtma-bf16.measurements.jsonl.gz",
+}
+# ci/gpu_power_own.sh DBS=<the tma, tma-n and ppn fp16 sweeps>
+POWER_OWN_PPN = "bench/results/h200-power-own-ppn.json"
+# ... SHAPES=bench/shapes/prefill-squares.toml REPS=5 SECONDS_PER_RUN=1.5: DBS=<the ppn
+# sweep> (its fastest own kernel: cooperative 128x256), then a database of the ppn
+# sweep's narrow ping-pong records only (128 x 176 at 8192³, 128 x 112 at 4096³)
+POWER_SQUARES = (
+    ("the ping-pong narrow sweep's", "bench/results/h200-power-own-squares.json"),
+    ("the narrow ping-pong designs'", "bench/results/h200-power-own-squares-narrow.json"),
+)
+# ci/gpu_ncu_prefill.sh DBS=<the narrow ping-pong records> TAG=-ppn EXTRA_METRICS=<stalls>
+NCU_PPN = (
+    "bench/results/h200-ncu-prefill-4096x4096x4096-ppn.csv",
+    "bench/results/h200-ncu-prefill-8192x8192x8192-ppn.csv",
+)
+# ci/gpu_prefill_e2e.sh: bench/manifests/llama-prefill-tma-h100.toml's build, then
+# bench/experiments/llama_e2e.py --tokens 2048 with its wheel
+LLAMA_DB = "bench/results/h200-llama-prefill-tma.measurements.jsonl.gz"
+LLAMA_E2E = "bench/results/h200-llama-e2e-prefill-tma.json"
+NARROW = (112, 144, 176)
+
+# A kernel of these sweeps: (persistent, m_blocks, wgmma_n, stages, ctas, cluster_m, store)
+Kernel = tuple[int, int, int, int, int, int, int]
+
+
+def _kernel(knobs: dict) -> Kernel:
+    names = ("persistent", "m_blocks", "wgmma_n", "stages", "ctas", "cluster_m", "store")
+    return tuple(knobs.get(k, 0) for k in names)
+
+
+def _kernels(root: Path, path: str) -> tuple[str, dict, dict]:
+    """``prefill_store._sweep`` of one dtype's sweep, keyed by (M, N, K) and ``_kernel``."""
+    gpu, own, lt = _sweep(root, path, _kernel)
+    return gpu, {key[1:]: v for key, v in own.items()}, {key[1:]: v for key, v in lt.items()}
+
+
+def _name(k: Kernel) -> str:
+    return _label((*k[:4], 0))
+
+
+def _narrow(k: Kernel) -> bool:
+    return k[0] == 2 and k[1] == 2 and k[2] in NARROW
+
+
+def tma_v5_ppn(root: Path) -> str:
+    """Per fp16 target: the fastest ping-pong kernel of each narrow width, the fastest
+    control and cuBLASLt, each against torch in its own job; per dtype and width, the
+    width's fastest over the fastest control (geomean over the targets, wins)."""
+    sweeps = {dtype: _kernels(root, p) for dtype, p in PPN_SWEEPS.items()}
+    gpu, own, lt = sweeps["fp16"]
+    files = ", ".join(f"`{p}`" for p in PPN_SWEEPS.values())
+    lines = [
+        f"{gpu}, tn, offline ({files}). fp16: each cell the fastest kernel of its kind as "
+        "a speedup over torch in the same job (its tile / ring stages; ping-pong tiles are "
+        "a warpgroup's); the controls: the TMA store's cooperative 128 x 128, 160, 256 "
+        "and ping-pong 128x128, 128x160, 64x256; cuBLASLt: the build's autotuned "
+        "algorithm, likewise.",
+        "",
+        "| M×N×K | "
+        + " | ".join(f"pp 128x{n}" for n in NARROW)
+        + " | fastest control | cuBLASLt |",
+        "|---|" + "---:|" * (len(NARROW) + 2),
+    ]
+    for key in sorted(own):
+        ks = own[key]
+        cells = [f"{max(v for k, v in ks.items() if _narrow(k) and k[2] == n):.3f}" for n in NARROW]
+        ck, cv = max(((k, v) for k, v in ks.items() if not _narrow(k)), key=lambda kv: kv[1])
+        cells += [f"{cv:.3f} ({_name(ck)})", f"{lt[key]:.3f}"]
+        lines.append(f"| {key[0]}×{key[1]}×{key[2]} | " + " | ".join(cells) + " |")
+    lines += ["", "Each width's fastest over the fastest control, per target:", ""]
+    lines += ["| dtype | " + " | ".join(f"pp 128x{n}" for n in NARROW) + " |"]
+    lines += ["|---|" + "---:|" * len(NARROW)]
+    for dtype, (_, own, _) in sweeps.items():
+        cells = []
+        for n in NARROW:
+            r = [
+                max(v for k, v in ks.items() if _narrow(k) and k[2] == n)
+                / max(v for k, v in ks.items() if not _narrow(k))
+                for ks in own.values()
+            ]
+            cells.append(f"{_gm(r):.3f}, {sum(x > 1 for x in r)} of {len(r)}")
+        lines.append(f"| {dtype} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tma_v5_pairtma(root: Path) -> str:
+    """Per tile width and dtype: each pair storing by TMA over the same design unpaired
+    (ring, CTA cap) in the same sweep, geomean over the targets and wins."""
+    sweeps = {dtype: _kernels(root, p) for dtype, p in PAIRTMA_SWEEPS.items()}
+    gpu = sweeps["fp16"][0]
+    files = ", ".join(f"`{p}`" for p in PAIRTMA_SWEEPS.values())
+    ratios: dict[str, dict[int, list[float]]] = {}
+    for dtype, (_, own, _) in sweeps.items():
+        ratios[dtype] = {}
+        for ks in own.values():
+            for k, v in ks.items():
+                twin = (*k[:5], 1, k[6])
+                if k[5] == 2 and twin in ks:
+                    ratios[dtype].setdefault(k[2], []).append(v / ks[twin])
+    lines = [
+        f"{gpu}, tn, offline ({files}): the persistent cooperative pair storing by TMA "
+        "over the same design unpaired (tile, ring, CTA cap; the grouped walk of 8), both "
+        "against torch in their jobs; geomean over the 17 targets and both rings, and "
+        "the pairs faster than their twins.",
+        "",
+        "| tile | fp16 | bf16 |",
+        "|---|---:|---:|",
+    ]
+    for n in sorted(ratios["fp16"]):
+        cells = [
+            f"{_gm(r[n]):.3f}, {sum(x > 1 for x in r[n])} of {len(r[n])}" for r in ratios.values()
+        ]
+        lines.append(f"| 128x{n} | " + " | ".join(cells) + " |")
+    every = {d: [x for v in r.values() for x in v] for d, r in ratios.items()}
+    cells = [f"{_gm(v):.3f}, {sum(x > 1 for x in v)} of {len(v)}" for v in every.values()]
+    lines.append("| every tile | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tma_v5_best_ppn(root: Path) -> str:
+    """Per dtype: the fastest own TMA-store kernel of the three sweeps (64-column,
+    narrow subtiles, ping-pong narrow) per target against the fastest of their cuBLASLt
+    autotunings (each a speedup over torch in its own job): geomeans and targets at or
+    above cuBLASLt."""
+    lines = [
+        "The three TMA-store sweeps together (`tma-v5-best`'s two and the ping-pong narrow "
+        "one): per target the fastest TMA-store kernel against the fastest of the three "
+        "cuBLASLt autotunings, each × torch in its job.",
+        "",
+        "| dtype | TMA store | cuBLASLt | TMA store / cuBLASLt | ≥ cuBLASLt |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for dtype in ("fp16", "bf16"):
+        runs = [_kernels(root, f[dtype]) for f in (TMA_SWEEPS, TMA_N_SWEEPS, PPN_SWEEPS)]
+        keys = sorted(runs[0][1])
+        own = [max(v for _, o, _ in runs for k, v in o[key].items() if k[6] == 4) for key in keys]
+        lt = [max(x[key] for _, _, x in runs) for key in keys]
+        wins = sum(o >= v for o, v in zip(own, lt, strict=True))
+        lines.append(
+            f"| {dtype} | {_gm(own):.3f} | {_gm(lt):.3f} | {_gm(own) / _gm(lt):.3f} | "
+            f"{wins} of {len(own)} |"
+        )
+    return "\n".join(lines)
+
+
+def power_own_ppn(root: Path) -> str:
+    """The sustained runs (``power_own``'s table) of the three TMA-store sweeps' fastest."""
+    return power_own(root, POWER_OWN_PPN, "the three v5 TMA store sweeps' (fastest by median)")
+
+
+def power_squares(root: Path) -> str:
+    """The sustained runs at 8192³ and 4096³: the ping-pong narrow sweep's fastest own
+    kernel, then its narrow ping-pong designs, each run beside torch and cuBLASLt."""
+    return "\n\n".join(power_own(root, path, who) for who, path in POWER_SQUARES)
+
+
+def _hit_key(d: dict, key: tuple[int, int, int]) -> str:
+    """The end to end's name of a (M, N, K) entry's hits."""
+    m, n, k = key
+    return f"{d['gpu']}/sm_90a/fp16/tn/n{n}/k{k}/m{m}"
+
+
+def ncu_prefill_ppn(root: Path) -> str:
+    """``ncu_prefill``'s tables for the narrow ping-pong kernels against cuBLASLt's."""
+    return ncu_prefill(root, NCU_PPN, NCU_PPN[0], "the narrow ping-pong designs")
+
+
+def llama_prefill_tma(root: Path) -> str:
+    """Per linear-layer shape of the Llama-3.1-8B 2,048-token prefill: the fastest own
+    TMA-store kernel and cuBLASLt's algorithm (× torch in the build's job) and what the
+    wheel dispatches; then the end to end, unpatched against patched."""
+    gpu, own, lt = _kernels(root, LLAMA_DB)
+    d = json.loads((root / LLAMA_E2E).read_text())
+    (case,) = d["cases"]
+    lines = [
+        f"{gpu}, fp16 tn, offline (`{LLAMA_DB}`; the end to end `{LLAMA_E2E}`). Each cell × "
+        "torch in the build's job; the last column: the wheel's entry a patched forward "
+        "called (the faster of own and cuBLASLt; the build selects only what beats torch "
+        "beyond the spread), or torch where the wheel has none.",
+        "",
+        "| M×N×K | fastest own (tile / ring) | cuBLASLt | a forward's calls |",
+        "|---|---:|---:|---|",
+    ]
+    for key in sorted(own, key=lambda k: (k[1], k[2])):
+        k, v = max(own[key].items(), key=lambda kv: kv[1])
+        calls = case["hits"].get(_hit_key(d, key))
+        served = f"{'own' if v > lt[key] else 'cuBLASLt'} entry, {calls}" if calls else "torch"
+        lines.append(
+            f"| {key[0]}×{key[1]}×{key[2]} | {v:.3f} ({_name(k)}) | {lt[key]:.3f} | {served} |"
+        )
+    b = case["back_to_back"]
+    lo, hi = b["paired_p20_p80"]
+    lines += [
+        "",
+        f"End to end ({d['layers']} layers, {d['patched_layers']} of {d['linear_layers']} "
+        f"linear layers patched, the {d['launcher']} launcher; logits within "
+        f"{case['err_patched_vs_fp32']:.4f} of fp32, unpatched "
+        f"{case['err_unpatched_vs_fp32']:.4f}): "
+        f"back to back, unpatched / patched paired per repetition {b['paired_speedup']:.4f} "
+        f"(p20–p80 {lo:.4f}–{hi:.4f}); from idle {case['eager']['speedup']:.3f}; CUDA graph "
+        f"{case['graph']['speedup']:.3f}.",
+    ]
+    return "\n".join(lines)
