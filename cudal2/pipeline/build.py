@@ -38,6 +38,7 @@ from cudal2.generator.compile import (
     nvcc_version,
 )
 from cudal2.generator.render import IllegalDesignError, symbol
+from cudal2.generator.space import launch_recipe
 from cudal2.hardware import datasheet
 from cudal2.manifest import Manifest
 from cudal2.packaging.native_build import NativeBuild, build_native
@@ -964,10 +965,22 @@ class Build:
 def _propose(
     proposer: Proposer, t: Target, history: Sequence[Measurement], n: int, skip: set[str]
 ) -> list[KernelDesign]:
-    """``n`` proposals for ``t`` that are not in ``skip`` (asked for that many more)."""
+    """``n`` proposals for ``t`` that are not in ``skip`` (asked for that many more), less
+    those the runtime could never dispatch ``t`` to (``servable``): fewer candidates for
+    such a target, none compiled and measured for nothing."""
     if not skip:
-        return proposer.propose(t, history, n)
-    return [d for d in proposer.propose(t, history, n + len(skip)) if d.key not in skip][:n]
+        return [d for d in proposer.propose(t, history, n) if servable(d, t)]
+    ds = proposer.propose(t, history, n + len(skip))
+    return [d for d in ds if d.key not in skip and servable(d, t)][:n]
+
+
+def servable(d: KernelDesign, t: Target) -> bool:
+    """Whether the runtime may dispatch ``t`` to ``d``: the recipe's ``align`` multiples
+    of N and K (fixed per entry; M is the entry's range, checked at each call) divide the
+    target's. The TMA store asks N % 8 == 0 (its map of C cannot address the rest: the
+    launch is refused, and the runtime falls back there)."""
+    align = launch_recipe(d).get("align") or {}
+    return all(getattr(t, dim) % int(v) == 0 for dim, v in align.items() if dim in ("n", "k"))
 
 
 def in_proposal_order(
