@@ -11,7 +11,13 @@ import json
 from pathlib import Path
 
 from cudal2.bench.prefill_store import _gm, _sweep, ncu_prefill, power_own
-from cudal2.bench.prefill_tma_store import TMA_N_SWEEPS, TMA_SWEEPS, _label
+from cudal2.bench.prefill_tma_store import (
+    SUMMARY_HEAD,
+    TMA_N_SWEEPS,
+    TMA_SWEEPS,
+    _label,
+    summary_row,
+)
 
 # ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-ppn[-bf16]-h100.toml)
 PPN_SWEEPS = {
@@ -151,19 +157,13 @@ def tma_v5_best_ppn(root: Path) -> str:
         "one): per target the fastest TMA-store kernel against the fastest of the three "
         "cuBLASLt autotunings, each × torch in its job.",
         "",
-        "| dtype | TMA store | cuBLASLt | TMA store / cuBLASLt | ≥ cuBLASLt |",
-        "|---|---:|---:|---:|---:|",
+        *SUMMARY_HEAD,
     ]
     for dtype in ("fp16", "bf16"):
         runs = [_kernels(root, f[dtype]) for f in (TMA_SWEEPS, TMA_N_SWEEPS, PPN_SWEEPS)]
         keys = sorted(runs[0][1])
         own = [max(v for _, o, _ in runs for k, v in o[key].items() if k[6] == 4) for key in keys]
-        lt = [max(x[key] for _, _, x in runs) for key in keys]
-        wins = sum(o >= v for o, v in zip(own, lt, strict=True))
-        lines.append(
-            f"| {dtype} | {_gm(own):.3f} | {_gm(lt):.3f} | {_gm(own) / _gm(lt):.3f} | "
-            f"{wins} of {len(own)} |"
-        )
+        lines.append(summary_row(dtype, own, [max(x[key] for _, _, x in runs) for key in keys]))
     return "\n".join(lines)
 
 

@@ -148,6 +148,22 @@ def tma_v5_tma_n(root: Path) -> str:
     return tma_v5_tma(root, TMA_N_SWEEPS)
 
 
+SUMMARY_HEAD = (
+    "| dtype | TMA store | cuBLASLt | TMA store / cuBLASLt | ≥ cuBLASLt |",
+    "|---|---:|---:|---:|---:|",
+)
+
+
+def summary_row(dtype: str, own: list[float], lt: list[float]) -> str:
+    """A dtype's row under ``SUMMARY_HEAD``: the geomeans of the fastest own kernels and
+    cuBLASLt's (each × torch, per target), their ratio, the targets where own ≥ cuBLASLt."""
+    wins = sum(o >= v for o, v in zip(own, lt, strict=True))
+    return (
+        f"| {dtype} | {_gm(own):.3f} | {_gm(lt):.3f} | {_gm(own) / _gm(lt):.3f} | "
+        f"{wins} of {len(own)} |"
+    )
+
+
 def tma_v5_best(root: Path) -> str:
     """Per target and dtype, the fastest TMA-store kernel of both sweeps against the
     faster of the two sweeps' cuBLASLt algorithms (each a speedup over torch in its own
@@ -176,16 +192,10 @@ def tma_v5_best(root: Path) -> str:
             (k, v), lt = best[dtype][key]
             cells += [f"{v:.3f} ({_label(k)})", f"{lt:.3f}"]
         lines.append(f"| {key[0]}×{key[1]}×{key[2]} | " + " | ".join(cells) + " |")
-    lines += ["", "| dtype | TMA store | cuBLASLt | TMA store / cuBLASLt | ≥ cuBLASLt |"]
-    lines += ["|---|---:|---:|---:|---:|"]
+    lines += ["", *SUMMARY_HEAD]
     for dtype in ("fp16", "bf16"):
         own = [v for (_, v), _ in best[dtype].values()]
-        lt = [lt for _, lt in best[dtype].values()]
-        wins = sum(o >= v for o, v in zip(own, lt, strict=True))
-        lines.append(
-            f"| {dtype} | {_gm(own):.3f} | {_gm(lt):.3f} | {_gm(own) / _gm(lt):.3f} | "
-            f"{wins} of {len(own)} |"
-        )
+        lines.append(summary_row(dtype, own, [lt for _, lt in best[dtype].values()]))
     return "\n".join(lines)
 
 
