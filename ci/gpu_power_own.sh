@@ -8,9 +8,9 @@
 #
 # DBS (default: the H200 v5 overlap and halves sweeps, fp16), SECONDS_PER_RUN (1.5),
 # REPS (3), RUN_TIMEOUT (480 s), SHAPES (default bench/shapes/llm-public-prefill.toml;
-# bench/shapes/prefill-squares.toml: 8192^3 and 4096^3 only). Under $OUT: gpu.txt, power-own.json (rewritten after
-# every shape), power-own-run.txt (the log). Commit power-own.json as
-# bench/results/h200-power-own.json.
+# bench/experiments/prefill-squares.toml: 8192^3 and 4096^3 only). Under $OUT: gpu.txt,
+# power-own.json (rewritten after every shape), power-own-run.txt (the log). Commit
+# power-own.json as bench/results/h200-power-own.json.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.limit,enforced.power.limit --format=csv | tee "$OUT/gpu.txt"
