@@ -368,6 +368,37 @@ def tma_v5(raster: int, store: int, pair: bool = False) -> dict[str, Any]:
     return {"raster": {**walk, "group": group}, "store": TMA_STORE[store], **kernel}
 
 
+# sm90tma v5 ring counter (issue 22): how the persistent kernels name a k tile's ring
+# slot and phase. 0: ``it % STAGES`` and ``(it / STAGES) & 1`` at every k tile (as
+# before the knob: the 0 row renders every earlier design byte for byte); 1: counters,
+# one division a tile (``ring`` = 1, the TMA store's kernels).
+_RING = "sm90_tma/ring/"
+TMA_RING = {
+    0: {
+        "producer_start": NONE,
+        "producer_step": NONE,
+        "pslot": "it % STAGES",
+        "pphase": "((it / STAGES) & 1)",
+        "consumer_start": NONE,
+        "consumer_step": NONE,
+        "slot": "it % STAGES",
+        "phase": "(it / STAGES) & 1",
+        "prev": "(it - 1) % STAGES",
+    },
+    1: {
+        "producer_start": _RING + "producer_start.cu.j2",
+        "producer_step": _RING + "producer_step.cu.j2",
+        "pslot": "ring_s",
+        "pphase": "ring_ph",
+        "consumer_start": _RING + "consumer_start.cu.j2",
+        "consumer_step": _RING + "consumer_step.cu.j2",
+        "slot": "ring_s",
+        "phase": "ring_ph",
+        "prev": "ring_prev",
+    },
+}
+
+
 # Designs that leave room (base.ROOM, docs/kernels.md "Designs that leave room"): the
 # minimum of CTAs per SM the kernel is compiled for (``__launch_bounds__``'s second
 # argument, so ptxas caps its registers at the register file over that many CTAs), by

@@ -53,7 +53,9 @@ ring keeps a stage more (``TMA_STORE_TILE_N``, and every tile of
 ``PINGPONG_V5_TILES``); ``store`` = 5 the same a warp at a time (measured even with it,
 not in the space). v5 ping-pong narrow: the ping-pong TMA-store kernel of 128 x n
 tiles of cuBLASLt's widths (``PINGPONG_NARROW_N``: 112, 144, 176) on deep rings (176 in
-the space).
+the space). v5 ring counter: ``ring`` = 1 keeps the ring's slot and phase as counters in
+the TMA store's kernels, where ``ring`` = 0 divides by the ring's stages every k tile (a
+multiply-high where the ring is not a power of two).
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -204,6 +206,15 @@ TMA_STORE_TILE_N = (80, 128, 160, 192, 224, 256)
 # makes the rest.
 PINGPONG_NARROW_N = (112, 144, 176)
 PINGPONG_NARROW_SPACE = (176,)
+# v5 ring counter (issue 22): ``ring`` = 1 keeps a consumer's ring slot and phase as
+# counters (a division a tile, then a compare and increment a k tile) where ``ring`` = 0
+# computes ``it % STAGES`` and ``(it / STAGES) & 1`` every k tile. Nsight Compute's
+# source counters on the ping-pong 128 x 112 at 6 stages (docs/kernels.md, "sm90tma v5
+# ring counter") put its dispatch stalls, 1.03 a issue against cuBLASLt's 0.04, on the
+# ``LEA.HI`` after each ``IMAD.HI`` by 0x2aaaaaab: the division by 6, between the
+# k tile's wgmmas. A ring of a power of two divides by shifting. The TMA-store designs
+# (``store`` = 4) of the space whose rings are not a power of two take it, unpaired.
+RING = (0, 1)
 # v5 pair TMA store (issue 22): the persistent multicast pair (``cluster_m`` = 2) with the
 # TMA store. The pair lost 2% to its unpaired twin twice, with the bulk store (3 stages
 # at 128x256, 4 at 128x176: v5 pair, v5 pair tile N), each slot waiting for the slower
@@ -272,6 +283,7 @@ OPTIONAL_KNOBS = (
         default=0,
         spellings=((1, "bulk"), (2, "overlap"), (3, "halves"), (4, "tma"), (5, "tmaw")),
     ),  # fmt: skip
+    Knob("ring", RING, "ring{}", default=0, spellings=((1, "ctr"),)),
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
@@ -289,6 +301,7 @@ def design(
     raster: int = 0,
     ctas: int = 0,
     store: int = 0,
+    ring: int = 0,
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs
@@ -296,13 +309,13 @@ def design(
     return make(
         FAMILY, "sm_90a", dtype, "tn", OPTIONAL_KNOBS, swap=int(swap), warpgroups=wgs,
         m_blocks=mp, wgmma_n=n, stages=stages, split_k=split, persistent=pers,
-        cluster_m=cluster, raster=raster, ctas=ctas, store=store,
+        cluster_m=cluster, raster=raster, ctas=ctas, store=store, ring=ring,
     )  # fmt: skip
 
 
 def v5(d: KernelDesign, knob: str) -> int:
-    """A v5 knob's value (``raster``, ``ctas``, ``store``; 0 where the design leaves it
-    out, or where it is out of the domain: the declared checks report that)."""
+    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``; 0 where the design
+    leaves it out, or where it is out of the domain: the declared checks report that)."""
     value = d.knobs.as_json().get(knob, _OPTIONAL_DEFAULTS[knob])
     domain = {k.name: k.domain for k in OPTIONAL_KNOBS}[knob]
     return value if value in domain else 0
@@ -486,7 +499,7 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
 def _v5_reasons(d: KernelDesign) -> list[str]:
     """Why the v5 knobs (``raster``, ``ctas``, ``store``) cannot take these values."""
     k = d.knobs
-    set_ = [n for n in ("raster", "ctas", "store") if v5(d, n)]
+    set_ = [n for n in ("raster", "ctas", "store", "ring") if v5(d, n)]
     if set_ and k.persistent not in (1, 2):
         # The walk, the CTA cap and the C buffer are written for the persistent kernels
         # (cooperative and ping-pong, whose warpgroups each store through their own half
@@ -519,6 +532,9 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
             "columns "
             f"({', '.join(map(str, TMA_STORE_SUB_N))})"
         ]
+    if v5(d, "ring") and (not tma_stored(d) or k.cluster_m != 1):
+        # The counters are the TMA store's kernels' (cooperative and ping-pong), unpaired.
+        return ["ring=1: the TMA store's persistent kernels (store=4 or 5), unpaired"]
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
     ):
@@ -545,10 +561,11 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     tiles, n not a power of two, ``_tile_n_designs``); then v5 ping-pong's (the ping-pong
     kernel with the bulk store, ``_pingpong_v5_designs``); then v5 overlap's (two
     accumulator sets, ``_overlap_designs``); then v5 TMA store's (``tma_store_designs``);
-    then v5 ping-pong narrow's (``pingpong_narrow_designs`` of 128 x 176). Not the pairs
-    of 128 x n tiles (``pair_tile_n_designs``), v5 halves (``halves_designs``), the TMA
-    store a warp (``tma_store_warp_designs``), the narrow ping-pong of 112 and 144 nor the
-    pair storing by TMA (``pair_tma_designs``): measured and taken out."""
+    then v5 ping-pong narrow's (``pingpong_narrow_designs`` of 128 x 176); then v5 ring
+    counter's (``ring_designs``). Not the pairs of 128 x n tiles (``pair_tile_n_designs``),
+    v5 halves (``halves_designs``), the TMA store a warp (``tma_store_warp_designs``), the
+    narrow ping-pong of 112 and 144 nor the pair storing by TMA (``pair_tma_designs``):
+    measured and taken out."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -587,6 +604,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += _overlap_designs(dtype)
     out += tma_store_designs(dtype)
     out += pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
+    out += ring_designs(dtype)
     return out
 
 
@@ -727,6 +745,21 @@ def pingpong_narrow_designs(
     return _pingpong_v5_designs(dtype, 4, tuple((2, n) for n in widths))
 
 
+def ring_designs(dtype: str) -> list[KernelDesign]:
+    """v5 ring counter (issue 22): each TMA-store design of the space (``store`` = 4:
+    ``tma_store_designs`` and the narrow ping-pong's) whose ring is not a power of two,
+    with ``ring`` = 1."""
+    stored = tma_store_designs(dtype) + pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
+    return [with_ring(d) for d in stored if d.knobs.stages & (d.knobs.stages - 1)]
+
+
+def with_ring(d: KernelDesign) -> KernelDesign:
+    """``d`` with its ring's slot and phase kept as counters (``ring`` = 1)."""
+    return make(
+        FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS, **{**d.knobs.as_json(), "ring": 1}
+    )
+
+
 def pair_tma_designs(dtype: str) -> list[KernelDesign]:
     """v5 pair TMA store (issue 22): the persistent cooperative pair of 128 x n tiles, n
     of ``TMA_STORE_TILE_N``, storing by TMA (``store`` = 4), at its two deepest rings,
@@ -846,6 +879,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     pair = k.persistent == 1 and k.cluster_m > 1
     ctx.update(
         tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair),
+        ring=tags.TMA_RING[v5(d, "ring")],
         c_pad=C_PAD,
         c_tma_offset=TMA_STORE_OFFSET,
         c_sub_n=tma_store_sub_n(d),

@@ -40,7 +40,7 @@ def test_space_holds_the_tma_store_designs():
         assert len(new) == 144 and all(legality(d) == [] for d in new)
         stored = [d for d in space if sm90_tma.v5(d, "store") == 4]
         narrow = sm90_tma.pingpong_narrow_designs(dtype, sm90_tma.PINGPONG_NARROW_SPACE)
-        assert stored == new + narrow
+        assert stored == new + narrow + sm90_tma.ring_designs(dtype)
         coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
         # a stage more than the bulk store at 80, 128, 224 and 256 (8 against 7, 6
         # against 5, 4 against 3, 4 against 3); 160 and 192 keep theirs (5, 4)
@@ -80,7 +80,8 @@ def test_the_narrow_pingpong_designs_and_the_space_holds_176():
         for (_, n), st in rings:
             assert legality(_tma(n, st + 2, pers=2, mp=2, dtype=dtype)) != []
         in_space = [d for d in new if d.knobs.wgmma_n == 176]
-        assert len(in_space) == 12 and space[-12:] == in_space
+        ring = len(sm90_tma.ring_designs(dtype))
+        assert len(in_space) == 12 and space[-12 - ring : -ring] == in_space
         keys = {d.key for d in space}
         assert not [d for d in new if d.knobs.wgmma_n != 176 and d.key in keys]
 
@@ -100,6 +101,39 @@ def test_the_pair_tma_store_designs_are_legal_and_not_in_the_space():
             r = sm90_tma.launch_recipe(d)
             assert r["cluster"] == [2, 1, 1] and r["tma"]["c"] == [sm90_tma.tma_store_sub_n(d), 64]
             assert r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
+
+
+def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_space():
+    """v5 ring counter: each TMA-store design of the space whose ring is not a power of
+    two, again with ``ring`` = 1 (its slot and phase as counters), last in the space."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = sm90_tma.ring_designs(dtype)
+        assert len(new) == 96 and all(legality(d) == [] for d in new)
+        assert space[-len(new) :] == new
+        twins = [
+            KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**{
+                k: v for k, v in d.knobs.as_json().items() if k != "ring"
+            }))
+            for d in new
+        ]  # fmt: skip
+        assert all(t.key in {d.key for d in space} for t in twins)
+        assert {d.knobs.stages for d in new} == {3, 5, 6, 7}
+        assert all(sm90_tma.v5(t, "store") == 4 for t in twins)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_ring_counter_takes_the_division_out_of_the_k_loop(sass_of):
+    """A ring of 6 stages: ``it % 6`` and ``it / 6`` at every k tile compile to IMAD.HI by
+    0x2aaaaaab and a LEA.HI (the dispatch stalls ncu found); the counters leave one
+    division a tile (the same wgmmas, no local memory)."""
+    twin = _tma(112, 6, pers=2, mp=2, raster=8)
+    listings = {0: sass_of(twin), 1: sass_of(sm90_tma.with_ring(twin))}
+    div = {r: len(re.findall(r"\bIMAD\.HI\b.*0x2aaaaaab", text)) for r, text in listings.items()}
+    lea = {r: len(re.findall(r"\bLEA\.HI\b", text)) for r, text in listings.items()}
+    assert div[1] < div[0] and lea[1] < lea[0], (div, lea)
+    for text in listings.values():
+        assert len(re.findall(r"\bHGMMA\.64x112x16", text)) == 24 and "LDL" not in text
 
 
 def test_the_subtile_buffers_leave_the_ring_a_stage_more():
@@ -139,6 +173,9 @@ ILLEGAL = [
     (dict(stages=5), "shared memory"),  # 5 x 48 KiB ring + 33 KiB of buffers
     (dict(split_k=2), "do not split K"),
     (dict(epilogue=4), "the one-tile kernel only"),  # a gated activation (silu)
+    (dict(ring=1, store=1, stages=3), "ring=1: the TMA store's persistent kernels"),
+    (dict(ring=1, cluster_m=2), "ring=1: the TMA store's persistent kernels"),
+    (dict(ring=2), "ring"),  # out of its domain
 ]
 
 

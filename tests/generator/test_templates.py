@@ -305,6 +305,9 @@ GOLDEN_V5 = [
     # the v5 TMA store (subtiles by TMA through a tensor map of C)
     ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
                   ctas=128, store=4), "a4dc7a6059f7770f"),
+    # the v5 ring counter (the ring's slot and phase as counters), ping-pong 128x112
+    ("fp16", dict(wgs=2, mp=2, swap=False, n=112, stages=6, split=1, pers=2, raster=8,
+                  store=4, ring=1), "4ff8cfdb7d7171b1"),
 ]  # fmt: skip
 
 

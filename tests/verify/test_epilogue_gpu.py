@@ -88,6 +88,10 @@ DESIGNS = {
     ),
     # v5 pair TMA store: the multicast pair storing by TMA
     "tma_v5_pair_tma": dict(_PAIR, stages=4, raster=8, ctas=128, store=4),
+    # v5 ring counter: the ring's slot and phase as counters (6 stages)
+    "tma_v5_ring": dict(
+        wgs=2, mp=2, swap=False, n=112, stages=6, split=1, pers=2, raster=8, store=4, ring=1
+    ),
     # ... each warp its 16 rows (store = 5)
     "tma_v5_tmaw": dict(
         wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=5
@@ -148,7 +152,7 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         "split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk",
         "tile_n_bulk", "tma_v5_pingpong_bulk", "tma_v5_overlap", "tma_v5_halves",
         "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_tmaw",
-        "tma_v5_pingpong_144", "tma_v5_pair_tma",
+        "tma_v5_pingpong_144", "tma_v5_pair_tma", "tma_v5_ring",
     ],
 )  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
@@ -248,7 +252,7 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_halves", "bias_residual"), ("tma_v5_tma", "bias_residual"),
      ("tma_v5_pingpong_tma", "bias_residual"), ("tma_v5_tma_160", "bias_residual"),
      ("tma_v5_tmaw", "bias_residual"), ("tma_v5_pingpong_144", "bias_residual"),
-     ("tma_v5_pair_tma", "bias_residual")],
+     ("tma_v5_pair_tma", "bias_residual"), ("tma_v5_ring", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

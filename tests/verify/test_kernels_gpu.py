@@ -189,6 +189,19 @@ TMA_V5_PAIR_TILE_N_DESIGNS = [
     (1, 160, 6, 0, 128, 0),
 ]
 PAIR_TILE_N_SHAPES = [*V5_SHAPES, (1024, 8192, 1096)]
+# sm90tma v5 ring counter (issue 22): TMA-store designs of rings that are not a power of
+# two with the ring's slot and phase as counters (ring = 1): (m_blocks, wgmma_n, stages,
+# raster, ctas, persistent). OVERLAP_SHAPES: CTAs walking many tiles (the counters
+# start each tile from its ring position; ping-pong's skips the other warpgroup's tile),
+# one k tile, K = 1024.
+TMA_V5_RING_DESIGNS = [
+    (2, 112, 6, 8, 0, 2),
+    (2, 176, 5, 8, 128, 2),
+    (1, 192, 5, 16, 0, 2),
+    (1, 128, 5, 8, 128, 1),
+    (1, 80, 7, 0, 0, 1),
+    (1, 256, 3, 8, 128, 1),
+]
 # sm90tma v5 pair TMA store (issue 22): the multicast pair storing by TMA (the knobs of
 # TMA_V5_DESIGNS, store = 4): 128x256 at both rings, 128x80 (16-column subtiles), 128x160
 # (32), 128x128; a CTA past M (1x8x8, 17 M tiles) stores nothing: C's map clips its rows.
@@ -423,6 +436,14 @@ def test_tma_v5_pair_tile_n_persistent_correct(tmp_path, dtype, knobs):
     assert d.knobs.wgmma_n in sm90_tma.PAIR_TILE_N and legality(d) == []
     assert launch_recipe(d)["cluster"] == [2, 1, 1]
     _check_design(tmp_path, d, PAIR_TILE_N_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_RING_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_ring_counter_persistent_correct(tmp_path, dtype, knobs):
+    d = sm90_tma.with_ring(_v5_design(dtype, (*knobs[:5], 4), pers=knobs[5]))
+    assert sm90_tma.v5(d, "ring") == 1 and legality(d) == []
+    _check_design(tmp_path, d, OVERLAP_SHAPES)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
