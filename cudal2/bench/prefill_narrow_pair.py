@@ -31,7 +31,7 @@ PAIRTMA_SWEEPS = {
 }
 # ci/gpu_power_own.sh DBS=<the tma, tma-n and ppn fp16 sweeps>
 POWER_OWN_PPN = "bench/results/h200-power-own-ppn.json"
-# ... SHAPES=bench/shapes/prefill-squares.toml REPS=5 SECONDS_PER_RUN=1.5: DBS=<the ppn
+# ... SHAPES=bench/experiments/prefill-squares.toml REPS=5 SECONDS_PER_RUN=1.5: DBS=<the ppn
 # sweep> (its fastest own kernel: cooperative 128x256), then a database of the ppn
 # sweep's narrow ping-pong records only (128 x 176 at 8192³, 128 x 112 at 4096³)
 POWER_SQUARES = (
@@ -47,14 +47,17 @@ NCU_PPN = (
 # bench/experiments/llama_e2e.py --tokens 2048 with its wheel
 LLAMA_DB = "bench/results/h200-llama-prefill-tma.measurements.jsonl.gz"
 LLAMA_E2E = "bench/results/h200-llama-e2e-prefill-tma.json"
+# ci/gpu_prefill.sh SWEEP=bench/manifests/sweep-tma-v5-ring-h100.toml (fp16)
+RING_SWEEP = "bench/results/h200-sweep-tma-v5-ring.measurements.jsonl.gz"
 NARROW = (112, 144, 176)
 
-# A kernel of these sweeps: (persistent, m_blocks, wgmma_n, stages, ctas, cluster_m, store)
-Kernel = tuple[int, int, int, int, int, int, int]
+# A kernel of these sweeps: (persistent, m_blocks, wgmma_n, stages, ctas, cluster_m, store,
+# ring)
+Kernel = tuple[int, int, int, int, int, int, int, int]
 
 
 def _kernel(knobs: dict) -> Kernel:
-    names = ("persistent", "m_blocks", "wgmma_n", "stages", "ctas", "cluster_m", "store")
+    names = ("persistent", "m_blocks", "wgmma_n", "stages", "ctas", "cluster_m", "store", "ring")
     return tuple(knobs.get(k, 0) for k in names)
 
 
@@ -124,7 +127,7 @@ def tma_v5_pairtma(root: Path) -> str:
         ratios[dtype] = {}
         for ks in own.values():
             for k, v in ks.items():
-                twin = (*k[:5], 1, k[6])
+                twin = (*k[:5], 1, *k[6:])
                 if k[5] == 2 and twin in ks:
                     ratios[dtype].setdefault(k[2], []).append(v / ks[twin])
     lines = [
@@ -224,4 +227,41 @@ def llama_prefill_tma(root: Path) -> str:
         f"(p20–p80 {lo:.4f}–{hi:.4f}); from idle {case['eager']['speedup']:.3f}; CUDA graph "
         f"{case['graph']['speedup']:.3f}.",
     ]
+    return "\n".join(lines)
+
+
+def tma_v5_ring(root: Path) -> str:
+    """Per tile and ring: each ring-counter kernel over its twin (the same design computing
+    the slot and phase by division) in the same sweep, geomean over the targets and wins;
+    per target the fastest kernel of the sweep and cuBLASLt (× torch in the job); the
+    geomeans."""
+    gpu, own, lt = _kernels(root, RING_SWEEP)
+    gains: dict[tuple, list[float]] = {}
+    for ks in own.values():
+        for k, v in ks.items():
+            if k[7] == 1:
+                gains.setdefault(k[:4], []).append(v / ks[(*k[:7], 0)])
+    lines = [
+        f"{gpu}, fp16 tn, offline (`{RING_SWEEP}`): each design with the ring counter "
+        "(`ring` = 1) over its twin (`it % STAGES`, `it / STAGES` every k tile), both "
+        "against torch in their jobs (the grouped walk of 8, the 128-CTA cap).",
+        "",
+        "| tile / ring stages | gain | wins |",
+        "|---|---:|---:|",
+    ]
+    for k, g in sorted(gains.items()):
+        lines.append(
+            f"| {_name((*k, 0, 0, 0, 0))} | {_gm(g):.3f} | {sum(x > 1 for x in g)} of {len(g)} |"
+        )
+    every = [x for g in gains.values() for x in g]
+    lines.append(
+        f"| every design | {_gm(every):.3f} | {sum(x > 1 for x in every)} of {len(every)} |"
+    )
+    lines += ["", "| M×N×K | fastest of the sweep | cuBLASLt |", "|---|---:|---:|"]
+    best = {key: max(ks.items(), key=lambda kv: kv[1]) for key, ks in own.items()}
+    for key, (k, v) in sorted(best.items()):
+        ring = ", counter" if k[7] else ""
+        lines.append(f"| {key[0]}×{key[1]}×{key[2]} | {v:.3f} ({_name(k)}{ring}) | {lt[key]:.3f} |")
+    lines += ["", *SUMMARY_HEAD]
+    lines.append(summary_row("fp16", [v for _, v in best.values()], [lt[key] for key in best]))
     return "\n".join(lines)

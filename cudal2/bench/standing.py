@@ -1952,6 +1952,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "power-squares": prefill_narrow_pair.power_squares,
     "ncu-prefill-ppn": prefill_narrow_pair.ncu_prefill_ppn,
     "llama-prefill-tma": prefill_narrow_pair.llama_prefill_tma,
+    "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

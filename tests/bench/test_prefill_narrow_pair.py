@@ -94,3 +94,17 @@ def test_the_blocks_follow_their_records(tmp_path):
     with gzip.open(tmp_path / path, "wt") as f:
         f.write("\n".join(lines) + "\n")
     assert pnp.tma_v5_pairtma(tmp_path) != pnp.tma_v5_pairtma(ROOT)
+
+
+def test_the_ring_counter_gain_is_its_twins_joined_from_the_records():
+    block = pnp.tma_v5_ring(ROOT)
+    ratios = []
+    for kernels in _timed(pnp.RING_SWEEP).values():
+        for key, v in kernels.items():
+            knobs = json.loads(key) if key != "cublaslt" else {}
+            if knobs.get("ring") == 1:
+                twin = json.dumps({k: x for k, x in knobs.items() if k != "ring"}, sort_keys=True)
+                ratios.append(v / kernels[twin])
+    want = f"| every design | {_gm(ratios):.3f} | {sum(x > 1 for x in ratios)} of {len(ratios)} |"
+    assert want in block
+    assert len(ratios) == 272 and _gm(ratios) > 1  # what the worklog says: the counter gains

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 22, where in the own kernel its warps stall, one call: Nsight Compute's source
+# counters (warp-state sampling per SASS instruction) of the fastest own kernel of each
+# database on one shape (bench/experiments/ncu_prefill_pair.py), clocks as found:
+#
+#   DBS="a.jsonl b.jsonl" SHAPE="4096 4096 4096" bash ci/gpu_ncu_source.sh   (carry .whl)
+#
+# Each database in DBS is profiled on its own (its fastest own kernel). Under $OUT:
+# gpu.txt, sass-<n>.csv (ncu --page source --print-source sass --csv: each SASS
+# instruction with its samples by stall reason), ncu-run.txt.
+set -euo pipefail
+source "$(dirname "$0")/gpu_env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
+NCU=$($PY -c "from cudal2.verify.profile import find_ncu; print(find_ncu() or '')")
+[ -n "$NCU" ] || { echo "ncu not found"; exit 2; }
+read -r m n k <<<"${SHAPE:-4096 4096 4096}"
+i=0
+for db in ${DBS:?DBS is required}; do
+  i=$((i + 1))
+  step "ncu source counters: $db at ${m}x${n}x${k}"
+  rep="$OUT/src-$i"
+  timeout 240 "$NCU" --clock-control none --cache-control all --replay-mode kernel \
+    --nvtx --nvtx-include "own/" --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --import-source no \
+    --export "$rep" --force-overwrite \
+    $PY bench/experiments/ncu_prefill_pair.py --db "$db" --shape "$m" "$n" "$k" --launches 1 \
+    2>&1 | tee -a "$OUT/ncu-run.txt" | grep -v "^==PROF==" | tail -3
+  "$NCU" --import "$rep.ncu-rep" --page source --print-source sass --csv > "$OUT/sass-$i.csv"
+  rm -f "$rep.ncu-rep"
+  wc -l "$OUT/sass-$i.csv"
+  head -3 "$OUT/sass-$i.csv" | cut -c1-600
+done
