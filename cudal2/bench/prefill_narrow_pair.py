@@ -2,8 +2,10 @@
 ping-pong narrow and pair TMA store"): the ping-pong TMA-store kernel at cuBLASLt's tile
 widths (128 x 112, 144, 176) against the TMA store's fastest tiles, and the multicast
 pair storing by TMA against the same designs unpaired, in the same H200 sweeps (fp16,
-bf16); the fastest own kernel of the three TMA-store sweeps against cuBLASLt; and the
-sustained runs of the fastest own kernels beside cuBLASLt and torch."""
+bf16); the fastest own kernel of the three TMA-store sweeps against cuBLASLt; the
+sustained runs of the fastest own kernels beside cuBLASLt and torch; Nsight Compute on
+the narrow ping-pong kernels; the Llama-3.1-8B 2,048-token prefill end to end; and the
+ninth slice's ring counter against its twins ("sm90tma v5 ring counter")."""
 
 from __future__ import annotations
 

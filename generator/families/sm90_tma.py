@@ -206,9 +206,10 @@ TMA_STORE_TILE_N = (80, 128, 160, 192, 224, 256)
 # makes the rest.
 PINGPONG_NARROW_N = (112, 144, 176)
 PINGPONG_NARROW_SPACE = (176,)
-# v5 ring counter (issue 22): ``ring`` = 1 keeps a consumer's ring slot and phase as
-# counters (a division a tile, then a compare and increment a k tile) where ``ring`` = 0
-# computes ``it % STAGES`` and ``(it / STAGES) & 1`` every k tile. Nsight Compute's
+# v5 ring counter (issue 22): ``ring`` = 1 keeps the ring's slot and phase as counters (the
+# producer's from the start; each consumer's from one division a tile; then a compare and
+# increment a k tile) where ``ring`` = 0 computes ``it % STAGES`` and ``(it / STAGES) & 1``
+# every k tile. Nsight Compute's
 # source counters on the ping-pong 128 x 112 at 6 stages (docs/kernels.md, "sm90tma v5
 # ring counter") put its dispatch stalls, 1.03 a issue against cuBLASLt's 0.04, on the
 # ``LEA.HI`` after each ``IMAD.HI`` by 0x2aaaaaab: the division by 6, between the
@@ -497,7 +498,8 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
 
 
 def _v5_reasons(d: KernelDesign) -> list[str]:
-    """Why the v5 knobs (``raster``, ``ctas``, ``store``) cannot take these values."""
+    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``) cannot take these
+    values."""
     k = d.knobs
     set_ = [n for n in ("raster", "ctas", "store", "ring") if v5(d, n)]
     if set_ and k.persistent not in (1, 2):
