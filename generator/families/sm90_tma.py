@@ -672,22 +672,32 @@ def _pingpong_v5_designs(
     return out
 
 
-def _deepest(n: int, dtype: str, store: int) -> tuple[int, ...]:
+def _deepest(n: int, dtype: str, store: int, cluster: int = 1) -> tuple[int, ...]:
     """The ``TILE_N_DEPTHS`` deepest rings at which a persistent cooperative 128 x ``n``
-    design with ``store`` fits."""
-    fits = _fitting(lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, store=store))
+    design with ``store`` (in clusters of ``cluster`` along M) fits."""
+    fits = _fitting(
+        lambda st: design(dtype, 2, 1, False, n, st, 1, pers=1, cluster=cluster, store=store)
+    )
     return tuple(fits[-TILE_N_DEPTHS:])
 
 
 def _with_store(
-    dtype: str, widths: tuple[int, ...], stages: Callable[[int, str], tuple[int, ...]], store: int
+    dtype: str,
+    widths: tuple[int, ...],
+    stages: Callable[[int, str], tuple[int, ...]],
+    store: int,
+    cluster: int = 1,
 ) -> list[KernelDesign]:
-    """The legal persistent cooperative 128 x n designs with ``store``, for each n of
-    ``widths`` at each ring of ``stages(n, dtype)``, each raster x ctas."""
+    """The legal persistent cooperative 128 x n designs with ``store`` (in clusters of
+    ``cluster`` along M), for each n of ``widths`` at each ring of ``stages(n, dtype)``,
+    each raster x ctas."""
     out = []
     for n in widths:
         for st, raster, ctas in itertools.product(stages(n, dtype), RASTER, CTAS):
-            d = design(dtype, 2, 1, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=store)
+            d = design(
+                dtype, 2, 1, False, n, st, 1, pers=1, cluster=cluster, raster=raster, ctas=ctas,
+                store=store,
+            )  # fmt: skip
             if not check(d, sys.modules[__name__]):
                 out.append(d)
     return out
@@ -766,19 +776,9 @@ def pair_tma_designs(dtype: str) -> list[KernelDesign]:
     """v5 pair TMA store (issue 22): the persistent cooperative pair of 128 x n tiles, n
     of ``TMA_STORE_TILE_N``, storing by TMA (``store`` = 4), at its two deepest rings,
     each raster x ctas: 6 x 2 x 6 = 72 per dtype."""
-    out = []
-    for n in TMA_STORE_TILE_N:
-        fits = _fitting(
-            lambda st, n=n: design(dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, store=4)
-        )
-        for st, raster, ctas in itertools.product(fits[-TILE_N_DEPTHS:], RASTER, CTAS):
-            d = design(
-                dtype, 2, 1, False, n, st, 1, pers=1, cluster=2, raster=raster, ctas=ctas,
-                store=4,
-            )  # fmt: skip
-            if not check(d, sys.modules[__name__]):
-                out.append(d)
-    return out
+    return _with_store(
+        dtype, TMA_STORE_TILE_N, lambda n, dt: _deepest(n, dt, 4, cluster=2), 4, cluster=2
+    )
 
 
 def tma_store_warp_designs(dtype: str) -> list[KernelDesign]:
