@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cudal2.bench.prefill_store import _gm, _sweep, ncu_prefill, power_own
+from cudal2.bench import prefill_tma_store
+from cudal2.bench.prefill_store import _gm, ncu_prefill, power_own
 from cudal2.bench.prefill_tma_store import (
     SUMMARY_HEAD,
     TMA_N_SWEEPS,
@@ -64,9 +65,8 @@ def _kernel(knobs: dict) -> Kernel:
 
 
 def _kernels(root: Path, path: str) -> tuple[str, dict, dict]:
-    """``prefill_store._sweep`` of one dtype's sweep, keyed by (M, N, K) and ``_kernel``."""
-    gpu, own, lt = _sweep(root, path, _kernel)
-    return gpu, {key[1:]: v for key, v in own.items()}, {key[1:]: v for key, v in lt.items()}
+    """``prefill_tma_store._kernels`` keyed by this module's ``_kernel``."""
+    return prefill_tma_store._kernels(root, path, _kernel)
 
 
 def _name(k: Kernel) -> str:

@@ -7,6 +7,7 @@ and torch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from cudal2.bench.prefill_store import _gm, _sweep, ncu_prefill, power_own
@@ -49,9 +50,11 @@ def _kernel(knobs: dict) -> Kernel:
     return tuple(knobs.get(k, 0) for k in ("persistent", "m_blocks", "wgmma_n", "stages", "store"))
 
 
-def _kernels(root: Path, path: str) -> tuple[str, dict, dict]:
-    """``prefill_store._sweep`` of one dtype's sweep, keyed by (M, N, K) and ``_kernel``."""
-    gpu, own, lt = _sweep(root, path, _kernel)
+def _kernels(
+    root: Path, path: str, kernel: Callable[[dict], tuple[int, ...]] = _kernel
+) -> tuple[str, dict, dict]:
+    """``prefill_store._sweep`` of one dtype's sweep, keyed by (M, N, K) and ``kernel``."""
+    gpu, own, lt = _sweep(root, path, kernel)
     return gpu, {key[1:]: v for key, v in own.items()}, {key[1:]: v for key, v in lt.items()}
 
 
