@@ -5,7 +5,9 @@
 #
 #   DBS="a.jsonl b.jsonl" SHAPE="4096 4096 4096" bash ci/gpu_ncu_source.sh   (carry .whl)
 #
-# Each database in DBS is profiled on its own (its fastest own kernel). Under $OUT:
+# Each database in DBS is profiled on its own (its fastest own kernel); each must hold the
+# shape's cuBLASLt record too (ncu_prefill_pair.py launches both, ncu profiles only the
+# own one: without it the script stops on a KeyError). Under $OUT:
 # gpu.txt, sass-<n>.csv (ncu --page source --print-source sass --csv: each SASS
 # instruction with its samples by stall reason), ncu-run.txt.
 set -euo pipefail
