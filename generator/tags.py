@@ -222,7 +222,7 @@ def sm90_stream(split_k: int) -> dict[str, Any]:
 
 
 # sm90tma, ``ppair``: the blocks of the persistent kernel that differ for a multicast
-# pair (issue 22, cluster_m = 2 with persistent = 1), by cluster_m: the walk's first
+# pair (issue 22, cluster_m = 2 with persistent = 1 or 2), by cluster_m: the walk's first
 # tile, tile count and step (spelled in the kernel's variables), the loads, the slot
 # releases and the cluster barriers. The 1 row renders the persistent kernel byte for
 # byte as before the pair existed.
@@ -256,16 +256,26 @@ TMA_PERSISTENT_PAIR = {
 }
 
 
+# The persistent pair's "empty" barriers, by schedule: every consumer warp of both CTAs
+# (cooperative), or the four warps of the consuming warpgroup in both (ping-pong: the
+# same warpgroup of each CTA takes the same tiles of the pair's walk).
+TMA_PAIR_EMPTY_INIT = {
+    "cooperative": TMA_PAIR[2]["empty_init"],
+    "pingpong": "sm90_tma/pingpong/empty_init_pair.cu.j2",
+}
+
+
 def sm90_tma(
     split_k: int, cluster_m: int, persistent: int, pingpong: bool, setmaxnreg: bool
 ) -> dict[str, Any]:
     """sm90tma: the kernel (one tile per CTA, or persistent), its ``schedule``, the
     multicast ``pair`` (the one-tile kernel's; ``ppair`` the persistent kernel's) and the
     register reallocation (``setmaxnreg``)."""
-    pair_persistent = persistent == 1 and cluster_m > 1
-    schedule = TMA_SCHEDULE["pingpong" if pingpong else "cooperative"]
-    if pair_persistent:  # a slot's empty barrier counts both CTAs' consumer warps
-        schedule = {**schedule, "empty_init": TMA_PAIR[2]["empty_init"]}
+    pair_persistent = persistent in (1, 2) and cluster_m > 1
+    name = "pingpong" if pingpong else "cooperative"
+    schedule = TMA_SCHEDULE[name]
+    if pair_persistent:  # a slot's empty barrier counts its consumers' warps in both CTAs
+        schedule = {**schedule, "empty_init": TMA_PAIR_EMPTY_INIT[name]}
     return {
         **cluster_tags(split_k, cluster_m),
         **(
@@ -277,7 +287,7 @@ def sm90_tma(
         "kernel": TMA_KERNEL[persistent],
         "schedule": schedule,
         "pair": TMA_PAIR[cluster_m],
-        "ppair": TMA_PERSISTENT_PAIR[cluster_m if persistent == 1 else 1],
+        "ppair": TMA_PERSISTENT_PAIR[cluster_m if persistent else 1],
         "setmaxnreg": TMA_SETMAXNREG[setmaxnreg],
     }
 
@@ -397,6 +407,16 @@ TMA_RING = {
         "prev": "ring_prev",
     },
 }
+
+
+# sm90tma v5 uniform warpgroup index (issue 22): how the persistent kernel computes a
+# thread's warpgroup. 0: ``tid >> 7`` (as before the knob: every earlier design byte for
+# byte); 1: the same broadcast from lane 0 (``uniform`` = 1), which tells the compiler the
+# value is the same across the warp (as CUTLASS's canonical_warp_group_idx does), so a
+# consumer's ring position, slot and matrix descriptors live in uniform registers: the
+# k loop's descriptors are formed in the uniform datapath instead of vector registers
+# moved over by R2UR before every wgmma.
+TMA_WG_INDEX = {0: "tid >> 7", 1: "__shfl_sync(0xffffffff, tid >> 7, 0)"}
 
 
 # Designs that leave room (base.ROOM, docs/kernels.md "Designs that leave room"): the

@@ -55,7 +55,9 @@ not in the space). v5 ping-pong narrow: the ping-pong TMA-store kernel of 128 x 
 tiles of cuBLASLt's widths (``PINGPONG_NARROW_N``: 112, 144, 176) on deep rings (176 in
 the space). v5 ring counter: ``ring`` = 1 keeps the ring's slot and phase as counters in
 the TMA store's kernels, where ``ring`` = 0 divides by the ring's stages every k tile (a
-multiply-high where the ring is not a power of two).
+multiply-high where the ring is not a power of two). v5 uniform warpgroup index:
+``uniform`` = 1 broadcasts a thread's warpgroup index from lane 0, so the consumers' ring
+slot and matrix descriptors live in uniform registers.
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -64,7 +66,7 @@ refilled only when the consumers of both CTAs have released it. The persistent
 cooperative kernel pairs too (v5 pair); with 128 x n tiles of ``PAIR_TILE_N`` (v5 pair
 tile N: each CTA's half of B a whole number of 8-row swizzle atoms) and with the TMA
 store (v5 pair TMA store) it lost to its unpaired twin, and those designs are not in the
-space.
+space. The ping-pong kernel pairs with the TMA store (v5 ping-pong pair).
 
 ``bk`` is 64 (one swizzle atom). Layout ``tn`` only (both operands K-major). The
 tensor maps are encoded on the host by the runtime from the recipe's ``tma`` boxes.
@@ -216,6 +218,29 @@ PINGPONG_NARROW_SPACE = (176,)
 # k tile's wgmmas. A ring of a power of two divides by shifting. The TMA-store designs
 # (``store`` = 4) of the space whose rings are not a power of two take it, unpaired.
 RING = (0, 1)
+# v5 uniform warpgroup index (issue 22): ``uniform`` = 1 computes a thread's warpgroup as
+# ``tid >> 7`` broadcast from lane 0 (``tags.TMA_WG_INDEX``). Read off the SASS (nvcc
+# 13.0, no GPU run yet): with ``tid >> 7`` the compiler cannot tell the warpgroup index is
+# the same across a warp, so a ping-pong consumer's ring position, slot and matrix
+# descriptors are vector registers, and every wgmma is preceded by 64-bit descriptor
+# arithmetic in vector registers and R2UR moves (110 R2UR in the ping-pong 128 x 128 at 6
+# stages, about 15 instructions between two wgmmas); broadcast, they live in uniform
+# registers (6 R2UR, 2 to 4 uniform instructions between wgmmas, 1,328 instructions in
+# the kernel down to 1,112, the same 168 registers). The TMA store's persistent kernels
+# take it (``uniform_designs``).
+UNIFORM = (0, 1)
+# v5 ping-pong pair (issue 22): the ping-pong kernel in multicast pairs along M
+# (``cluster_m`` = 2 with ``persistent`` = 2). cuBLASLt's algorithms where they lead at M >=
+# 1024 are ping-pong kernels in clusters of two along M (``nvjet_sm90_hsh_112x128_64x7_1x2``,
+# docs/kernels.md "sm90tma v5 ping-pong narrow"), and this kernel's ping-pong was the
+# fastest own kernel on 10 of 17 targets with the ring counter, but had no pair. Both
+# CTAs of a pair walk the same pair tiles; warpgroup w of each takes the w-th of every
+# two, so a slot's "empty" barrier counts the consuming warpgroup's four warps in both
+# CTAs (``tags.TMA_PAIR_EMPTY_INIT``); the rest is the cooperative pair's (half of B
+# multicast, the releases here and in the partner, cluster barriers at both ends). With
+# the TMA store only (its C buffers do not grow with the pair). Not yet run on a GPU: no
+# device was lent the session that wrote it (GPU tests and sweeps in
+# tests/verify/test_kernels_gpu.py and bench/manifests/sweep-tma-v5-pppair*).
 # v5 pair TMA store (issue 22): the persistent multicast pair (``cluster_m`` = 2) with the
 # TMA store. The pair lost 2% to its unpaired twin twice, with the bulk store (3 stages
 # at 128x256, 4 at 128x176: v5 pair, v5 pair tile N), each slot waiting for the slower
@@ -285,6 +310,7 @@ OPTIONAL_KNOBS = (
         spellings=((1, "bulk"), (2, "overlap"), (3, "halves"), (4, "tma"), (5, "tmaw")),
     ),  # fmt: skip
     Knob("ring", RING, "ring{}", default=0, spellings=((1, "ctr"),)),
+    Knob("uniform", UNIFORM, "uni{}", default=0, spellings=((1, "wgu"),)),
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
@@ -303,6 +329,7 @@ def design(
     ctas: int = 0,
     store: int = 0,
     ring: int = 0,
+    uniform: int = 0,
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs
@@ -310,12 +337,12 @@ def design(
     return make(
         FAMILY, "sm_90a", dtype, "tn", OPTIONAL_KNOBS, swap=int(swap), warpgroups=wgs,
         m_blocks=mp, wgmma_n=n, stages=stages, split_k=split, persistent=pers,
-        cluster_m=cluster, raster=raster, ctas=ctas, store=store, ring=ring,
+        cluster_m=cluster, raster=raster, ctas=ctas, store=store, ring=ring, uniform=uniform,
     )  # fmt: skip
 
 
 def v5(d: KernelDesign, knob: str) -> int:
-    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``; 0 where the design
+    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``; 0 where the design
     leaves it out, or where it is out of the domain: the declared checks report that)."""
     value = d.knobs.as_json().get(knob, _OPTIONAL_DEFAULTS[knob])
     domain = {k.name: k.domain for k in OPTIONAL_KNOBS}[knob]
@@ -481,14 +508,15 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
     k = d.knobs
     if k.split_k != 1:
         return ["a multicast cluster along M has split 1"]
-    if k.persistent == 2:
-        return ["a multicast cluster along M: one tile per CTA or persistent cooperative"]
-    if k.persistent == 1 and (swapped(d) or k.warpgroups != 2):
+    if k.persistent == 2 and not tma_stored(d):
+        # The ping-pong pair is written for the TMA store (v5 ping-pong pair).
+        return ["a ping-pong multicast pair (persistent=2): the TMA store's (store=4 or 5) only"]
+    if k.persistent and (swapped(d) or k.warpgroups != 2):
         return [
             "a persistent multicast pair: the compute orientation (swap=0) with two "
             "consumer warpgroups only"
         ]
-    if k.persistent == 1 and (k.wgmma_n // 2) % PAIR_ROWS:
+    if k.persistent and (k.wgmma_n // 2) % PAIR_ROWS:
         return [
             f"wgmma_n={k.wgmma_n}: each CTA of a pair multicasts {k.wgmma_n // 2} rows of "
             f"B, which must be a multiple of {PAIR_ROWS} (its half starts on a 1024-byte "
@@ -498,10 +526,10 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
 
 
 def _v5_reasons(d: KernelDesign) -> list[str]:
-    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``) cannot take these
-    values."""
+    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``) cannot
+    take these values."""
     k = d.knobs
-    set_ = [n for n in ("raster", "ctas", "store", "ring") if v5(d, n)]
+    set_ = [n for n in ("raster", "ctas", "store", "ring", "uniform") if v5(d, n)]
     if set_ and k.persistent not in (1, 2):
         # The walk, the CTA cap and the C buffer are written for the persistent kernels
         # (cooperative and ping-pong, whose warpgroups each store through their own half
@@ -534,9 +562,13 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
             "columns "
             f"({', '.join(map(str, TMA_STORE_SUB_N))})"
         ]
-    if v5(d, "ring") and (not tma_stored(d) or k.cluster_m != 1):
-        # The counters are the TMA store's kernels' (cooperative and ping-pong), unpaired.
-        return ["ring=1: the TMA store's persistent kernels (store=4 or 5), unpaired"]
+    if v5(d, "ring") and not tma_stored(d):
+        # The counters are the TMA store's kernels' (cooperative and ping-pong, paired or
+        # not).
+        return ["ring=1: the TMA store's persistent kernels (store=4 or 5)"]
+    if v5(d, "uniform") and not tma_stored(d):
+        # Measured nowhere else yet: the TMA store's kernels, where the ring counter is.
+        return ["uniform=1: the TMA store's persistent kernels (store=4 or 5)"]
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
     ):
@@ -564,7 +596,9 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     kernel with the bulk store, ``_pingpong_v5_designs``); then v5 overlap's (two
     accumulator sets, ``_overlap_designs``); then v5 TMA store's (``tma_store_designs``);
     then v5 ping-pong narrow's (``pingpong_narrow_designs`` of 128 x 176); then v5 ring
-    counter's (``ring_designs``). Not the pairs of 128 x n tiles (``pair_tile_n_designs``),
+    counter's (``ring_designs``); then v5 uniform warpgroup index's (``uniform_designs``);
+    then v5 ping-pong pair's (``pingpong_pair_designs``). Not the pairs of 128 x n tiles
+    (``pair_tile_n_designs``),
     v5 halves (``halves_designs``), the TMA store a warp (``tma_store_warp_designs``), the
     narrow ping-pong of 112 and 144 nor the pair storing by TMA (``pair_tma_designs``):
     measured and taken out."""
@@ -607,6 +641,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += tma_store_designs(dtype)
     out += pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
     out += ring_designs(dtype)
+    out += uniform_designs(dtype)
+    out += pingpong_pair_designs(dtype)
     return out
 
 
@@ -761,15 +797,55 @@ def ring_designs(dtype: str) -> list[KernelDesign]:
     """v5 ring counter (issue 22): each TMA-store design of the space (``store`` = 4:
     ``tma_store_designs`` and the narrow ping-pong's) whose ring is not a power of two,
     with ``ring`` = 1."""
-    stored = tma_store_designs(dtype) + pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
-    return [with_ring(d) for d in stored if d.knobs.stages & (d.knobs.stages - 1)]
+    return [with_ring(d) for d in _stored(dtype) if not _pow2(d.knobs.stages)]
 
 
-def with_ring(d: KernelDesign) -> KernelDesign:
-    """``d`` with its ring's slot and phase kept as counters (``ring`` = 1)."""
+def with_ring(d: KernelDesign, **knobs: int) -> KernelDesign:
+    """``d`` with its ring's slot and phase kept as counters (``ring`` = 1), and any
+    other ``knobs`` changed."""
     return make(
-        FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS, **{**d.knobs.as_json(), "ring": 1}
-    )
+        FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS,
+        **{**d.knobs.as_json(), "ring": 1, **knobs},
+    )  # fmt: skip
+
+
+def _pow2(stages: int) -> bool:
+    return not stages & (stages - 1)
+
+
+def _counted(d: KernelDesign, **knobs: int) -> KernelDesign:
+    """``d`` with ``knobs`` changed, and the ring counter where its ring is not a power
+    of two (where the counter gained: ``ring_designs``)."""
+    return with_ring(d, **{"ring": int(not _pow2(d.knobs.stages)), **knobs})
+
+
+def _stored(dtype: str) -> list[KernelDesign]:
+    """The TMA-store designs of the space without the later knobs: ``tma_store_designs``
+    and the narrow ping-pong's."""
+    return tma_store_designs(dtype) + pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
+
+
+def uniform_designs(dtype: str) -> list[KernelDesign]:
+    """v5 uniform warpgroup index (issue 22): each TMA-store design of the space
+    (``_stored``: 156 per dtype), with the ring counter where its ring is not a power of
+    two, and ``uniform`` = 1."""
+    return [_counted(d, uniform=1) for d in _stored(dtype)]
+
+
+def pingpong_pair_designs(dtype: str) -> list[KernelDesign]:
+    """v5 ping-pong pair (issue 22): the TMA-store designs of the space (``_stored``) in
+    multicast pairs along M (``cluster_m`` = 2, on their unpaired rings), as
+    ``uniform_designs`` has them (the ring counter where the ring is not a power of two,
+    ``uniform`` = 1): every ping-pong design (7 tiles x 2 rings x 6 = 84 per dtype), and
+    the cooperative ones whose ring divides (``pair_tma_designs`` measured the rest
+    behind their twins): 126 per dtype."""
+    out = []
+    for d in _stored(dtype):
+        if pingpong(d) or not _pow2(d.knobs.stages):
+            p = _counted(d, cluster_m=2, uniform=1)
+            if not check(p, sys.modules[__name__]):
+                out.append(p)
+    return out
 
 
 def pair_tma_designs(dtype: str) -> list[KernelDesign]:
@@ -878,10 +954,11 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
             k.split_k, k.cluster_m, k.persistent, pingpong=pingpong(d), setmaxnreg=k.warpgroups > 1
         )
     )
-    pair = k.persistent == 1 and k.cluster_m > 1
+    pair = k.persistent in (1, 2) and k.cluster_m > 1
     ctx.update(
         tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair),
         ring=tags.TMA_RING[v5(d, "ring")],
+        wg_index=tags.TMA_WG_INDEX[v5(d, "uniform")],
         c_pad=C_PAD,
         c_tma_offset=TMA_STORE_OFFSET,
         c_sub_n=tma_store_sub_n(d),

@@ -218,12 +218,13 @@ def test_multicast_cluster_designs():
     plain = render(sm90_tma.design("fp16", 2, 1, False, 256, 4, 1))
     assert "multicast" not in plain and "__cluster_dims__" not in plain
     assert any("cluster along M has split 1" in x for x in legality(_d(cluster_m=2, split_k=2)))
-    # persistent: the cooperative kernel's pair only (test_sm90_tma_v5_pair.py)
+    # persistent: the cooperative kernel's pair (test_sm90_tma_v5_pair.py), the
+    # ping-pong's with the TMA store only (test_sm90_tma_v5_tma_store.py)
     assert legality(_d(cluster_m=2, persistent=1)) == []
-    assert any("one tile per CTA" in x for x in legality(_d(cluster_m=2, persistent=2)))
+    assert any("TMA store's" in x for x in legality(_d(cluster_m=2, persistent=2)))
     assert any("cluster_m=4 is not one of (1, 2)" in x for x in legality(_d(cluster_m=4)))
     clusters = [x for x in sm90_tma.space("sm_90a", "fp16", "tn") if x.knobs.cluster_m == 2]
-    clusters = [x for x in clusters if x.knobs.persistent != 1]  # the v5 pairs apart
+    clusters = [x for x in clusters if not x.knobs.persistent]  # the v5 pairs apart
     assert len(clusters) == 112 and all(
         x.knobs.split_k == 1 and not x.knobs.persistent for x in clusters
     )

@@ -104,7 +104,7 @@ ILLEGAL = [
     (dict(swap=1, m_blocks=1, wgmma_n=128), "the compute orientation only"),
     (dict(warpgroups=1), "two consumer warpgroups"),
     (dict(stages=16, wgmma_n=64, store=0, raster=8), "at most 15"),
-    (dict(cluster_m=2), "one tile per CTA or persistent cooperative"),
+    (dict(cluster_m=2), "a ping-pong multicast pair (persistent=2): the TMA store's"),
     (dict(persistent=0), "persistent designs only"),
     (dict(split_k=2), "do not split K"),
     (dict(raster=5), "raster=5 is not one of (0, 8, 16)"),

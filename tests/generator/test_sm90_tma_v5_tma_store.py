@@ -27,6 +27,11 @@ def _tma(
     )
 
 
+def _after_ring(dtype: str) -> int:
+    """The designs after the ring counter's in the space."""
+    return len(sm90_tma.uniform_designs(dtype)) + len(sm90_tma.pingpong_pair_designs(dtype))
+
+
 def _with(d: KernelDesign, **knobs) -> KernelDesign:
     return KernelDesign(
         d.family, d.arch, d.dtype, d.layout, Knobs.of(**{**d.knobs.as_json(), **knobs})
@@ -40,7 +45,8 @@ def test_space_holds_the_tma_store_designs():
         assert len(new) == 144 and all(legality(d) == [] for d in new)
         stored = [d for d in space if sm90_tma.v5(d, "store") == 4]
         narrow = sm90_tma.pingpong_narrow_designs(dtype, sm90_tma.PINGPONG_NARROW_SPACE)
-        assert stored == new + narrow + sm90_tma.ring_designs(dtype)
+        later = sm90_tma.uniform_designs(dtype) + sm90_tma.pingpong_pair_designs(dtype)
+        assert stored == new + narrow + sm90_tma.ring_designs(dtype) + later
         coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
         # a stage more than the bulk store at 80, 128, 224 and 256 (8 against 7, 6
         # against 5, 4 against 3, 4 against 3); 160 and 192 keep theirs (5, 4)
@@ -80,8 +86,8 @@ def test_the_narrow_pingpong_designs_and_the_space_holds_176():
         for (_, n), st in rings:
             assert legality(_tma(n, st + 2, pers=2, mp=2, dtype=dtype)) != []
         in_space = [d for d in new if d.knobs.wgmma_n == 176]
-        ring = len(sm90_tma.ring_designs(dtype))
-        assert len(in_space) == 12 and space[-12 - ring : -ring] == in_space
+        later = len(sm90_tma.ring_designs(dtype)) + _after_ring(dtype)
+        assert len(in_space) == 12 and space[-12 - later : -later] == in_space
         keys = {d.key for d in space}
         assert not [d for d in new if d.knobs.wgmma_n != 176 and d.key in keys]
 
@@ -105,12 +111,14 @@ def test_the_pair_tma_store_designs_are_legal_and_not_in_the_space():
 
 def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_space():
     """v5 ring counter: each TMA-store design of the space whose ring is not a power of
-    two, again with ``ring`` = 1 (its slot and phase as counters), last in the space."""
+    two, again with ``ring`` = 1 (its slot and phase as counters), in the space before
+    the uniform warpgroup index's and the ping-pong pairs."""
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.ring_designs(dtype)
         assert len(new) == 96 and all(legality(d) == [] for d in new)
-        assert space[-len(new) :] == new
+        later = _after_ring(dtype)
+        assert space[-len(new) - later : -later] == new
         twins = [
             KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**{
                 k: v for k, v in d.knobs.as_json().items() if k != "ring"
@@ -120,6 +128,99 @@ def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_spa
         assert all(t.key in {d.key for d in space} for t in twins)
         assert {d.knobs.stages for d in new} == {3, 5, 6, 7}
         assert all(sm90_tma.v5(t, "store") == 4 for t in twins)
+
+
+def test_the_pingpong_pairs_are_the_space_last():
+    """v5 ping-pong pair: each ping-pong TMA-store design of the space, and each
+    cooperative one whose ring divides, in a multicast pair on the same ring, as the
+    uniform warpgroup index's designs have them (the counter where the ring is not a power
+    of two, ``uniform`` = 1); last in the space. The recipe is the cooperative pair's: a
+    1-D grid of clusters [2, 1, 1], half the B box, C's box."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = sm90_tma.pingpong_pair_designs(dtype)
+        assert len(new) == 126 and all(legality(d) == [] for d in new)
+        assert space[-len(new) :] == new and len({d.key for d in space}) == len(space)
+        uniform = sm90_tma.uniform_designs(dtype)
+        twins = [_with(d, cluster_m=1) for d in new]
+        assert twins == [d for d in uniform if d in twins]  # each twin, in the same order
+        pp = [d for d in new if sm90_tma.pingpong(d)]
+        assert len(pp) == len([d for d in uniform if sm90_tma.pingpong(d)]) == 84
+        assert {d.knobs.stages for d in new if d not in pp} == {3, 5, 6, 7}
+        for d in new:
+            assert sm90_tma.v5(d, "ring") == (d.knobs.stages not in (4, 8)), design_name(d)
+            assert sm90_tma.v5(d, "uniform") == 1
+            r = sm90_tma.launch_recipe(d)
+            assert r["cluster"] == [2, 1, 1] and r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
+
+
+def test_the_uniform_designs_are_the_tma_store_designs_counted_and_uniform():
+    """v5 uniform warpgroup index: each TMA-store design of the space (the ring counter's
+    twin where the ring is not a power of two), with ``uniform`` = 1, after the ring
+    counter's in the space; only the warpgroup index's line renders differently."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = sm90_tma.uniform_designs(dtype)
+        assert len(new) == 156 and all(legality(d) == [] for d in new)
+        pairs = len(sm90_tma.pingpong_pair_designs(dtype))
+        assert space[-len(new) - pairs : -pairs] == new
+        keys = {d.key for d in space}
+        for d in new:
+            twin = sm90_tma.with_ring(d, ring=sm90_tma.v5(d, "ring"), uniform=0)
+            assert twin.key in keys and sm90_tma.v5(d, "ring") == (d.knobs.stages not in (4, 8))
+    d = new[0]
+    twin = sm90_tma.with_ring(d, uniform=0)  # the same ring
+
+    def lines(x: KernelDesign) -> list[str]:
+        return render(x).replace(design_name(x), "<symbol>").replace(x.key, "<key>").splitlines()
+
+    changed = [(a, b) for a, b in zip(lines(d), lines(twin), strict=True) if a != b]
+    assert changed == [
+        ("  const int wg = __shfl_sync(0xffffffff, tid >> 7, 0);", "  const int wg = tid >> 7;")
+    ]
+
+
+def test_the_pingpong_pair_renders_the_pair_walk_per_warpgroup():
+    """Both CTAs of a pair walk the same pair tiles, warpgroup w of each the w-th of
+    every two; a slot's "empty" barrier counts the consuming warpgroup's four warps in
+    both CTAs, released here and in the partner through the ring counter's slot."""
+    src = render(_tma(128, 6, pers=2, mp=2, cluster=2, raster=8, ctas=128, ring=1))
+    for needle in (
+        "__cluster_dims__(2, 1, 1)",
+        "mbar_init(empty0 + 8 * s, 8);",
+        "for (int tile = (blockIdx.x >> 1) + wg * (gridDim.x >> 1); tile < pair_tiles; "
+        "tile += 2 * (gridDim.x >> 1), ++turn) {",
+        "mbar_arrive_cluster(empty0 + 8 * (ring_prev), crank ^ 1);",
+        "tma_load_multicast(",
+        "cluster_sync();",
+    ):
+        assert needle in src, needle
+    assert "% STAGES)" not in src  # the release names the counter's slot
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize(
+    "d",
+    [
+        _tma(128, 6, pers=2, mp=2, raster=8, ctas=128, ring=1),
+        _tma(176, 5, pers=2, mp=2, raster=8, ctas=128, ring=1),
+        _tma(256, 4, pers=2, dtype="bf16", raster=8, ctas=128),
+    ],
+    ids=design_name,
+)
+def test_the_uniform_warpgroup_index_keeps_the_descriptors_in_uniform_registers(sass_of, d):
+    """``tid >> 7`` leaves a ping-pong consumer's ring slot and descriptors in vector
+    registers, each wgmma's descriptor moved over by R2UR (110 in the 128x128 at 6
+    stages); broadcast from lane 0 they are uniform: a tenth of the R2UR, fewer
+    instructions, the same wgmmas, no local memory."""
+    listings = {
+        u: sass_of(sm90_tma.with_ring(d, ring=sm90_tma.v5(d, "ring"), uniform=u)) for u in (0, 1)
+    }
+    r2ur = {u: len(re.findall(r"\bR2UR\b", text)) for u, text in listings.items()}
+    size = {u: len(re.findall(r"/\*[0-9a-f]{4,}\*/", text)) for u, text in listings.items()}
+    assert r2ur[1] * 5 < r2ur[0] and size[1] < size[0], (r2ur, size)
+    hgmma = {u: len(re.findall(r"\bHGMMA\.", text)) for u, text in listings.items()}
+    assert hgmma[0] == hgmma[1] > 0 and all("LDL" not in t for t in listings.values())
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -165,7 +266,7 @@ def test_the_recipe_carries_the_box_of_c_and_asks_n_multiple_of_8():
 ILLEGAL = [
     (dict(wgmma_n=136, stages=3), "wgmma_n=136 is not a multiple of a subtile's columns"),
     (dict(wgmma_n=200, stages=3), "is not a multiple of a subtile's columns (64, 32, 16)"),
-    (dict(cluster_m=2, persistent=2), "persistent cooperative"),  # ping-pong does not pair
+    (dict(cluster_m=2, persistent=2, swap=1, wgmma_n=128), "the compute orientation"),
     (dict(cluster_m=2, warpgroups=1), "two consumer warpgroups"),
     (dict(warpgroups=1), "store=4: the persistent kernels"),
     (dict(persistent=0), "persistent designs only"),
@@ -174,8 +275,11 @@ ILLEGAL = [
     (dict(split_k=2), "do not split K"),
     (dict(epilogue=4), "the one-tile kernel only"),  # a gated activation (silu)
     (dict(ring=1, store=1, stages=3), "ring=1: the TMA store's persistent kernels"),
-    (dict(ring=1, cluster_m=2), "ring=1: the TMA store's persistent kernels"),
+    (dict(ring=1, cluster_m=2, store=1, stages=2), "ring=1: the TMA store's persistent kernels"),
     (dict(ring=2), "ring"),  # out of its domain
+    (dict(uniform=1, store=1, stages=3), "uniform=1: the TMA store's persistent kernels"),
+    (dict(uniform=1, persistent=0), "persistent designs only"),
+    (dict(uniform=2), "uniform"),  # out of its domain
 ]
 
 
@@ -225,6 +329,11 @@ def test_what_the_tma_store_renders():
         # v5 pair TMA store: the multicast pair storing by TMA
         _tma(256, 4, cluster=2, raster=8, ctas=128),
         _tma(80, 8, cluster=2, dtype="bf16", raster=8),
+        # v5 ping-pong pair: the ping-pong kernel in multicast pairs, with the ring counter
+        _tma(128, 6, pers=2, mp=2, cluster=2, raster=8, ctas=128, ring=1),
+        _tma(256, 4, pers=2, cluster=2, dtype="bf16", raster=8),
+        _tma(176, 5, pers=2, mp=2, cluster=2, raster=16, ring=1),
+        _tma(160, 5, cluster=2, raster=8, ctas=128, ring=1),
     ],
     ids=design_name,
 )

@@ -308,6 +308,12 @@ GOLDEN_V5 = [
     # the v5 ring counter (the ring's slot and phase as counters), ping-pong 128x112
     ("fp16", dict(wgs=2, mp=2, swap=False, n=112, stages=6, split=1, pers=2, raster=8,
                   store=4, ring=1), "4ff8cfdb7d7171b1"),
+    # the v5 ping-pong pair (the ping-pong kernel multicasting B in clusters of two)
+    ("fp16", dict(wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, cluster=2,
+                  raster=8, ctas=128, store=4, ring=1, uniform=1), "c7153a99689e9bd3"),
+    # the v5 uniform warpgroup index (broadcast from lane 0), cooperative 128x256
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
+                  ctas=128, store=4, uniform=1), "b8b2010405553ad7"),
 ]  # fmt: skip
 
 

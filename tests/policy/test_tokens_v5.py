@@ -40,10 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # every design's "key ids..." line, for every design that sets no v5 knob
 BEFORE = json.loads((Path(__file__).parent / "data" / "tokens-before-v5.json").read_text())
 # (store=2 .. store=5: v5 overlap, v5 halves, the v5 TMA store and its store a warp,
-# appended after store=1; ring=1: the v5 ring counter, a knob of its own, last)
+# appended after store=1; ring=1: the v5 ring counter, a knob of its own; uniform=1: the
+# v5 uniform warpgroup index, another, last)
 V5_TOKENS = (
     "raster=8", "raster=16", "ctas=128", "store=1", "store=2", "store=3", "store=4", "store=5",
-    "ring=1",
+    "ring=1", "uniform=1",
 )  # fmt: skip
 SWEEP = ROOT / "bench" / "results" / "h100-sweep-tma-v5.measurements.jsonl.gz"
 
@@ -64,10 +65,12 @@ def test_the_v5_tokens_come_after_room_and_earlier_ids_keep_their_meaning():
     assert pm.vocab_hash(VOCAB[:n]) == BEFORE["vocab_hash"]
     assert pm.vocab_prefix(BEFORE["vocab_hash"]) == n
     # the tokens follow the family's declared optional knobs, not a list of their own
-    assert [k.name for k in tokens.OPTIONAL_KNOBS] == ["room", "raster", "ctas", "store", "ring"]
+    assert [k.name for k in tokens.OPTIONAL_KNOBS] == [
+        "room", "raster", "ctas", "store", "ring", "uniform",
+    ]  # fmt: skip
     assert spelled_optional("sm90tma") == sm90_tma.OPTIONAL_KNOBS
     assert spelled_optional("sm90direct") == (base.ROOM,)
-    assert (BASE_FIELDS, N_FIELDS) == (9, 13)  # sm90tma: 8 knobs, then 4 optional
+    assert (BASE_FIELDS, N_FIELDS) == (9, 14)  # sm90tma: 8 knobs, then 5 optional
 
 
 @pytest.mark.parametrize(("fam", "dtype", "layout", "space"), list(_spaces()))
@@ -112,8 +115,9 @@ def test_a_v5_design_is_its_twin_then_its_knobs_in_declared_order():
     # a grammar over both pads to its longest; after the twin's last knob the v5 values
     # (and <eod>, the twin) continue it
     g = Grammar([twin, v5, only_store])
-    longest = BASE_FIELDS + 3  # v5's three knobs (N_FIELDS: the ring counter's one more)
-    assert g.fields == longest == N_FIELDS - 1 and all(len(s) == longest for s in g.seqs)
+    longest = BASE_FIELDS + 3  # v5's three knobs (N_FIELDS: the ring counter's and the
+    # uniform warpgroup index's two more)
+    assert g.fields == longest == N_FIELDS - 2 and all(len(s) == longest for s in g.seqs)
     assert g.allowed(plain) == sorted([EOD, tok("raster=16"), tok("store=1")])
     assert g.view([twin]).seqs == [[*plain, *[EOD] * (longest - len(plain))]]
 

@@ -92,6 +92,37 @@ DESIGNS = {
     "tma_v5_ring": dict(
         wgs=2, mp=2, swap=False, n=112, stages=6, split=1, pers=2, raster=8, store=4, ring=1
     ),
+    # v5 ping-pong pair: the ping-pong kernel in multicast pairs, with the ring counter
+    "tma_v5_pppair": dict(
+        wgs=2,
+        mp=2,
+        swap=False,
+        n=128,
+        stages=6,
+        split=1,
+        pers=2,
+        cluster=2,
+        raster=8,
+        ctas=128,
+        store=4,
+        ring=1,
+        uniform=1,
+    ),  # fmt: skip
+    # v5 uniform warpgroup index: broadcast from lane 0 (ping-pong 128 x 176 at 5 stages)
+    "tma_v5_uniform": dict(
+        wgs=2,
+        mp=2,
+        swap=False,
+        n=176,
+        stages=5,
+        split=1,
+        pers=2,
+        raster=8,
+        ctas=128,
+        store=4,
+        ring=1,
+        uniform=1,
+    ),  # fmt: skip
     # ... each warp its 16 rows (store = 5)
     "tma_v5_tmaw": dict(
         wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=5
@@ -152,7 +183,8 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         "split4", "persistent_swap", "pingpong", "persistent_bulk", "tma_v5_pair_bulk",
         "tile_n_bulk", "tma_v5_pingpong_bulk", "tma_v5_overlap", "tma_v5_halves",
         "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_tmaw",
-        "tma_v5_pingpong_144", "tma_v5_pair_tma", "tma_v5_ring",
+        "tma_v5_pingpong_144", "tma_v5_pair_tma", "tma_v5_ring", "tma_v5_pppair",
+        "tma_v5_uniform",
     ],
 )  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
@@ -252,7 +284,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_halves", "bias_residual"), ("tma_v5_tma", "bias_residual"),
      ("tma_v5_pingpong_tma", "bias_residual"), ("tma_v5_tma_160", "bias_residual"),
      ("tma_v5_tmaw", "bias_residual"), ("tma_v5_pingpong_144", "bias_residual"),
-     ("tma_v5_pair_tma", "bias_residual"), ("tma_v5_ring", "bias_residual")],
+     ("tma_v5_pair_tma", "bias_residual"), ("tma_v5_ring", "bias_residual"),
+     ("tma_v5_pppair", "bias_residual"), ("tma_v5_uniform", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

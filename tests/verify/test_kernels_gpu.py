@@ -212,6 +212,22 @@ TMA_V5_PAIR_TMA_DESIGNS = [
     (1, 160, 5, 16, 128, 4),
     (1, 128, 6, 0, 128, 4),
 ]
+# sm90tma v5 ping-pong pair (issue 22): the TMA-store designs in multicast pairs along M,
+# ping-pong (each warpgroup of both CTAs the same pair tiles) and cooperative, the ring
+# counter where the ring is not a power of two: (m_blocks, wgmma_n, stages, raster, ctas,
+# persistent). The shapes: a CTA past M (1x8x8, 2100: 17 M tiles), residues, CTAs
+# walking many pair tiles (4096^3, each warpgroup's turns over several), one k tile, K =
+# 1024 and 1096 (a partial last k tile).
+TMA_V5_PINGPONG_PAIR_DESIGNS = [
+    (2, 128, 6, 8, 128, 2),
+    (2, 128, 5, 0, 0, 2),
+    (1, 256, 4, 8, 128, 2),
+    (2, 176, 5, 16, 0, 2),
+    (1, 192, 5, 8, 128, 2),
+    (2, 80, 8, 8, 0, 2),
+    (1, 160, 5, 8, 128, 1),
+    (1, 256, 3, 16, 0, 1),
+]
 
 # sm90tma v5 ping-pong (issue 22): the ping-pong kernel with v5's bulk store (each
 # warpgroup through its own C buffer half), walk and cap (the knobs of TMA_V5_DESIGNS):
@@ -456,6 +472,19 @@ def test_tma_v5_pair_tma_store_persistent_correct(tmp_path, dtype, knobs):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_PINGPONG_PAIR_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_pppair_persistent_correct(tmp_path, dtype, knobs):
+    mp, n, st, raster, ctas, pers = knobs
+    d = sm90_tma.design(
+        dtype, 2, mp, False, n, st, 1, pers=pers, cluster=2, raster=raster, ctas=ctas,
+        store=4, ring=int(st not in (4, 8)),
+    )  # fmt: skip
+    assert d in sm90_tma.pingpong_pair_designs(dtype)
+    assert launch_recipe(d)["cluster"] == [2, 1, 1]
+    _check_design(tmp_path, d, [*OVERLAP_SHAPES, (1024, 8192, 1096)])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_V5_PINGPONG_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_pingpong_persistent_correct(tmp_path, dtype, knobs):
     d = _v5_design(dtype, knobs, pers=2)
@@ -576,6 +605,16 @@ def test_tma_v5_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset,
 def test_tma_v5_pair_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, offset):
     """As above, the multicast pair storing by TMA (17 M tiles: a CTA past M)."""
     _strided_output(tmp_path, _v5_design(dtype, (1, 256, 4, 8, 128, 4), cluster=2), n, pad, offset)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("n, pad, offset", V5_TMA_STRIDED)
+def test_tma_v5_pppair_into_a_strided_output(tmp_path, dtype, n, pad, offset):
+    """As above, the ping-pong pair (17 M tiles: a CTA past M), with the ring counter."""
+    d = sm90_tma.design(
+        dtype, 2, 2, False, 128, 6, 1, pers=2, cluster=2, raster=8, ctas=128, store=4, ring=1
+    )
+    _strided_output(tmp_path, d, n, pad, offset)
 
 
 def test_tma_v5_tma_store_refuses_a_misaligned_c(tmp_path):
