@@ -37,6 +37,16 @@
 #   TESTS='tma_v5_tma or pingpong_tma' TEST_TIMEOUT=400 SWEEP=bench/manifests/sweep-tma-v5-tma-h100.toml \
 #     BENCH=0 bash ci/gpu_prefill.sh
 #
+# sm90tma v5 uniform warpgroup index and ping-pong pair (docs/kernels.md, the tenth slice):
+# TESTS='pppair or tma_v5_uniform' selects their GPU tests (40); the pair sweep seeded with
+# the uniform sweep's records measures only the pairs (a second sweep in the same call:
+# OUT=/tmp/sub for it, then copy its database under $OUT):
+#
+#   TESTS='pppair or tma_v5_uniform' TEST_TIMEOUT=300 \
+#     SWEEP=bench/manifests/sweep-tma-v5-uniform-h100.toml BENCH=0 bash ci/gpu_prefill.sh
+#   SEED_DB=<that database> SWEEP=bench/manifests/sweep-tma-v5-pppair-h100.toml BENCH=0 \
+#     bash ci/gpu_prefill.sh
+#
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):

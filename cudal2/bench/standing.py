@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.bench import prefill_narrow_pair, prefill_store, prefill_tma_store
+from cudal2.bench import prefill_narrow_pair, prefill_store, prefill_tma_store, prefill_uniform
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
 
 # The last run that timed every vendor beside the llm-public wheel of its day.
@@ -1953,6 +1953,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "ncu-prefill-ppn": prefill_narrow_pair.ncu_prefill_ppn,
     "llama-prefill-tma": prefill_narrow_pair.llama_prefill_tma,
     "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
+    "sass-uniform": prefill_uniform.sass_uniform,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,

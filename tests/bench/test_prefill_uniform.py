@@ -1,0 +1,64 @@
+"""Issue 22's tenth-slice block (``cudal2.bench.prefill_uniform``) from the committed SASS
+counts: each row is the file's two listings of one kernel, a changed count changes the
+table, and a count that must not change (HGMMA, registers, local memory) is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from cudal2.bench import prefill_uniform as pu
+from cudal2.generator.families import sm90_tma
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _doc() -> dict:
+    return json.loads((ROOT / pu.SASS_UNIFORM).read_text())
+
+
+def _copy(tmp_path: Path, doc: dict) -> Path:
+    (tmp_path / pu.SASS_UNIFORM).parent.mkdir(parents=True)
+    (tmp_path / pu.SASS_UNIFORM).write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_each_row_is_one_kernel_with_and_without_the_broadcast():
+    doc = _doc()
+    rows = {(r["label"], r["uniform"]): r for r in doc["rows"]}
+    assert len(rows) == len(doc["rows"]) == 2 * len(pu_labels := {r["label"] for r in doc["rows"]})
+    block = pu.sass_uniform(ROOT)
+    for label in pu_labels:
+        a, b = rows[(label, 0)], rows[(label, 1)]
+        assert b["design"] == a["design"] + "_uniwgu"  # the same design, the knob set
+        assert b["r2ur"] < a["r2ur"] and b["instructions"] < a["instructions"]
+        assert f"| {label} | {a['instructions']} → {b['instructions']} | " in block
+    # the file's designs are the experiment's, every one of them
+    path = ROOT / "bench" / "experiments" / "sass_uniform.py"
+    spec = importlib.util.spec_from_file_location("sass_uniform", path)
+    sass_uniform = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_uniform)
+    assert pu_labels == set(sass_uniform.DESIGNS)
+    assert all(sm90_tma.v5(d, "uniform") == 0 for d in sass_uniform.DESIGNS.values())
+
+
+def test_a_changed_count_changes_the_block(tmp_path):
+    doc = _doc()
+    doc["rows"][1]["r2ur"] += 1000
+    assert pu.sass_uniform(_copy(tmp_path, doc)) != pu.sass_uniform(ROOT)
+
+
+# Counts the broadcast must not change: (field, the value written into a uniform = 1 row).
+INVARIANT = [("hgmma", 0), ("registers", 255), ("local", 4), ("spill_bytes", 16)]
+
+
+@pytest.mark.parametrize(("field", "value"), INVARIANT, ids=[f for f, _ in INVARIANT])
+def test_a_changed_invariant_is_refused(tmp_path, field, value):
+    doc = _doc()
+    row = next(r for r in doc["rows"] if r["uniform"] == 1)
+    row[field] = value
+    with pytest.raises(ValueError, match=field):
+        pu.sass_uniform(_copy(tmp_path, doc))
