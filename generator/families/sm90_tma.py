@@ -241,6 +241,15 @@ UNIFORM = (0, 1)
 # the TMA store only (its C buffers do not grow with the pair). Not yet run on a GPU: no
 # device was lent the session that wrote it (GPU tests and sweeps in
 # tests/verify/test_kernels_gpu.py and bench/manifests/sweep-tma-v5-pppair*).
+# v5 tall TMA store (issue 22): the persistent cooperative kernel's 256 x n TMA-store tiles
+# (two 64-row blocks a consumer warpgroup, ``m_blocks`` = 2), whose operand bytes a k tile
+# per output are fewer than 128 x n's: (256 + n) / (256 n) against (128 + n) / (128 n).
+# torch's kernel at 8192³, 4096×28672 and 4096×1280 (``nvjet_sm90_hsh_320x128_64x3_1x2_
+# h_bz_coopB``) has the area of 256 x 160, at 3 stages. 256 x 128 to 176 fit 3 and 4 stages
+# beside the subtile buffers (128 to 176 accumulators + 40 <= 224; 192 does not), as
+# ``uniform_designs`` has the rest: the counter at 3 stages, ``uniform`` = 1. Not yet run
+# on a GPU (written the session the ping-pong pair was).
+TALL_TMA_STORE_N = (128, 144, 160, 176)
 # v5 pair TMA store (issue 22): the persistent multicast pair (``cluster_m`` = 2) with the
 # TMA store. The pair lost 2% to its unpaired twin twice, with the bulk store (3 stages
 # at 128x256, 4 at 128x176: v5 pair, v5 pair tile N), each slot waiting for the slower
@@ -597,11 +606,11 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     accumulator sets, ``_overlap_designs``); then v5 TMA store's (``tma_store_designs``);
     then v5 ping-pong narrow's (``pingpong_narrow_designs`` of 128 x 176); then v5 ring
     counter's (``ring_designs``); then v5 uniform warpgroup index's (``uniform_designs``);
-    then v5 ping-pong pair's (``pingpong_pair_designs``). Not the pairs of 128 x n tiles
-    (``pair_tile_n_designs``),
-    v5 halves (``halves_designs``), the TMA store a warp (``tma_store_warp_designs``), the
-    narrow ping-pong of 112 and 144 nor the pair storing by TMA (``pair_tma_designs``):
-    measured and taken out."""
+    then v5 ping-pong pair's (``pingpong_pair_designs``); then v5 tall TMA store's (256 x
+    n, ``tall_tma_store_designs``). Not the pairs of 128 x n tiles
+    (``pair_tile_n_designs``), v5 halves (``halves_designs``), the TMA store a warp
+    (``tma_store_warp_designs``), the narrow ping-pong of 112 and 144 nor the pair storing
+    by TMA (``pair_tma_designs``): measured and taken out."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     out = []
@@ -643,6 +652,7 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += ring_designs(dtype)
     out += uniform_designs(dtype)
     out += pingpong_pair_designs(dtype)
+    out += tall_tma_store_designs(dtype)
     return out
 
 
@@ -830,6 +840,22 @@ def uniform_designs(dtype: str) -> list[KernelDesign]:
     (``_stored``: 156 per dtype), with the ring counter where its ring is not a power of
     two, and ``uniform`` = 1."""
     return [_counted(d, uniform=1) for d in _stored(dtype)]
+
+
+def tall_tma_store_designs(dtype: str) -> list[KernelDesign]:
+    """v5 tall TMA store (issue 22): the persistent cooperative 256 x n TMA-store designs,
+    n of ``TALL_TMA_STORE_N``, at their two deepest rings, each raster x ctas, with the
+    ring counter where the ring is not a power of two and ``uniform`` = 1: 4 x 2 x 6 = 48
+    per dtype."""
+    out = []
+    for n in TALL_TMA_STORE_N:
+        fits = _fitting(lambda st, n=n: design(dtype, 2, 2, False, n, st, 1, pers=1, store=4))
+        for st, raster, ctas in itertools.product(fits[-TILE_N_DEPTHS:], RASTER, CTAS):
+            d = design(dtype, 2, 2, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=4)
+            d = _counted(d, uniform=1)
+            if not check(d, sys.modules[__name__]):
+                out.append(d)
+    return out
 
 
 def pingpong_pair_designs(dtype: str) -> list[KernelDesign]:

@@ -29,7 +29,17 @@ def _tma(
 
 def _after_ring(dtype: str) -> int:
     """The designs after the ring counter's in the space."""
-    return len(sm90_tma.uniform_designs(dtype)) + len(sm90_tma.pingpong_pair_designs(dtype))
+    return len(sm90_tma.uniform_designs(dtype)) + _after_uniform(dtype)
+
+
+def _after_uniform(dtype: str) -> int:
+    """The designs after the uniform warpgroup index's in the space."""
+    return len(sm90_tma.pingpong_pair_designs(dtype)) + _after_pairs(dtype)
+
+
+def _after_pairs(dtype: str) -> int:
+    """The designs after the ping-pong pairs in the space: the tall TMA store's, last."""
+    return len(sm90_tma.tall_tma_store_designs(dtype))
 
 
 def _with(d: KernelDesign, **knobs) -> KernelDesign:
@@ -46,6 +56,7 @@ def test_space_holds_the_tma_store_designs():
         stored = [d for d in space if sm90_tma.v5(d, "store") == 4]
         narrow = sm90_tma.pingpong_narrow_designs(dtype, sm90_tma.PINGPONG_NARROW_SPACE)
         later = sm90_tma.uniform_designs(dtype) + sm90_tma.pingpong_pair_designs(dtype)
+        later += sm90_tma.tall_tma_store_designs(dtype)
         assert stored == new + narrow + sm90_tma.ring_designs(dtype) + later
         coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
         # a stage more than the bulk store at 80, 128, 224 and 256 (8 against 7, 6
@@ -130,17 +141,18 @@ def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_spa
         assert all(sm90_tma.v5(t, "store") == 4 for t in twins)
 
 
-def test_the_pingpong_pairs_are_the_space_last():
+def test_the_pingpong_pairs_are_in_the_space_before_the_tall_tiles():
     """v5 ping-pong pair: each ping-pong TMA-store design of the space, and each
     cooperative one whose ring divides, in a multicast pair on the same ring, as the
     uniform warpgroup index's designs have them (the counter where the ring is not a power
-    of two, ``uniform`` = 1); last in the space. The recipe is the cooperative pair's: a
-    1-D grid of clusters [2, 1, 1], half the B box, C's box."""
+    of two, ``uniform`` = 1); in the space before the tall tiles. The recipe is the
+    cooperative pair's: a 1-D grid of clusters [2, 1, 1], half the B box, C's box."""
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.pingpong_pair_designs(dtype)
         assert len(new) == 126 and all(legality(d) == [] for d in new)
-        assert space[-len(new) :] == new and len({d.key for d in space}) == len(space)
+        tall = _after_pairs(dtype)
+        assert space[-len(new) - tall : -tall] == new and len({d.key for d in space}) == len(space)
         uniform = sm90_tma.uniform_designs(dtype)
         twins = [_with(d, cluster_m=1) for d in new]
         assert twins == [d for d in uniform if d in twins]  # each twin, in the same order
@@ -154,6 +166,28 @@ def test_the_pingpong_pairs_are_the_space_last():
             assert r["cluster"] == [2, 1, 1] and r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
 
 
+def test_the_tall_tiles_are_the_space_last():
+    """v5 tall TMA store: the cooperative 256 x n TMA-store designs (two 64-row blocks a
+    warpgroup) at 3 and 4 stages (a fifth does not fit, nor 256 x 192's accumulators), each
+    walk and cap, the counter at 3 stages, ``uniform`` = 1; last in the space."""
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        new = sm90_tma.tall_tma_store_designs(dtype)
+        assert len(new) == 48 and all(legality(d) == [] for d in new)
+        assert space[-len(new) :] == new
+        rings = {(sm90_tma.tile_mn(d), d.knobs.stages, sm90_tma.v5(d, "ring")) for d in new}
+        assert rings == {
+            ((256, n), st, int(st == 3)) for n in (128, 144, 160, 176) for st in (3, 4)
+        }
+        assert all(sm90_tma.v5(d, "uniform") == 1 and d.knobs.persistent == 1 for d in new)
+        for n in (128, 176):
+            assert legality(_tma(n, 5, mp=2, dtype=dtype)) != []  # a fifth stage
+        assert any("accumulator registers" in r for r in legality(_tma(192, 3, mp=2)))
+        for d in new[:6]:
+            r = sm90_tma.launch_recipe(d)
+            assert r["tma"]["a"] == [64, 256] and r["tma"]["c"][1] == 64
+
+
 def test_the_uniform_designs_are_the_tma_store_designs_counted_and_uniform():
     """v5 uniform warpgroup index: each TMA-store design of the space (the ring counter's
     twin where the ring is not a power of two), with ``uniform`` = 1, after the ring
@@ -162,8 +196,8 @@ def test_the_uniform_designs_are_the_tma_store_designs_counted_and_uniform():
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.uniform_designs(dtype)
         assert len(new) == 156 and all(legality(d) == [] for d in new)
-        pairs = len(sm90_tma.pingpong_pair_designs(dtype))
-        assert space[-len(new) - pairs : -pairs] == new
+        later = _after_uniform(dtype)
+        assert space[-len(new) - later : -later] == new
         keys = {d.key for d in space}
         for d in new:
             twin = sm90_tma.with_ring(d, ring=sm90_tma.v5(d, "ring"), uniform=0)
@@ -334,6 +368,9 @@ def test_what_the_tma_store_renders():
         _tma(256, 4, pers=2, cluster=2, dtype="bf16", raster=8),
         _tma(176, 5, pers=2, mp=2, cluster=2, raster=16, ring=1),
         _tma(160, 5, cluster=2, raster=8, ctas=128, ring=1),
+        # v5 tall TMA store: 256 x n, two 64-row blocks a warpgroup
+        _tma(176, 4, mp=2, raster=8, ctas=128, uniform=1),
+        _tma(144, 3, mp=2, dtype="bf16", raster=16, ring=1, uniform=1),
     ],
     ids=design_name,
 )

@@ -212,10 +212,26 @@ TMA_V5_PAIR_TMA_DESIGNS = [
     (1, 160, 5, 16, 128, 4),
     (1, 128, 6, 0, 128, 4),
 ]
+# sm90tma v5 uniform warpgroup index (issue 22): TMA-store designs with the warpgroup index
+# broadcast from lane 0 (uniform = 1; the ring counter where the ring is not a power of
+# two): (m_blocks, wgmma_n, stages, raster, ctas, persistent), on the ring counter's
+# shapes (CTAs walking many tiles, ping-pong's turns, one k tile, K = 1024).
+TMA_V5_UNIFORM_DESIGNS = [
+    (2, 128, 6, 8, 128, 2),
+    (1, 256, 4, 8, 128, 2),
+    (2, 176, 5, 16, 0, 2),
+    (1, 256, 4, 8, 128, 1),
+    (1, 160, 5, 0, 0, 1),
+]
+# sm90tma v5 tall TMA store (issue 22): the cooperative 256 x n TMA-store designs (two
+# 64-row blocks a warpgroup; the counter at 3 stages, uniform = 1): (wgmma_n, stages,
+# raster, ctas). The shapes: 2100 rows (9 tiles of 256, the last of 52 rows), residues,
+# 4096³ (CTAs walking several tiles), one k tile, K = 1024.
+TMA_V5_TALL_DESIGNS = [(128, 4, 8, 128), (144, 3, 0, 0), (160, 4, 16, 128), (176, 3, 8, 0)]
 # sm90tma v5 ping-pong pair (issue 22): the TMA-store designs in multicast pairs along M,
 # ping-pong (each warpgroup of both CTAs the same pair tiles) and cooperative, the ring
-# counter where the ring is not a power of two: (m_blocks, wgmma_n, stages, raster, ctas,
-# persistent). The shapes: a CTA past M (1x8x8, 2100: 17 M tiles), residues, CTAs
+# counter where the ring is not a power of two, uniform = 1: (m_blocks, wgmma_n, stages,
+# raster, ctas, persistent). The shapes: a CTA past M (1x8x8, 2100: 17 M tiles), residues, CTAs
 # walking many pair tiles (4096^3, each warpgroup's turns over several), one k tile, K =
 # 1024 and 1096 (a partial last k tile).
 TMA_V5_PINGPONG_PAIR_DESIGNS = [
@@ -472,12 +488,36 @@ def test_tma_v5_pair_tma_store_persistent_correct(tmp_path, dtype, knobs):
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_UNIFORM_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_uniform_persistent_correct(tmp_path, dtype, knobs):
+    mp, n, st, raster, ctas, pers = knobs
+    d = sm90_tma.design(
+        dtype, 2, mp, False, n, st, 1, pers=pers, raster=raster, ctas=ctas, store=4,
+        ring=int(st not in (4, 8)), uniform=1,
+    )  # fmt: skip
+    assert d in sm90_tma.uniform_designs(dtype)
+    _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_TALL_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_tall_persistent_correct(tmp_path, dtype, knobs):
+    n, st, raster, ctas = knobs
+    d = sm90_tma.design(
+        dtype, 2, 2, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=4,
+        ring=int(st == 3), uniform=1,
+    )  # fmt: skip
+    assert d in sm90_tma.tall_tma_store_designs(dtype) and sm90_tma.tile_mn(d) == (256, n)
+    _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_V5_PINGPONG_PAIR_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_pppair_persistent_correct(tmp_path, dtype, knobs):
     mp, n, st, raster, ctas, pers = knobs
     d = sm90_tma.design(
         dtype, 2, mp, False, n, st, 1, pers=pers, cluster=2, raster=raster, ctas=ctas,
-        store=4, ring=int(st not in (4, 8)),
+        store=4, ring=int(st not in (4, 8)), uniform=1,
     )  # fmt: skip
     assert d in sm90_tma.pingpong_pair_designs(dtype)
     assert launch_recipe(d)["cluster"] == [2, 1, 1]
@@ -610,10 +650,12 @@ def test_tma_v5_pair_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, of
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("n, pad, offset", V5_TMA_STRIDED)
 def test_tma_v5_pppair_into_a_strided_output(tmp_path, dtype, n, pad, offset):
-    """As above, the ping-pong pair (17 M tiles: a CTA past M), with the ring counter."""
+    """As above, the ping-pong pair (17 M tiles: a CTA past M), with the ring counter and
+    the uniform warpgroup index."""
     d = sm90_tma.design(
-        dtype, 2, 2, False, 128, 6, 1, pers=2, cluster=2, raster=8, ctas=128, store=4, ring=1
-    )
+        dtype, 2, 2, False, 128, 6, 1, pers=2, cluster=2, raster=8, ctas=128, store=4, ring=1,
+        uniform=1,
+    )  # fmt: skip
     _strided_output(tmp_path, d, n, pad, offset)
 
 
