@@ -21,8 +21,9 @@ def sass_uniform(root: Path) -> str:
     by: dict[str, dict[int, dict]] = {}
     for r in doc["rows"]:
         by.setdefault(r["label"], {})[r["uniform"]] = r
+    nvcc = doc["nvcc"].removeprefix("Build ")
     lines = [
-        f"nvcc `{doc['nvcc'].removeprefix('Build ')}`, fp16, the grouped walk of 8 and the 128-CTA cap (`{SASS_UNIFORM}`, "
+        f"nvcc `{nvcc}`, fp16, the grouped walk of 8 and the 128-CTA cap (`{SASS_UNIFORM}`, "
         "`bench/experiments/sass_uniform.py`): each kernel's SASS with `tid >> 7` → with "
         "the warpgroup index broadcast from lane 0 (`uniform` = 1).",
         "",
