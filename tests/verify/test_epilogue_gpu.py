@@ -26,6 +26,9 @@ EPILOGUES = ["bias", "residual", "bias_residual"]
 SHAPES = [(1, 8, 8), (17, 40, 24), (130, 264, 72), (257, 129, 2056), (2100, 2056, 200)]
 # The persistent multicast pair (issue 22), 128x256.
 _PAIR = dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, cluster=2)
+# The TMA store's persistent kernels of the tenth slice (issue 22): the grouped walk of 8,
+# the 128-CTA cap, the warpgroup index broadcast from lane 0.
+_V5_UNIFORM = dict(wgs=2, swap=False, split=1, raster=8, ctas=128, store=4, uniform=1)
 # (the design's knobs as sm90_tma.design takes them), one per kernel shape
 DESIGNS = {
     "tile": dict(wgs=1, mp=1, swap=False, n=64, stages=4, split=1),
@@ -93,50 +96,11 @@ DESIGNS = {
         wgs=2, mp=2, swap=False, n=112, stages=6, split=1, pers=2, raster=8, store=4, ring=1
     ),
     # v5 ping-pong pair: the ping-pong kernel in multicast pairs, with the ring counter
-    "tma_v5_pppair": dict(
-        wgs=2,
-        mp=2,
-        swap=False,
-        n=128,
-        stages=6,
-        split=1,
-        pers=2,
-        cluster=2,
-        raster=8,
-        ctas=128,
-        store=4,
-        ring=1,
-        uniform=1,
-    ),
+    "tma_v5_pppair": dict(_V5_UNIFORM, mp=2, n=128, stages=6, pers=2, cluster=2, ring=1),
     # v5 uniform warpgroup index: broadcast from lane 0 (ping-pong 128 x 176 at 5 stages)
-    "tma_v5_uniform": dict(
-        wgs=2,
-        mp=2,
-        swap=False,
-        n=176,
-        stages=5,
-        split=1,
-        pers=2,
-        raster=8,
-        ctas=128,
-        store=4,
-        ring=1,
-        uniform=1,
-    ),
+    "tma_v5_uniform": dict(_V5_UNIFORM, mp=2, n=176, stages=5, pers=2, ring=1),
     # v5 tall TMA store: 256 x 160, two 64-row blocks a warpgroup, 32-column subtiles
-    "tma_v5_tall": dict(
-        wgs=2,
-        mp=2,
-        swap=False,
-        n=160,
-        stages=4,
-        split=1,
-        pers=1,
-        raster=8,
-        ctas=128,
-        store=4,
-        uniform=1,
-    ),
+    "tma_v5_tall": dict(_V5_UNIFORM, mp=2, n=160, stages=4, pers=1),
     # ... each warp its 16 rows (store = 5)
     "tma_v5_tmaw": dict(
         wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=5

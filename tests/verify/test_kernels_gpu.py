@@ -341,6 +341,17 @@ def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1, pers: int =
     )  # fmt: skip
 
 
+def _uniform_design(
+    dtype: str, mp: int, n: int, st: int, raster: int, ctas: int, pers: int, cluster: int = 1
+) -> KernelDesign:
+    """A TMA-store design of the tenth slice (issue 22): the ring counter where the ring is
+    not a power of two, the warpgroup index broadcast from lane 0."""
+    return sm90_tma.design(
+        dtype, 2, mp, False, n, st, 1, pers=pers, cluster=cluster, raster=raster, ctas=ctas,
+        store=4, ring=int(st not in (4, 8)), uniform=1,
+    )  # fmt: skip
+
+
 def _check_design(tmp_path, d: KernelDesign, shapes=SHAPES) -> None:
     from cudal2.packaging.runtime import driver
     from cudal2.verify import correctness
@@ -490,11 +501,7 @@ def test_tma_v5_pair_tma_store_persistent_correct(tmp_path, dtype, knobs):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_V5_UNIFORM_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_uniform_persistent_correct(tmp_path, dtype, knobs):
-    mp, n, st, raster, ctas, pers = knobs
-    d = sm90_tma.design(
-        dtype, 2, mp, False, n, st, 1, pers=pers, raster=raster, ctas=ctas, store=4,
-        ring=int(st not in (4, 8)), uniform=1,
-    )  # fmt: skip
+    d = _uniform_design(dtype, *knobs)
     assert d in sm90_tma.uniform_designs(dtype)
     _check_design(tmp_path, d, OVERLAP_SHAPES)
 
@@ -502,23 +509,15 @@ def test_tma_v5_uniform_persistent_correct(tmp_path, dtype, knobs):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_V5_TALL_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_tall_persistent_correct(tmp_path, dtype, knobs):
-    n, st, raster, ctas = knobs
-    d = sm90_tma.design(
-        dtype, 2, 2, False, n, st, 1, pers=1, raster=raster, ctas=ctas, store=4,
-        ring=int(st == 3), uniform=1,
-    )  # fmt: skip
-    assert d in sm90_tma.tall_tma_store_designs(dtype) and sm90_tma.tile_mn(d) == (256, n)
+    d = _uniform_design(dtype, 2, *knobs, 1)
+    assert d in sm90_tma.tall_tma_store_designs(dtype) and sm90_tma.tile_mn(d) == (256, knobs[0])
     _check_design(tmp_path, d, OVERLAP_SHAPES)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("knobs", TMA_V5_PINGPONG_PAIR_DESIGNS, ids=lambda k: "x".join(map(str, k)))
 def test_tma_v5_pppair_persistent_correct(tmp_path, dtype, knobs):
-    mp, n, st, raster, ctas, pers = knobs
-    d = sm90_tma.design(
-        dtype, 2, mp, False, n, st, 1, pers=pers, cluster=2, raster=raster, ctas=ctas,
-        store=4, ring=int(st not in (4, 8)), uniform=1,
-    )  # fmt: skip
+    d = _uniform_design(dtype, *knobs, cluster=2)
     assert d in sm90_tma.pingpong_pair_designs(dtype)
     assert launch_recipe(d)["cluster"] == [2, 1, 1]
     _check_design(tmp_path, d, [*OVERLAP_SHAPES, (1024, 8192, 1096)])
@@ -652,10 +651,7 @@ def test_tma_v5_pair_tma_store_into_a_strided_output(tmp_path, dtype, n, pad, of
 def test_tma_v5_pppair_into_a_strided_output(tmp_path, dtype, n, pad, offset):
     """As above, the ping-pong pair (17 M tiles: a CTA past M), with the ring counter and
     the uniform warpgroup index."""
-    d = sm90_tma.design(
-        dtype, 2, 2, False, 128, 6, 1, pers=2, cluster=2, raster=8, ctas=128, store=4, ring=1,
-        uniform=1,
-    )  # fmt: skip
+    d = _uniform_design(dtype, 2, 128, 6, 8, 128, 2, cluster=2)
     _strided_output(tmp_path, d, n, pad, offset)
 
 
