@@ -368,6 +368,10 @@ def test_what_the_tma_store_renders():
         _tma(256, 4, pers=2, cluster=2, dtype="bf16", raster=8),
         _tma(176, 5, pers=2, mp=2, cluster=2, raster=16, ring=1),
         _tma(160, 5, cluster=2, raster=8, ctas=128, ring=1),
+        base.with_pdl(
+            _tma(128, 6, pers=2, mp=2, cluster=2, raster=8, ctas=128, ring=1, uniform=1),
+            "before_epilogue",
+        ),
         # v5 tall TMA store: 256 x n, two 64-row blocks a warpgroup
         _tma(176, 4, mp=2, raster=8, ctas=128, uniform=1),
         _tma(144, 3, mp=2, dtype="bf16", raster=16, ring=1, uniform=1),

@@ -193,7 +193,7 @@ def test_residual_in_place(tmp_path, shape):
 
 
 @pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
-@pytest.mark.parametrize("shape", ["split4", "persistent_swap"])
+@pytest.mark.parametrize("shape", ["split4", "persistent_swap", "tma_v5_pppair"])
 def test_pdl_epilogue_design_passes_the_pair_check(tmp_path, shape, trigger):
     from cudal2.verify import pdl_pair
 
