@@ -37,13 +37,14 @@
 #   TESTS='tma_v5_tma or pingpong_tma' TEST_TIMEOUT=400 SWEEP=bench/manifests/sweep-tma-v5-tma-h100.toml \
 #     BENCH=0 bash ci/gpu_prefill.sh
 #
-# sm90tma v5 uniform warpgroup index and ping-pong pair (docs/kernels.md, the tenth slice):
-# TESTS='pppair or tma_v5_uniform' selects their GPU tests (40); the pair sweep seeded with
-# the uniform sweep's records measures only the pairs (a second sweep in the same call:
-# OUT=/tmp/sub for it, then copy its database under $OUT):
+# sm90tma v5 uniform warpgroup index, ping-pong pair and tall TMA store (docs/kernels.md,
+# the tenth slice): TESTS='pppair or tma_v5_uniform or tma_v5_tall' selects their GPU tests
+# (68), best in a call of their own (a small SWEEP beside them); the pair and tall sweeps
+# seeded with the uniform sweep's records measure only their new designs:
 #
-#   TESTS='pppair or tma_v5_uniform' TEST_TIMEOUT=300 \
-#     SWEEP=bench/manifests/sweep-tma-v5-uniform-h100.toml BENCH=0 bash ci/gpu_prefill.sh
+#   TESTS='pppair or tma_v5_uniform or tma_v5_tall' TEST_TIMEOUT=420 \
+#     SWEEP=bench/manifests/sweep-tma-v5-tall-h100.toml BENCH=0 bash ci/gpu_prefill.sh
+#   SWEEP=bench/manifests/sweep-tma-v5-uniform-h100.toml BENCH=0 bash ci/gpu_prefill.sh
 #   SEED_DB=<that database> SWEEP=bench/manifests/sweep-tma-v5-pppair-h100.toml BENCH=0 \
 #     bash ci/gpu_prefill.sh
 #

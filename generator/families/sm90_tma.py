@@ -224,9 +224,9 @@ RING = (0, 1)
 # the same across a warp, so a ping-pong consumer's ring position, slot and matrix
 # descriptors are vector registers, and every wgmma is preceded by 64-bit descriptor
 # arithmetic in vector registers and R2UR moves (110 R2UR in the ping-pong 128 x 128 at 6
-# stages, about 15 instructions between two wgmmas); broadcast, they live in uniform
-# registers (6 R2UR, 2 to 4 uniform instructions between wgmmas, 1,328 instructions in
-# the kernel down to 1,112, the same 168 registers). The TMA store's persistent kernels
+# stages, a median of 6 instructions between two wgmmas); broadcast, they live in uniform
+# registers (6 R2UR, a median of 2, 1,328 instructions in the kernel down to 1,112, the
+# same 168 registers: bench/results/sass-uniform.json). The TMA store's persistent kernels
 # take it (``uniform_designs``).
 UNIFORM = (0, 1)
 # v5 ping-pong pair (issue 22): the ping-pong kernel in multicast pairs along M
@@ -863,8 +863,9 @@ def pingpong_pair_designs(dtype: str) -> list[KernelDesign]:
     multicast pairs along M (``cluster_m`` = 2, on their unpaired rings), as
     ``uniform_designs`` has them (the ring counter where the ring is not a power of two,
     ``uniform`` = 1): every ping-pong design (7 tiles x 2 rings x 6 = 84 per dtype), and
-    the cooperative ones whose ring divides (``pair_tma_designs`` measured the rest
-    behind their twins): 126 per dtype."""
+    the cooperative ones whose ring is not a power of two, now with the counter
+    (``pair_tma_designs`` measured the rest, dividing by shifts, behind their unpaired
+    twins): 126 per dtype."""
     out = []
     for d in _stored(dtype):
         if pingpong(d) or not _pow2(d.knobs.stages):

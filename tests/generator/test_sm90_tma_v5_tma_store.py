@@ -143,7 +143,7 @@ def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_spa
 
 def test_the_pingpong_pairs_are_in_the_space_before_the_tall_tiles():
     """v5 ping-pong pair: each ping-pong TMA-store design of the space, and each
-    cooperative one whose ring divides, in a multicast pair on the same ring, as the
+    cooperative one whose ring is not a power of two, in a multicast pair on the same ring, as the
     uniform warpgroup index's designs have them (the counter where the ring is not a power
     of two, ``uniform`` = 1); in the space before the tall tiles. The recipe is the
     cooperative pair's: a 1-D grid of clusters [2, 1, 1], half the B box, C's box."""
