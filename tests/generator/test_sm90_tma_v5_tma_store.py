@@ -120,10 +120,10 @@ def test_the_pair_tma_store_designs_are_legal_and_not_in_the_space():
             assert r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
 
 
-def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_space():
+def test_the_ring_counter_designs_are_the_non_power_of_two_rings_in_the_space():
     """v5 ring counter: each TMA-store design of the space whose ring is not a power of
     two, again with ``ring`` = 1 (its slot and phase as counters), in the space before
-    the uniform warpgroup index's and the ping-pong pairs."""
+    the uniform warpgroup index's, the ping-pong pairs and the tall tiles."""
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.ring_designs(dtype)
@@ -143,10 +143,11 @@ def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_spa
 
 def test_the_pingpong_pairs_are_in_the_space_before_the_tall_tiles():
     """v5 ping-pong pair: each ping-pong TMA-store design of the space, and each
-    cooperative one whose ring is not a power of two, in a multicast pair on the same ring, as the
-    uniform warpgroup index's designs have them (the counter where the ring is not a power
-    of two, ``uniform`` = 1); in the space before the tall tiles. The recipe is the
-    cooperative pair's: a 1-D grid of clusters [2, 1, 1], half the B box, C's box."""
+    cooperative one whose ring is not a power of two, in a multicast pair on the same
+    ring, as the uniform warpgroup index's designs have them (the counter where the ring
+    is not a power of two, ``uniform`` = 1); in the space before the tall tiles. The
+    recipe is the cooperative pair's: a 1-D grid of clusters [2, 1, 1], half the B box,
+    C's box."""
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.pingpong_pair_designs(dtype)
