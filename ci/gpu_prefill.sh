@@ -39,14 +39,16 @@
 #
 # sm90tma v5 uniform warpgroup index, ping-pong pair and tall TMA store (docs/kernels.md,
 # the tenth slice): TESTS='pppair or tma_v5_uniform or tma_v5_tall' selects their GPU tests
-# (68), best in a call of their own (a small SWEEP beside them); the pair and tall sweeps
-# seeded with the uniform sweep's records measure only their new designs:
+# (68), best in a call of their own beside the small tall sweep; the uniform sweep seeded
+# with its records, and the pair sweep seeded with the uniform sweep's, measure only their
+# new designs (the sweeps search trial designs: [search] trial = true):
 #
 #   TESTS='pppair or tma_v5_uniform or tma_v5_tall' TEST_TIMEOUT=420 \
 #     SWEEP=bench/manifests/sweep-tma-v5-tall-h100.toml BENCH=0 bash ci/gpu_prefill.sh
-#   SWEEP=bench/manifests/sweep-tma-v5-uniform-h100.toml BENCH=0 bash ci/gpu_prefill.sh
-#   SEED_DB=<that database> SWEEP=bench/manifests/sweep-tma-v5-pppair-h100.toml BENCH=0 \
-#     bash ci/gpu_prefill.sh
+#   SEED_DB=<the tall database> SWEEP=bench/manifests/sweep-tma-v5-uniform-h100.toml \
+#     BENCH=0 bash ci/gpu_prefill.sh
+#   SEED_DB=<the uniform database> SWEEP=bench/manifests/sweep-tma-v5-pppair-h100.toml \
+#     BENCH=0 bash ci/gpu_prefill.sh
 #
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the

@@ -79,6 +79,7 @@ _SEARCH_KEYS = (
     "policy_updates",
     "pdl",
     "room",
+    "trial",
     "knobs",
 )
 _TIMING_KEYS = ("mode",)
@@ -133,7 +134,8 @@ class SearchSettings:
     families searched, whether cuBLASLt is autotuned per target as one more
     candidate, whether the policy's weights are updated between rounds, whether
     each proposed tile is followed by its PDL variants (within ``candidates``), and
-    whether designs that leave room for the next kernel are searched (with PDL only).
+    whether designs that leave room for the next kernel are searched (with PDL only),
+    and whether the families' trial designs are (written, not yet measured on a GPU).
 
     ``profile_metrics``: which Nsight Compute quantities are collected, ``search`` (what
     the proposers read, ``verify.profile.SEARCH_QUANTITIES``: fewer replay passes) or
@@ -157,6 +159,9 @@ class SearchSettings:
     policy_updates: bool = True  # online GRPO between rounds (proposer "policy" only)
     pdl: bool = False  # each proposed tile followed by its PDL variants (policy/pdl.py)
     room: bool = False  # room designs in the space, measured with PDL (policy/room.py)
+    # the families' trial designs in the space too (written, not yet measured on a GPU:
+    # generator.families.base.family_trial); a sweep's way to measure them
+    trial: bool = False
     # Only designs whose knobs take these values ((name, values) pairs; a family's
     # optional knob left out of a design counts as its default; a family without the
     # knob is not searched). None: no restriction. A sweep's way to measure chosen knobs.
@@ -694,6 +699,7 @@ def load_manifest(path: str | Path) -> Manifest:
         pdl=r.boolean(s.get("pdl", d.pdl), "search.pdl"),
         knobs=_knobs(r, s["knobs"]) if "knobs" in s else None,
         room=r.boolean(s.get("room", d.room), "search.room"),
+        trial=r.boolean(s.get("trial", d.trial), "search.trial"),
     )
     if search.room and not search.pdl:
         # a plain launch waits for the whole previous grid: room is only worth measuring
@@ -702,6 +708,14 @@ def load_manifest(path: str | Path) -> Manifest:
             "search.room",
             True,
             "room designs are measured only with PDL launches: set search.pdl = true too",
+        )
+    if search.trial and search.room:
+        # the room space is built over the legal space (policy/room.py), the trial space
+        # beside it: a build searches one of them
+        raise r.fail(
+            "search.trial",
+            True,
+            "trial designs are searched without room designs: set search.room = false",
         )
 
     timing = r.table(doc.get("timing", {}), "timing", _TIMING_KEYS)

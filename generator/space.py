@@ -17,15 +17,20 @@ def design_space(
     families: Sequence[str] | None = None,
     pdl: bool = False,
     room: bool = False,
+    trial: bool = False,
 ) -> list[KernelDesign]:
     """Every legal design of every family (or of ``families``) for (arch, dtype,
-    layout), in a fixed order; with ``room``, each followed by its legal room designs
-    (``room_variants``); with ``pdl``, each of those followed by its PDL variants (one
-    per trigger point, ``pdl_variants``). Without either, the space is what it was
+    layout), in a fixed order; with ``trial``, each family's space followed by its trial
+    designs (``base.family_trial``: written, not yet measured on a GPU; a build searches
+    them only with ``[search] trial``); with ``room``, each followed by its legal room
+    designs (``room_variants``); with ``pdl``, each of those followed by its PDL variants
+    (one per trigger point, ``pdl_variants``). Without them, the space is what it was
     before PDL existed: the policy's grammar and the proposers see plain designs only."""
     out: list[KernelDesign] = []
     for name in sorted(families if families is not None else FAMILIES):
-        for d in FAMILIES[name].space(arch, dtype, layout):
+        fam = FAMILIES[name]
+        trials = base.family_trial(fam, arch, dtype, layout) if trial else []
+        for d in [*fam.space(arch, dtype, layout), *trials]:
             for t in (d, *(room_variants(d) if room else ())):
                 out.append(t)
                 if pdl:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cudal2.policy.base import KnobValues, Proposer, Space, knob_space
+from cudal2.policy.base import KnobValues, Proposer, Space, knob_space, trial_space
 from cudal2.policy.fused import FusedSeedProposer
 from cudal2.policy.grid import GridProposer
 from cudal2.policy.pdl import PdlProposer
@@ -25,6 +25,7 @@ def make_proposer(
     pdl: bool = False,
     room: bool = False,
     knobs: KnobValues | None = None,
+    trial: bool = False,
 ) -> Proposer:
     """``families``: search only these kernel families (None: all); ``space``: per
     target, the designs to search (None, or a target it gives None for: the legal
@@ -33,10 +34,15 @@ def make_proposer(
     ``pdl``, each proposed tile is followed by its PDL variants (``policy.pdl``). A
     target with a fused epilogue opens with its plain GEMM's fastest tiles, fused
     (``policy.fused``). With ``room`` (only with ``pdl``), the space holds each tile's
-    room variants too, each measured with PDL only (``policy.room``). ``knobs``: only
-    designs whose knobs take these values (manifest ``[search] knobs``)."""
+    room variants too, each measured with PDL only (``policy.room``). With ``trial`` (not
+    with ``room``), the families' trial designs too (``policy.base.trial_space``).
+    ``knobs``: only designs whose knobs take these values (manifest ``[search] knobs``)."""
     if room and not pdl:
         raise ValueError("room designs are measured only with PDL: room needs pdl")
+    if room and trial:
+        raise ValueError("trial designs are searched without room: not both")
+    if trial:
+        space = trial_space(families, space)
     if room:
         space = room_space(families, space)
     if knobs:  # manifest [search] knobs: only designs with these knob values

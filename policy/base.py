@@ -105,6 +105,29 @@ def knob_value(d: KernelDesign, name: str) -> int | None:
     return None
 
 
+@lru_cache(maxsize=32)
+def _trial_space(
+    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None
+) -> tuple[KernelDesign, ...]:
+    return tuple(design_space(arch, dtype, layout, families, trial=True))
+
+
+def trial_space(families: Sequence[str] | None, inner: Space | None) -> Space:
+    """Per target, what ``inner`` gives (a replay's recorded designs: nothing else can be
+    answered); where it gives nothing, the legal space with each family's trial designs
+    after its own (``design_space(trial=True)``: manifest ``[search] trial``). A fused
+    epilogue target keeps its own space (no trial design is offered with an epilogue)."""
+    fams = tuple(families) if families is not None else None
+
+    def space(target: Target) -> Sequence[KernelDesign] | None:
+        given = inner(target) if inner is not None else None
+        if given is not None or target.epilogue != "none":
+            return given
+        return _trial_space(target.arch, target.dtype, target.layout, fams)
+
+    return space
+
+
 def knob_space(knobs: KnobValues, families: Sequence[str] | None, inner: Space | None) -> Space:
     """Per target, the designs ``inner`` gives (else the target's search space) whose
     knobs take the given values (manifest ``[search] knobs``): a sweep of chosen knobs."""

@@ -419,6 +419,7 @@ class Build:
             pdl=m.search.pdl,
             room=m.search.room,
             knobs=m.search.knobs,
+            trial=m.search.trial,
         )
         self.proposer_name = proposer.name
         describe = getattr(proposer, "describe", None)

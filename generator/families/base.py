@@ -236,6 +236,15 @@ class Features:
     store_overlap: bool = False
 
 
+def family_trial(family: ModuleType, arch: str, dtype: str, layout: str) -> list[KernelDesign]:
+    """A family's trial designs for (arch, dtype, layout): legal designs written but not
+    yet measured on a GPU, kept out of its ``space`` so that no build proposes them
+    unasked (``trial_space``, optional; none where the family declares it not). A build
+    searches them only with ``[search] trial = true`` (a sweep that measures them)."""
+    trial = getattr(family, "trial_space", None)
+    return list(trial(arch, dtype, layout)) if trial is not None else []
+
+
 def family_optional(family: ModuleType) -> tuple[Knob, ...]:
     """A family's own optional knobs (``OPTIONAL_KNOBS`` in its module: each with a
     default, left out of a design at it, so adding one changes no existing design's key,

@@ -605,9 +605,8 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     kernel with the bulk store, ``_pingpong_v5_designs``); then v5 overlap's (two
     accumulator sets, ``_overlap_designs``); then v5 TMA store's (``tma_store_designs``);
     then v5 ping-pong narrow's (``pingpong_narrow_designs`` of 128 x 176); then v5 ring
-    counter's (``ring_designs``); then v5 uniform warpgroup index's (``uniform_designs``);
-    then v5 ping-pong pair's (``pingpong_pair_designs``); then v5 tall TMA store's (256 x
-    n, ``tall_tma_store_designs``). Not the pairs of 128 x n tiles
+    counter's (``ring_designs``). The trial designs are apart (``trial_space``). Not the
+    pairs of 128 x n tiles
     (``pair_tile_n_designs``), v5 halves (``halves_designs``), the TMA store a warp
     (``tma_store_warp_designs``), the narrow ping-pong of 112 and 144 nor the pair storing
     by TMA (``pair_tma_designs``): measured and taken out."""
@@ -650,10 +649,19 @@ def space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     out += tma_store_designs(dtype)
     out += pingpong_narrow_designs(dtype, PINGPONG_NARROW_SPACE)
     out += ring_designs(dtype)
-    out += uniform_designs(dtype)
-    out += pingpong_pair_designs(dtype)
-    out += tall_tma_store_designs(dtype)
     return out
+
+
+def trial_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
+    """The trial designs (``base.family_trial``: written, legal, not yet measured on a
+    GPU; a build searches them only with ``[search] trial = true``), in a fixed order: v5
+    uniform warpgroup index's (``uniform_designs``), then v5 ping-pong pair's
+    (``pingpong_pair_designs``), then v5 tall TMA store's (256 x n,
+    ``tall_tma_store_designs``). A sweep that measures them decides which move into
+    ``space``."""
+    if arch not in ARCHS or layout not in LAYOUTS:
+        return []
+    return uniform_designs(dtype) + pingpong_pair_designs(dtype) + tall_tma_store_designs(dtype)
 
 
 def _fitting(make: Callable[[int], KernelDesign], most: int = 16) -> list[int]:

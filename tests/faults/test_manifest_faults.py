@@ -251,6 +251,10 @@ CASES: list[Case] = [
          "measured only with PDL launches: set search.pdl = true too"),
     Case("room-with-pdl-off", OK + "[search]\npdl = false\nroom = true\n", "search.room",
          True, "set search.pdl = true too"),
+    Case("trial-string", OK + '[search]\ntrial = "yes"\n', "search.trial", "yes",
+         "true or false"),
+    Case("trial-with-room", OK + "[search]\npdl = true\nroom = true\ntrial = true\n",
+         "search.trial", True, "searched without room designs: set search.room = false"),
     Case("search-unknown-key", OK + "[search]\ncandidate = 8\n", "search.candidate", 8,
          "unknown key"),
     # [timing]

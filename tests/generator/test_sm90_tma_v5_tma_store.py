@@ -27,19 +27,8 @@ def _tma(
     )
 
 
-def _after_ring(dtype: str) -> int:
-    """The designs after the ring counter's in the space."""
-    return len(sm90_tma.uniform_designs(dtype)) + _after_uniform(dtype)
-
-
-def _after_uniform(dtype: str) -> int:
-    """The designs after the uniform warpgroup index's in the space."""
-    return len(sm90_tma.pingpong_pair_designs(dtype)) + _after_pairs(dtype)
-
-
-def _after_pairs(dtype: str) -> int:
-    """The designs after the ping-pong pairs in the space: the tall TMA store's, last."""
-    return len(sm90_tma.tall_tma_store_designs(dtype))
+def _trial(dtype: str) -> list[KernelDesign]:
+    return sm90_tma.trial_space("sm_90a", dtype, "tn")
 
 
 def _with(d: KernelDesign, **knobs) -> KernelDesign:
@@ -55,9 +44,7 @@ def test_space_holds_the_tma_store_designs():
         assert len(new) == 144 and all(legality(d) == [] for d in new)
         stored = [d for d in space if sm90_tma.v5(d, "store") == 4]
         narrow = sm90_tma.pingpong_narrow_designs(dtype, sm90_tma.PINGPONG_NARROW_SPACE)
-        later = sm90_tma.uniform_designs(dtype) + sm90_tma.pingpong_pair_designs(dtype)
-        later += sm90_tma.tall_tma_store_designs(dtype)
-        assert stored == new + narrow + sm90_tma.ring_designs(dtype) + later
+        assert stored == new + narrow + sm90_tma.ring_designs(dtype)
         coop = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in new if d.knobs.persistent == 1}
         # a stage more than the bulk store at 80, 128, 224 and 256 (8 against 7, 6
         # against 5, 4 against 3, 4 against 3); 160 and 192 keep theirs (5, 4)
@@ -97,8 +84,8 @@ def test_the_narrow_pingpong_designs_and_the_space_holds_176():
         for (_, n), st in rings:
             assert legality(_tma(n, st + 2, pers=2, mp=2, dtype=dtype)) != []
         in_space = [d for d in new if d.knobs.wgmma_n == 176]
-        later = len(sm90_tma.ring_designs(dtype)) + _after_ring(dtype)
-        assert len(in_space) == 12 and space[-12 - later : -later] == in_space
+        ring = len(sm90_tma.ring_designs(dtype))
+        assert len(in_space) == 12 and space[-12 - ring : -ring] == in_space
         keys = {d.key for d in space}
         assert not [d for d in new if d.knobs.wgmma_n != 176 and d.key in keys]
 
@@ -120,16 +107,14 @@ def test_the_pair_tma_store_designs_are_legal_and_not_in_the_space():
             assert r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
 
 
-def test_the_ring_counter_designs_are_the_non_power_of_two_rings_in_the_space():
+def test_the_ring_counter_designs_are_the_non_power_of_two_rings_last_in_the_space():
     """v5 ring counter: each TMA-store design of the space whose ring is not a power of
-    two, again with ``ring`` = 1 (its slot and phase as counters), in the space before
-    the uniform warpgroup index's, the ping-pong pairs and the tall tiles."""
+    two, again with ``ring`` = 1 (its slot and phase as counters), last in the space."""
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.ring_designs(dtype)
         assert len(new) == 96 and all(legality(d) == [] for d in new)
-        later = _after_ring(dtype)
-        assert space[-len(new) - later : -later] == new
+        assert space[-len(new) :] == new
         twins = [
             KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**{
                 k: v for k, v in d.knobs.as_json().items() if k != "ring"
@@ -141,19 +126,20 @@ def test_the_ring_counter_designs_are_the_non_power_of_two_rings_in_the_space():
         assert all(sm90_tma.v5(t, "store") == 4 for t in twins)
 
 
-def test_the_pingpong_pairs_are_in_the_space_before_the_tall_tiles():
+def test_the_pingpong_pairs_are_trial_designs_before_the_tall_tiles():
     """v5 ping-pong pair: each ping-pong TMA-store design of the space, and each
     cooperative one whose ring is not a power of two, in a multicast pair on the same
     ring, as the uniform warpgroup index's designs have them (the counter where the ring
-    is not a power of two, ``uniform`` = 1); in the space before the tall tiles. The
-    recipe is the cooperative pair's: a 1-D grid of clusters [2, 1, 1], half the B box,
-    C's box."""
+    is not a power of two, ``uniform`` = 1); trial designs (not in the space) before the
+    tall tiles. The recipe is the cooperative pair's: a 1-D grid of clusters [2, 1, 1],
+    half the B box, C's box."""
     for dtype in ("fp16", "bf16"):
-        space = sm90_tma.space("sm_90a", dtype, "tn")
+        trial = _trial(dtype)
         new = sm90_tma.pingpong_pair_designs(dtype)
         assert len(new) == 126 and all(legality(d) == [] for d in new)
-        tall = _after_pairs(dtype)
-        assert space[-len(new) - tall : -tall] == new and len({d.key for d in space}) == len(space)
+        tall = len(sm90_tma.tall_tma_store_designs(dtype))
+        assert trial[-len(new) - tall : -tall] == new and len({d.key for d in trial}) == len(trial)
+        assert not {d.key for d in trial} & {d.key for d in sm90_tma.space("sm_90a", dtype, "tn")}
         uniform = sm90_tma.uniform_designs(dtype)
         twins = [_with(d, cluster_m=1) for d in new]
         assert twins == [d for d in uniform if d in twins]  # each twin, in the same order
@@ -167,15 +153,14 @@ def test_the_pingpong_pairs_are_in_the_space_before_the_tall_tiles():
             assert r["cluster"] == [2, 1, 1] and r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
 
 
-def test_the_tall_tiles_are_the_space_last():
+def test_the_tall_tiles_are_the_trial_designs_last():
     """v5 tall TMA store: the cooperative 256 x n TMA-store designs (two 64-row blocks a
     warpgroup) at 3 and 4 stages (a fifth does not fit, nor 256 x 192's accumulators), each
-    walk and cap, the counter at 3 stages, ``uniform`` = 1; last in the space."""
+    walk and cap, the counter at 3 stages, ``uniform`` = 1; the trial designs' last."""
     for dtype in ("fp16", "bf16"):
-        space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.tall_tma_store_designs(dtype)
         assert len(new) == 48 and all(legality(d) == [] for d in new)
-        assert space[-len(new) :] == new
+        assert _trial(dtype)[-len(new) :] == new
         rings = {(sm90_tma.tile_mn(d), d.knobs.stages, sm90_tma.v5(d, "ring")) for d in new}
         assert rings == {
             ((256, n), st, int(st == 3)) for n in (128, 144, 160, 176) for st in (3, 4)
@@ -191,14 +176,14 @@ def test_the_tall_tiles_are_the_space_last():
 
 def test_the_uniform_designs_are_the_tma_store_designs_counted_and_uniform():
     """v5 uniform warpgroup index: each TMA-store design of the space (the ring counter's
-    twin where the ring is not a power of two), with ``uniform`` = 1, after the ring
-    counter's in the space; only the warpgroup index's line renders differently."""
+    twin where the ring is not a power of two), with ``uniform`` = 1, the trial designs'
+    first (the twins are the space's); only the warpgroup index's line renders
+    differently."""
     for dtype in ("fp16", "bf16"):
         space = sm90_tma.space("sm_90a", dtype, "tn")
         new = sm90_tma.uniform_designs(dtype)
         assert len(new) == 156 and all(legality(d) == [] for d in new)
-        later = _after_uniform(dtype)
-        assert space[-len(new) - later : -later] == new
+        assert _trial(dtype)[: len(new)] == new
         keys = {d.key for d in space}
         for d in new:
             twin = sm90_tma.with_ring(d, ring=sm90_tma.v5(d, "ring"), uniform=0)

@@ -11,7 +11,7 @@ import pytest
 from cudal2.generator.families import sm90_tma
 from cudal2.manifest import load_manifest
 from cudal2.policy import make_proposer
-from cudal2.policy.base import knob_space, knob_value
+from cudal2.policy.base import knob_space, knob_value, trial_space
 from cudal2.records import Target
 
 SWEEP = Path(__file__).parents[2] / "bench" / "manifests" / "sweep-tma-v5-h100.toml"
@@ -173,3 +173,40 @@ def test_the_pingpong_sweep_measures_the_pingpong_designs_and_their_controls():
         tiles = {(sm90_tma.tile_mn(d), d.knobs.stages) for d in controls}
         assert ((128, 256), 3) in tiles  # v5's best on 14 of the 17 fp16 targets
         assert {((128, 160), 4), ((128, 192), 4), ((128, 224), 3)} <= tiles  # tile N's bests
+
+
+def test_trial_designs_are_searched_only_when_asked():
+    """Manifest ``[search] trial``: the families' trial designs (written, not yet measured
+    on a GPU: sm90tma's uniform warpgroup index, ping-pong pair and tall TMA store) join
+    the space only then; a replay's recorded designs and a fused target's space stay as
+    they are."""
+    trial = sm90_tma.trial_space("sm_90a", "fp16", "tn")
+    keys = {d.key for d in trial}
+    plain = make_proposer("grid", 0, ["sm90tma"], knobs=(("uniform", (1,)),))
+    assert plain.propose(T, [], 1000) == []  # no trial design in the space
+    asked = make_proposer("grid", 0, ["sm90tma"], knobs=(("uniform", (1,)),), trial=True)
+    proposed = asked.propose(T, [], 1000)
+    assert proposed and {d.key for d in proposed} == keys  # every one of them
+    space = trial_space(["sm90tma"], None)
+    assert [d for d in space(T) if d.key in keys] == trial  # after the family's own
+    given = [sm90_tma.design("fp16", 2, 1, False, 256, 4, 1, pers=1)]
+    assert trial_space(None, lambda t: given)(T) == given
+    fused = Target("sm_90a", "fp16", "tn", 64, 4096, 4096, epilogue="bias")
+    assert trial_space(None, None)(fused) is None
+    with pytest.raises(ValueError, match="not both"):
+        make_proposer("grid", 0, pdl=True, room=True, trial=True)
+
+
+SWEEPS = Path(__file__).parents[2] / "bench" / "manifests"
+
+
+@pytest.mark.parametrize("kind", ["uniform", "pppair", "tall"])
+def test_the_tenth_slice_sweeps_ask_for_the_trial_designs(kind):
+    for stem in (f"sweep-tma-v5-{kind}-h100", f"sweep-tma-v5-{kind}-bf16-h100"):
+        m = load_manifest(SWEEPS / f"{stem}.toml")
+        assert m.search.trial and len(m.targets) == 17
+        p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs, trial=True)
+        proposed = p.propose(m.targets[0], [], 1000)
+        assert len(proposed) <= m.search.candidates
+        trial = {d.key for d in sm90_tma.trial_space("sm_90a", m.targets[0].dtype, "tn")}
+        assert any(d.key in trial for d in proposed)

@@ -53,7 +53,7 @@ def _spaces():
     for fam in sorted(FAMILIES):
         for dtype in DTYPES:
             for layout in LAYOUTS:
-                space = design_space("sm_90a", dtype, layout, [fam], room=True)
+                space = design_space("sm_90a", dtype, layout, [fam], room=True, trial=True)
                 if space:
                     yield fam, dtype, layout, space
 
