@@ -38,13 +38,15 @@ def test_every_legal_design_has_tokens_and_a_path_in_the_grammar(dtype, layout):
         assert seq[: len(own)] == own and all(t == EOD for t in seq[len(own) :])
         assert len(own) == g.fields or EOD in g.allowed(own)
         assert all(g.allowed(seq[:i]) == [EOD] for i in range(len(own) + 1, g.fields))
-    # padded to the longest design: sm90tma v5's (tn) spell 3 more fields
-    assert g.fields == (N_FIELDS if layout == "tn" else BASE_FIELDS)
+    # padded to the longest design: sm90tma v5's (tn) spell 4 more fields; its trial
+    # designs (design_space(trial=True)) one more, the uniform warpgroup index
+    assert g.fields == (N_FIELDS - 1 if layout == "tn" else BASE_FIELDS)
 
 
 def test_longest_prompt_fits_the_model(tiny_model_config):
-    # the longest design (sm90tma v5, every optional knob set)
-    d = max(design_space("sm_90a", "fp16", "tn"), key=lambda d: len(design_tokens(d, pad=False)))
+    # the longest design (sm90tma v5, every optional knob set: a trial design)
+    space = design_space("sm_90a", "fp16", "tn", trial=True)
+    d = max(space, key=lambda d: len(design_tokens(d, pad=False)))
     assert len(design_tokens(d, pad=False)) == N_FIELDS
     full = HistoryEntry(d, 0.1, "ok", 0.5, 0.5)
     cfg = pm.ModelConfig()

@@ -203,7 +203,7 @@ def test_the_sweep_corpus_keeps_the_v5_knobs_and_trains_on_a_space_with_them(sma
     assert ctx.family_optional
     for t, rows in corpus.by_target().items():
         g = ctx.space(t)
-        assert g.fields == N_FIELDS
+        assert g.fields == N_FIELDS - 1  # the legal space: no trial design (uniform=1)
         assert g.view([r.design for r in rows if r.design.family == "sm90tma"]).designs
         break
     # a corpus without v5 rows (the default manifest's records): no v5 design in the
@@ -217,7 +217,7 @@ def test_the_sweep_corpus_keeps_the_v5_knobs_and_trains_on_a_space_with_them(sma
 
 def test_the_committed_checkpoint_samples_and_scores_a_space_with_v5_designs():
     """Where v5 designs are legal (sm90tma's persistent designs, fp16 tn), sampling
-    decodes all 12 fields and draws only designs of the space (v5 ones among them: an
+    decodes all 13 fields and draws only designs of the space (v5 ones among them: an
     untrained v5 token competes at logit 0 with <eod>), and the masked probabilities over
     the space sum to 1."""
     import torch
@@ -227,7 +227,8 @@ def test_the_committed_checkpoint_samples_and_scores_a_space_with_v5_designs():
         d for d in design_space("sm_90a", "fp16", "tn", ["sm90tma"]) if d.knobs.persistent == 1
     ]
     g = Grammar(space)
-    assert g.fields == N_FIELDS and any(sets_family_optional(d) for d in space)
+    # the legal space's longest: every optional knob but a trial design's (uniform=1)
+    assert g.fields == N_FIELDS - 1 and any(sets_family_optional(d) for d in space)
     prompt = [tokens.BOS, *tokens.GpuFeatures().tokens(), tokens.DESIGN]
     picks = pm.sample(model, prompt, g, 64, generator=torch.Generator().manual_seed(0))
     drawn = [g.designs[i] for i in picks]
