@@ -38,11 +38,12 @@ def measured_designs(target: Target, history: Sequence[Measurement]) -> set[str]
 
 @lru_cache(maxsize=32)
 def _legal_space(
-    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None
+    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None, trial: bool = False
 ) -> tuple[KernelDesign, ...]:
     # Enumerating the space costs more than ranking or sampling it, and a build proposes
-    # for many targets of few (arch, dtype, layout).
-    return tuple(design_space(arch, dtype, layout, families))
+    # for many targets of few (arch, dtype, layout). ``trial``: with the families' trial
+    # designs (``trial_space``).
+    return tuple(design_space(arch, dtype, layout, families, trial=trial))
 
 
 @lru_cache(maxsize=32)
@@ -105,13 +106,6 @@ def knob_value(d: KernelDesign, name: str) -> int | None:
     return None
 
 
-@lru_cache(maxsize=32)
-def _trial_space(
-    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None
-) -> tuple[KernelDesign, ...]:
-    return tuple(design_space(arch, dtype, layout, families, trial=True))
-
-
 def trial_space(families: Sequence[str] | None, inner: Space | None) -> Space:
     """Per target, what ``inner`` gives (a replay's recorded designs: nothing else can be
     answered); where it gives nothing, the legal space with each family's trial designs
@@ -123,7 +117,7 @@ def trial_space(families: Sequence[str] | None, inner: Space | None) -> Space:
         given = inner(target) if inner is not None else None
         if given is not None or target.epilogue != "none":
             return given
-        return _trial_space(target.arch, target.dtype, target.layout, fams)
+        return _legal_space(target.arch, target.dtype, target.layout, fams, trial=True)
 
     return space
 
