@@ -657,11 +657,16 @@ def trial_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     GPU; a build searches them only with ``[search] trial = true``), in a fixed order: v5
     uniform warpgroup index's (``uniform_designs``), then v5 ping-pong pair's
     (``pingpong_pair_designs``), then v5 tall TMA store's (256 x n,
-    ``tall_tma_store_designs``). A sweep that measures them decides which move into
-    ``space``."""
+    ``tall_tma_store_designs``), then those in pairs (``tall_pair_designs``). A sweep
+    that measures them decides which move into ``space``."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
-    return uniform_designs(dtype) + pingpong_pair_designs(dtype) + tall_tma_store_designs(dtype)
+    return (
+        uniform_designs(dtype)
+        + pingpong_pair_designs(dtype)
+        + tall_tma_store_designs(dtype)
+        + tall_pair_designs(dtype)
+    )
 
 
 def _fitting(make: Callable[[int], KernelDesign], most: int = 16) -> list[int]:
@@ -863,6 +868,21 @@ def tall_tma_store_designs(dtype: str) -> list[KernelDesign]:
             d = _counted(d, uniform=1)
             if not check(d, sys.modules[__name__]):
                 out.append(d)
+    return out
+
+
+def tall_pair_designs(dtype: str) -> list[KernelDesign]:
+    """v5 tall pair (issue 22): each tall TMA-store design (``tall_tma_store_designs``) in
+    a multicast pair along M (``cluster_m`` = 2, on the same ring), each CTA loading its
+    256 rows of A and n / 2 rows of B and multicasting those to both: torch's kernel at
+    8192³ and 4096×28672 in this orientation (a 1x2 cluster of 128 x 320 tiles, the two
+    consumer warpgroups splitting N) moves the same operand bytes a k tile per output.
+    4 x 2 x 6 = 48 per dtype."""
+    out = []
+    for d in tall_tma_store_designs(dtype):
+        p = _counted(d, cluster_m=2)
+        if not check(p, sys.modules[__name__]):
+            out.append(p)
     return out
 
 

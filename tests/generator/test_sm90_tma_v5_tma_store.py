@@ -137,7 +137,7 @@ def test_the_pingpong_pairs_are_trial_designs_before_the_tall_tiles():
         trial = _trial(dtype)
         new = sm90_tma.pingpong_pair_designs(dtype)
         assert len(new) == 126 and all(legality(d) == [] for d in new)
-        tall = len(sm90_tma.tall_tma_store_designs(dtype))
+        tall = len(sm90_tma.tall_tma_store_designs(dtype)) + len(sm90_tma.tall_pair_designs(dtype))
         assert trial[-len(new) - tall : -tall] == new and len({d.key for d in trial}) == len(trial)
         assert not {d.key for d in trial} & {d.key for d in sm90_tma.space("sm_90a", dtype, "tn")}
         uniform = sm90_tma.uniform_designs(dtype)
@@ -153,14 +153,16 @@ def test_the_pingpong_pairs_are_trial_designs_before_the_tall_tiles():
             assert r["cluster"] == [2, 1, 1] and r["tma"]["b"] == [64, d.knobs.wgmma_n // 2]
 
 
-def test_the_tall_tiles_are_the_trial_designs_last():
+def test_the_tall_tiles_are_the_trial_designs_before_their_pairs():
     """v5 tall TMA store: the cooperative 256 x n TMA-store designs (two 64-row blocks a
     warpgroup) at 3 and 4 stages (a fifth does not fit, nor 256 x 192's accumulators), each
-    walk and cap, the counter at 3 stages, ``uniform`` = 1; the trial designs' last."""
+    walk and cap, the counter at 3 stages, ``uniform`` = 1; the trial designs' last but
+    their pairs."""
     for dtype in ("fp16", "bf16"):
         new = sm90_tma.tall_tma_store_designs(dtype)
         assert len(new) == 48 and all(legality(d) == [] for d in new)
-        assert _trial(dtype)[-len(new) :] == new
+        pairs = len(sm90_tma.tall_pair_designs(dtype))
+        assert _trial(dtype)[-len(new) - pairs : -pairs] == new
         rings = {(sm90_tma.tile_mn(d), d.knobs.stages, sm90_tma.v5(d, "ring")) for d in new}
         assert rings == {
             ((256, n), st, int(st == 3)) for n in (128, 144, 160, 176) for st in (3, 4)
@@ -172,6 +174,26 @@ def test_the_tall_tiles_are_the_trial_designs_last():
         for d in new[:6]:
             r = sm90_tma.launch_recipe(d)
             assert r["tma"]["a"] == [64, 256] and r["tma"]["c"][1] == 64
+
+
+def test_the_tall_pairs_are_the_trial_designs_last():
+    """v5 tall pair: each tall TMA-store design in a multicast pair along M on the same
+    ring (the counter at 3 stages, ``uniform`` = 1), the trial designs' last. Each CTA
+    loads its 256 rows of A and half the B tile (n / 2 rows: whole 8-row atoms) and
+    multicasts that half; the ring fits as unpaired (the boxes of a stage are no larger)."""
+    for dtype in ("fp16", "bf16"):
+        new = sm90_tma.tall_pair_designs(dtype)
+        assert len(new) == 48 and all(legality(d) == [] for d in new)
+        assert _trial(dtype)[-len(new) :] == new
+        twins = sm90_tma.tall_tma_store_designs(dtype)
+        assert [_with(d, cluster_m=1) for d in new] == twins  # each twin, in order
+        assert not {d.key for d in new} & {d.key for d in sm90_tma.space("sm_90a", dtype, "tn")}
+        for d, twin in zip(new, twins, strict=True):
+            r, t = sm90_tma.launch_recipe(d), sm90_tma.launch_recipe(twin)
+            assert r["cluster"] == [2, 1, 1] and t["cluster"] == [1, 1, 1]
+            assert r["tma"]["a"] == t["tma"]["a"] == [64, 256]
+            assert r["tma"]["b"] == [64, d.knobs.wgmma_n // 2] and r["tma"]["c"] == t["tma"]["c"]
+            assert r["smem_bytes"] == t["smem_bytes"], design_name(d)
 
 
 def test_the_uniform_designs_are_the_tma_store_designs_counted_and_uniform():
@@ -361,6 +383,9 @@ def test_what_the_tma_store_renders():
         # v5 tall TMA store: 256 x n, two 64-row blocks a warpgroup
         _tma(176, 4, mp=2, raster=8, ctas=128, uniform=1),
         _tma(144, 3, mp=2, dtype="bf16", raster=16, ring=1, uniform=1),
+        # v5 tall pair: 256 x n in multicast pairs along M
+        _tma(160, 4, mp=2, cluster=2, raster=8, ctas=128, uniform=1),
+        _tma(176, 3, mp=2, cluster=2, dtype="bf16", raster=16, ring=1, uniform=1),
     ],
     ids=design_name,
 )

@@ -101,6 +101,8 @@ DESIGNS = {
     "tma_v5_uniform": dict(_V5_UNIFORM, mp=2, n=176, stages=5, pers=2, ring=1),
     # v5 tall TMA store: 256 x 160, two 64-row blocks a warpgroup, 32-column subtiles
     "tma_v5_tall": dict(_V5_UNIFORM, mp=2, n=160, stages=4, pers=1),
+    # v5 tall pair: 256 x 176 in multicast pairs along M, the ring counter at 3 stages
+    "tma_v5_tallpair": dict(_V5_UNIFORM, mp=2, n=176, stages=3, pers=1, cluster=2, ring=1),
     # ... each warp its 16 rows (store = 5)
     "tma_v5_tmaw": dict(
         wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=5
@@ -162,7 +164,7 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         "tile_n_bulk", "tma_v5_pingpong_bulk", "tma_v5_overlap", "tma_v5_halves",
         "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_tmaw",
         "tma_v5_pingpong_144", "tma_v5_pair_tma", "tma_v5_ring", "tma_v5_pppair",
-        "tma_v5_uniform", "tma_v5_tall",
+        "tma_v5_uniform", "tma_v5_tall", "tma_v5_tallpair",
     ],
 )  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
@@ -264,7 +266,7 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_tmaw", "bias_residual"), ("tma_v5_pingpong_144", "bias_residual"),
      ("tma_v5_pair_tma", "bias_residual"), ("tma_v5_ring", "bias_residual"),
      ("tma_v5_pppair", "bias_residual"), ("tma_v5_uniform", "bias_residual"),
-     ("tma_v5_tall", "bias_residual")],
+     ("tma_v5_tall", "bias_residual"), ("tma_v5_tallpair", "bias_residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

@@ -228,6 +228,11 @@ TMA_V5_UNIFORM_DESIGNS = [
 # raster, ctas). The shapes: 2100 rows (9 tiles of 256, the last of 52 rows), residues,
 # 4096³ (CTAs walking several tiles), one k tile, K = 1024.
 TMA_V5_TALL_DESIGNS = [(128, 4, 8, 128), (144, 3, 0, 0), (160, 4, 16, 128), (176, 3, 8, 0)]
+# sm90tma v5 tall pair (issue 22): the tall TMA-store designs in multicast pairs along M
+# (each CTA 256 rows of A, half the B tile): (wgmma_n, stages, raster, ctas). The
+# shapes: the ping-pong pair's (2100 rows: 9 tiles of 256, the fifth pair's second CTA
+# past M; 4096³: CTAs walking several pair tiles; one k tile; K = 1024 and 1096).
+TMA_V5_TALL_PAIR_DESIGNS = [(128, 4, 8, 128), (144, 3, 16, 0), (160, 3, 8, 128), (176, 4, 0, 0)]
 # sm90tma v5 ping-pong pair (issue 22): the TMA-store designs in multicast pairs along M,
 # ping-pong (each warpgroup of both CTAs the same pair tiles) and cooperative, the ring
 # counter where the ring is not a power of two, uniform = 1: (m_blocks, wgmma_n, stages,
@@ -512,6 +517,15 @@ def test_tma_v5_tall_persistent_correct(tmp_path, dtype, knobs):
     d = _uniform_design(dtype, 2, *knobs, 1)
     assert d in sm90_tma.tall_tma_store_designs(dtype) and sm90_tma.tile_mn(d) == (256, knobs[0])
     _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_TALL_PAIR_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_tallpair_persistent_correct(tmp_path, dtype, knobs):
+    d = _uniform_design(dtype, 2, *knobs, 1, cluster=2)
+    assert d in sm90_tma.tall_pair_designs(dtype) and sm90_tma.tile_mn(d) == (256, knobs[0])
+    assert launch_recipe(d)["cluster"] == [2, 1, 1]
+    _check_design(tmp_path, d, [*OVERLAP_SHAPES, (1024, 8192, 1096)])
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
