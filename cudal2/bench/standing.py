@@ -20,6 +20,8 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
 - ``floor-fractions``: ``docs/measuring.md``'s vendor table (``VENDOR_RUN``).
 - ``policy-eval``: the replay table of ``docs/policy.md`` (``POLICY_EVALS``).
 - ``policy-retrain``: its before/after table of the v5 retrain (``POLICY_RETRAIN``).
+- ``policy-seeds``: the v5 retrain judged over training seeds
+  (``cudal2.bench.policy_seeds``).
 - ``layer-bench``: the layer benchmark's table (``LAYER_RESULTS``, written by
   ``cudal2-bench layer``); until that file is committed the block cannot be made
   (``ResultsMissing``), and no document may hold it.
@@ -40,7 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cudal2.bench import prefill_narrow_pair, prefill_store, prefill_tma_store, prefill_uniform
+from cudal2.bench import (
+    policy_seeds,
+    prefill_narrow_pair,
+    prefill_store,
+    prefill_tma_store,
+    prefill_uniform,
+)
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
 
 # The last run that timed every vendor beside the llm-public wheel of its day.
@@ -1914,6 +1922,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "host-overhead": host_overhead,
     "policy-eval": policy_eval,
     "policy-retrain": policy_retrain,
+    "policy-seeds": policy_seeds.policy_seeds,
     "floor-fractions": floor_fractions,
     "pdl-timing": pdl_timing,
     "eager-host": eager_host,
