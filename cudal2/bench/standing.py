@@ -22,6 +22,8 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
 - ``policy-retrain``: its before/after table of the v5 retrain (``POLICY_RETRAIN``).
 - ``policy-seeds``: the v5 retrain judged over training seeds
   (``cudal2.bench.policy_seeds``).
+- ``tma-v5-techniques``: issue 22's techniques side by side, each in the sweep that
+  measured it (``cudal2.bench.techniques``).
 - ``layer-bench``: the layer benchmark's table (``LAYER_RESULTS``, written by
   ``cudal2-bench layer``); until that file is committed the block cannot be made
   (``ResultsMissing``), and no document may hold it.
@@ -48,6 +50,7 @@ from cudal2.bench import (
     prefill_store,
     prefill_tma_store,
     prefill_uniform,
+    techniques,
 )
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
 
@@ -1963,6 +1966,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-prefill-tma": prefill_narrow_pair.llama_prefill_tma,
     "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
     "sass-uniform": prefill_uniform.sass_uniform,
+    "tma-v5-techniques": techniques.ledger,
     "build-stages": build_stages,
     "build-ab": build_ab,
     "profile-lag": profile_lag,
