@@ -200,7 +200,7 @@ def test_trial_designs_are_searched_only_when_asked():
 SWEEPS = Path(__file__).parents[2] / "bench" / "manifests"
 
 
-@pytest.mark.parametrize("kind", ["uniform", "pppair", "tall"])
+@pytest.mark.parametrize("kind", ["uniform", "pppair", "tall", "tenth"])
 def test_the_tenth_slice_sweeps_ask_for_the_trial_designs(kind):
     for stem in (f"sweep-tma-v5-{kind}-h100", f"sweep-tma-v5-{kind}-bf16-h100"):
         m = load_manifest(SWEEPS / f"{stem}.toml")
@@ -210,3 +210,44 @@ def test_the_tenth_slice_sweeps_ask_for_the_trial_designs(kind):
         assert len(proposed) <= m.search.candidates
         trial = {d.key for d in sm90_tma.trial_space("sm_90a", m.targets[0].dtype, "tn")}
         assert any(d.key in trial for d in proposed)
+
+
+def _off(d, **knobs) -> list[str]:
+    return [sm90_tma.with_ring(d, **knobs, ring=sm90_tma.v5(d, "ring")).key]
+
+
+def _rows128(d) -> list[str]:
+    return [
+        sm90_tma.with_ring(d, m_blocks=1, stages=st, ring=r).key
+        for st in range(2, 9)
+        for r in (0, 1)
+    ]
+
+
+# each group of the tenth slice's trial designs, and a design's twins without the technique
+TENTH_TWINS = {
+    "uniform": (sm90_tma.uniform_designs, lambda d: _off(d, uniform=0)),
+    "pppair": (sm90_tma.pingpong_pair_designs, lambda d: _off(d, cluster_m=1)),
+    "tall": (sm90_tma.tall_tma_store_designs, _rows128),
+    "tallpair": (sm90_tma.tall_pair_designs, lambda d: _off(d, cluster_m=1)),
+}
+
+
+@pytest.mark.parametrize("stem", ["sweep-tma-v5-tenth-h100", "sweep-tma-v5-tenth-bf16-h100"])
+@pytest.mark.parametrize("group", sorted(TENTH_TWINS))
+def test_the_tenth_slice_sweep_measures_each_technique_beside_its_twin(stem, group):
+    """``sweep-tma-v5-tenth``: the first call that measures the tenth slice holds, for each
+    of its four groups of trial designs, designs whose twin without the technique is
+    measured beside them: the index from ``tid >> 7`` or unpaired on the same ring, and
+    for the 256-row tiles a 128-row one of the same width (on the rings it has)."""
+    m = load_manifest(SWEEPS / f"{stem}.toml")
+    p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs, trial=True)
+    proposed = {d.key for d in p.propose(m.targets[0], [], 1000)}
+    assert len(proposed) <= m.search.candidates
+    designs, twins = TENTH_TWINS[group]
+    paired = [
+        d
+        for d in designs(m.targets[0].dtype)
+        if d.key in proposed and any(k in proposed for k in twins(d))
+    ]
+    assert len(paired) >= 2
