@@ -90,3 +90,22 @@ def test_the_rule_turns_on_each_of_its_conditions(case, group, k, delta, holds):
     if group is not None:
         new[group][k] += delta
     assert ps.rule_holds(figures) is holds
+
+
+def test_the_twelve_are_ready_to_measure_with_v5_designs():
+    """``corpus-holdout-v5designs-h100``: the tn targets of the 12, each with the space's
+    TMA-store designs (walk of 8, 128-CTA cap), so that a retrain is scored on the 12 on
+    what it proposes among v5 designs too (the GPU run that the rule's failure asks for)."""
+    from cudal2.generator.families import sm90_tma
+    from cudal2.manifest import load_manifest
+    from cudal2.policy import make_proposer
+
+    twelve = load_manifest(ROOT / ps.GROUPS[0][1]).targets
+    m = load_manifest(ROOT / "bench" / "manifests" / "corpus-holdout-v5designs-h100.toml")
+    assert set(m.targets) == {t for t in twelve if t.layout == "tn"} and len(m.targets) == 10
+    p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs)
+    for t in m.targets:
+        proposed = p.propose(t, [], 1000)
+        assert len(proposed) == 42 < m.search.candidates
+        assert all(sm90_tma.tma_stored(d) for d in proposed)
+        assert {d.knobs.persistent for d in proposed} == {1, 2}
