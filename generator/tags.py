@@ -368,14 +368,39 @@ TMA_STORE = {
 TMA_STORE_KERNEL = {2: "sm90_tma/persistent_overlap_kernel.cu.j2"}
 
 
-def tma_v5(raster: int, store: int, pair: bool = False) -> dict[str, Any]:
+# How the TMA store (``store`` 4, 5) forms a subtile's outputs: two adjacent accumulator
+# columns a 32-bit stmatrix word (``pairs``: every earlier TMA-store design, byte for
+# byte), or, for a gated activation, each (gate, up) pair one output column, a quad's
+# shuffles making the stmatrix words of SUB_N / 2 output columns (``gated``): the
+# include that fills a stmatrix's four words, the box row's bytes, the stmatrix calls a
+# subtile, and the box's first column.
+_STORE = "sm90_tma/store/"
+TMA_STORE_PACK = {
+    "pairs": {
+        "c_pack": _STORE + "tma_pack_pairs.cu.j2",
+        "c_sub_b": "SUB_N * 2",
+        "c_x": "SUB_N / 16",
+        "c_col": "n0 + SUB_N * c",
+    },
+    "gated": {
+        "c_pack": _STORE + "tma_pack_gated.cu.j2",
+        "c_sub_b": "SUB_N",
+        "c_x": "SUB_N / 32",
+        "c_col": "(n0 + SUB_N * c) >> 1",
+    },
+}
+
+
+def tma_v5(raster: int, store: int, pair: bool = False, gated: bool = False) -> dict[str, Any]:
     """sm90tma's persistent walk (``raster`` = G, 0 the M-fastest one; over pair tiles,
     G / 2 pair rows a group, for a multicast ``pair``) and store (with its own kernel,
-    ``TMA_STORE_KERNEL``, for v5 overlap)."""
+    ``TMA_STORE_KERNEL``, for v5 overlap; the TMA store's outputs, ``TMA_STORE_PACK``,
+    of a ``gated`` activation)."""
     walk = TMA_RASTER[("grouped" if raster else "m_fastest") + ("_pair" if pair else "")]
     group = raster // 2 if pair else raster
     kernel = {"kernel": TMA_STORE_KERNEL[store]} if store in TMA_STORE_KERNEL else {}
-    return {"raster": {**walk, "group": group}, "store": TMA_STORE[store], **kernel}
+    pack = TMA_STORE_PACK["gated" if gated else "pairs"]
+    return {"raster": {**walk, "group": group}, "store": {**TMA_STORE[store], **pack}, **kernel}
 
 
 # sm90tma v5 ring counter (issue 22): how the persistent kernels name a k tile's ring

@@ -53,7 +53,8 @@ def _epilogue_space(
     """The legal space of a fused epilogue: each plain design of a family that renders
     ``name``, with that epilogue, where that is legal too (the others have none to offer;
     a design at its family's register or shared-memory cap may be refused with the row
-    scale, sm90tma's persistent designs with the one-tile epilogues)."""
+    scale, sm90tma's persistent designs with the one-tile epilogues but the gated
+    activation in those that store by TMA)."""
     fams = tuple(f for f in (families or sorted(FAMILIES)) if name in family_epilogues(FAMILIES[f]))
     fused = (with_epilogue(d, name) for d in _legal_space(arch, dtype, layout, fams or ()))
     return tuple(d for d in fused if not legality(d))

@@ -279,6 +279,16 @@ BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
 # 2j, 2j + 1 inside its four-column store groups, and the row scale parks its sums of
 # squares beside the fp32 tile (the persistent kernels store from their accumulators).
 ONE_TILE_EPILOGUES = frozenset((*EPILOGUE_ACTIVATION, *ROW_SCALED))
+# sm90tma v5 gated TMA store (issue 22): the gated activation in the persistent kernels
+# that store by TMA (``store`` = 4). A thread's accumulator pair (2j, 2j + 1) is one
+# (gate, up) pair, so each thread forms its outputs in registers; a quad's shuffles put
+# two adjacent outputs in each lane for stmatrix, and a subtile of SUB_N accumulator
+# columns is stored as SUB_N / 2 output columns through C's map over [M, N / 2]. At
+# least 16 output columns a subtile (32-byte box rows): subtiles of 32 or 64 columns.
+# So a patched model's gate_up projection can take the prefill kernels (the one-tile
+# kernel's are 0.89-0.97 x torch there, docs/kernels.md "sm90tma v5"). Not yet run on a
+# GPU: written the session the tall pair was, no device lent.
+GATED_TMA_MIN_SUB_N = 32
 # The row scale's sums of squares are taken by the producer warpgroup's three idle
 # warps, a k tile's 16-byte loads in flight together and one register sum per chunk:
 # at most 64 rows (6 loads and sums a thread, within the producer's budget after
@@ -438,6 +448,18 @@ def tma_stored(d: KernelDesign) -> bool:
     return v5(d, "store") in (4, 5)
 
 
+def gated_tma(d: KernelDesign) -> bool:
+    """Whether the design is the gated TMA store: a gated activation (``silu``,
+    ``gelu_tanh``) in a persistent kernel storing by TMA (``store`` = 4) in subtiles of
+    at least ``GATED_TMA_MIN_SUB_N`` columns."""
+    return (
+        _epilogue_or_none(d) in EPILOGUE_ACTIVATION
+        and d.knobs.persistent in (1, 2)
+        and v5(d, "store") == 4
+        and tma_store_sub_n(d) >= GATED_TMA_MIN_SUB_N
+    )
+
+
 def tma_store_sub_n(d: KernelDesign) -> int:
     """The TMA store's subtile columns: the widest of ``TMA_STORE_SUB_N`` dividing the
     tile N (0: none does)."""
@@ -495,9 +517,15 @@ def rules(d: KernelDesign) -> list[str]:
             f"epilogue {_epilogue_or_none(d)!r}: the row scale's helper warps take tiles of "
             f"at most {ROWSQ_MAX_BM} rows (bm={tile_mn(d)[0]})"
         )
-    if k.persistent and _epilogue_or_none(d) in ONE_TILE_EPILOGUES:
+    if k.persistent and _epilogue_or_none(d) in ONE_TILE_EPILOGUES and not gated_tma(d):
         reasons.append(
             f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0)"
+            + (
+                f", or the TMA store (store=4) of subtiles of at least {GATED_TMA_MIN_SUB_N} "
+                "columns"
+                if _epilogue_or_none(d) in EPILOGUE_ACTIVATION
+                else ""
+            )
         )
     if k.cluster_m > 1:
         reasons += _pair_reasons(d)
@@ -974,6 +1002,9 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
         recipe["tma"]["c"] = [tma_store_sub_n(d), rows]
         # C's row stride a multiple of 16 bytes (the runtime's C has ldc = N)
         recipe["align"] = {**recipe["align"], "n": 8}
+        if gated_tma(d):  # ... of the gated output [M, N / 2]: half the columns a box
+            recipe["tma"]["c"] = [tma_store_sub_n(d) // 2, rows]
+            recipe["align"] = {**recipe["align"], "n": 16}
     if k.persistent and k.cluster_m > 1:
         # The persistent pair's grid is 1-D: clusters of two CTAs along x (the runtime
         # launches whole clusters, driver.gemm_grid and the native launcher's plan).
@@ -1011,7 +1042,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     )
     pair = k.persistent in (1, 2) and k.cluster_m > 1
     ctx.update(
-        tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair),
+        tags.tma_v5(v5(d, "raster"), v5(d, "store"), pair=pair, gated=gated_tma(d)),
         ring=tags.TMA_RING[v5(d, "ring")],
         wg_index=tags.TMA_WG_INDEX[v5(d, "uniform")],
         c_pad=C_PAD,

@@ -443,8 +443,10 @@ CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, co
   if (p.abi == 2 || p.abi == 3) {
     CUresult r = tensor_map(&ta, a, o.m, o.k, o.lda, p.box_a);
     if (r == CUDA_SUCCESS) r = tensor_map(&tb, b, o.n, o.k, o.ldb, p.box_b);
-    // C [M, N] with row stride ldc, for a kernel that stores by TMA
-    if (r == CUDA_SUCCESS && p.box_c[0] > 0) r = tensor_map(&tc, c, o.m, o.n, ldc, p.box_c);
+    // C [M, N] with row stride ldc, for a kernel that stores by TMA; a gated activation's
+    // output [M, N / 2]
+    const int64_t c_cols = gated(p.epilogue) ? o.n / 2 : o.n;
+    if (r == CUDA_SUCCESS && p.box_c[0] > 0) r = tensor_map(&tc, c, o.m, c_cols, ldc, p.box_c);
     if (r != CUDA_SUCCESS) return r;
     args[n_args++] = &ta;
     args[n_args++] = &tb;

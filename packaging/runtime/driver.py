@@ -15,7 +15,16 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .abi import EPILOGUE_ABI, INT_MAX, LIMITS, ROPE_KV, ROW_SCALED, EpilogueArgs, GemmArgs
+from .abi import (
+    EPILOGUE_ABI,
+    INT_MAX,
+    LIMITS,
+    ROPE_KV,
+    ROW_SCALED,
+    EpilogueArgs,
+    GemmArgs,
+    out_columns,
+)
 
 # Parameter types of ABI gemm_v1, in GemmArgs' order: (A, B, C, M, N, K, lda, ldb, ldc).
 GEMM_V1_TYPES = (
@@ -366,8 +375,9 @@ def launch_gemm(
             tensor_map(gemm.a, gemm.m, gemm.k, gemm.lda, tuple(boxes["a"])),
             tensor_map(gemm.b, gemm.n, gemm.k, gemm.ldb, tuple(boxes["b"])),
         ]
-        if "c" in boxes:  # C [M, N] (the table refuses a box of C beside a gated epilogue)
-            maps.append(tensor_map(gemm.c, gemm.m, gemm.n, gemm.ldc, tuple(boxes["c"])))
+        if "c" in boxes:  # C [M, N], a gated activation's [M, N / 2] (the table refuses RoPE's)
+            columns = out_columns(recipe.get("epilogue", "none"), gemm.n)
+            maps.append(tensor_map(gemm.c, gemm.m, columns, gemm.ldc, tuple(boxes["c"])))
         args = (*gemm, *maps)
         types = (*GEMM_V1_TYPES, *(None,) * len(maps))
     if abi == EPILOGUE_ABI:

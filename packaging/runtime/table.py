@@ -679,18 +679,19 @@ def _check_epilogue(e: TableEntry) -> None:
             f"'launch.epilogue' {e.epilogue!r} (a plain entry's: gemm_v1 or gemm_v2 and none), "
             f"got ABI {abi!r} and 'launch.epilogue' {named!r}"
         )
-    if (e.epilogue in EPILOGUE_ACTIVATION or e.epilogue in ROW_SCALED) and e.launch.get(
-        "persistent"
-    ):
-        # Only the one-tile kernel renders them: a persistent one is not a design.
-        raise TableError(f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent")
     tma = e.launch.get("tma")
-    if (
-        isinstance(tma, Mapping)
-        and "c" in tma
-        and (e.epilogue in EPILOGUE_ACTIVATION or e.epilogue in ROPE_KV)
+    c_box = isinstance(tma, Mapping) and "c" in tma
+    if (e.epilogue in ROW_SCALED or (e.epilogue in EPILOGUE_ACTIVATION and not c_box)) and (
+        e.launch.get("persistent")
     ):
-        # The launcher encodes C's map over [M, N]: a gated output is [M, N / 2], and a
+        # Only the one-tile kernel renders them, and the gated activation the persistent
+        # kernels storing by TMA: any other persistent one is not a design.
+        raise TableError(
+            f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent"
+            + ("" if e.epilogue in ROW_SCALED else " unless it stores C by TMA")
+        )
+    if c_box and e.epilogue in ROPE_KV:
+        # The launcher encodes C's map over [M, N] (a gated output's over [M, N / 2]): a
         # RoPE one is not C's shape at all.
         raise TableError(
             f"key 'launch.tma.c': a kernel storing C by TMA writes [M, N], not the output "

@@ -315,7 +315,11 @@ ILLEGAL = [
     (dict(swap=1, wgmma_n=128), "store=4: the compute orientation only"),
     (dict(stages=5), "shared memory"),  # 5 x 48 KiB ring + 33 KiB of buffers
     (dict(split_k=2), "do not split K"),
-    (dict(epilogue=4), "the one-tile kernel only"),  # a gated activation (silu)
+    # a gated activation (4: silu, 5: gelu_tanh) by the warp's TMA store, or in subtiles
+    # of 16 columns (8 outputs: 16-byte box rows); the row scale (6: rmsnorm) at all
+    (dict(epilogue=4, store=5), "or the TMA store (store=4) of subtiles of at least 32"),
+    (dict(epilogue=5, wgmma_n=176, stages=3), "of subtiles of at least 32 columns"),
+    (dict(epilogue=6), "the one-tile kernel only (persistent=0)"),
     (dict(ring=1, store=1, stages=3), "ring=1: the TMA store's persistent kernels"),
     (dict(ring=1, cluster_m=2, store=1, stages=2), "ring=1: the TMA store's persistent kernels"),
     (dict(ring=2), "ring"),  # out of its domain
@@ -446,3 +450,92 @@ def test_warp_store_designs_compile_without_warpgroup_barriers(v5_sass, d):
     assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
     assert len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing)) == sub_n // 16 * subtiles
     assert len(re.findall(r"\bBAR\.SYNC\b", listing)) == 1
+
+
+# sm90tma v5 gated TMA store (issue 22): the gated activation in the persistent kernels
+# that store by TMA, SUB_N / 2 output columns a subtile through C's map over [M, N / 2].
+def test_the_gated_tma_store_designs_are_the_tma_store_ones_of_32_or_64_column_subtiles():
+    for dtype in ("fp16", "bf16"):
+        space = sm90_tma.space("sm_90a", dtype, "tn")
+        stored = [d for d in space if sm90_tma.v5(d, "store") == 4]
+        gated = [d for d in stored if not legality(base.with_epilogue(d, "silu"))]
+        assert gated and all(sm90_tma.tma_store_sub_n(d) >= 32 for d in gated)
+        assert {d for d in stored if sm90_tma.tma_store_sub_n(d) >= 32} == set(gated)
+        for d in gated[:8]:
+            g = base.with_epilogue(d, "gelu_tanh")
+            assert sm90_tma.gated_tma(g) and legality(g) == []
+            r, plain = sm90_tma.launch_recipe(g), sm90_tma.launch_recipe(d)
+            assert r["tma"]["c"] == [plain["tma"]["c"][0] // 2, plain["tma"]["c"][1]]
+            assert r["align"] == {"k": 8, "n": 16} and r["smem_bytes"] == plain["smem_bytes"]
+        # the row scale stays the one-tile kernel's
+        assert legality(base.with_epilogue(gated[0], "rmsnorm_silu"))
+
+
+def test_what_the_gated_tma_store_renders():
+    """Each (gate, up) accumulator pair one output, a quad's two shuffles a stmatrix
+    word, half a subtile's columns a box at half the accumulators' column; the plain
+    pair store's lines are not there."""
+    d = base.with_epilogue(_tma(128, 6, pers=2, mp=2, raster=8, ctas=128, ring=1), "silu")
+    src = render(d)
+    for needle in (
+        "constexpr int SUB_B = SUB_N;",
+        "for (int x = 0; x < SUB_N / 32; ++x) {",
+        "act_silu(d[j][i0 * 4 + 2 * h]) * d[j][i0 * 4 + 2 * h + 1];",
+        "__shfl_sync(0xffffffff, mine, src + 1);",
+        "__byte_perm(lo, hi, 0x5410) : __byte_perm(lo, hi, 0x7632);",
+        '"r"((n0 + SUB_N * c) >> 1),',
+    ):
+        assert needle in src, needle
+    assert "const T2 v = " not in src  # the plain pair store's stmatrix word
+    plain = render(_tma(128, 6, pers=2, mp=2, raster=8, ctas=128, ring=1))
+    assert "constexpr int SUB_B = SUB_N * 2;" in plain and "__shfl_sync" not in plain
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize(
+    "d",
+    [
+        base.with_epilogue(_tma(256, 4, raster=8, ctas=128), "silu"),
+        base.with_epilogue(_tma(128, 6, pers=2, mp=2, dtype="bf16", raster=8, ring=1), "gelu_tanh"),
+        base.with_epilogue(_tma(160, 5, raster=8, ctas=128, ring=1), "silu"),
+    ],
+    ids=design_name,
+)
+def test_gated_tma_store_designs_compile_to_half_the_stmatrix(v5_sass, d):
+    """Per warpgroup and tile: MP blocks x n / SUB_N subtiles, each SUB_N / 32 stmatrix.x4
+    a thread (half the plain twin's) and one TMA store; two shuffles a stmatrix word;
+    one wgmma group in flight; no local memory."""
+    listing = v5_sass(d)
+    sub_n = sm90_tma.tma_store_sub_n(d)
+    subtiles = d.knobs.m_blocks * d.knobs.wgmma_n // sub_n
+    stsm = len(re.findall(r"\bSTSM\.16\.M88\.4\b", listing))
+    assert stsm == sub_n // 32 * subtiles
+    assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
+    assert len(re.findall(r"\bSHFL\.IDX\b", listing)) == 8 * stsm
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in listing and "LDL" not in listing
+
+
+def test_the_gated_sweep_measures_each_gated_design_beside_its_plain_twin():
+    """``sweep-tma-v5-gated-h100``: on each gate_up shape, the plain target the space's
+    TMA-store designs (walk of 8, 128-CTA cap), the gated one each of those that renders
+    the activation: its twin with ``silu``."""
+    from pathlib import Path
+
+    from cudal2.manifest import load_manifest
+    from cudal2.policy import make_proposer
+
+    path = Path(__file__).parents[2] / "bench" / "manifests" / "sweep-tma-v5-gated-h100.toml"
+    m = load_manifest(path)
+    p = make_proposer("grid", 0, m.search.families, knobs=m.search.knobs)
+    by = {(t.m, t.n, t.k, t.epilogue): p.propose(t, [], 1000) for t in m.targets}
+    assert {e for *_, e in by} == {"none", "silu"} and len(by) == 12
+    for (mm, n, k, epilogue), designs in by.items():
+        assert len(designs) < m.search.candidates
+        if epilogue == "none":
+            assert len(designs) == 42 and all(sm90_tma.v5(d, "store") == 4 for d in designs)
+            continue
+        plain = by[(mm, n, k, "none")]
+        assert all(sm90_tma.gated_tma(d) for d in designs)
+        assert {d.key for d in designs} == {
+            base.with_epilogue(d, "silu").key for d in plain if sm90_tma.tma_store_sub_n(d) >= 32
+        }

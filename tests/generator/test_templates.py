@@ -314,13 +314,19 @@ GOLDEN_V5 = [
     # the v5 uniform warpgroup index (broadcast from lane 0), cooperative 128x256
     ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
                   ctas=128, store=4, uniform=1), "b8b2010405553ad7"),
+    # the v5 gated TMA store (a gated activation's outputs through C's map of N / 2)
+    ("fp16", dict(wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, raster=8,
+                  ctas=128, store=4, ring=1, epilogue="silu"), "c3dbaf1a3466f403"),
 ]  # fmt: skip
 
 
 def _golden_v5(dtype: str, knobs: dict) -> KernelDesign:
     from cudal2.generator.families import sm90_tma
+    from cudal2.generator.families.base import with_epilogue
 
-    return sm90_tma.design(dtype, **knobs)
+    knobs = dict(knobs)
+    epilogue = knobs.pop("epilogue", "none")
+    return with_epilogue(sm90_tma.design(dtype, **knobs), epilogue)
 
 
 @pytest.mark.parametrize("dtype, knobs, digest", GOLDEN_V5)

@@ -238,6 +238,40 @@ def test_gated_and_row_scaled_epilogue_correct_on_residue_shapes(tmp_path, shape
         assert res.vendors == (f"torch+{epilogue}",)
 
 
+# sm90tma v5 gated TMA store (issue 22): the gated activation in the persistent kernels
+# that store by TMA, each (gate, up) accumulator pair one output, SUB_N / 2 output columns
+# a subtile through C's map over [M, N / 2]: cooperative 128x256 (64-column subtiles),
+# ping-pong 128x128, cooperative 128x160 (32-column subtiles: 16 outputs, 32-byte rows),
+# the cooperative pair, the ping-pong pair. The shapes: N % 16 == 0 (the recipe's align;
+# dispatch falls back otherwise); tiles past M and N (1, 100, 2100 rows; 1008 and 2064
+# columns: a partial last tile and subtile, the map clipping outputs past N / 2); CTAs
+# walking several tiles (4096³); a prefill gate_up of Llama-3.1-8B (N = 2 x 14336).
+GATED_TMA_DESIGNS = [
+    "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_pair_tma", "tma_v5_pppair",
+]  # fmt: skip
+GATED_TMA_SHAPES = [
+    (1, 16, 8), (100, 1008, 1000), (2100, 2064, 1096), (4096, 4096, 4096), (2048, 28672, 4096),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("epilogue", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("shape", GATED_TMA_DESIGNS)
+def test_gated_tma_store_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
+    """The gated reference (gate and up rows in pairs, output [M, N/2]), bounded by
+    torch's GEMM + activation, as the one-tile kernel's."""
+    from cudal2.verify import correctness
+
+    d = base.with_epilogue(sm90_tma.design(dtype, **DESIGNS[shape]), epilogue)
+    assert sm90_tma.gated_tma(d) and launch_recipe(d)["align"]["n"] == 16
+    kernel = _kernel(tmp_path, d)
+    for m, n, k in GATED_TMA_SHAPES:
+        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
+        res = correctness.check(t, _runner(kernel, d, t), 3)
+        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
+        assert res.vendors == (f"torch+{epilogue}",)
+
+
 @pytest.mark.parametrize("epilogue", ["rmsnorm", "rmsnorm_silu"])
 @pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
 def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogue, trigger):
@@ -266,7 +300,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_tmaw", "bias_residual"), ("tma_v5_pingpong_144", "bias_residual"),
      ("tma_v5_pair_tma", "bias_residual"), ("tma_v5_ring", "bias_residual"),
      ("tma_v5_pppair", "bias_residual"), ("tma_v5_uniform", "bias_residual"),
-     ("tma_v5_tall", "bias_residual"), ("tma_v5_tallpair", "bias_residual")],
+     ("tma_v5_tall", "bias_residual"), ("tma_v5_tallpair", "bias_residual"),
+     ("tma_v5_pingpong_tma", "silu"), ("tma_v5_pair_tma", "gelu_tanh")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its

@@ -20,6 +20,7 @@ import pytest
 
 from cudal2.generator import design_name, legality
 from cudal2.generator.families import sm90_tma
+from cudal2.generator.families.base import with_epilogue
 from cudal2.records import KernelDesign
 
 
@@ -91,6 +92,10 @@ def test_every_epilogue_gpu_design_is_legal():
     for shape, knobs in epilogue_gpu.DESIGNS.items():
         d = sm90_tma.design("fp16", **knobs)
         assert legality(d) == [], f"{shape}: {design_name(d)}: {legality(d)}"
+    for shape in epilogue_gpu.GATED_TMA_DESIGNS:  # ... and gated, storing by TMA
+        for act in ("silu", "gelu_tanh"):
+            d = with_epilogue(sm90_tma.design("bf16", **epilogue_gpu.DESIGNS[shape]), act)
+            assert legality(d) == [] and sm90_tma.gated_tma(d), (shape, legality(d))
 
 
 @pytest.mark.parametrize("group", sorted(TRIAL_GROUPS))

@@ -228,6 +228,20 @@ def test_cs_map_is_encoded_over_m_rows_of_n_columns(recorded, monkeypatch):
     assert seen[2] == (GEMM.c, GEMM.m, GEMM.n, GEMM.ldc, (64, 64))
 
 
+@pytest.mark.parametrize("epilogue", ["silu", "gelu_tanh"])
+def test_a_gated_outputs_map_is_encoded_over_half_the_columns(recorded, monkeypatch, epilogue):
+    """sm90tma's gated TMA store writes the gated output [M, N / 2] (N the packed gate, up
+    rows): C's map has half the columns, its box the recipe's (half a subtile's)."""
+    seen = []
+    monkeypatch.setattr(
+        driver, "tensor_map", lambda ptr, rows, k, ld, box: seen.append((ptr, rows, k, ld, box))
+    )
+    recipe = {**RECIPE, "epilogue": epilogue, "tma": {**RECIPE["tma"], "c": [32, 64]}}
+    _launch(recipe, EpilogueArgs())
+    assert seen[2] == (GEMM.c, GEMM.m, GEMM.n // 2, GEMM.ldc, (32, 64))
+    assert seen[1][1] == GEMM.n  # B keeps its N packed rows
+
+
 # The swizzle of a box is its row's bytes where that is 32 or 64 (the TMA store's boxes
 # of 16 and 32 columns), else 128: what every A and B box (64 k) had before.
 @pytest.mark.parametrize(

@@ -331,3 +331,74 @@ def test_the_eager_path_of_a_plain_call_is_untouched(fused):
     with torch.inference_mode():
         out = getattr(torch.ops, pkg.NAMESPACE).linear(x, w)
     assert torch.equal(out, F.linear(x, w)) and not pkg.stats.hits
+
+
+# sm90tma v5 gated TMA store (issue 22): a persistent kernel storing the gated output
+# [M, N / 2] by TMA (C's map over half the columns, in both launchers), one entry per
+# dtype and activation serving M 1..4096 at (N, K) = (4096, 1024).
+GATED_TMA = dict(
+    wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, raster=8, ctas=128, store=4,
+    ring=1,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gated_tma(tmp_path_factory, write_package_module):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm_90a cubins need compute capability 9.0")
+    root = tmp_path_factory.mktemp("native_gated_tma")
+    cache = ArtifactCache(root / "cache")
+    gpu = torch.cuda.get_device_name()
+    entries, cubins = [], {}
+    for dtype in DTYPES:
+        for act in ("silu", "gelu_tanh"):
+            d = base.with_epilogue(sm90_tma.design(dtype, **GATED_TMA), act)
+            assert sm90_tma.gated_tma(d) and legality(d) == []
+            b = build(d, cache)
+            assert b.ok, b.error
+            blob = cache.cubin(b.artifact_key)
+            cubins[sha256_hex(blob)] = blob
+            entries.append(_entry(gpu, d, dtype, blob, act, 1, 4096))
+    table = DispatchTable(
+        package="p", name="ngated", version="0.1.0", tool_version="test", manifest_sha256="",
+        gpu_models=(gpu,), archs=("sm_90a",), drivers=(), cuda_versions=(),
+        measured_from=None, measured_to=None, entries=tuple(entries),
+    )  # fmt: skip
+    name = write_package_module(root, table, cubins)
+    sys.path.insert(0, str(root))
+    module = importlib.import_module(name)
+    if module._api.native is None:
+        pytest.skip(f"the native launcher does not serve here: {module._api.native_reason}")
+    yield module
+    sys.path.remove(str(root))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m", [1, 100, 2048])
+def test_the_gated_tma_store_gives_the_same_bits_on_both_paths(
+    gated_tma, dtype, act, m, monkeypatch
+):
+    """Native and Python launches of the gated TMA store: the same bits, [M, N / 2],
+    within the activation's rounding of torch's unfused answer."""
+    pkg = gated_tma
+    api = pkg._api
+    x, w, _, _ = _inputs(pkg, dtype, m, seed=200 + m)
+    key = _key(pkg, dtype, act, m)
+    with torch.inference_mode():
+        monkeypatch.setenv("CUDAL2_NATIVE", "0")
+        pkg.stats.reset()
+        want = pkg.linear_gated(x, w, act)
+        assert dict(pkg.stats.hits) == {key: 1} and not pkg.stats.fallbacks, pkg.stats
+        monkeypatch.delenv("CUDAL2_NATIVE")
+        assert api.launcher == "native"
+        monkeypatch.setattr(api, "_dispatch", _NoPython())
+        pkg.stats.reset()
+        got = pkg.linear_gated(x, w, act)
+        torch.cuda.synchronize()
+    assert dict(pkg.stats.hits) == {key: 1} and not pkg.stats.fallbacks, pkg.stats
+    assert got.shape == (m, N // 2) and torch.equal(got, want)
+    from cudal2.packaging.runtime import fused
+
+    ref = fused.unfused_gated(x.float(), w.float(), act, None)
+    assert (got.float() - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3

@@ -167,7 +167,8 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
         ),
         "key 'epilogue' 'none': its kernel must be of ABI",
     ),
-    # a box of C (the TMA store writes [M, N]) beside a gated epilogue's [M, N / 2] output
+    # a persistent kernel of a gated activation that does not store by TMA (only the
+    # TMA store's persistent kernels render it), and one of the row scale at all
     (
         "kernel",
         "launch",
@@ -177,10 +178,26 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
                 e["launch"],
                 abi="gemm_v3",
                 epilogue="silu",
+                persistent=1,
+                tma={"a": [64, 16], "b": [64, 64]},
+            ),
+        )[1],
+        "key 'epilogue' 'silu': its kernel cannot be persistent unless it stores C by TMA",
+    ),
+    (
+        "kernel",
+        "launch",
+        lambda _, e: (
+            e.update(epilogue="rmsnorm"),
+            dict(
+                e["launch"],
+                abi="gemm_v3",
+                epilogue="rmsnorm",
+                persistent=1,
                 tma={"a": [64, 16], "b": [64, 64], "c": [64, 64]},
             ),
         )[1],
-        "key 'launch.tma.c': a kernel storing C by TMA writes [M, N], not the output of",
+        "key 'epilogue' 'rmsnorm': its kernel cannot be persistent",
     ),
     ("cublaslt", "epilogue", "residual", "a cublaslt entry serves no epilogue"),
     ("cublaslt", "epilogue", "silu", "a cublaslt entry serves no epilogue"),
