@@ -44,6 +44,11 @@ from .table import (
 )
 
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
+# A row-scaled gated epilogue with no kernel at a call's M is served by its gated twin's
+# kernel after torch's RMSNorm (``fused.rms_normed``, the unfused path's own first step):
+# sm90tma's prefill kernels (the persistent TMA store) render the gated activation but
+# not the row scale. So ``m_ranges`` of the row-scaled one covers the twin's too.
+NORMED_GATED = {"rmsnorm_silu": "silu", "rmsnorm_gelu_tanh": "gelu_tanh"}
 _new_tuple = tuple.__new__
 
 _torch: Any = None  # the torch module, once imported
@@ -729,7 +734,17 @@ class Api:
         value = 0.0 if eps is None else fused.check_eps("linear_gated", eps)
         fused.check_inputs("linear_gated", x, w, None, gated=True)
         epilogue = act if eps is None else f"rmsnorm_{act}"
-        return self._fused_call(torch, x, w, None, epilogue, value, in_op)
+        got = self._fused_call(torch, x, w, None, epilogue, value, in_op)
+        if (
+            type(got) is str
+            and got == "no_entry"
+            and eps is not None
+            and self._fuses(x.dtype, w, act)
+        ):
+            # NORMED_GATED: torch's RMSNorm, then the gated kernel (its rounding is the
+            # unfused path's: x normalised to its dtype, then the GEMM)
+            got = self._fused_call(torch, fused.rms_normed(x, value), w, None, act, 0.0, in_op)
+        return got
 
     def _linear_rmsnorm(self, x: Any, w: Any, eps: Any, bias: Any, in_op: bool) -> Any:
         """The fused result, or the reason to fall back (errors raise first)."""
@@ -821,11 +836,15 @@ class Api:
                 return ()
             models = [(info.gpu, info.arch)]
         spans = []
+        served = (epilogue, NORMED_GATED[epilogue]) if epilogue in NORMED_GATED else (epilogue,)
         for gpu, arch in models:
-            for lo, hi, e in self.table.m_spans(gpu, arch, dtype, layout, n, k, epilogue):
-                launches = e.kind in ("kernel", "cublaslt")
-                if decided or launches or (epilogue == "none" and e.eager is not None):
-                    spans.append((lo, hi))
+            for name in served:
+                for lo, hi, e in self.table.m_spans(gpu, arch, dtype, layout, n, k, name):
+                    launches = e.kind in ("kernel", "cublaslt")
+                    if name != epilogue and not launches:
+                        continue  # a gated twin's fallback entry serves no row-scaled call
+                    if decided or launches or (epilogue == "none" and e.eager is not None):
+                        spans.append((lo, hi))
         merged: list[tuple[int, int]] = []
         for lo, hi in sorted(spans):
             if merged and lo <= merged[-1][1] + 1:

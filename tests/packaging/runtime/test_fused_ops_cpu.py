@@ -144,6 +144,54 @@ def test_a_call_that_fits_reaches_the_launch_with_its_epilogue_ldc_and_eps(
     ]
 
 
+@pytest.fixture
+def gated_only_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
+    """The recorded table plus synthetic ``silu`` and ``gelu_tanh`` entries and no
+    row-scaled one: what a wheel of sm90tma's gated TMA store holds at prefill M."""
+    e = _smallest(recorded_table)
+    extra = tuple(_as_epilogue(e, name) for name in ("silu", "gelu_tanh"))
+    table = dataclasses.replace(recorded_table, entries=(*recorded_table.entries, *extra))
+    name = write_package(tmp_path, table, recorded_cubins)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    yield module, e
+    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        del sys.modules[key]
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_a_row_scaled_gated_call_takes_the_gated_kernel_after_torchs_rmsnorm(
+    gated_only_package, monkeypatch, act
+):
+    """No ``rmsnorm_<act>`` entry, an ``<act>`` one: x normalised as the unfused path
+    does (``fused.rms_normed``), then the gated kernel (eps 0: it has no row scale); the
+    M ranges of the row-scaled epilogue are the gated one's, so a patched layer takes
+    its fused forward there."""
+    pkg, e = gated_only_package
+    api = pkg._api
+    seen = []
+
+    def run(torch_, a, b, operands, epilogue="none", epi=(None, None), ldr=0, out=None, eps=0.0):
+        seen.append((epilogue, a.clone(), eps))
+        return torch.zeros(operands[1], api_mod.out_columns(epilogue, operands[2]), dtype=a.dtype)
+
+    monkeypatch.setattr(api, "_run", run)
+    x, w, _ = _inputs(e.n, e.k, lead=(5,))
+    assert api.linear_gated(x, w, act, 1e-5).shape == (5, e.n // 2)
+    ((epilogue, a, eps),) = seen
+    assert (epilogue, eps) == (act, 0.0)
+    normed = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+    assert _same(a, normed)
+    assert api.linear_gated(x, w, act).shape == (5, e.n // 2) and seen[-1][0] == act
+    ranges = api.m_ranges(e.n, e.k, "fp16", act)
+    assert ranges and api.m_ranges(e.n, e.k, "fp16", f"rmsnorm_{act}") == ranges
+    assert api.m_ranges(e.n, e.k, "fp16", "rmsnorm") == ()  # no gated twin: nothing
+    w_other = _inputs(e.n + 16, e.k, seed=1)[1]  # an N of no entry, of either kind
+    seen.clear()
+    assert _same(api.linear_gated(x, w_other, act, 1e-5), spec_gated(x, w_other, act, 1e-5))
+    assert seen == []
+
+
 def test_run_allocates_half_the_columns_and_passes_ldc_and_eps(synthetic_package, monkeypatch):
     """``_run``'s side of the same route: the dispatch gets the epilogue's shape key, its
     operands with eps (0 for an epilogue without the row scale) and ldc = N / 2."""
