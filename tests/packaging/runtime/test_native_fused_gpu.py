@@ -105,18 +105,27 @@ def fused(tmp_path_factory, write_package_module):
     entries = [e for e in entries if (e.dtype, e.epilogue) not in missing]
     if not entries:
         pytest.skip(f"no epilogue kernel renders: {missing}")
+    module = _install(write_package_module, root, "nfused", gpu, entries, cubins)
+    yield module, missing
+    sys.path.remove(str(root))
+
+
+def _install(write, root, name: str, gpu: str, entries: list, cubins: dict):
+    """The package of a table of ``entries`` for this GPU, imported from ``root`` (on
+    sys.path until the fixture removes it); skipped where the native launcher does not
+    serve."""
     table = DispatchTable(
-        package="p", name="nfused", version="0.1.0", tool_version="test", manifest_sha256="",
+        package="p", name=name, version="0.1.0", tool_version="test", manifest_sha256="",
         gpu_models=(gpu,), archs=("sm_90a",), drivers=(), cuda_versions=(),
         measured_from=None, measured_to=None, entries=tuple(entries),
     )  # fmt: skip
-    name = write_package_module(root, table, cubins)
+    package = write(root, table, cubins)
     sys.path.insert(0, str(root))
-    module = importlib.import_module(name)
+    module = importlib.import_module(package)
     if module._api.native is None:
+        sys.path.remove(str(root))
         pytest.skip(f"the native launcher does not serve here: {module._api.native_reason}")
-    yield module, missing
-    sys.path.remove(str(root))
+    return module
 
 
 def _need(fused, dtype, epilogue):
@@ -359,16 +368,7 @@ def gated_tma(tmp_path_factory, write_package_module):
             blob = cache.cubin(b.artifact_key)
             cubins[sha256_hex(blob)] = blob
             entries.append(_entry(gpu, d, dtype, blob, act, 1, 4096))
-    table = DispatchTable(
-        package="p", name="ngated", version="0.1.0", tool_version="test", manifest_sha256="",
-        gpu_models=(gpu,), archs=("sm_90a",), drivers=(), cuda_versions=(),
-        measured_from=None, measured_to=None, entries=tuple(entries),
-    )  # fmt: skip
-    name = write_package_module(root, table, cubins)
-    sys.path.insert(0, str(root))
-    module = importlib.import_module(name)
-    if module._api.native is None:
-        pytest.skip(f"the native launcher does not serve here: {module._api.native_reason}")
+    module = _install(write_package_module, root, "ngated", gpu, entries, cubins)
     yield module
     sys.path.remove(str(root))
 
