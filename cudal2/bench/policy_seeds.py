@@ -113,7 +113,8 @@ def _per_target(root: Path, groups: list[tuple[str, set[str]]]) -> list[str]:
 def policy_seeds(root: Path) -> str:
     figures = recipe_figures(root)
     groups = _groups(root)
-    ref = _medians(json.loads((root / CHECKPOINT).read_text()), groups, CHECKPOINT)
+    ref_json = json.loads((root / CHECKPOINT).read_text())
+    ref = _medians(ref_json, groups, CHECKPOINT)
     ks = list(next(iter(ref.values())))
     names = [g for g, _ in groups]
 
@@ -133,7 +134,6 @@ def policy_seeds(root: Path) -> str:
             lines.append(f"| {recipe} | {s} | {cells(figures[recipe]['seeds'][s])} |")
         lines.append(f"| {recipe} | **median** | {cells(figures[recipe]['median'])} |")
     lines.append(f"| the committed checkpoint (reference) | – | {cells(ref)} |")
-    ref_json = json.loads((root / CHECKPOINT).read_text())
     for who in ("random", "grid"):
         lines.append(
             f"| {who} (reference) | – | {cells(_medians(ref_json, groups, CHECKPOINT, who))} |"
