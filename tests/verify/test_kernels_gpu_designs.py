@@ -66,23 +66,27 @@ def _cases(fn) -> list[dict]:
     return [dict(kv for part in combo for kv in part.items()) for combo in itertools.product(*axes)]
 
 
-def _recorded(monkeypatch) -> list[tuple[str, KernelDesign]]:
+@pytest.fixture(scope="module")
+def recorded() -> list[tuple[str, KernelDesign]]:
+    """(the case, its design) for every parameter set of every parametrised GPU test,
+    recorded once for the module's tests."""
     seen: list[tuple[str, KernelDesign]] = []
-    monkeypatch.setattr(kernels_gpu, "_check_design", lambda _, d, *a, **k: seen.append(d))
-    monkeypatch.setattr(kernels_gpu, "_strided_output", lambda _, d, *a, **k: seen.append(d))
     out = []
-    for name, fn in inspect.getmembers(kernels_gpu, inspect.isfunction):
-        cases = _cases(fn) if name.startswith("test_") else []
-        for params in cases:
-            before = len(seen)
-            fn(None, **params)
-            assert len(seen) == before + 1, f"{name}{params}: no design reached the GPU check"
-            out.append((f"{name}{params}", seen[-1]))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels_gpu, "_check_design", lambda _, d, *a, **k: seen.append(d))
+        mp.setattr(kernels_gpu, "_strided_output", lambda _, d, *a, **k: seen.append(d))
+        for name, fn in inspect.getmembers(kernels_gpu, inspect.isfunction):
+            cases = _cases(fn) if name.startswith("test_") else []
+            for params in cases:
+                before = len(seen)
+                fn(None, **params)
+                assert len(seen) == before + 1, f"{name}{params}: no design reached the GPU check"
+                out.append((f"{name}{params}", seen[-1]))
     return out
 
 
-def test_every_gpu_test_builds_a_legal_design(monkeypatch):
-    designs = _recorded(monkeypatch)
+def test_every_gpu_test_builds_a_legal_design(recorded):
+    designs = recorded
     assert len(designs) > 400  # every parametrised test, every parameter set
     for case, d in designs:
         assert legality(d) == [], f"{case}: {design_name(d)}: {legality(d)}"
@@ -99,8 +103,8 @@ def test_every_epilogue_gpu_design_is_legal():
 
 
 @pytest.mark.parametrize("group", sorted(TRIAL_GROUPS))
-def test_each_group_of_trial_designs_has_a_gpu_test(monkeypatch, group):
-    tested = {d.key for _, d in _recorded(monkeypatch)}
+def test_each_group_of_trial_designs_has_a_gpu_test(recorded, group):
+    tested = {d.key for _, d in recorded}
     for dtype in ("fp16", "bf16"):
         assert tested & {d.key for d in TRIAL_GROUPS[group](dtype)}, (group, dtype)
     space = {d.key for dt in ("fp16", "bf16") for d in sm90_tma.trial_space("sm_90a", dt, "tn")}
