@@ -511,11 +511,30 @@ def part_prefill(s: Setup, model: Any, patched: Any) -> dict:
                 if rep:
                     times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    # one more prefill of each: the patched one's hits and fallbacks, and how far its
+    # last logits are from the unpatched model's (the same fp16 weights)
+    with torch.no_grad():
+        rewind(caches["unpatched"], 0)
+        want = fns["unpatched"]().logits.float()
+        rewind(caches["patched"], 0)
+        s.pkg.stats.reset()
+        got = fns["patched"]().logits.float()
+        s.sync()
     return {
         "tokens": n,
         "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "p20_p80_ms": {k: [round(x * 1e3, 3) for x in _p20_p80(v)] for k, v in times.items()},
         "speedup": round(med["unpatched"] / med["patched"], 4),
+        "hits": dict(s.pkg.stats.hits),
+        "fallbacks": dict(s.pkg.stats.fallbacks),
+        "max_abs_logit": round(want.abs().max().item(), 4),
+        "max_diff_patched_vs_unpatched": round((got - want).abs().max().item(), 5),
     }
+
+
+def _p20_p80(v: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(v, n=10)
+    return q[1], q[7]
 
 
 # -- driver ------------------------------------------------------------------------------

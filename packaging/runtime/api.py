@@ -44,11 +44,21 @@ from .table import (
 )
 
 _READY_MAX = 1 << 16  # shapes remembered as ready to launch (a few MB at most)
-# A row-scaled gated epilogue with no kernel at a call's M is served by its gated twin's
-# kernel after torch's RMSNorm (``fused.rms_normed``, the unfused path's own first step):
-# sm90tma's prefill kernels (the persistent TMA store) render the gated activation but
-# not the row scale. So ``m_ranges`` of the row-scaled one covers the twin's too.
-NORMED_GATED = {"rmsnorm_silu": "silu", "rmsnorm_gelu_tanh": "gelu_tanh"}
+# A row-scaled call with no kernel of its own at its M (no entry there, or a fallback
+# entry: the build measured torch's unfused math faster than every row-scaled kernel)
+# takes torch's RMSNorm (``fused.rms_normed``, the unfused path's own first step, so the
+# rounding is the unfused path's) and then its twins' entries: the gated kernel, or the
+# plain GEMM (with the bias) as ``linear`` runs it. sm90tma's prefill kernels (the
+# persistent TMA store) render the gated activation and the bias but never the row
+# scale, so at prefill M this is how a patched layer's qkv and gate_up take them; and
+# ``m_ranges`` of the row-scaled epilogue covers its twins' spans too.
+NORMED_TWINS: dict[str, tuple[str, ...]] = {
+    "rmsnorm": ("none",),
+    "rmsnorm_bias": ("bias", "none"),
+    "rmsnorm_silu": ("silu",),
+    "rmsnorm_gelu_tanh": ("gelu_tanh",),
+}
+_TWIN_REASONS = ("no_entry", "fallback_entry")  # a row-scaled call's: its twins may serve
 _new_tuple = tuple.__new__
 
 _torch: Any = None  # the torch module, once imported
@@ -737,11 +747,11 @@ class Api:
         got = self._fused_call(torch, x, w, None, epilogue, value, in_op)
         if (
             type(got) is str
-            and got == "no_entry"
+            and got in _TWIN_REASONS
             and eps is not None
             and self._fuses(x.dtype, w, act)
         ):
-            # NORMED_GATED: torch's RMSNorm, then the gated kernel (its rounding is the
+            # NORMED_TWINS: torch's RMSNorm, then the gated kernel (its rounding is the
             # unfused path's: x normalised to its dtype, then the GEMM)
             got = self._fused_call(torch, fused.rms_normed(x, value), w, None, act, 0.0, in_op)
         return got
@@ -752,7 +762,20 @@ class Api:
         value = fused.check_eps("linear_rmsnorm", eps)
         fused.check_inputs("linear_rmsnorm", x, w, bias)
         epilogue = "rmsnorm" if bias is None else "rmsnorm_bias"
-        return self._fused_call(torch, x, w, bias, epilogue, value, in_op)
+        got = self._fused_call(torch, x, w, bias, epilogue, value, in_op)
+        dtype = dtype_name(x.dtype)
+        if (
+            type(got) is str
+            and got in _TWIN_REASONS
+            and dtype is not None
+            and w.dim() == 2
+            and self.covers(w.shape[0], w.shape[1], dtype)
+        ):
+            # NORMED_TWINS: torch's RMSNorm, then ``linear``'s path (a bias entry, or
+            # the plain one and the bias added; else F.linear: the unfused path's exact
+            # ops), which counts its own hit or fallback
+            return self._linear(fused.rms_normed(x, value), w, bias, in_op)
+        return got
 
     def _fused_call(
         self, torch: Any, x: Any, w: Any, bias: Any, epilogue: str, eps: float, in_op: bool
@@ -820,7 +843,10 @@ class Api:
         """The M ranges (first, last; ascending, merged) at which a call of (dtype,
         layout, M, N, K) with fused ``epilogue`` finds a table entry that launches a
         kernel: a ``kernel`` or ``cublaslt`` entry, or (plain GEMMs) a fallback entry's
-        eager alternative. ``decided``: at which it finds any entry, a fallback entry
+        eager alternative; for a row-scaled epilogue, also where a twin does after
+        torch's RMSNorm (``NORMED_TWINS``): the gated kernel, or any entry of the plain
+        GEMM (``linear``'s measured choice there). ``decided``: at which it finds any
+        entry, a fallback entry
         too (the build measured torch's own ops fastest there). ``device``: a CUDA
         device index, answered for its GPU as its calls resolve it (nothing where the
         device cannot use the table); None: for any GPU model of the table (what a CPU
@@ -836,14 +862,19 @@ class Api:
                 return ()
             models = [(info.gpu, info.arch)]
         spans = []
-        served = (epilogue, NORMED_GATED[epilogue]) if epilogue in NORMED_GATED else (epilogue,)
+        served = (epilogue, *NORMED_TWINS.get(epilogue, ()))
         for gpu, arch in models:
             for name in served:
                 for lo, hi, e in self.table.m_spans(gpu, arch, dtype, layout, n, k, name):
                     launches = e.kind in ("kernel", "cublaslt")
-                    if name != epilogue and not launches:
+                    eager = name == "none" and e.eager is not None
+                    # a row-scaled call's plain twin serves at any of its entries:
+                    # ``linear``'s path there is the build's measured choice for that
+                    # GEMM (a fallback entry's: F.linear, the unfused path's own)
+                    plain_twin = name == "none" != epilogue
+                    if name != epilogue and not (launches or eager or plain_twin):
                         continue  # a gated twin's fallback entry serves no row-scaled call
-                    if decided or launches or (epilogue == "none" and e.eager is not None):
+                    if decided or launches or eager or plain_twin:
                         spans.append((lo, hi))
         merged: list[tuple[int, int]] = []
         for lo, hi in sorted(spans):

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import fused
-from .api import NORMED_GATED, dtype_name
+from .api import NORMED_TWINS, dtype_name
 from .families import ACTS, BIAS_KEYS, FAMILIES, HEADS, Family, Gemm, layer_gemms
 from .ops import LinearPatch, patch_linear
 from .rope_kv import pack_rope_rows, unpack_rope_rows
@@ -725,10 +725,12 @@ def _gemm_report(api: Any, name: str, gemm: Gemm, w: Any) -> GemmReport:
         for e in api.table.entries
         if (e.dtype, e.layout, e.n, e.k, e.epilogue) == (dtype, "tn", n, k, epilogue)
     )
-    fuses = api._fuses  # the fused op's own check: a kernel entry of that epilogue
-    hit = api.covers(n, k, dtype) if epilogue == "none" else fuses(w.dtype, w, epilogue)
-    if not hit and epilogue in NORMED_GATED:  # ... or of its gated twin, after RMSNorm
-        hit = fuses(w.dtype, w, NORMED_GATED[epilogue])
+
+    def has(name: str) -> bool:  # the op's own check: a kernel entry of that epilogue
+        return api.covers(n, k, dtype) if name == "none" else api._fuses(w.dtype, w, name)
+
+    # ... or one of its twins', after torch's RMSNorm (``NORMED_TWINS``)
+    hit = has(epilogue) or any(has(t) for t in NORMED_TWINS.get(epilogue, ()))
     device = w.device.index if w.is_cuda else None
     ranges = api.m_ranges(n, k, dtype, epilogue, device)
     decided = api.m_ranges(n, k, dtype, epilogue, device, decided=True)

@@ -102,9 +102,11 @@ def test_where_no_kernel_runs_the_result_is_torchs_unfused_op(synthetic_package,
     assert _same(ops.linear_rmsnorm(x, w, 1e-5, b), spec_rmsnorm(x, w, 1e-5, b))
     assert _same(ops.linear_rmsnorm(x, w, 1e-5), spec_rmsnorm(x, w, 1e-5))
     assert pkg.linear_gated(x, w, act).shape == (2, 3, n // 2)
-    # fp16: the table has entries for these, the CPU tensors send them to torch; bf16: none
-    want = "device" if dtype is torch.float16 else "no_entry"
-    assert pkg.stats.fallbacks == {want: 9} and not pkg.stats.hits
+    # fp16: the table has entries for these, the CPU tensors send them to torch; bf16: no
+    # fused entry, but the four RMSNorm calls' plain twin (NORMED_TWINS) has one: the CPU
+    # tensors send it to torch (the unfused path's same ops)
+    want = {"device": 9} if dtype is torch.float16 else {"no_entry": 5, "device": 4}
+    assert pkg.stats.fallbacks == want and not pkg.stats.hits
 
 
 def test_the_api_knows_the_new_epilogues_entries(synthetic_package, package):
@@ -144,52 +146,118 @@ def test_a_call_that_fits_reaches_the_launch_with_its_epilogue_ldc_and_eps(
     ]
 
 
+def _as_fallback(e, epilogue: str):
+    """A fallback entry of ``epilogue`` at e's spans: the build measured torch best there."""
+    return dataclasses.replace(
+        e, kind="fallback", kernel=None, symbol=None, cubin_sha256=None, launch=None,
+        design_key=None, epilogue=epilogue,
+    )  # fmt: skip
+
+
+# A row-scaled call with no kernel of its own (NORMED_TWINS): the extra entries beside
+# the recorded table (which holds the plain one, a kernel), the call, the epilogue of
+# the kernel it launches (after torch's RMSNorm where that is a twin) or None (torch's
+# unfused ops), and whether the row-scaled epilogue's M ranges are not empty (a patched
+# layer's route counts the GEMM as covered). Kinds: ``kernel``; ``fallback``: the only
+# entry of its epilogue (for ``none``: in place of the recorded plain ones);
+# ``fallback_at_m``: a kernel entry, but a fallback one at the call's M (the prefill
+# case: row-scaled kernels win at decode M only), as ``_run`` answers it there.
+TWINS = [
+    # (extra entries: epilogue -> kind, the call's epilogue, the epilogue launched, covered)
+    ({"silu": "kernel"}, "rmsnorm_silu", "silu", True),
+    ({"gelu_tanh": "kernel"}, "rmsnorm_gelu_tanh", "gelu_tanh", True),
+    ({"silu": "kernel", "rmsnorm_silu": "fallback"}, "rmsnorm_silu", "silu", True),
+    ({"silu": "kernel", "rmsnorm_silu": "fallback_at_m"}, "rmsnorm_silu", "silu", True),
+    ({"silu": "kernel", "rmsnorm_silu": "kernel"}, "rmsnorm_silu", "rmsnorm_silu", True),
+    ({"silu": "fallback_at_m"}, "rmsnorm_silu", None, True),  # the silu kernel at other M
+    ({"silu": "fallback"}, "rmsnorm_silu", None, False),
+    ({"gelu_tanh": "kernel"}, "rmsnorm_silu", None, False),
+    ({}, "rmsnorm", "none", True),
+    ({"rmsnorm": "fallback"}, "rmsnorm", "none", True),
+    ({"rmsnorm": "fallback_at_m"}, "rmsnorm", "none", True),
+    ({"rmsnorm": "kernel"}, "rmsnorm", "rmsnorm", True),
+    ({"none": "fallback"}, "rmsnorm", None, True),  # F.linear: the plain GEMM's choice
+    ({"bias": "kernel"}, "rmsnorm_bias", "bias", True),
+    ({}, "rmsnorm_bias", "none", True),  # the plain kernel, the bias added after
+]
+
+
 @pytest.fixture
-def gated_only_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
-    """The recorded table plus synthetic ``silu`` and ``gelu_tanh`` entries and no
-    row-scaled one: what a wheel of sm90tma's gated TMA store holds at prefill M."""
-    e = _smallest(recorded_table)
-    extra = tuple(_as_epilogue(e, name) for name in ("silu", "gelu_tanh"))
-    table = dataclasses.replace(recorded_table, entries=(*recorded_table.entries, *extra))
-    name = write_package(tmp_path, table, recorded_cubins)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module(name)
-    yield module, e
-    for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-        del sys.modules[key]
+def twin_package(tmp_path, monkeypatch, recorded_table, recorded_cubins, write_package):
+    """The recorded table plus entries of ``extra`` at its smallest kernel's (N, K)."""
+    made = []
+
+    def make(extra):
+        e = _smallest(recorded_table)
+        more = tuple(
+            _as_fallback(e, name) if kind == "fallback" else _as_epilogue(e, name)
+            for name, kind in extra.items()
+        )
+        same = (e.dtype, e.n, e.k, "none")
+        kept = tuple(
+            x
+            for x in recorded_table.entries
+            if "none" not in extra or (x.dtype, x.n, x.k, x.epilogue) != same
+        )
+        table = dataclasses.replace(recorded_table, entries=(*kept, *more))
+        name = write_package(tmp_path, table, recorded_cubins)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        made.append(name)
+        return importlib.import_module(name), e
+
+    yield make
+    for name in made:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
-def test_a_row_scaled_gated_call_takes_the_gated_kernel_after_torchs_rmsnorm(
-    gated_only_package, monkeypatch, act
+@pytest.mark.parametrize(("extra", "epilogue", "launched", "covered"), TWINS)
+def test_a_row_scaled_call_without_its_kernel_takes_a_twins_after_torchs_rmsnorm(
+    twin_package, monkeypatch, extra, epilogue, launched, covered
 ):
-    """No ``rmsnorm_<act>`` entry, an ``<act>`` one: x normalised as the unfused path
-    does (``fused.rms_normed``), then the gated kernel (eps 0: it has no row scale); the
-    M ranges of the row-scaled epilogue are the gated one's, so a patched layer takes
-    its fused forward there."""
-    pkg, e = gated_only_package
+    """No launching ``rmsnorm...`` entry at M (none, or a fallback), a twin's kernel (the
+    gated one's, or the plain GEMM's: ``linear``'s path): x normalised as the unfused
+    path does (``fused.rms_normed``), then that kernel with eps 0 (it has no row
+    scale), the bias added where the plain one served a bias call; the row-scaled
+    epilogue's M ranges are then its own and the twin's, so a patched layer takes its
+    fused forward there. No launching twin either: torch's unfused ops, nothing run."""
+    pkg, e = twin_package(extra)
     api = pkg._api
     seen = []
 
     def run(torch_, a, b, operands, epilogue="none", epi=(None, None), ldr=0, out=None, eps=0.0):
+        if extra.get(epilogue) == "fallback_at_m":
+            return "fallback_entry"
         seen.append((epilogue, a.clone(), eps))
-        return torch.zeros(operands[1], api_mod.out_columns(epilogue, operands[2]), dtype=a.dtype)
+        n = api_mod.out_columns(epilogue, operands[2])
+        return torch.full((operands[1], n), 2.0, dtype=a.dtype)
 
     monkeypatch.setattr(api, "_run", run)
-    x, w, _ = _inputs(e.n, e.k, lead=(5,))
-    assert api.linear_gated(x, w, act, 1e-5).shape == (5, e.n // 2)
-    ((epilogue, a, eps),) = seen
-    assert (epilogue, eps) == (act, 0.0)
+    x, w, b = _inputs(e.n, e.k, lead=(5,))
+    gated = epilogue.startswith("rmsnorm_") and epilogue != "rmsnorm_bias"
+    if gated:
+        got = api.linear_gated(x, w, epilogue.removeprefix("rmsnorm_"), 1e-5)
+        want = spec_gated(x, w, epilogue.removeprefix("rmsnorm_"), 1e-5)
+    else:
+        bias = b if epilogue == "rmsnorm_bias" else None
+        got = api.linear_rmsnorm(x, w, 1e-5, bias)
+        want = spec_rmsnorm(x, w, 1e-5, bias)
+    ranges = api.m_ranges(e.n, e.k, "fp16", epilogue)
+    assert bool(ranges) == covered
+    if launched is None:
+        assert seen == [] and _same(got, want)
+        return
+    ((ran, a, eps),) = seen
+    assert ran == launched
+    if launched == epilogue:  # its own kernel: the row scale in the epilogue
+        assert _same(a, x) and eps == 1e-5
+        return
     normed = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
-    assert _same(a, normed)
-    assert api.linear_gated(x, w, act).shape == (5, e.n // 2) and seen[-1][0] == act
-    ranges = api.m_ranges(e.n, e.k, "fp16", act)
-    assert ranges and api.m_ranges(e.n, e.k, "fp16", f"rmsnorm_{act}") == ranges
-    assert api.m_ranges(e.n, e.k, "fp16", "rmsnorm") == ()  # no gated twin: nothing
-    w_other = _inputs(e.n + 16, e.k, seed=1)[1]  # an N of no entry, of either kind
-    seen.clear()
-    assert _same(api.linear_gated(x, w_other, act, 1e-5), spec_gated(x, w_other, act, 1e-5))
-    assert seen == []
+    assert _same(a, normed) and eps == 0.0
+    added = b if (epilogue, launched) == ("rmsnorm_bias", "none") else 0
+    assert torch.equal(got, (torch.full_like(got, 2.0) + added).to(got.dtype))
+    twin = api.m_ranges(e.n, e.k, "fp16", launched)
+    assert twin and all(any(lo <= a and b <= hi for lo, hi in ranges) for a, b in twin)
 
 
 def test_run_allocates_half_the_columns_and_passes_ldc_and_eps(synthetic_package, monkeypatch):

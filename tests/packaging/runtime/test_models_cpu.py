@@ -600,6 +600,41 @@ def test_a_gemm_without_an_entry_keeps_the_layer_original(table_package):
     assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
 
 
+# A prefill M past the row-scaled entries (M 12; they cover 1..8) where the twins
+# serve (NORMED_TWINS): qkv's plain GEMM and gate_up's gated one cover M 1..64, as the
+# residual GEMMs do. (the twins present, the path at M 12)
+PREFILL_TWINS = [
+    ((("none", 128), ("silu", 192)), "fused"),
+    ((("silu", 192),), "original"),  # no plain qkv entry: nothing serves it at M 12
+    ((("none", 128),), "original"),  # no silu entry: gate_up has nothing at M 12
+]
+
+
+@pytest.mark.parametrize(("twins", "path"), PREFILL_TWINS)
+def test_a_prefill_m_takes_the_fused_forward_through_the_twins(table_package, twins, path):
+    """sm90tma's persistent prefill kernels render the gated activation and the
+    residual but never the row scale: at a prefill M a patched layer runs its fused
+    forward where torch's RMSNorm and then the plain qkv / the gated gate_up kernel
+    serve, and its own forward where either twin is missing."""
+    row_scaled = [(128, 64, "rmsnorm", COVERED_M), (192, 64, "rmsnorm_silu", COVERED_M)]
+    wide = [(64, 64, "residual"), (64, 96, "residual"), (97, 64, "rmsnorm")]
+    wide += [(n, 64, name) for name, n in twins]
+    pkg = table_package([*row_scaled, *((*w, 64) for w in wide)])
+    model = tiny("llama", torch.float16)
+    ref = copy.deepcopy(model).float()
+    x = ids(4, batch=2, tokens=6)
+    want = logits(model, x)
+    with pkg.patch_model(model) as patch:
+        got = logits(model, x)
+        rep = patch.report(ms=[4, 12])
+    assert rep["paths"]["model.layers.0"] == {"4": "fused", "12": path}
+    rows = {r["gemm"]: r for r in rep["layers"]["model.layers.0"]}
+    if path == "fused":
+        assert rows["qkv"]["m_ranges"] == rows["gate_up"]["m_ranges"] == [[1, 64]]
+    exact = logits(ref, x)
+    assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
+
+
 @pytest.mark.parametrize(
     ("grouped", "batch", "tokens", "path"),
     [
