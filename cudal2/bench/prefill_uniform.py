@@ -42,3 +42,56 @@ def sass_uniform(root: Path) -> str:
             f"| {label} | {' | '.join(cells)} | {a['hgmma']} | {a['registers']} | {local} |"
         )
     return "\n".join(lines)
+
+
+# ci/gpu_prefill_fused.sh on a lent H200 (bench/manifests/llama-prefill-fused-h100.toml):
+# a fused Llama-3.1-8B layer's targets at M = 2048, each epilogue beside its plain target
+# (the sanitizer checks of that run left out: see docs/kernels.md)
+FUSED_PREFILL = "bench/results/h200-llama-prefill-fused.measurements.jsonl.gz"
+
+
+def fused_prefill(root: Path) -> str:
+    """Per fused target: each design against its plain twin (the same design on the
+    plain target, in the same job: geomean, range, how many of the fused are faster),
+    and the fastest fused kernel and the fastest plain one against torch's op(s)."""
+    import statistics
+
+    from cudal2.database import MeasurementDB, latest
+    from cudal2.records import Status
+
+    ms = [
+        m
+        for m in latest(MeasurementDB(root / FUSED_PREFILL).read())
+        if m.status == Status.OK and m.design
+    ]
+    by: dict[tuple, dict] = {}
+    for m in ms:
+        t = m.target
+        knobs = tuple(
+            sorted((k, v) for k, v in m.design.knobs.as_json().items() if k != "epilogue")
+        )
+        by.setdefault((t.m, t.n, t.k, t.epilogue), {})[knobs] = m
+    gpu = ms[0].gpu.name.removeprefix("NVIDIA ")
+    lines = [
+        f"{gpu}, fp16 tn (`{FUSED_PREFILL}`): each fused design's time over its plain twin's "
+        "(geomean, range), and the fastest fused and plain kernels against torch (for a "
+        "fused target its unfused ops: the GEMM, then the add or SiLU and product), in µs.",
+        "",
+        "| M×N×K | epilogue | designs | fused / plain time | fastest fused (torch) | "
+        "× torch | fastest plain (torch) | × torch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (m, n, k, epi), fused in sorted(by.items()):
+        if epi == "none":
+            continue
+        plain = by[(m, n, k, "none")]
+        ratios = [fused[d].median_us / plain[d].median_us for d in fused if d in plain]
+        bf = min(fused.values(), key=lambda x: x.median_us)
+        bp = min(plain.values(), key=lambda x: x.median_us)
+        tf, tp = bf.baselines_us["torch"], bp.baselines_us["torch"]
+        lines.append(
+            f"| {m}×{n}×{k} | {epi} | {len(ratios)} | {statistics.geometric_mean(ratios):.3f} "
+            f"({min(ratios):.2f}–{max(ratios):.2f}) | {bf.median_us:.1f} ({tf:.1f}) | "
+            f"{tf / bf.median_us:.3f} | {bp.median_us:.1f} ({tp:.1f}) | {tp / bp.median_us:.3f} |"
+        )
+    return "\n".join(lines)

@@ -1966,6 +1966,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-prefill-tma": prefill_narrow_pair.llama_prefill_tma,
     "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
     "sass-uniform": prefill_uniform.sass_uniform,
+    "fused-prefill": prefill_uniform.fused_prefill,
     "tma-v5-techniques": techniques.ledger,
     "build-stages": build_stages,
     "build-ab": build_ab,

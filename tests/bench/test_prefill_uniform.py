@@ -62,3 +62,28 @@ def test_a_changed_invariant_is_refused(tmp_path, field, value):
     row[field] = value
     with pytest.raises(ValueError, match=field):
         pu.sass_uniform(_copy(tmp_path, doc))
+
+
+def test_the_fused_prefill_block_reads_each_fused_design_beside_its_plain_twin():
+    """``fused_prefill`` from the committed H200 database: a row per fused target, its
+    count of designs measured on both targets, and the fastest fused kernel's time and
+    torch's beside it, recomputed here from the records."""
+    import gzip
+
+    block = pu.fused_prefill(ROOT)
+    rows = [json.loads(line) for line in gzip.open(ROOT / pu.FUSED_PREFILL)]
+    kernels = [r for r in rows if r.get("status") == "ok" and r.get("design")]
+    fused = {}
+    for r in kernels:
+        t = r["target"]
+        fused.setdefault((t["m"], t["n"], t["k"], t.get("epilogue", "none")), []).append(r)
+    epilogues = [key for key in fused if key[3] != "none"]
+    assert len(epilogues) == 3 and len(block.splitlines()) == 4 + len(epilogues)
+    for m, n, k, epi in epilogues:
+        best = min(fused[(m, n, k, epi)], key=lambda r: r["median_us"])
+        torch_us = best["baselines_us"]["torch"]
+        assert f"| {m}×{n}×{k} | {epi} | " in block
+        assert (
+            f"| {best['median_us']:.1f} ({torch_us:.1f}) | {torch_us / best['median_us']:.3f} |"
+            in block
+        )

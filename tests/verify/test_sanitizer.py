@@ -12,8 +12,9 @@ from cudal2.verify import sanitizer
 def test_small_problem_keeps_residues_and_alignment(shape):
     t = Target("sm_90a", "fp16", "nn", *shape)
     s = sanitizer.small(t)
-    assert s.m <= 130 and s.n <= 136 and s.k <= 264
+    assert s.m <= 130 and s.n <= 144 and s.k <= 264
     assert s.k % 8 == 0 and s.n % 8 == 0  # the nn alignment rule still holds
+    assert s.n % 16 == t.n % 16 and (s.n == t.n or s.n > 128)  # a partial 128-column tile
     assert (s.dtype, s.layout) == (t.dtype, t.layout)
     assert s.m == min(t.m, 130)
 
@@ -126,16 +127,21 @@ def test_the_local_runner_memchecks_several_at_a_time(monkeypatch, recorded_meas
         Target("sm_90a", "bf16", "tn", 1, 6144, 4096, epilogue="rmsnorm"),
         Target("sm_90a", "fp16", "tn", 300, 4096, 14336, epilogue="residual"),
         Target("sm_90a", "fp16", "tn", 3, 70, 40, epilogue="silu"),
+        Target("sm_90a", "fp16", "tn", 2048, 28672, 4096, epilogue="silu"),
+        Target("sm_90a", "bf16", "tn", 1024, 7000, 8192, epilogue="gelu_tanh"),
     ],
     ids=lambda t: t.label,
 )
 def test_the_checked_size_keeps_the_epilogue(target):
     """A fused kernel is checked with its epilogue's arguments: the cut target keeps it
-    (and an even N for a gated one)."""
+    (and an even N for a gated one, whose output rows keep their 16-byte multiple where
+    the target's have it: the gated TMA store's tensor map needs them)."""
     s = sanitizer.small(target)
     assert s.epilogue == target.epilogue
-    assert (s.m, s.n, s.k) == (min(target.m, 130), min(target.n, 136), min(target.k, 264))
-    assert s.out_n * 2 == s.n or s.epilogue not in ("silu", "rmsnorm_silu")
+    assert (s.m, s.k) == (min(target.m, 130), min(target.k, 264))
+    assert s.n <= 144 and s.n % 16 == target.n % 16
+    assert s.out_n * 2 == s.n or s.epilogue not in ("silu", "rmsnorm_silu", "gelu_tanh")
+    assert (s.out_n * 2) % 16 == (target.out_n * 2) % 16
 
 
 @pytest.mark.parametrize(
