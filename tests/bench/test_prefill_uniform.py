@@ -71,7 +71,8 @@ def test_the_fused_prefill_block_reads_each_fused_design_beside_its_plain_twin()
     import gzip
 
     block = pu.fused_prefill(ROOT)
-    rows = [json.loads(line) for line in gzip.open(ROOT / pu.FUSED_PREFILL)]
+    with gzip.open(ROOT / pu.FUSED_PREFILL) as f:
+        rows = [json.loads(line) for line in f]
     kernels = [r for r in rows if r.get("status") == "ok" and r.get("design")]
     fused = {}
     for r in kernels:
