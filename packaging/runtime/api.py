@@ -846,13 +846,12 @@ class Api:
         eager alternative; for a row-scaled epilogue, also where a twin does after
         torch's RMSNorm (``NORMED_TWINS``): the gated kernel, or any entry of the plain
         GEMM (``linear``'s measured choice there). ``decided``: at which it finds any
-        entry, a fallback entry
-        too (the build measured torch's own ops fastest there). ``device``: a CUDA
-        device index, answered for its GPU as its calls resolve it (nothing where the
-        device cannot use the table); None: for any GPU model of the table (what a CPU
-        run asks: the path a GPU would take). Loads and launches nothing; a call in
-        range can still fall back at launch (alignment, the recipe's fit, a failed load:
-        ``stats`` counts those)."""
+        entry, a fallback entry too (the build measured torch's own ops fastest there).
+        ``device``: a CUDA device index, answered for its GPU as its calls resolve it
+        (nothing where the device cannot use the table); None: for any GPU model of the
+        table (what a CPU run asks: the path a GPU would take). Loads and launches
+        nothing; a call in range can still fall back at launch (alignment, the recipe's
+        fit, a failed load: ``stats`` counts those)."""
         if device is None:
             models = self.table.models()
         else:
