@@ -586,18 +586,24 @@ def test_a_gemm_without_an_entry_keeps_the_layer_original(table_package):
     """One fused GEMM of the layer uncovered (gate_up) at M: the whole layer runs its own
     forward; the head, covered, runs fused."""
     specs = [s for s in _tiny_specs() if s[2] != "rmsnorm_silu"]
-    pkg = table_package(specs)
-    model = tiny("llama", torch.bfloat16)
+    rep = _patched_within_tolerance(table_package(specs), torch.bfloat16, 2, [4, 9])
+    assert rep["paths"]["model.layers.0"] == {"4": "original", "9": "original"}
+    assert rep["paths"]["lm_head"] == {"4": "fused", "9": "original"}
+
+
+def _patched_within_tolerance(pkg, dtype, tokens: int, ms: list[int]) -> dict:
+    """A tiny Llama's logits of 2 x ``tokens`` ids patched by ``pkg``: within the
+    tolerance rule of the unpatched model's (against fp32); the report at ``ms``."""
+    model = tiny("llama", dtype)
     ref = copy.deepcopy(model).float()
-    x = ids(4, batch=2, tokens=2)
+    x = ids(4, batch=2, tokens=tokens)
     want = logits(model, x)
     with pkg.patch_model(model) as patch:
         got = logits(model, x)
-        rep = patch.report(ms=[4, 9])
-    assert rep["paths"]["model.layers.0"] == {"4": "original", "9": "original"}
-    assert rep["paths"]["lm_head"] == {"4": "fused", "9": "original"}
+        rep = patch.report(ms=ms)
     exact = logits(ref, x)
     assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
+    return rep
 
 
 # A prefill M past the row-scaled entries (M 12; they cover 1..8) where the twins
@@ -620,19 +626,11 @@ def test_a_prefill_m_takes_the_fused_forward_through_the_twins(table_package, tw
     wide = [(64, 64, "residual"), (64, 96, "residual"), (97, 64, "rmsnorm")]
     wide += [(n, 64, name) for name, n in twins]
     pkg = table_package([*row_scaled, *((*w, 64) for w in wide)])
-    model = tiny("llama", torch.float16)
-    ref = copy.deepcopy(model).float()
-    x = ids(4, batch=2, tokens=6)
-    want = logits(model, x)
-    with pkg.patch_model(model) as patch:
-        got = logits(model, x)
-        rep = patch.report(ms=[4, 12])
+    rep = _patched_within_tolerance(pkg, torch.float16, 6, [4, 12])
     assert rep["paths"]["model.layers.0"] == {"4": "fused", "12": path}
     rows = {r["gemm"]: r for r in rep["layers"]["model.layers.0"]}
     if path == "fused":
         assert rows["qkv"]["m_ranges"] == rows["gate_up"]["m_ranges"] == [[1, 64]]
-    exact = logits(ref, x)
-    assert (got - exact).abs().max().item() <= TOLERANCE * (want - exact).abs().max().item()
 
 
 @pytest.mark.parametrize(
