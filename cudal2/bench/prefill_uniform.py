@@ -44,6 +44,83 @@ def sass_uniform(root: Path) -> str:
     return "\n".join(lines)
 
 
+# ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tenth[-bf16]-h100.toml):
+# the tenth slice's four techniques beside their twins, one database a dtype
+TENTH_SWEEPS = {
+    "fp16": "bench/results/h200-sweep-tma-v5-tenth.measurements.jsonl.gz",
+    "bf16": "bench/results/h200-sweep-tma-v5-tenth-bf16.measurements.jsonl.gz",
+}
+_TENTH_KNOBS = ("persistent", "m_blocks", "wgmma_n", "stages", "cluster_m", "uniform", "ring")
+
+
+def _tenth_kernel(knobs: dict) -> tuple[int, ...]:
+    return tuple(knobs.get(k, 0) for k in _TENTH_KNOBS)
+
+
+def _tenth_label(k: tuple[int, ...]) -> str:
+    """``pp 128x128/6``, ``256x160/3 pair``, ``... u`` (the index broadcast)."""
+    pers, mp, n, st, cluster, uniform, _ = k
+    rows = 64 * mp * (2 if pers == 1 else 1)
+    tags = (" pair" if cluster == 2 else "") + (" u" if uniform else "")
+    return f"{'pp ' if pers == 2 else ''}{rows}x{n}/{st}{tags}"
+
+
+def _tenth_technique(k: tuple[int, ...]) -> bool:
+    """A kernel with any of the tenth slice's techniques (the index broadcast, a pair,
+    the cooperative 256-row tile); the others are the ninth slice's designs."""
+    pers, mp, _, _, cluster, uniform, _ = k
+    return bool(uniform) or cluster == 2 or (pers == 1 and mp == 2)
+
+
+def tma_v5_tenth(root: Path, files: dict[str, str] = TENTH_SWEEPS) -> str:
+    """Per target and measured dtype: the sweep's fastest kernel, its fastest without the
+    tenth slice's techniques, and cuBLASLt (each × torch in the same job); per dtype the
+    geomeans of both against cuBLASLt."""
+    from cudal2.bench.prefill_store import _gm, _sweep
+    from cudal2.bench.prefill_tma_store import SUMMARY_HEAD, summary_row
+
+    runs = {d: _sweep(root, p, _tenth_kernel) for d, p in files.items() if (root / p).exists()}
+    if not runs:
+        raise ValueError(f"none of {sorted(files.values())} is there")
+    gpus = sorted({gpu.removeprefix("NVIDIA ") for gpu, _, _ in runs.values()})
+    lines = [
+        f"{', '.join(gpus)}, `{'`, `'.join(files[d] for d in runs)}`: per target the "
+        "sweep's fastest kernel (× torch in the same job; tile / ring stages, `pp` "
+        "ping-pong, `pair` a 2-CTA multicast pair, `u` the warpgroup index broadcast), its "
+        "fastest without any of the tenth slice's techniques (the ninth slice's designs), "
+        "and cuBLASLt's algorithm.",
+        "",
+        "| dtype | M×N×K | fastest | without the tenth's | cuBLASLt |",
+        "|---|---|---:|---:|---:|",
+    ]
+    rows: dict[str, list[tuple[float, float, float]]] = {}
+    for dtype, (_, own, lt) in runs.items():
+        for key in sorted(own):
+            kernels = own[key]
+            best = max(kernels.items(), key=lambda kv: kv[1])
+            plain = max(
+                ((k, v) for k, v in kernels.items() if not _tenth_technique(k)),
+                key=lambda kv: kv[1],
+            )
+            rows.setdefault(dtype, []).append((best[1], plain[1], lt[key]))
+            m, n, k = key[1:]
+            lines.append(
+                f"| {dtype} | {m}×{n}×{k} | {best[1]:.3f} ({_tenth_label(best[0])}) | "
+                f"{plain[1]:.3f} ({_tenth_label(plain[0])}) | {lt[key]:.3f} |"
+            )
+    lines += ["", "The fastest of the sweep, then without the tenth's, against cuBLASLt:", ""]
+    lines += list(SUMMARY_HEAD)
+    for dtype, got in rows.items():
+        lts = [r[2] for r in got]
+        lines.append(summary_row(dtype, [r[0] for r in got], lts))
+        lines.append(summary_row(f"{dtype}, without", [r[1] for r in got], lts))
+    gain = {d: _gm([b / p for b, p, _ in got]) for d, got in rows.items()}
+    lines += ["", "The tenth's techniques, fastest over fastest without: " + ", ".join(
+        f"{d} {g:.3f}" for d, g in gain.items()
+    ) + "."]  # fmt: skip
+    return "\n".join(lines)
+
+
 # ci/gpu_prefill_fused.sh on a lent H200 (bench/manifests/llama-prefill-fused-h100.toml):
 # a fused Llama-3.1-8B layer's targets at M = 2048, each epilogue beside its plain target
 # (the sanitizer checks of that run left out: see docs/kernels.md)

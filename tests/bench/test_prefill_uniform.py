@@ -88,3 +88,23 @@ def test_the_fused_prefill_block_reads_each_fused_design_beside_its_plain_twin()
             f"| {best['median_us']:.1f} ({torch_us:.1f}) | {torch_us / best['median_us']:.3f} |"
             in block
         )
+
+
+def test_the_tenth_block_reads_a_sweep_without_its_techniques_as_the_ring_block_does():
+    """``tma_v5_tenth`` (its sweep's database not yet committed) on the ring sweep, which
+    holds none of the tenth's techniques: the fastest kernel is the fastest without them
+    on every target, the gain is 1, and the summary row is the ring block's own."""
+    from cudal2.bench import prefill_narrow_pair as pnp
+
+    ring = {"fp16": pnp.RING_SWEEP}
+    block = pu.tma_v5_tenth(ROOT, ring)
+    rows = [x for x in block.splitlines() if x.startswith("| fp16 | ") and "×" in x]
+    assert len(rows) == 17
+    for row in rows:
+        cells = row.split(" | ")
+        assert cells[2] == cells[3]  # the fastest is one of the ninth slice's designs
+    assert "fastest over fastest without: fp16 1.000." in block
+    summary = next(x for x in block.splitlines() if x.startswith("| fp16 | 1."))
+    assert summary.split(" | ")[3] in pnp.tma_v5_ring(ROOT)  # TMA store / cuBLASLt
+    with pytest.raises(ValueError, match="none of"):
+        pu.tma_v5_tenth(ROOT, {"fp16": "bench/results/no-such.measurements.jsonl.gz"})
