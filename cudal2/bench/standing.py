@@ -898,6 +898,34 @@ def _kv_e2e_table(root: Path, path: str) -> str:
     return "\n".join(lines)
 
 
+# Issue 22's fused prefill, its first run on a lent H200 (2026-12-05): the check and
+# prefill parts with the wheel of bench/manifests/llama-prefill-fused-h100.toml
+# (bash ci/gpu_prefill_fused.sh)
+FUSED_PREFILL_E2E = "bench/results/h200-llama-prefill-fused-e2e.json"
+
+
+def fused_prefill_e2e(root: Path) -> str:
+    """``docs/kernels.md``'s fused prefill end to end: the run's table, and the path its
+    layers took at the prefill's M (``patch.report``)."""
+    d = json.loads((root / FUSED_PREFILL_E2E).read_text())
+    env, pf, check = d["env"], d["llama"]["prefill"], d["llama"]["check"]
+    paths = check["report"]["paths"][str(pf["tokens"])]["layers"]
+    took = ", ".join(f"{k} {n}" for k, n in paths.items())
+    lo, hi = (pf["p20_p80_ms"][k] for k in ("unpatched", "patched"))
+    return (
+        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
+        f"`{env['package']}` ({env['launcher']} launcher), {env['layers']} layers "
+        f"(`{FUSED_PREFILL_E2E}`). Prefill of {pf['tokens']} tokens (eager, medians of "
+        f"{env['reps']}): unpatched {pf['ms']['unpatched']:.2f} ms (p20–p80 "
+        f"{lo[0]:.2f}–{lo[1]:.2f}), patched {pf['ms']['patched']:.2f} ms "
+        f"({hi[0]:.2f}–{hi[1]:.2f}), speedup {pf['speedup']:.3f}. The layers at M = "
+        f"{pf['tokens']}: {took}; one patched prefill's kernel hits "
+        f"{sum(pf['hits'].values())}, its last logits "
+        f"{pf['max_diff_patched_vs_unpatched']:g} from the unpatched model's. Logits "
+        f"{_logits(check['correctness'])}."
+    )
+
+
 # Qwen2-7B's part again with its batch-1 logits check (``correctness_b1``), on another
 # lent H200 (2026-12-04): PARTS=qwen2 bash ci/gpu_e2e_default.sh
 KV_E2E_QWEN2_B1 = "bench/results/h200-llama-kv-e2e-qwen2-b1.json"
@@ -1967,6 +1995,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
     "sass-uniform": prefill_uniform.sass_uniform,
     "fused-prefill": prefill_uniform.fused_prefill,
+    "fused-prefill-e2e": fused_prefill_e2e,
     "tma-v5-techniques": techniques.ledger,
     "build-stages": build_stages,
     "build-ab": build_ab,

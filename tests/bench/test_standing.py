@@ -503,3 +503,17 @@ def test_the_qwen2_batch_1_check_says_fails_where_it_failed(tmp_path):
     (tmp_path / standing.KV_E2E_QWEN2_B1).write_text(json.dumps(d))
     text = standing.kv_e2e_qwen2_b1(tmp_path)
     assert "1x128 prompt" in text and text.count("passes") == 1 and "FAILS" in text
+
+
+def test_the_fused_prefill_e2e_block_reads_its_run(tmp_path):
+    """The committed H200 run: its medians, its spreads and the path its layers took at
+    the prefill's M come from the file; a changed path changes the sentence."""
+    d = json.loads((ROOT / standing.FUSED_PREFILL_E2E).read_text())
+    pf = d["llama"]["prefill"]
+    text = standing.fused_prefill_e2e(ROOT)
+    assert f"unpatched {pf['ms']['unpatched']:.2f} ms" in text
+    assert f"speedup {pf['speedup']:.3f}" in text and "The layers at M = 2048: original 32" in text
+    d["llama"]["check"]["report"]["paths"]["2048"]["layers"] = {"fused": 30, "original": 2}
+    (tmp_path / standing.FUSED_PREFILL_E2E).parent.mkdir(parents=True)
+    (tmp_path / standing.FUSED_PREFILL_E2E).write_text(json.dumps(d))
+    assert "The layers at M = 2048: fused 30, original 2" in standing.fused_prefill_e2e(tmp_path)
