@@ -140,21 +140,27 @@ def _runner(kernel, d: KernelDesign, t: Target):
     return run
 
 
+def _assert_correct(kernel, d: KernelDesign, dtype: str, epilogue: str, mnk, trials: int):
+    """The correctness suite on one fused target: the kernel passes, bounded by torch's
+    unfused op (the fused target's only vendor)."""
+    from cudal2.verify import correctness
+
+    t = Target("sm_90a", dtype, "tn", *mnk, epilogue=epilogue)
+    res = correctness.check(t, _runner(kernel, d, t), trials)
+    assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
+    assert res.vendors == (f"torch+{epilogue}",)
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 @pytest.mark.parametrize("shape", list(DESIGNS))
 def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
-    from cudal2.verify import correctness
-
     d = base.with_epilogue(sm90_tma.design(dtype, **DESIGNS[shape]), epilogue)
     kernel = _kernel(tmp_path, d)
     for m, n, k in SHAPES:
         if n % launch_recipe(d)["align"].get("n", 1):
             continue  # the TMA store's N % 8 (C's map; the ABI's rule): dispatch falls back
-        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
-        res = correctness.check(t, _runner(kernel, d, t), 3)
-        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
-        assert res.vendors == (f"torch+{epilogue}",)
+        _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 3)
 
 
 @pytest.mark.parametrize(
@@ -225,17 +231,13 @@ def test_gated_and_row_scaled_epilogue_correct_on_residue_shapes(tmp_path, shape
     output [M, N/2]), bounded by torch's RMSNorm + GEMM + activation; the residue
     shapes with an even N where the epilogue is gated."""
     from cudal2.records import EPILOGUE_ACTIVATION
-    from cudal2.verify import correctness
 
     d = base.with_epilogue(sm90_tma.design(dtype, **DESIGNS[shape]), epilogue)
     kernel = _kernel(tmp_path, d)
     for m, n, k in SHAPES + [(64, 28672, 4096)]:
         if epilogue in EPILOGUE_ACTIVATION and n % 2:
             n += 1
-        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
-        res = correctness.check(t, _runner(kernel, d, t), 6)
-        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
-        assert res.vendors == (f"torch+{epilogue}",)
+        _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 6)
 
 
 # sm90tma v5 gated TMA store (issue 22): the gated activation in the persistent kernels
@@ -260,16 +262,11 @@ GATED_TMA_SHAPES = [
 def test_gated_tma_store_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
     """The gated reference (gate and up rows in pairs, output [M, N/2]), bounded by
     torch's GEMM + activation, as the one-tile kernel's."""
-    from cudal2.verify import correctness
-
     d = base.with_epilogue(sm90_tma.design(dtype, **DESIGNS[shape]), epilogue)
     assert sm90_tma.gated_tma(d) and launch_recipe(d)["align"]["n"] == 16
     kernel = _kernel(tmp_path, d)
     for m, n, k in GATED_TMA_SHAPES:
-        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
-        res = correctness.check(t, _runner(kernel, d, t), 3)
-        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
-        assert res.vendors == (f"torch+{epilogue}",)
+        _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 3)
 
 
 @pytest.mark.parametrize("epilogue", ["rmsnorm", "rmsnorm_silu"])
@@ -358,16 +355,11 @@ def _splitk_design(name: str, dtype: str, epilogue: str) -> KernelDesign:
 def test_splitk_family_epilogue_correct(tmp_path, shape, epilogue, dtype):
     """sm90direct / sm90stream fused designs: the correctness suite (fp32 reference of the
     fused op, bounded by torch's unfused op) on residue shapes at M = 1, 3, 16, 64."""
-    from cudal2.verify import correctness
-
     d = _splitk_design(shape, dtype, epilogue)
     assert launch_recipe(d)["abi"] == "gemm_v3"
     kernel = _kernel(tmp_path, d)
     for m, n, k in SPLITK_SHAPES:
-        t = Target("sm_90a", dtype, "tn", m, n, k, epilogue=epilogue)
-        res = correctness.check(t, _runner(kernel, d, t), 8)
-        assert res.ok, f"{design_name(d)} on {t.label}: {res.error}"
-        assert res.vendors == (f"torch+{epilogue}",)
+        _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 8)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
