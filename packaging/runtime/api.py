@@ -763,13 +763,11 @@ class Api:
         fused.check_inputs("linear_rmsnorm", x, w, bias)
         epilogue = "rmsnorm" if bias is None else "rmsnorm_bias"
         got = self._fused_call(torch, x, w, bias, epilogue, value, in_op)
-        dtype = dtype_name(x.dtype)
         if (
             type(got) is str
             and got in _TWIN_REASONS
-            and dtype is not None
             and w.dim() == 2
-            and self.covers(w.shape[0], w.shape[1], dtype)
+            and self.covers(w.shape[0], w.shape[1], dtype_name(x.dtype))
         ):
             # NORMED_TWINS: torch's RMSNorm, then ``linear``'s path (a bias entry, or
             # the plain one and the bias added; else F.linear: the unfused path's exact

@@ -257,7 +257,7 @@ def test_a_row_scaled_call_without_its_kernel_takes_a_twins_after_torchs_rmsnorm
     added = b if (epilogue, launched) == ("rmsnorm_bias", "none") else 0
     assert torch.equal(got, (torch.full_like(got, 2.0) + added).to(got.dtype))
     twin = api.m_ranges(e.n, e.k, "fp16", launched)
-    assert twin and all(any(lo <= a and b <= hi for lo, hi in ranges) for a, b in twin)
+    assert twin and all(any(lo <= t0 and t1 <= hi for lo, hi in ranges) for t0, t1 in twin)
 
 
 def test_run_allocates_half_the_columns_and_passes_ldc_and_eps(synthetic_package, monkeypatch):
