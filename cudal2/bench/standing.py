@@ -831,6 +831,14 @@ def kv_e2e_default(root: Path) -> str:
     return _kv_e2e_table(root, KV_E2E_DEFAULT)
 
 
+def _run_env(env: dict[str, Any]) -> str:
+    """An end-to-end run's GPU, torch, transformers and package, as its blocks open."""
+    return (
+        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
+        f"`{env['package']}`"
+    )
+
+
 def _patch_settings(env: dict[str, Any]) -> str:
     """How a run's patched model was patched, from its env (runs before ``grouped_decode``
     existed record neither key: their patch was the GEMMs')."""
@@ -856,8 +864,7 @@ def _kv_e2e_table(root: Path, path: str) -> str:
     d = json.loads((root / path).read_text())
     env = d["env"]
     lines = [
-        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
-        f"`{env['package']}` ({env['launcher']} launcher), {env['layers']} layers, context "
+        f"{_run_env(env)} ({env['launcher']} launcher), {env['layers']} layers, context "
         f"{env['context']} tokens (`{path}`). Graphs: {env['compile']}.{_patch_settings(env)}",
         "",
         "| model | mode | batch | unpatched tok/s | patched tok/s | speedup (paired p20–p80) |",
@@ -913,8 +920,7 @@ def fused_prefill_e2e(root: Path) -> str:
     took = ", ".join(f"{k} {n}" for k, n in paths.items())
     lo, hi = (pf["p20_p80_ms"][k] for k in ("unpatched", "patched"))
     return (
-        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
-        f"`{env['package']}` ({env['launcher']} launcher), {env['layers']} layers "
+        f"{_run_env(env)} ({env['launcher']} launcher), {env['layers']} layers "
         f"(`{FUSED_PREFILL_E2E}`). Prefill of {pf['tokens']} tokens (eager, medians of "
         f"{env['reps']}): unpatched {pf['ms']['unpatched']:.2f} ms (p20–p80 "
         f"{lo[0]:.2f}–{lo[1]:.2f}), patched {pf['ms']['patched']:.2f} ms "
@@ -943,8 +949,7 @@ def kv_e2e_qwen2_b1(root: Path) -> str:
             lo, hi = r["paired_p20_p80"]
             speed.append(f"{mode} at batch {b} {r['paired_speedup']:.3f} ({lo:.3f}–{hi:.3f})")
     return (
-        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
-        f"`{env['package']}` ({env['launcher']} launcher) (`{KV_E2E_QWEN2_B1}`). Qwen2-7B's "
+        f"{_run_env(env)} ({env['launcher']} launcher) (`{KV_E2E_QWEN2_B1}`). Qwen2-7B's "
         "logits "
         + "; ".join(parts)
         + ". Its paired speedups in the same run: "
@@ -1033,8 +1038,7 @@ def kv_e2e_rope(root: Path) -> str:
     d = json.loads((root / KV_E2E_ROPE).read_text())
     env, graph, check = d["env"], d["llama"]["graph"]["batches"], d["llama"]["check"]
     lines = [
-        f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, package "
-        f"`{env['package']}` ({env['launcher']} launcher, `{KV_E2E_ROPE}`; the earlier "
+        f"{_run_env(env)} ({env['launcher']} launcher, `{KV_E2E_ROPE}`; the earlier "
         f"H100s from `{KV_E2E}` and `{KV_E2E_2}`). ms per decode step under graphs; "
         "speedups paired per block (p20–p80).",
         "",
