@@ -46,7 +46,7 @@
 
 namespace {
 
-constexpr int kAbi = 4;  // cudal2_native_abi(): bumped when the C interface changes
+constexpr int kAbi = 5;  // cudal2_native_abi(): bumped when the C interface changes
 constexpr int kSlots = 8;  // op namespaces one copy of this library can serve
 constexpr int kMaxPlans = 1 << 14;
 constexpr size_t kReadyMax = 1 << 16;  // remembered shapes, as the Python runtime
@@ -166,7 +166,10 @@ struct PlanDesc {
   // gemm_v3: the recipe's epilogue (an `Epilogue`); a fused op's call launches the plan
   // only where it is the epilogue the call asked for
   int32_t epilogue;
-  int32_t reserved;  // 0 (keeps the record a multiple of 8 bytes)
+  // 1: the kernel reads the residual through a fourth tensor map (sm90tma's R by TMA), R
+  // [M, N] with row stride ldr in C's box, after C's map; 0: none. Keeps the record a
+  // multiple of 8 bytes (it was `reserved` before ABI 5).
+  int32_t tma_r;
 };
 
 using PrepareFn = int32_t (*)(int32_t slot, int32_t dev, int32_t dtype, int32_t layout,
@@ -437,7 +440,7 @@ CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, co
   void* pres = epi != nullptr ? reinterpret_cast<void*>(epi->residual) : nullptr;
   long long ldr = epi != nullptr ? epi->ldr : 0;
   float eps = epi != nullptr ? epi->eps : 0.0f;
-  CUtensorMap ta, tb, tc;
+  CUtensorMap ta, tb, tc, tr;
   void* args[16] = {&pa, &pb, &pc, &m, &n, &k, &lda, &ldb, &ldc};
   int n_args = 9;
   if (p.abi == 2 || p.abi == 3) {
@@ -447,10 +450,14 @@ CUresult launch_kernel(const PlanDesc& p, uint64_t a, uint64_t b, uint64_t c, co
     // output [M, N / 2]
     const int64_t c_cols = gated(p.epilogue) ? o.n / 2 : o.n;
     if (r == CUDA_SUCCESS && p.box_c[0] > 0) r = tensor_map(&tc, c, o.m, c_cols, ldc, p.box_c);
+    // R [M, N] with row stride ldr, in C's box (a kernel that reads the residual by TMA)
+    if (p.tma_r && (epi == nullptr || p.box_c[0] <= 0)) return CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && p.tma_r) r = tensor_map(&tr, epi->residual, o.m, o.n, ldr, p.box_c);
     if (r != CUDA_SUCCESS) return r;
     args[n_args++] = &ta;
     args[n_args++] = &tb;
     if (p.box_c[0] > 0) args[n_args++] = &tc;
+    if (p.tma_r) args[n_args++] = &tr;
   }
   // gemm_v3's epilogue operands (a kernel of another ABI has no more parameters: the
   // driver reads only as many as the kernel declares)
@@ -1009,8 +1016,11 @@ void run_fused(int si, int op, StableIValue* stack) {
     ok = plan_id < static_cast<int32_t>(s.plans.size()) && !s.dead[plan_id];
     if (ok) p = s.plans[plan_id];
   }
-  // Only the kernel of the epilogue asked for (`prepare` answers no other; kept so)
+  // Only the kernel of the epilogue asked for (`prepare` answers no other; kept so); one
+  // that reads R by TMA only where R is 16-byte aligned with ldr % 8 == 0 (the map's
+  // rule; the Python kernel falls back for the rest, reason `alignment`)
   ok = ok && p.kind == 1 && p.abi == 3 && p.epilogue == f.epilogue;
+  ok = ok && (!p.tma_r || (f.epi.residual % 16 == 0 && f.epi.ldr % 8 == 0));
   if (!ok) {
     redispatch(py, stack, what);
     return;
@@ -1122,7 +1132,7 @@ CUDAL2_EXPORT void cudal2_native_grid(const PlanDesc* plan, int64_t m, int64_t n
   X(kind) X(abi) X(function) X(block) X(smem) X(tile_m) X(tile_n) X(split_k) X(cluster)      \
   X(persistent) X(ctas_per_sm) X(sm_count) X(box_a) X(box_b) X(box_c) X(pdl) X(eager)       \
   X(lt_matmul) X(lt_handle) X(lt_desc) X(lt_w) X(lt_a) X(lt_c) X(lt_algo) X(lt_alpha)        \
-  X(lt_beta) X(lt_workspace_bytes) X(bias_function) X(epilogue) X(reserved)
+  X(lt_beta) X(lt_workspace_bytes) X(bias_function) X(epilogue) X(tma_r)
 #define CUDAL2_OFFSET(f) offsetof(PlanDesc, f),
 CUDAL2_EXPORT int cudal2_native_plan_offsets(int64_t* out, int n) {
   const int64_t offsets[] = {CUDAL2_PLAN_FIELDS(CUDAL2_OFFSET)};

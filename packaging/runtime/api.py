@@ -104,7 +104,8 @@ class Stats:
     mixed), ``grad`` (autograd would need a backward; the torch op has one), ``bias``
     (not an [N] tensor of the input's dtype and device), ``shape`` (mismatch: torch
     raises), ``empty``, ``stride`` (inner stride, leading dim or view rules),
-    ``alignment`` (pointer not 16-byte aligned), ``device`` (not one CUDA device),
+    ``alignment`` (pointer not 16-byte aligned; a residual read by TMA also with its row
+    stride a multiple of 8 elements), ``device`` (not one CUDA device),
     ``residual`` (``linear_residual``'s residual or ``out`` cannot be taken),
     ``arch``, ``driver``, ``gpu``, ``no_entry``, ``fallback_entry`` (the table chose
     the baseline), ``align`` (the recipe's dims), ``fits`` (grid or int limits),
@@ -183,6 +184,7 @@ class _Plan:
         "name",
         "reason",
         "recipe",
+        "tma_r",
     )
 
     def __init__(self, entry: TableEntry, alt: bool = False):
@@ -198,6 +200,8 @@ class _Plan:
         self.align = tuple(
             (dims[d], int(v)) for d, v in (self.recipe.get("align") or {}).items() if int(v) > 1
         )
+        # the kernel reads the residual through a tensor map (R 16-byte aligned, ldr % 8 == 0)
+        self.tma_r = "r" in (self.recipe.get("tma") or {})
         self.kernel: driver.Kernel | None = None
         self.loaded: set[int] = set()  # device indices where the kernel (or cuBLASLt) is ready
         self.lt: CublasLtAlgo | None = None if alt else entry.cublaslt
@@ -1020,6 +1024,8 @@ class Api:
                 plan = alt
         if plan.reason is not None:  # a fallback entry, or a launch that failed
             return plan.reason
+        if plan.tma_r and (epilogue.residual % 16 or epilogue.ldr % 8):
+            return "alignment"  # R's tensor map (the table gives such a plan a residual)
         dev, _, _, m, n, k = shape[:6]
         c = alloc()
         # GemmArgs(...) runs a Python-level __new__; tuple's own is the same record at

@@ -362,7 +362,8 @@ def launch_gemm(
     shape; the tensor maps from the recipe's boxes; gemm_v3's epilogue operands from
     ``epilogue``, which must give every operand the recipe's ``epilogue`` reads, and
     its ``eps`` only where that epilogue is ROW_SCALED, its ``rope_kv`` only where it is
-    ROPE_KV; C's tensor map, after B's, where the recipe's ``tma`` has a ``c`` box);
+    ROPE_KV; C's tensor map, after B's, where the recipe's ``tma`` has a ``c`` box, and
+    R's, after C's, where it has an ``r`` box);
     never synchronises. The grid
     tiles the GEMM's N (the packed 2I of a gated epilogue); ``gemm.ldc`` is the output's
     row stride (N / 2 for a gated one)."""
@@ -378,6 +379,11 @@ def launch_gemm(
         if "c" in boxes:  # C [M, N], a gated activation's [M, N / 2] (the table refuses RoPE's)
             columns = out_columns(recipe.get("epilogue", "none"), gemm.n)
             maps.append(tensor_map(gemm.c, gemm.m, columns, gemm.ldc, tuple(boxes["c"])))
+        if "r" in boxes:  # R [M, N] (row stride ldr), read by TMA (the table: C's box)
+            if epilogue is None or not epilogue.residual:
+                raise ValueError(f"a kernel of tma box 'r' needs the residual, got {epilogue}")
+            r_box = tuple(boxes["r"])
+            maps.append(tensor_map(epilogue.residual, gemm.m, gemm.n, epilogue.ldr, r_box))
         args = (*gemm, *maps)
         types = (*GEMM_V1_TYPES, *(None,) * len(maps))
     if abi == EPILOGUE_ABI:

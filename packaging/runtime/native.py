@@ -39,7 +39,7 @@ from .abi import EPILOGUE_OPERANDS, GemmArgs
 
 LIBRARY = "libcudal2_native.so"
 BIAS_CUBIN = "bias.cubin"
-ABI = 4  # cudal2_native_abi() of the library this file drives
+ABI = 5  # cudal2_native_abi() of the library this file drives
 # The kernel ABIs the C launcher passes parameters for (PlanDesc.abi: 1, 2, 3); gemm_v3
 # kernels only for the fused ops' calls, of the epilogue the call asks for
 NATIVE_ABIS = ("gemm_v1", "gemm_v2", "gemm_v3")
@@ -85,7 +85,7 @@ class PlanDesc(ctypes.Structure):
         ("lt_workspace_bytes", ctypes.c_uint64),
         ("bias_function", ctypes.c_uint64),
         ("epilogue", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("tma_r", ctypes.c_int32),  # 1: R's map after C's, in C's box (sm90tma's R by TMA)
     ]
 
 
@@ -525,6 +525,7 @@ class Native:
             desc.box_b[:] = list(r["tma"]["b"])
             if "c" in r["tma"]:  # C's map after B's (a kernel that stores by TMA)
                 desc.box_c[:] = list(r["tma"]["c"])
+            desc.tma_r = int("r" in r["tma"])  # R's map after C's (the table: C's box)
         desc.pdl = int(r.get("pdl") is True)  # as driver.launch_gemm reads it
         desc.epilogue = EPILOGUES.index(r.get("epilogue", "none"))
 

@@ -690,6 +690,13 @@ def _check_epilogue(e: TableEntry) -> None:
             f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent"
             + ("" if e.epilogue in ROW_SCALED else " unless it stores C by TMA")
         )
+    if isinstance(tma, Mapping) and "r" in tma and "residual" not in EPILOGUE_OPERANDS[e.epilogue]:
+        # The launcher encodes R's map from the residual operand: an epilogue without one
+        # would give it address 0.
+        raise TableError(
+            f"key 'launch.tma.r': a kernel reading R by TMA needs an epilogue with a "
+            f"residual, not {e.epilogue!r}"
+        )
     if c_box and e.epilogue in ROPE_KV:
         # The launcher encodes C's map over [M, N] (a gated output's over [M, N / 2]): a
         # RoPE one is not C's shape at all.
@@ -831,18 +838,26 @@ def _check_tma(tma: Any) -> None:
     128-byte swizzle: [k, rows], each dimension 1 to 256, a box row (k elements of 2
     bytes) a multiple of 16 bytes and at most the swizzle's 128; C's (``c``, optional: a
     kernel that stores by TMA takes its map after B's) [columns, rows] by the same rule,
-    its row 32, 64 or 128 bytes (the swizzle of that span, ``driver.swizzle_bytes``)."""
+    its row 32, 64 or 128 bytes (the swizzle of that span, ``driver.swizzle_bytes``); R's
+    (``r``, optional: a kernel that reads the residual by TMA takes its map after C's)
+    C's box, beside one."""
     lim = LIMITS
     box = _positive_ints(2)
     if (
         not isinstance(tma, Mapping)
         or not (box(tma.get("a")) and box(tma.get("b")))
-        or ("c" in tma and not box(tma["c"]))
-        or not set(tma) <= {"a", "b", "c"}
+        or any(name in tma and not box(tma[name]) for name in ("c", "r"))
+        or not set(tma) <= {"a", "b", "c", "r"}
     ):
         raise TableError(
-            f"key 'launch.tma' must hold boxes 'a' and 'b' (and optionally 'c') of 2 "
-            f"positive integers each, got {tma!r}"
+            f"key 'launch.tma' must hold boxes 'a' and 'b' (and optionally 'c', then 'r') "
+            f"of 2 positive integers each, got {tma!r}"
+        )
+    if "r" in tma and ("c" not in tma or list(tma["r"]) != list(tma["c"])):
+        # R comes through the TMA store's buffers: the subtile C's box has
+        raise TableError(
+            f"key 'launch.tma.r' must be C's box 'c' (R by TMA fills the store's subtiles), "
+            f"got r {tma['r']!r} beside c {tma.get('c')!r}"
         )
     for name in sorted(tma):
         k, rows = tma[name]

@@ -228,6 +228,35 @@ def test_cs_map_is_encoded_over_m_rows_of_n_columns(recorded, monkeypatch):
     assert seen[2] == (GEMM.c, GEMM.m, GEMM.n, GEMM.ldc, (64, 64))
 
 
+# A kernel that reads the residual by TMA (sm90tma ``rtma`` = 1) takes R's map after C's,
+# before the epilogue operands: R [M, N] with row stride ldr, in the recipe's box of R
+# (C's); without a residual to map, the launch is refused before anything is queued.
+@pytest.mark.parametrize("epilogue", ["residual", "bias_residual"])
+def test_a_box_of_r_appends_rs_map_after_cs(recorded, monkeypatch, epilogue):
+    seen = []
+    monkeypatch.setattr(
+        driver, "tensor_map", lambda ptr, rows, k, ld, box: seen.append((ptr, rows, k, ld, box))
+    )
+    tma = {**RECIPE["tma"], "c": [64, 64], "r": [64, 64]}
+    ops = EpilogueArgs(bias=0x4000, residual=0x3000, ldr=304)
+    _launch({**RECIPE, "epilogue": epilogue, "tma": tma}, ops)
+    assert seen[2:] == [
+        (GEMM.c, GEMM.m, GEMM.n, GEMM.ldc, (64, 64)),
+        (0x3000, GEMM.m, GEMM.n, 304, (64, 64)),
+    ]
+    ((_, call),) = recorded.calls
+    args, types = call[9]
+    assert len(args[9:13]) == 4 and tuple(args[13:]) == (0x4000, 0x3000, 304)
+    assert types[:13] == (*driver.GEMM_V2_TYPES, None, None) and len(args) == len(types)
+
+
+def test_a_box_of_r_without_a_residual_is_refused(recorded):
+    tma = {**RECIPE["tma"], "c": [64, 64], "r": [64, 64]}
+    with pytest.raises(ValueError, match="needs the residual"):
+        _launch({**RECIPE, "epilogue": "residual", "tma": tma}, EpilogueArgs(bias=0x4000))
+    assert recorded.calls == []
+
+
 @pytest.mark.parametrize("epilogue", ["silu", "gelu_tanh"])
 def test_a_gated_outputs_map_is_encoded_over_half_the_columns(recorded, monkeypatch, epilogue):
     """sm90tma's gated TMA store writes the gated output [M, N / 2] (N the packed gate, up

@@ -600,22 +600,72 @@ def test_a_built_wheels_package_exports_the_fused_ops(synthetic_package, package
         assert pkg.pack_gate_up is sys.modules[pkg.__name__ + "._runtime.fused"].pack_gate_up
 
 
+def _dispatching(monkeypatch, shape: tuple, tma_r: bool = False):
+    """(api, backend, launches): an Api whose plan for ``shape`` is ready (no GPU; its
+    kernel reads R by TMA where ``tma_r``) and whose launches are recorded as (GemmArgs,
+    EpilogueArgs)."""
+    from types import SimpleNamespace
+
+    api = api_mod.Api("nothing")
+    api._ready[shape] = SimpleNamespace(eager=None, reason=None, name="p", tma_r=tma_r)
+    seen: list[tuple] = []
+    monkeypatch.setattr(
+        api, "_launch", lambda be, plan, dev, gemm, so, epi: seen.append((gemm, epi))
+    )
+    be = SimpleNamespace(
+        cuda=SimpleNamespace(is_current_stream_capturing=lambda: False, current_device=lambda: 0)
+    )
+    return api, be, seen
+
+
 @pytest.mark.parametrize(("ldc", "want"), [(0, 4096), (2048, 2048)])
 def test_dispatch_passes_ldc_to_the_kernel(ldc, want, monkeypatch):
     """``_dispatch`` puts the output's row stride (``ldc``, N / 2 for a gated epilogue;
     0: N) into the kernel's GemmArgs (the launch stubbed: no GPU)."""
-    from types import SimpleNamespace
-
-    api = api_mod.Api("nothing")
     shape = (0, "fp16", "tn", 4, 4096, 1024, "silu")
-    api._ready[shape] = SimpleNamespace(eager=None, reason=None, name="p")
-    seen = []
-    monkeypatch.setattr(api, "_launch", lambda be, plan, dev, gemm, so, epi: seen.append(gemm))
-    be = SimpleNamespace(
-        cuda=SimpleNamespace(is_current_stream_capturing=lambda: False, current_device=lambda: 0)
-    )
+    api, be, seen = _dispatching(monkeypatch, shape)
     c = torch.empty(4, 2048, dtype=torch.float16)
     got = api._dispatch(be, shape, 16, 32, 1024, 1024, lambda: c, None, None, ldc)
     assert got is c
-    ((gemm,),) = [seen]
+    ((gemm, _),) = seen
     assert (gemm.m, gemm.n, gemm.k, gemm.ldc) == (4, 4096, 1024, want)
+
+
+# A kernel that reads R by TMA (its recipe's ``tma.r``): R's map asks a 16-byte aligned R
+# whose row stride is a multiple of 8 elements; any other residual falls back (reason
+# ``alignment``) before anything is launched. (residual pointer, ldr, the result)
+R_BY_TMA = [
+    (0x1000, 4096, "launched"),
+    (0x1000, 4104, "launched"),  # a padded row stride: its own map
+    (0x1008, 4096, "alignment"),  # 8-byte aligned: a torch view one row of 4 elements in
+    (0x1002, 4096, "alignment"),
+    (0x1000, 4100, "alignment"),  # ldr % 8 == 4: rows not 16-byte aligned
+]
+
+
+@pytest.mark.parametrize(("residual", "ldr", "want"), R_BY_TMA)
+def test_dispatch_takes_r_by_tma_only_from_an_aligned_residual(residual, ldr, want, monkeypatch):
+    from cudal2.packaging.runtime.abi import EpilogueArgs
+
+    shape = (0, "fp16", "tn", 4, 4096, 1024, "residual")
+    api, be, seen = _dispatching(monkeypatch, shape, tma_r=True)
+    c = torch.empty(4, 4096, dtype=torch.float16)
+    ops = EpilogueArgs(0, residual, ldr)
+    got = api._dispatch(be, shape, 16, 32, 1024, 1024, lambda: c, None, ops)
+    launched = [epi for _, epi in seen]
+    assert (got is c and launched == [ops]) if want == "launched" else (got, launched) == (want, [])
+
+
+def test_a_plan_reads_r_by_tma_where_its_recipe_has_a_box_of_r():
+    from types import SimpleNamespace
+
+    entry = SimpleNamespace(
+        key="k", dtype="fp16", layout="tn", kind="kernel", eager=None, cublaslt=None,
+        launch={"abi": "gemm_v3", "epilogue": "residual",
+                "tma": {"a": [64, 128], "b": [64, 256], "c": [64, 64], "r": [64, 64]}},
+    )  # fmt: skip
+    assert api_mod._Plan(entry).tma_r is True
+    entry.launch = {**entry.launch, "tma": {"a": [64, 128], "b": [64, 256], "c": [64, 64]}}
+    assert api_mod._Plan(entry).tma_r is False
+    entry.launch = {"abi": "gemm_v1"}
+    assert api_mod._Plan(entry).tma_r is False

@@ -391,7 +391,7 @@ def test_the_library_checks_a_fused_call_as_the_python_path(lib, op, make, act, 
 def test_its_epilogues_and_plan_record_are_the_runtimes(lib):
     assert native.epilogues(lib) == native.EPILOGUES == tuple(records.EPILOGUES)
     assert tuple(abi.EPILOGUE_OPERANDS) == native.EPILOGUES
-    assert lib.cudal2_native_abi() == native.ABI == 4
+    assert lib.cudal2_native_abi() == native.ABI == 5
     fields = [getattr(native.PlanDesc, name).offset for name, _ in native.PlanDesc._fields_]
     assert native.plan_offsets(lib) == fields
     assert lib.cudal2_native_plan_bytes() == ctypes.sizeof(native.PlanDesc)
@@ -487,7 +487,20 @@ def test_a_box_of_c_reaches_the_plan_record(served, epilogue):
     answers[shape] = _plan(fused_e)
     desc = _answer(got, shape, e.k)
     assert not isinstance(desc, str), desc
-    assert list(desc.box_c) == [64, 64]
+    assert list(desc.box_c) == [64, 64] and desc.tma_r == 0
+
+
+def test_a_box_of_r_reaches_the_plan_record(served):
+    """A kernel that reads R by TMA: the launcher encodes R's map (C's box) after C's."""
+    got, answers, e = served
+    fused_e = _as_epilogue(e, "residual")
+    tma = {**fused_e.launch["tma"], "c": [32, 64], "r": [32, 64]}
+    fused_e = dataclasses.replace(fused_e, launch={**fused_e.launch, "tma": tma})
+    shape = (0, "fp16", "tn", 16, e.n, e.k, "residual")
+    answers[shape] = _plan(fused_e)
+    desc = _answer(got, shape, e.k)
+    assert not isinstance(desc, str), desc
+    assert list(desc.box_c) == [32, 64] and desc.tma_r == 1
 
 
 def _with_reason(plan, reason="fallback_entry"):

@@ -38,6 +38,21 @@ def _lt(raw: dict[str, Any], _: Any) -> dict[str, Any]:
     return copy.deepcopy(raw["entries"][_index(raw, "cublaslt")]["cublaslt"])
 
 
+def _fused(epilogue: str, n_times: int = 1, **launch: Any):
+    """A derived value of key 'launch': the entry turned into one of ``epilogue`` (its N
+    times ``n_times``: a gated one's packed rows), its recipe of ABI gemm_v3 for that
+    epilogue with ``launch``'s keys."""
+
+    def derive(_: Any, e: dict[str, Any]) -> dict[str, Any]:
+        e.update(epilogue=epilogue, n=n_times * e["n"])
+        return dict(e["launch"], abi="gemm_v3", epilogue=epilogue, **launch)
+
+    return derive
+
+
+# the boxes of a kernel that stores C and reads R by TMA
+_CR = {"a": [64, 16], "b": [64, 64], "c": [64, 64], "r": [64, 64]}
+
 # (where: "top" or the kind of the entry broken, key path, value, what the message says).
 # A callable value is called with the table's JSON and the object at ``where``.
 HOSTILE: list[tuple[str, str, Any, str]] = [
@@ -138,8 +153,27 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
             ({"a": [64, 128], "b": [64, 256], "c": [8, 64]}, "of 16, 32 or 64 columns"),
             ({"a": [64, 128], "b": [64, 256], "c": [48, 64]}, "of 16, 32 or 64 columns"),
             ({"a": [64, 128], "b": [64, 256], "d": [64, 64]}, "key 'launch.tma' must hold boxes"),
+            # R's box (R by TMA): C's, beside it
+            ({"a": [64, 128], "b": [64, 256], "r": [64, 64]}, "key 'launch.tma.r' must be C's"),
+            (
+                {"a": [64, 128], "b": [64, 256], "c": [64, 64], "r": [32, 64]},
+                "got r [32, 64] beside c [64, 64]",
+            ),
+            (
+                {"a": [64, 128], "b": [64, 256], "c": [64, 64], "r": [64]},
+                "key 'launch.tma' must hold boxes",
+            ),
         )
     ),
+    # R by TMA with an epilogue that has no residual (or none at all)
+    (
+        "kernel",
+        "launch",
+        lambda _, e: dict(e["launch"], abi="gemm_v2", tma=_CR),
+        "key 'launch.tma.r': a kernel reading R by TMA needs an epilogue with a residual, "
+        "not 'none'",
+    ),
+    ("kernel", "launch", _fused("bias", tma=_CR), "needs an epilogue with a residual, not 'bias'"),
     ("kernel", "cublaslt", _lt, "only a cublaslt entry has key 'cublaslt'"),
     ("kernel", "cublaslt", "algo", "only a cublaslt entry has key 'cublaslt'"),
     ("cublaslt", "cublaslt", DROP, "a cublaslt entry needs an object 'cublaslt'"),
@@ -172,31 +206,13 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     (
         "kernel",
         "launch",
-        lambda _, e: (
-            e.update(epilogue="silu", n=2 * e["n"]),
-            dict(
-                e["launch"],
-                abi="gemm_v3",
-                epilogue="silu",
-                persistent=1,
-                tma={"a": [64, 16], "b": [64, 64]},
-            ),
-        )[1],
+        _fused("silu", 2, persistent=1, tma={"a": [64, 16], "b": [64, 64]}),
         "key 'epilogue' 'silu': its kernel cannot be persistent unless it stores C by TMA",
     ),
     (
         "kernel",
         "launch",
-        lambda _, e: (
-            e.update(epilogue="rmsnorm"),
-            dict(
-                e["launch"],
-                abi="gemm_v3",
-                epilogue="rmsnorm",
-                persistent=1,
-                tma={"a": [64, 16], "b": [64, 64], "c": [64, 64]},
-            ),
-        )[1],
+        _fused("rmsnorm", persistent=1, tma={"a": [64, 16], "b": [64, 64], "c": [64, 64]}),
         "key 'epilogue' 'rmsnorm': its kernel cannot be persistent",
     ),
     ("cublaslt", "epilogue", "residual", "a cublaslt entry serves no epilogue"),
