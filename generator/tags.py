@@ -364,6 +364,39 @@ TMA_STORE = {
         "c_row0": " + w * 16",
     },
 }
+# v5 R by TMA (issue 22, ``rtma`` = 1): a residual epilogue's R read by the TMA into the
+# TMA store's subtile buffers (a fourth tensor map, ``tmR``, after C's: the runtime
+# encodes it from the residual operand with C's box, the recipe's ``tma.r``), each lane
+# reading its accumulator pairs of it back with ldmatrix; the pieces: the header's note,
+# ldmatrix, the map parameter, the buffers' mbarriers (``init``), a consumer warpgroup's
+# state and loader, the tile's first two loads under its main loop (``prefetch``), a
+# subtile's wait, its lane's words, and the load of subtile u + 2 (``next``). ``add2``
+# in ``RTMA_ADD2`` replaces the epilogue's scalar reads of R.
+_RTMA = "sm90_tma/rtma/"
+TMA_RTMA = {
+    0: {
+        "about": NONE,
+        "helpers": NONE,
+        "params": "",
+        "init": NONE,
+        "state": NONE,
+        "prefetch": NONE,
+        "wait": NONE,
+        "words": NONE,
+        "next": NONE,
+    },
+    1: {
+        "about": _RTMA + "about.cu.j2",
+        "helpers": "ptx/ldmatrix.cu.j2",
+        "params": ",\n    const __grid_constant__ TmaMap tmR",
+        "init": _RTMA + "init.cu.j2",
+        "state": _RTMA + "state.cu.j2",
+        "prefetch": _RTMA + "prefetch.cu.j2",
+        "wait": _RTMA + "wait.cu.j2",
+        "words": _RTMA + "words.cu.j2",
+        "next": _RTMA + "next.cu.j2",
+    },
+}
 # The kernel a store brings where it is not the persistent kernel of TMA_KERNEL.
 TMA_STORE_KERNEL = {2: "sm90_tma/persistent_overlap_kernel.cu.j2"}
 
@@ -706,12 +739,24 @@ TO_FLOAT = {"fp16": "__half2float", "bf16": "__bfloat162float"}
 UNPACK2 = {"fp16": "__half22float2", "bf16": "__bfloat1622float2"}
 
 
-def tma_epilogue(epilogue: str, dtype: str) -> dict[str, str]:
-    """sm90tma's epilogue partials and spellings (``epilogue.*`` in its templates)."""
+# The persistent kernel's ``add2`` of an epilogue that reads R, where R comes by TMA
+# (``rtma`` = 1): from the lane's ldmatrix words of it, not from global memory.
+RTMA_ADD2 = {
+    "residual": _EPI + "residual_tma2.cu.j2",
+    "bias_residual": _EPI + "bias_residual_tma2.cu.j2",
+}
+
+
+def tma_epilogue(epilogue: str, dtype: str, rtma: bool = False) -> dict[str, str]:
+    """sm90tma's epilogue partials and spellings (``epilogue.*`` in its templates); with
+    ``rtma``, R's reads from the TMA store's buffers (``RTMA_ADD2``)."""
     if epilogue not in TMA_EPILOGUE:
         raise ValueError(f"epilogue {epilogue!r}: sm90tma renders {list(TMA_EPILOGUE)}")
+    if rtma and epilogue not in RTMA_ADD2:
+        raise ValueError(f"epilogue {epilogue!r}: R by TMA takes {list(RTMA_ADD2)}")
     return {
         **TMA_EPILOGUE[epilogue],
+        **({"add2": RTMA_ADD2[epilogue]} if rtma else {}),
         "name": epilogue,
         "to_float": TO_FLOAT[dtype],
         "unpack2": UNPACK2[dtype],

@@ -8,7 +8,13 @@ from typing import Protocol
 
 from cudal2.generator import design_space, legality
 from cudal2.generator.families import FAMILIES
-from cudal2.generator.families.base import epilogue, family_epilogues, pdl_trigger, with_epilogue
+from cudal2.generator.families.base import (
+    epilogue,
+    family_epilogue_trial,
+    family_epilogues,
+    pdl_trigger,
+    with_epilogue,
+)
 from cudal2.records import KernelDesign, Measurement, Target
 
 # Per target, the designs a proposer may choose from (None: the whole legal space). A
@@ -48,16 +54,28 @@ def _legal_space(
 
 @lru_cache(maxsize=32)
 def _epilogue_space(
-    arch: str, dtype: str, layout: str, families: tuple[str, ...] | None, name: str
+    arch: str,
+    dtype: str,
+    layout: str,
+    families: tuple[str, ...] | None,
+    name: str,
+    trial: bool = False,
 ) -> tuple[KernelDesign, ...]:
     """The legal space of a fused epilogue: each plain design of a family that renders
     ``name``, with that epilogue, where that is legal too (the others have none to offer;
     a design at its family's register or shared-memory cap may be refused with the row
     scale, sm90tma's persistent designs with the one-tile epilogues but the gated
-    activation in those that store by TMA)."""
+    activation in those that store by TMA); with ``trial``, each followed by its family's
+    trial variants of it (``family_epilogue_trial``: sm90tma's R by TMA)."""
     fams = tuple(f for f in (families or sorted(FAMILIES)) if name in family_epilogues(FAMILIES[f]))
     fused = (with_epilogue(d, name) for d in _legal_space(arch, dtype, layout, fams or ()))
-    return tuple(d for d in fused if not legality(d))
+    out = []
+    for d in fused:
+        if not legality(d):
+            out.append(d)
+            if trial:
+                out += family_epilogue_trial(FAMILIES[d.family], d)
+    return tuple(out)
 
 
 def search_space(
@@ -110,15 +128,19 @@ def knob_value(d: KernelDesign, name: str) -> int | None:
 def trial_space(families: Sequence[str] | None, inner: Space | None) -> Space:
     """Per target, what ``inner`` gives (a replay's recorded designs: nothing else can be
     answered); where it gives nothing, the legal space with each family's trial designs
-    after its own (``design_space(trial=True)``: manifest ``[search] trial``). A fused
-    epilogue target keeps its own space (no trial design is offered with an epilogue)."""
+    after its own (``design_space(trial=True)``: manifest ``[search] trial``); for a fused
+    epilogue target, its epilogue's space with each design's trial variants after it
+    (``_epilogue_space(trial=True)``)."""
     fams = tuple(families) if families is not None else None
 
     def space(target: Target) -> Sequence[KernelDesign] | None:
         given = inner(target) if inner is not None else None
-        if given is not None or target.epilogue != "none":
+        if given is not None:
             return given
-        return _legal_space(target.arch, target.dtype, target.layout, fams, trial=True)
+        t = target
+        if t.epilogue != "none":
+            return _epilogue_space(t.arch, t.dtype, t.layout, fams, t.epilogue, trial=True)
+        return _legal_space(t.arch, t.dtype, t.layout, fams, trial=True)
 
     return space
 

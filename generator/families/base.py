@@ -245,6 +245,15 @@ def family_trial(family: ModuleType, arch: str, dtype: str, layout: str) -> list
     return list(trial(arch, dtype, layout)) if trial is not None else []
 
 
+def family_epilogue_trial(family: ModuleType, design: KernelDesign) -> list[KernelDesign]:
+    """A family's trial variants of ``design``, a design with a fused epilogue
+    (``epilogue_trial``, optional: legal designs of that epilogue written but not yet
+    measured on a GPU, such as sm90tma's R by TMA); none where the family declares none.
+    A build searches them only with ``[search] trial = true``, after ``design``."""
+    trial = getattr(family, "epilogue_trial", None)
+    return list(trial(design)) if trial is not None else []
+
+
 def family_optional(family: ModuleType) -> tuple[Knob, ...]:
     """A family's own optional knobs (``OPTIONAL_KNOBS`` in its module: each with a
     default, left out of a design at it, so adding one changes no existing design's key,

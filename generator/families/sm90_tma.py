@@ -57,7 +57,10 @@ the space). v5 ring counter: ``ring`` = 1 keeps the ring's slot and phase as cou
 the TMA store's kernels, where ``ring`` = 0 divides by the ring's stages every k tile (a
 multiply-high where the ring is not a power of two). v5 uniform warpgroup index:
 ``uniform`` = 1 broadcasts a thread's warpgroup index from lane 0, so the consumers' ring
-slot and matrix descriptors live in uniform registers.
+slot and matrix descriptors live in uniform registers. v5 R by TMA: ``rtma`` = 1 (a trial
+variant of a residual design storing by TMA, ``epilogue_trial``) reads the residual's
+subtiles by TMA through a fourth tensor map into the TMA store's buffers, each lane taking
+its accumulator pairs of it with ldmatrix.
 
 ``cluster_m`` = 2 (one tile per CTA, split 1): clusters of two CTAs on adjacent M
 tiles of one N tile; each loads half of the shared B tile and multicasts it to both
@@ -266,6 +269,15 @@ TMA_STORE_ROWS = 64  # a subtile's rows: a warpgroup's 64-row block
 TMA_STORE_WARP_ROWS = 16  # ``store`` = 5: a warp's rows of it, one store each
 TMA_STORE_BUFFERS = 2  # a consumer warpgroup's subtile buffers
 TMA_STORE_OFFSET = 1024  # the buffers after the ring, on a 1024-byte swizzle atom
+# v5 R by TMA (issue 22, ``rtma`` = 1; a trial variant of the TMA store's designs with an
+# epilogue that reads R: ``epilogue_trial``): R's subtiles come by TMA through a fourth
+# tensor map into the TMA store's buffers, in place of each lane's scalar 2-byte reads in
+# the accumulator layout, which made the residual designs 1.25x (o) and 1.07x (down)
+# their plain twins' time on the H200 (docs/kernels.md, "The fused prefill"). Their
+# mbarriers (two a consumer warpgroup) follow the ring's and ping-pong's turn barriers,
+# in the gap before the buffers.
+RTMA = (0, 1)
+RTMA_EPILOGUES = tuple(tags.RTMA_ADD2)
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
 # aligned, as cp.async.bulk asks of its shared-memory source.
@@ -330,6 +342,7 @@ OPTIONAL_KNOBS = (
     ),  # fmt: skip
     Knob("ring", RING, "ring{}", default=0, spellings=((1, "ctr"),)),
     Knob("uniform", UNIFORM, "uni{}", default=0, spellings=((1, "wgu"),)),
+    Knob("rtma", RTMA, "res{}", default=0, spellings=((1, "tma"),)),
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
@@ -349,6 +362,7 @@ def design(
     store: int = 0,
     ring: int = 0,
     uniform: int = 0,
+    rtma: int = 0,
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs
@@ -357,12 +371,14 @@ def design(
         FAMILY, "sm_90a", dtype, "tn", OPTIONAL_KNOBS, swap=int(swap), warpgroups=wgs,
         m_blocks=mp, wgmma_n=n, stages=stages, split_k=split, persistent=pers,
         cluster_m=cluster, raster=raster, ctas=ctas, store=store, ring=ring, uniform=uniform,
+        rtma=rtma,
     )  # fmt: skip
 
 
 def v5(d: KernelDesign, knob: str) -> int:
-    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``; 0 where the design
-    leaves it out, or where it is out of the domain: the declared checks report that)."""
+    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``, ``rtma``; 0
+    where the design leaves it out, or where it is out of the domain: the declared checks
+    report that)."""
     value = d.knobs.as_json().get(knob, _OPTIONAL_DEFAULTS[knob])
     domain = {k.name: k.domain for k in OPTIONAL_KNOBS}[knob]
     return value if value in domain else 0
@@ -563,10 +579,10 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
 
 
 def _v5_reasons(d: KernelDesign) -> list[str]:
-    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``) cannot
-    take these values."""
+    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``, ``rtma``)
+    cannot take these values."""
     k = d.knobs
-    set_ = [n for n in ("raster", "ctas", "store", "ring", "uniform") if v5(d, n)]
+    set_ = [n for n in ("raster", "ctas", "store", "ring", "uniform", "rtma") if v5(d, n)]
     if set_ and k.persistent not in (1, 2):
         # The walk, the CTA cap and the C buffer are written for the persistent kernels
         # (cooperative and ping-pong, whose warpgroups each store through their own half
@@ -606,6 +622,14 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
     if v5(d, "uniform") and not tma_stored(d):
         # Measured nowhere else yet: the TMA store's kernels, where the ring counter is.
         return ["uniform=1: the TMA store's persistent kernels (store=4 or 5)"]
+    if v5(d, "rtma") and v5(d, "store") != 4:
+        # R lands in a warpgroup's subtile buffers, whose issuer loads it.
+        return ["rtma=1: the TMA store a warpgroup a subtile (store=4)"]
+    if v5(d, "rtma") and _epilogue_or_none(d) not in RTMA_EPILOGUES:
+        return [
+            f"rtma=1: an epilogue that reads R ({', '.join(RTMA_EPILOGUES)}), not "
+            f"{_epilogue_or_none(d)!r}"
+        ]
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
     ):
@@ -695,6 +719,17 @@ def trial_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
         + tall_tma_store_designs(dtype)
         + tall_pair_designs(dtype)
     )
+
+
+def epilogue_trial(d: KernelDesign) -> list[KernelDesign]:
+    """The trial variants of ``d``, a design with a fused epilogue
+    (``base.family_epilogue_trial``): v5 R by TMA (``rtma`` = 1) where ``d`` stores by
+    TMA a warpgroup a subtile and its epilogue reads R (``RTMA_EPILOGUES``); none
+    otherwise."""
+    if v5(d, "rtma") or v5(d, "store") != 4 or _epilogue_or_none(d) not in RTMA_EPILOGUES:
+        return []
+    t = make(FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS, **{**d.knobs.as_json(), "rtma": 1})
+    return [] if check(t, sys.modules[__name__]) else [t]
 
 
 def _fitting(make: Callable[[int], KernelDesign], most: int = 16) -> list[int]:
@@ -1005,6 +1040,8 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
         if gated_tma(d):  # ... of the gated output [M, N / 2]: half the columns a box
             recipe["tma"]["c"] = [tma_store_sub_n(d) // 2, rows]
             recipe["align"] = {**recipe["align"], "n": 16}
+        if v5(d, "rtma"):  # R's map [M, N] (row stride ldr), after C's: C's box
+            recipe["tma"]["r"] = list(recipe["tma"]["c"])
     if k.persistent and k.cluster_m > 1:
         # The persistent pair's grid is 1-D: clusters of two CTAs along x (the runtime
         # launches whole clusters, driver.gemm_grid and the native launcher's plan).
@@ -1048,6 +1085,9 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         c_pad=C_PAD,
         c_tma_offset=TMA_STORE_OFFSET,
         c_sub_n=tma_store_sub_n(d),
+        rtma=tags.TMA_RTMA[v5(d, "rtma")],
+        rtma_bar_offset=BARRIER_BYTES,  # after the ring's barriers, before the buffers
+        rtma_buf_bytes=TMA_STORE_ROWS * tma_store_sub_n(d) * 2,
     )
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
@@ -1058,7 +1098,9 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     ctx.update(pdl=tags.pdl(kernel, d.layout, pdl_trigger(d)))
     # the row scale parks its sums after the barriers' bytes; its helper warps release
     # ring slots too
-    ctx.update(epilogue=tags.tma_epilogue(epilogue(d), d.dtype), barrier_bytes=BARRIER_BYTES)
+    rtma = bool(v5(d, "rtma"))
+    epi = tags.tma_epilogue(epilogue(d), d.dtype, rtma)
+    ctx.update(epilogue=epi, barrier_bytes=BARRIER_BYTES)
     if epilogue(d) in ROW_SCALED:
         ctx["pair"] = {**ctx["pair"], **tags.TMA_ROWSQ_PAIR[k.cluster_m]}
     return ctx

@@ -317,6 +317,12 @@ GOLDEN_V5 = [
     # the v5 gated TMA store (a gated activation's outputs through C's map of N / 2)
     ("fp16", dict(wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, raster=8,
                   ctas=128, store=4, ring=1, epilogue="silu"), "c3dbaf1a3466f403"),
+    # v5 R by TMA (R's subtiles by TMA into the store's buffers, read back with ldmatrix),
+    # cooperative 128x256 and ping-pong 128x128
+    ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
+                  ctas=128, store=4, rtma=1, epilogue="residual"), "3da1c1a162dc1a8f"),
+    ("bf16", dict(wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, raster=8,
+                  store=4, ring=1, rtma=1, epilogue="bias_residual"), "db5ab8e5a51dcb35"),
 ]  # fmt: skip
 
 

@@ -3,6 +3,7 @@ whose knobs take the given values, an optional knob left out counting as its def
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from cudal2.generator.families import sm90_tma
 from cudal2.manifest import load_manifest
 from cudal2.policy import make_proposer
-from cudal2.policy.base import knob_space, knob_value, trial_space
+from cudal2.policy.base import knob_space, knob_value, search_space, trial_space
 from cudal2.records import Target
 
 SWEEP = Path(__file__).parents[2] / "bench" / "manifests" / "sweep-tma-v5-h100.toml"
@@ -178,8 +179,9 @@ def test_the_pingpong_sweep_measures_the_pingpong_designs_and_their_controls():
 def test_trial_designs_are_searched_only_when_asked():
     """Manifest ``[search] trial``: the families' trial designs (written, not yet measured
     on a GPU: sm90tma's uniform warpgroup index, ping-pong pair and tall TMA store) join
-    the space only then; a replay's recorded designs and a fused target's space stay as
-    they are."""
+    the space only then; a replay's recorded designs stay as they are, and a fused
+    target keeps its epilogue's space, each residual design storing by TMA then followed
+    by its R-by-TMA variant (sm90tma's ``epilogue_trial``)."""
     trial = sm90_tma.trial_space("sm_90a", "fp16", "tn")
     keys = {d.key for d in trial}
     plain = make_proposer("grid", 0, ["sm90tma"], knobs=(("uniform", (1,)),))
@@ -192,7 +194,11 @@ def test_trial_designs_are_searched_only_when_asked():
     given = [sm90_tma.design("fp16", 2, 1, False, 256, 4, 1, pers=1)]
     assert trial_space(None, lambda t: given)(T) == given
     fused = Target("sm_90a", "fp16", "tn", 64, 4096, 4096, epilogue="bias")
-    assert trial_space(None, None)(fused) is None
+    assert list(trial_space(None, None)(fused)) == search_space(fused, None)
+    residual = dataclasses.replace(fused, epilogue="residual")
+    with_r = list(trial_space(["sm90tma"], None)(residual))
+    assert [d for d in with_r if not sm90_tma.v5(d, "rtma")] == search_space(residual, ["sm90tma"])
+    assert {sm90_tma.v5(d, "store") for d in with_r if sm90_tma.v5(d, "rtma")} == {4}
     with pytest.raises(ValueError, match="not both"):
         make_proposer("grid", 0, pdl=True, room=True, trial=True)
 

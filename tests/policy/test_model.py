@@ -39,14 +39,21 @@ def test_every_legal_design_has_tokens_and_a_path_in_the_grammar(dtype, layout):
         assert len(own) == g.fields or EOD in g.allowed(own)
         assert all(g.allowed(seq[:i]) == [EOD] for i in range(len(own) + 1, g.fields))
     # padded to the longest design: sm90tma v5's (tn) spell 4 more fields; its trial
-    # designs (design_space(trial=True)) one more, the uniform warpgroup index
-    assert g.fields == (N_FIELDS - 1 if layout == "tn" else BASE_FIELDS)
+    # designs (design_space(trial=True)) one more, the uniform warpgroup index, and an
+    # epilogue's trial variants (R by TMA, rtma=1) another
+    assert g.fields == (N_FIELDS - 2 if layout == "tn" else BASE_FIELDS)
 
 
 def test_longest_prompt_fits_the_model(tiny_model_config):
-    # the longest design (sm90tma v5, every optional knob set: a trial design)
+    # the longest design (sm90tma v5, every optional knob set: a trial design with the
+    # residual epilogue, then its R-by-TMA variant)
+    from cudal2.generator.families import sm90_tma
+    from cudal2.generator.families.base import with_epilogue
+
     space = design_space("sm_90a", "fp16", "tn", trial=True)
     d = max(space, key=lambda d: len(design_tokens(d, pad=False)))
+    assert len(design_tokens(d, pad=False)) == N_FIELDS - 1
+    (d,) = sm90_tma.epilogue_trial(with_epilogue(d, "residual"))
     assert len(design_tokens(d, pad=False)) == N_FIELDS
     full = HistoryEntry(d, 0.1, "ok", 0.5, 0.5)
     cfg = pm.ModelConfig()

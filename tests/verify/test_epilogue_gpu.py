@@ -2,8 +2,8 @@
 against the fp32 fused reference within torch's unfused op's deviation (the suite of
 ``verify/correctness.py``: fresh operands per trial, NaN-poisoned output, exact {0,1}
 trial, repeats), for every kernel shape (one tile, split-K, swapped, multicast pair,
-persistent, ping-pong), in place (the residual is C), and a PDL epilogue design passes
-the pair check (its producer poisons the residual and bias with A)."""
+persistent, ping-pong; the residual read by TMA), in place (the residual is C), and a PDL
+epilogue design passes the pair check (its producer poisons the residual and bias with A)."""
 
 from __future__ import annotations
 
@@ -217,6 +217,71 @@ def test_pdl_epilogue_design_passes_the_pair_check(tmp_path, shape, trigger):
     assert verdict.ok, verdict.error
 
 
+# sm90tma v5 R by TMA (issue 22, ``rtma`` = 1): the residual's subtiles by TMA through R's
+# map into the TMA store's buffers, read back with ldmatrix: cooperative 128x256 (four
+# 64-column subtiles a warpgroup), ping-pong 128x128 (two 64-row blocks), cooperative
+# 128x160 (five 32-column subtiles: an odd count, the buffers' parities run on across
+# tiles), ping-pong 128x144 (nine 16-column subtiles a block), the cooperative pair (the
+# last pair's second CTA past M: its R boxes wholly out of bounds), the ping-pong pair,
+# and 256x160 (two blocks a warpgroup). The residue shapes with N % 8 == 0 (the recipe's
+# align), each in place too, and one R whose row stride is not N.
+RTMA_DESIGNS = {
+    name + "_rtma": dict(DESIGNS[name], rtma=1)
+    for name in (
+        "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_pingpong_144",
+        "tma_v5_pair_tma", "tma_v5_pppair", "tma_v5_tall",
+    )
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("epilogue", ["residual", "bias_residual"])
+@pytest.mark.parametrize("shape", list(RTMA_DESIGNS))
+def test_residual_by_tma_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
+    d = base.with_epilogue(sm90_tma.design(dtype, **RTMA_DESIGNS[shape]), epilogue)
+    assert launch_recipe(d)["tma"]["r"] == launch_recipe(d)["tma"]["c"]
+    kernel = _kernel(tmp_path, d)
+    for m, n, k in SHAPES + [(4096, 4096, 4096)]:
+        if n % launch_recipe(d)["align"]["n"]:
+            continue  # the TMA store's N % 8: dispatch falls back
+        _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 3)
+
+
+@pytest.mark.parametrize("shape", list(RTMA_DESIGNS))
+def test_residual_by_tma_in_place_and_strided(tmp_path, shape):
+    """In place (R is C: each subtile loaded by TMA, then stored over), and from an R
+    whose row stride is N + 24 (R's map has its own stride), both equal to the kernel's
+    result with a contiguous R apart."""
+    from cudal2.packaging.runtime.abi import EpilogueArgs
+    from cudal2.verify import correctness
+    from cudal2.verify.launch import launch_dense
+
+    d = base.with_epilogue(sm90_tma.design("fp16", **RTMA_DESIGNS[shape]), "bias_residual")
+    kernel = _kernel(tmp_path, d)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(6)
+    stream = torch.cuda.current_stream().cuda_stream
+    for m, n, k in [(257, 264, 2056), (2100, 2056, 200)]:
+        t = Target("sm_90a", "fp16", "tn", m, n, k, epilogue="bias_residual")
+        a, b = correctness.operands(t, "random", gen)
+        epi = correctness.epilogue_operands(t, "random", gen)
+        apart = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")
+        _runner(kernel, d, t)(a, b, apart, epi)
+        c = epi["residual"].clone()
+        _runner(kernel, d, t)(a, b, c, {"bias": epi["bias"], "residual": c})
+        wide = torch.zeros((m, n + 24), dtype=a.dtype, device="cuda")
+        wide[:, :n] = epi["residual"]
+        strided = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")
+        ops = EpilogueArgs(epi["bias"].data_ptr(), wide.data_ptr(), n + 24, 0.0, None)
+        launch_dense(
+            kernel, launch_recipe(d), t, a.data_ptr(), b.data_ptr(), strided.data_ptr(), stream,
+            epilogue=ops,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        assert torch.equal(c, apart), f"{design_name(d)} {t.label}: in place differs"
+        assert torch.equal(strided, apart), f"{design_name(d)} {t.label}: ldr = N + 24 differs"
+
+
 # The gated-activation and RMSNorm row-scale epilogues: the one-tile kernel only.
 ONE_TILE_EPILOGUES = ["silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias", "rmsnorm_silu",
                       "rmsnorm_gelu_tanh"]  # fmt: skip
@@ -298,7 +363,9 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_pair_tma", "bias_residual"), ("tma_v5_ring", "bias_residual"),
      ("tma_v5_pppair", "bias_residual"), ("tma_v5_uniform", "bias_residual"),
      ("tma_v5_tall", "bias_residual"), ("tma_v5_tallpair", "bias_residual"),
-     ("tma_v5_pingpong_tma", "silu"), ("tma_v5_pair_tma", "gelu_tanh")],
+     ("tma_v5_pingpong_tma", "silu"), ("tma_v5_pair_tma", "gelu_tanh"),
+     ("tma_v5_tma_rtma", "residual"), ("tma_v5_pingpong_144_rtma", "bias_residual"),
+     ("tma_v5_pair_tma_rtma", "residual")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its
@@ -309,7 +376,7 @@ def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
 
     if sanitizer.find_sanitizer() is None:
         pytest.skip("needs compute-sanitizer")
-    d = base.with_epilogue(sm90_tma.design("fp16", **DESIGNS[shape]), epilogue)
+    d = base.with_epilogue(sm90_tma.design("fp16", **{**DESIGNS, **RTMA_DESIGNS}[shape]), epilogue)
     cache = ArtifactCache(tmp_path)
     b = build(d, cache)
     assert b.ok, b.error
