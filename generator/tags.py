@@ -747,16 +747,34 @@ RTMA_ADD2 = {
 }
 
 
-def tma_epilogue(epilogue: str, dtype: str, rtma: bool = False) -> dict[str, str]:
+# The gated TMA store's activations (persistent kernels, ``store`` = 4): the same
+# functions by the hardware exp2 and reciprocal (``__expf``, ``__fdividef``; GeLU as
+# g * sigmoid(2u), no tanh). The accurate ones cost about 1,800 instructions a thread a
+# 128x256 tile there (64 IEEE divisions with their slow-path calls, expf's polynomial),
+# an epilogue nothing overlaps in the cooperative kernel; the one-tile kernels (decode,
+# bound by the weights' read) keep the accurate ones.
+TMA_FAST_ACT = {
+    act: {"helpers": f"{_EPI}act_{act}_fast.cu.j2", "act": f"act_{act}_fast"}
+    for act in ("silu", "gelu_tanh")
+}
+
+
+def tma_epilogue(
+    epilogue: str, dtype: str, rtma: bool = False, fast_act: bool = False
+) -> dict[str, str]:
     """sm90tma's epilogue partials and spellings (``epilogue.*`` in its templates); with
-    ``rtma``, R's reads from the TMA store's buffers (``RTMA_ADD2``)."""
+    ``rtma``, R's reads from the TMA store's buffers (``RTMA_ADD2``); with ``fast_act``,
+    the gated TMA store's activation (``TMA_FAST_ACT``)."""
     if epilogue not in TMA_EPILOGUE:
         raise ValueError(f"epilogue {epilogue!r}: sm90tma renders {list(TMA_EPILOGUE)}")
     if rtma and epilogue not in RTMA_ADD2:
         raise ValueError(f"epilogue {epilogue!r}: R by TMA takes {list(RTMA_ADD2)}")
+    if fast_act and epilogue not in TMA_FAST_ACT:
+        raise ValueError(f"epilogue {epilogue!r}: the fast activations are {list(TMA_FAST_ACT)}")
     return {
         **TMA_EPILOGUE[epilogue],
         **({"add2": RTMA_ADD2[epilogue]} if rtma else {}),
+        **(TMA_FAST_ACT[epilogue] if fast_act else {}),
         "name": epilogue,
         "to_float": TO_FLOAT[dtype],
         "unpack2": UNPACK2[dtype],

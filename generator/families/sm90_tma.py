@@ -1099,7 +1099,7 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     # the row scale parks its sums after the barriers' bytes; its helper warps release
     # ring slots too
     rtma = bool(v5(d, "rtma"))
-    epi = tags.tma_epilogue(epilogue(d), d.dtype, rtma)
+    epi = tags.tma_epilogue(epilogue(d), d.dtype, rtma, fast_act=gated_tma(d))
     ctx.update(epilogue=epi, barrier_bytes=BARRIER_BYTES)
     if epilogue(d) in ROW_SCALED:
         ctx["pair"] = {**ctx["pair"], **tags.TMA_ROWSQ_PAIR[k.cluster_m]}

@@ -480,13 +480,20 @@ def test_what_the_gated_tma_store_renders():
     for needle in (
         "constexpr int SUB_B = SUB_N;",
         "for (int x = 0; x < SUB_N / 32; ++x) {",
-        "act_silu(d[j][i0 * 4 + 2 * h]) * d[j][i0 * 4 + 2 * h + 1];",
+        "act_silu_fast(d[j][i0 * 4 + 2 * h]) * d[j][i0 * 4 + 2 * h + 1];",
+        "return __fdividef(g, 1.f + __expf(-g));",
         "__shfl_sync(0xffffffff, mine, src + 1);",
         "__byte_perm(lo, hi, 0x5410) : __byte_perm(lo, hi, 0x7632);",
         '"r"((n0 + SUB_N * c) >> 1),',
     ):
         assert needle in src, needle
     assert "const T2 v = " not in src  # the plain pair store's stmatrix word
+    assert "expf(-g)" not in src.replace("__expf(-g)", "")  # the fast SiLU only
+    gelu = render(base.with_epilogue(_tma(256, 4), "gelu_tanh"))
+    assert "__fdividef(g, 1.f + __expf(-2.f * u));" in gelu and "tanhf" not in gelu
+    # the one-tile kernels keep the accurate activations
+    tile = render(base.with_epilogue(sm90_tma.design("fp16", 1, 1, False, 64, 4, 1), "silu"))
+    assert "return g / (1.f + expf(-g));" in tile and "__fdividef" not in tile
     plain = render(_tma(128, 6, pers=2, mp=2, raster=8, ctas=128, ring=1))
     assert "constexpr int SUB_B = SUB_N * 2;" in plain and "__shfl_sync" not in plain
 
@@ -513,6 +520,15 @@ def test_gated_tma_store_designs_compile_to_half_the_stmatrix(v5_sass, d):
     assert len(re.findall(r"\bUTMASTG\.2D\b", listing)) == subtiles
     assert len(re.findall(r"\bSHFL\.IDX\b", listing)) == 8 * stsm
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in listing and "LDL" not in listing
+    # the fast activation: an exp2 and a reciprocal an output (two MUFU), no IEEE
+    # division's slow-path call (FCHK, CALL), no tanh
+    outputs = d.knobs.m_blocks * d.knobs.wgmma_n // 4  # a thread's: half its accumulators
+    mufu = [
+        len(re.findall(r"\bMUFU\.(EX2|RCP)\b", text))
+        for text in (listing, v5_sass(base.with_epilogue(d, "none")))
+    ]
+    assert mufu[0] - mufu[1] == 2 * outputs, mufu
+    assert not re.search(r"\b(FCHK|CALL\.REL|MUFU\.TANH)\b", listing)
 
 
 def test_the_gated_sweep_measures_each_gated_design_beside_its_plain_twin():

@@ -314,9 +314,13 @@ GOLDEN_V5 = [
     # the v5 uniform warpgroup index (broadcast from lane 0), cooperative 128x256
     ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
                   ctas=128, store=4, uniform=1), "b8b2010405553ad7"),
-    # the v5 gated TMA store (a gated activation's outputs through C's map of N / 2)
+    # the v5 gated TMA store (a gated activation's outputs through C's map of N / 2); its
+    # digest retaken (2026-12-05) when it took the fast activations (tags.TMA_FAST_ACT),
+    # and a GeLU one added then
     ("fp16", dict(wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, raster=8,
-                  ctas=128, store=4, ring=1, epilogue="silu"), "c3dbaf1a3466f403"),
+                  ctas=128, store=4, ring=1, epilogue="silu"), "b1ceb748de17f206"),
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
+                  ctas=128, store=4, epilogue="gelu_tanh"), "353e6798cc891910"),
     # v5 R by TMA (R's subtiles by TMA into the store's buffers, read back with ldmatrix),
     # cooperative 128x256 and ping-pong 128x128
     ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
