@@ -9,12 +9,20 @@
 #   bash ci/gpu_prefill_fused.sh                            (carry .whl: nvmath-python)
 #
 # SEED_DB: a database to start from (a build cut short resumes). BUILD_TIMEOUT (240 s),
-# PART_TIMEOUT (240 s), LAYERS (32), REPS (10). Under $OUT: gpu.txt, build.txt,
-# llama-prefill-fused-h100.measurements.jsonl.gz, the wheel, llama-prefill-fused.json,
+# PART_TIMEOUT (240 s), LAYERS (32), REPS (10). TESTS: a pytest -k expression of gpu tests
+# to run first (TESTS=rtma: R by TMA's, about 40 kernels compiled and checked), their
+# log in gpu-tests.txt. Under $OUT: gpu.txt, build.txt,
+# llama-prefill-fused-h100.measurements.jsonl, the wheel, llama-prefill-fused.json,
 # llama-prefill-fused.txt (the log).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
+if [ -n "${TESTS:-}" ]; then
+  step "gpu tests -k '$TESTS'"
+  timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m gpu tests -q -p no:cacheprovider -k "$TESTS" \
+    > "$OUT/gpu-tests.txt" 2>&1 || true
+  tail -3 "$OUT/gpu-tests.txt"
+fi
 MANIFEST=bench/manifests/llama-prefill-fused-h100.toml
 DB="$OUT/$(basename "$MANIFEST" .toml).measurements.jsonl"
 # shellcheck disable=SC2086

@@ -164,6 +164,14 @@ TECHNIQUES = (
         lambda k: _get(k, "persistent") == 1 and _get(k, "m_blocks") == 2, ("cluster_m",),
         "+1–2% at 8192³ and M = 4096",
     ),
+    # The twelfth slice (trial variants of the residual designs, not yet run): read from
+    # the fused prefill's database (llama-prefill-fused) once measured, each R-by-TMA
+    # kernel against its twin of the same target (epilogue 2 residual, 3 bias_residual).
+    Technique(
+        "residual by TMA (fused prefill)", "twelfth", (), lambda k: _get(k, "rtma") == 1,
+        lambda k: _get(k, "epilogue") in (2, 3), ("rtma",),
+        "fused / plain time 1.25 → 1.02–1.04 (o), 1.07 → 1.00–1.02 (down)",
+    ),
 )  # fmt: skip
 
 
