@@ -44,6 +44,44 @@ def sass_uniform(root: Path) -> str:
     return "\n".join(lines)
 
 
+# python bench/experiments/sass_epilogue.py --out bench/results/sass-epilogue.json
+SASS_EPILOGUE = "bench/results/sass-epilogue.json"
+_EPI_COUNTS = ("instructions", "ldg", "ldsm", "utmaldg", "mufu", "call", "fchk")
+
+
+def sass_epilogue(root: Path) -> str:
+    """The twelfth slice's SASS (issue 22): per kernel, the plain twin, the residual
+    epilogue with R read in the accumulator layout and by TMA, the gated SiLU accurate and
+    fast; registers, spills and local memory must be the plain twin's."""
+    doc = json.loads((root / SASS_EPILOGUE).read_text())
+    nvcc = doc["nvcc"].removeprefix("Build ")
+    lines = [
+        f"nvcc `{nvcc}`, fp16, the grouped walk of 8 and the 128-CTA cap (`{SASS_EPILOGUE}`, "
+        "`bench/experiments/sass_epilogue.py`): each kernel's SASS, its epilogue variants "
+        "beside the plain twin (global loads, ldmatrix, TMA loads, MUFU, calls and FCHK "
+        "counted as instructions of the listing).",
+        "",
+        "| kernel | variant | instructions | LDG | LDSM | UTMALDG | MUFU | CALL | FCHK |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    plain: dict[str, dict] = {}
+    for r in doc["rows"]:
+        first = plain.setdefault(r["kernel"], r)
+        for same in ("registers", "spill_bytes", "local"):
+            if r[same] != first[same]:
+                raise ValueError(f"{r['design']}: {same} {r[same]} ({SASS_EPILOGUE})")
+        cells = " | ".join(f"{r[c]:,}" for c in _EPI_COUNTS)
+        lines.append(f"| {r['kernel']} | {r['variant']} | {cells} |")
+    regs = sorted({r["registers"] for r in doc["rows"]})
+    lines += [
+        "",
+        f"Every variant: {', '.join(map(str, regs))} registers, no spills, no local memory.",
+    ]
+    if any(r["local"] or r["spill_bytes"] for r in doc["rows"]):
+        raise ValueError(f"local memory in {SASS_EPILOGUE}")
+    return "\n".join(lines)
+
+
 # ci/gpu_prefill.sh on a lent H200 (bench/manifests/sweep-tma-v5-tenth[-bf16]-h100.toml):
 # the tenth slice's four techniques beside their twins, one database a dtype
 TENTH_SWEEPS = {

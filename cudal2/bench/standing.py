@@ -1998,6 +1998,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-prefill-tma": prefill_narrow_pair.llama_prefill_tma,
     "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
     "sass-uniform": prefill_uniform.sass_uniform,
+    "sass-epilogue": prefill_uniform.sass_epilogue,
     "fused-prefill": prefill_uniform.fused_prefill,
     "fused-prefill-e2e": fused_prefill_e2e,
     "tma-v5-techniques": techniques.ledger,

@@ -108,3 +108,47 @@ def test_the_tenth_block_reads_a_sweep_without_its_techniques_as_the_ring_block_
     assert summary.split(" | ")[3] in pnp.tma_v5_ring(ROOT)  # TMA store / cuBLASLt
     with pytest.raises(ValueError, match="none of"):
         pu.tma_v5_tenth(ROOT, {"fp16": "bench/results/no-such.measurements.jsonl.gz"})
+
+
+# -- the twelfth slice's SASS (bench/results/sass-epilogue.json) ------------------------
+
+
+def _epilogue_doc() -> dict:
+    return json.loads((ROOT / pu.SASS_EPILOGUE).read_text())
+
+
+def _epilogue_copy(tmp_path: Path, doc: dict) -> Path:
+    (tmp_path / pu.SASS_EPILOGUE).parent.mkdir(parents=True)
+    (tmp_path / pu.SASS_EPILOGUE).write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_the_epilogue_sass_shows_r_by_tma_and_the_fast_activation():
+    """Each kernel's variants as the experiment makes them; R by TMA leaves no global
+    load of R and one ldmatrix a stmatrix; the fast SiLU no call and no FCHK."""
+    doc = _epilogue_doc()
+    rows = {(r["kernel"], r["variant"]): r for r in doc["rows"]}
+    path = ROOT / "bench" / "experiments" / "sass_epilogue.py"
+    spec = importlib.util.spec_from_file_location("sass_epilogue", path)
+    exp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exp)
+    assert set(rows) == {(k, v[0]) for k in exp.KERNELS for v in exp.VARIANTS}
+    block = pu.sass_epilogue(ROOT)
+    for kernel in exp.KERNELS:
+        scalar, tma = rows[(kernel, "residual")], rows[(kernel, "residual, R by TMA")]
+        assert scalar["ldg"] > 0 and tma["ldg"] == 0 and tma["ldsm"] > 0
+        assert tma["instructions"] < scalar["instructions"]
+        accurate, fast = rows[(kernel, "silu, accurate")], rows[(kernel, "silu, fast")]
+        assert accurate["call"] > 0 and fast["call"] == fast["fchk"] == 0
+        assert fast["instructions"] < accurate["instructions"]
+        assert f"| {kernel} | silu, fast | {fast['instructions']:,} |" in block
+
+
+@pytest.mark.parametrize(("field", "value"), [("registers", 255), ("spill_bytes", 8), ("local", 2)])
+def test_an_epilogue_variant_off_its_twins_registers_or_in_local_memory_is_refused(
+    tmp_path, field, value
+):
+    doc = _epilogue_doc()
+    doc["rows"][2][field] = value
+    with pytest.raises(ValueError, match=field if field == "registers" else "spill|local"):
+        pu.sass_epilogue(_epilogue_copy(tmp_path, doc))
