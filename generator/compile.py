@@ -214,6 +214,18 @@ def checked_cubin(design: KernelDesign, cache: ArtifactCache, artifact: str | No
     return _checked(design, cache, artifact, cache.cubin)
 
 
+def sass_listing(design: KernelDesign, cache: ArtifactCache) -> tuple[str, BuildResult]:
+    """The SASS listing of ``design`` (``sass.sass`` of its checked cubin) and its build
+    result; raises ``RuntimeError`` with nvcc's text where it does not compile. For
+    experiments that count instructions without a GPU."""
+    from cudal2.generator import sass
+
+    b = build(design, cache)
+    if not b.ok:
+        raise RuntimeError(f"{b.symbol} does not compile:\n{b.error}")
+    return sass.sass(checked_cubin(design, cache), b.symbol), b
+
+
 def checked_cubin_path(
     design: KernelDesign, cache: ArtifactCache, artifact: str | None = None
 ) -> Path:

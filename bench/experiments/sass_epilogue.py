@@ -14,16 +14,11 @@ local memory, registers.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import subprocess
-import tempfile
-from pathlib import Path
 from unittest import mock
 
-from cudal2.generator import design_name, sass, tags
-from cudal2.generator.compile import ArtifactCache, build, checked_cubin
+from cudal2.bench import sass_rows
+from cudal2.generator import sass, tags
 from cudal2.generator.families import base, sm90_tma
 
 # (label, the plain twin): the cooperative 128x256 and the ping-pong 128x128 of the
@@ -70,34 +65,16 @@ def variant(d, epilogue: str, rtma: int):
     return sm90_tma.with_ring(x, ring=sm90_tma.v5(d, "ring"), rtma=rtma)
 
 
-def nvcc_version() -> str:
-    out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
-    return out.strip().splitlines()[-1]
+def cases():
+    for label, d in KERNELS.items():
+        for name, epilogue, rtma, accurate in VARIANTS:
+            patch = mock.patch.object(tags, "tma_epilogue", _accurate)
+            context = patch if accurate else contextlib.nullcontext()
+            yield {"kernel": label, "variant": name}, variant(d, epilogue, rtma), context
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = ArtifactCache(Path(tmp))
-        for label, d in KERNELS.items():
-            for name, epilogue, rtma, accurate in VARIANTS:
-                x = variant(d, epilogue, rtma)
-                patch = mock.patch.object(tags, "tma_epilogue", _accurate)
-                with patch if accurate else contextlib.nullcontext():
-                    r = build(x, cache)
-                    assert r.ok, r.error
-                    listing = sass.sass(checked_cubin(x, cache), r.symbol)
-                rows.append({
-                    "kernel": label, "variant": name, "design": design_name(x),
-                    "registers": r.registers, "spill_bytes": r.spill_bytes, **counts(listing),
-                })  # fmt: skip
-                print(label, name, rows[-1])
-    doc = {"nvcc": nvcc_version(), "rows": rows}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    return 0
+    return sass_rows.main(__doc__, cases, counts, argv)
 
 
 if __name__ == "__main__":

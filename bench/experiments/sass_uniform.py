@@ -12,15 +12,11 @@ consecutive HGMMAs (the k loop's issue work between wgmmas).
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
 import statistics
-import subprocess
-import tempfile
-from pathlib import Path
 
-from cudal2.generator import design_name, sass
-from cudal2.generator.compile import ArtifactCache, build, checked_cubin
+from cudal2.bench import sass_rows
+from cudal2.generator import sass
 from cudal2.generator.families import sm90_tma
 
 # (label, the design with uniform = 0): the fastest own kernels of the ring sweep and the
@@ -60,32 +56,15 @@ def counts(listing: str) -> dict[str, int | float]:
     }
 
 
-def nvcc_version() -> str:
-    out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
-    return out.strip().splitlines()[-1]
+def cases():
+    for label, d in DESIGNS.items():
+        for u in (0, 1):
+            x = sm90_tma.with_ring(d, ring=sm90_tma.v5(d, "ring"), uniform=u)
+            yield {"label": label, "uniform": u}, x, contextlib.nullcontext()
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = ArtifactCache(Path(tmp))
-        for label, d in DESIGNS.items():
-            for u in (0, 1):
-                x = sm90_tma.with_ring(d, ring=sm90_tma.v5(d, "ring"), uniform=u)
-                r = build(x, cache)
-                assert r.ok, r.error
-                listing = sass.sass(checked_cubin(x, cache), r.symbol)
-                rows.append({
-                    "label": label, "uniform": u, "design": design_name(x),
-                    "registers": r.registers, "spill_bytes": r.spill_bytes, **counts(listing),
-                })  # fmt: skip
-                print(label, u, rows[-1])
-    doc = {"nvcc": nvcc_version(), "rows": rows}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    return 0
+    return sass_rows.main(__doc__, cases, counts, argv)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,14 @@ from cudal2.generator.families import sm90_tma
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _doc() -> dict:
-    return json.loads((ROOT / pu.SASS_UNIFORM).read_text())
+def _doc(path: str = pu.SASS_UNIFORM) -> dict:
+    return json.loads((ROOT / path).read_text())
 
 
-def _copy(tmp_path: Path, doc: dict) -> Path:
-    (tmp_path / pu.SASS_UNIFORM).parent.mkdir(parents=True)
-    (tmp_path / pu.SASS_UNIFORM).write_text(json.dumps(doc))
+def _copy(tmp_path: Path, doc: dict, path: str = pu.SASS_UNIFORM) -> Path:
+    """A root holding ``doc`` as the results file ``path``."""
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(json.dumps(doc))
     return tmp_path
 
 
@@ -113,20 +114,10 @@ def test_the_tenth_block_reads_a_sweep_without_its_techniques_as_the_ring_block_
 # -- the twelfth slice's SASS (bench/results/sass-epilogue.json) ------------------------
 
 
-def _epilogue_doc() -> dict:
-    return json.loads((ROOT / pu.SASS_EPILOGUE).read_text())
-
-
-def _epilogue_copy(tmp_path: Path, doc: dict) -> Path:
-    (tmp_path / pu.SASS_EPILOGUE).parent.mkdir(parents=True)
-    (tmp_path / pu.SASS_EPILOGUE).write_text(json.dumps(doc))
-    return tmp_path
-
-
 def test_the_epilogue_sass_shows_r_by_tma_and_the_fast_activation():
     """Each kernel's variants as the experiment makes them; R by TMA leaves no global
     load of R and one ldmatrix a stmatrix; the fast SiLU no call and no FCHK."""
-    doc = _epilogue_doc()
+    doc = _doc(pu.SASS_EPILOGUE)
     rows = {(r["kernel"], r["variant"]): r for r in doc["rows"]}
     path = ROOT / "bench" / "experiments" / "sass_epilogue.py"
     spec = importlib.util.spec_from_file_location("sass_epilogue", path)
@@ -148,7 +139,7 @@ def test_the_epilogue_sass_shows_r_by_tma_and_the_fast_activation():
 def test_an_epilogue_variant_off_its_twins_registers_or_in_local_memory_is_refused(
     tmp_path, field, value
 ):
-    doc = _epilogue_doc()
+    doc = _doc(pu.SASS_EPILOGUE)
     doc["rows"][2][field] = value
     with pytest.raises(ValueError, match=field if field == "registers" else "spill|local"):
-        pu.sass_epilogue(_epilogue_copy(tmp_path, doc))
+        pu.sass_epilogue(_copy(tmp_path, doc, pu.SASS_EPILOGUE))
