@@ -16,14 +16,17 @@
 set -uo pipefail
 OUT=${OUT:?OUT is the folder that comes back}
 WORK=${STEPS_DIR:-/tmp/o}
-status=0
-for arg in "$@"; do
+for arg in "$@"; do  # every step well formed before any runs
   name=${arg%%:*}
-  cmd=${arg#*:}
   if ! [[ "$name" =~ ^[A-Za-z0-9_-]+$ ]] || [ "$name" = "$arg" ]; then
     echo "ci/gpu_steps.sh: '$arg' is not '<step>: <command>' (a step of letters, digits, - and _)" >&2
     exit 2
   fi
+done
+status=0
+for arg in "$@"; do
+  name=${arg%%:*}
+  cmd=${arg#*:}
   dir="$WORK/$name"
   rm -rf "$dir" && mkdir -p "$dir"
   echo "=== step $name:$cmd"
