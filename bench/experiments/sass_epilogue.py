@@ -62,7 +62,7 @@ _tma_epilogue = tags.tma_epilogue
 
 def variant(d, epilogue: str, rtma: int):
     x = base.with_epilogue(d, epilogue) if epilogue != "none" else d
-    return sm90_tma.with_ring(x, ring=sm90_tma.v5(d, "ring"), rtma=rtma)
+    return sm90_tma.with_knobs(x, rtma=rtma)
 
 
 def cases():

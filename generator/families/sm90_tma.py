@@ -728,7 +728,7 @@ def epilogue_trial(d: KernelDesign) -> list[KernelDesign]:
     otherwise."""
     if v5(d, "rtma") or v5(d, "store") != 4 or _epilogue_or_none(d) not in RTMA_EPILOGUES:
         return []
-    t = make(FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS, **{**d.knobs.as_json(), "rtma": 1})
+    t = with_knobs(d, rtma=1)
     return [] if check(t, sys.modules[__name__]) else [t]
 
 
@@ -886,13 +886,15 @@ def ring_designs(dtype: str) -> list[KernelDesign]:
     return [with_ring(d) for d in _stored(dtype) if not _pow2(d.knobs.stages)]
 
 
+def with_knobs(d: KernelDesign, **knobs: int) -> KernelDesign:
+    """``d`` with ``knobs`` changed (an optional knob set to its default is left out)."""
+    return make(FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS, **{**d.knobs.as_json(), **knobs})
+
+
 def with_ring(d: KernelDesign, **knobs: int) -> KernelDesign:
     """``d`` with its ring's slot and phase kept as counters (``ring`` = 1), and any
     other ``knobs`` changed."""
-    return make(
-        FAMILY, d.arch, d.dtype, d.layout, OPTIONAL_KNOBS,
-        **{**d.knobs.as_json(), "ring": 1, **knobs},
-    )  # fmt: skip
+    return with_knobs(d, **{"ring": 1, **knobs})
 
 
 def _pow2(stages: int) -> bool:

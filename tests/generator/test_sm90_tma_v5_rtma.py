@@ -36,8 +36,7 @@ def _with(d: KernelDesign, **knobs) -> KernelDesign:
 
 def _twin(d: KernelDesign) -> KernelDesign:
     """``d`` without R by TMA (the knob left out, as a design at its default)."""
-    knobs = {k: v for k, v in d.knobs.as_json().items() if k != "rtma"}
-    return KernelDesign(d.family, d.arch, d.dtype, d.layout, Knobs.of(**knobs))
+    return sm90_tma.with_knobs(d, rtma=0)
 
 
 def test_rtma_designs_are_legal_on_the_tma_store_with_an_epilogue_that_reads_r():
