@@ -140,17 +140,16 @@ def rms_normed(x: Any, eps: float) -> Any:
     return (xf * _torch().rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def gate(y: Any, act: str) -> Any:
-    """``act(g) * u`` over the (gate, up) column pairs of y [..., 2I] -> [..., I]."""
-    f = _torch().nn.functional
-    g, u = y.unflatten(-1, (-1, 2)).unbind(-1)
-    return (f.silu(g) if act == "silu" else f.gelu(g, approximate="tanh")) * u
-
-
 def unfused_gated(x: Any, w: Any, act: str, eps: float | None) -> Any:
-    """``linear_gated``'s fallback: (RMSNorm where ``eps`` is given,) F.linear, gate."""
+    """``linear_gated``'s fallback: (RMSNorm where ``eps`` is given,) F.linear over the
+    gate rows of the packed w and F.linear over its up rows (``w[0::2]``, ``w[1::2]``:
+    views, no copy), then ``act(g) * u`` on their contiguous outputs: what an unpacked
+    MLP runs, not one GEMM and the activation over its strided (gate, up) pairs (26%
+    over the GEMM's time on an H200 at 2048x28672x4096)."""
+    f = _torch().nn.functional
     xn = x if eps is None else rms_normed(x, eps)
-    return gate(_torch().nn.functional.linear(xn, w), act)
+    g, u = f.linear(xn, w[0::2]), f.linear(xn, w[1::2])
+    return (f.silu(g) if act == "silu" else f.gelu(g, approximate="tanh")) * u
 
 
 def unfused_rmsnorm(x: Any, w: Any, eps: float, bias: Any = None) -> Any:

@@ -201,6 +201,29 @@ def test_the_yardstick_is_torchs_unfused_op_in_the_dtype():
     assert correctness.max_abs_error(plain, ref) > 4 * err["torch+rmsnorm_gelu_tanh"]
 
 
+@pytest.mark.parametrize("epilogue", ["silu", "gelu_tanh", "rmsnorm_silu", "rmsnorm_gelu_tanh"])
+def test_the_gated_yardstick_is_an_unpacked_mlps_ops(epilogue, monkeypatch):
+    """A gated tn baseline is what a model without cudal2 runs: its gate weight and
+    its up weight, each its own contiguous matrix, one GEMM each, then the activation
+    on contiguous tensors (not one GEMM over the packed weight and the activation on
+    its strided halves, which costs a quarter more on the GPU)."""
+    f = torch.nn.functional
+    seen = []
+    for name in ("silu", "gelu"):
+        op = getattr(f, name)
+        monkeypatch.setattr(f, name, lambda g, *a, op=op, **k: seen.append(g) or op(g, *a, **k))
+    t = _target(epilogue)
+    a, b = correctness.operands(t, "random", _gen())
+    gate_w, up_w = b[0::2].contiguous(), b[1::2].contiguous()
+    x = correctness.rmsnorm(a) if epilogue in ROW_SCALED else a
+    g, u = f.linear(x, gate_w), f.linear(x, up_w)
+    silu = EPILOGUE_ACTIVATION[epilogue] == "silu"
+    want = (f.silu(g) if silu else f.gelu(g, approximate="tanh")) * u
+    seen.clear()
+    assert torch.equal(correctness.vendor(t, a, b), want)
+    assert [x.is_contiguous() for x in seen] == [True]
+
+
 @pytest.mark.parametrize("epilogue", ["none", "bias", "residual", *NEW])
 def test_the_launch_gives_ldc_out_n_and_eps(epilogue):
     t = Target("sm_90a", "fp16", "tn", 16, 28672, 4096, epilogue=epilogue)
