@@ -613,6 +613,9 @@ _PLAIN_PARTS = {
     "act": "",
     "eps_note": "",
     "ring_readers": "",
+    "rs_init": NONE,
+    "rs_state": NONE,
+    "rs_tile": NONE,
 }
 _ROW_SCALE_PARTS = {
     "eps_note": ", then eps",
@@ -623,6 +626,27 @@ _ROW_SCALE_PARTS = {
     "rowsq_helper": _EPI + "rowsq_helper.cu.j2",
     "rs_rows": _EPI + "rs_rows.cu.j2",
 }
+# sm90tma v5 row scale (issue 22): the RMSNorm row scale in the persistent cooperative
+# kernel that stores by TMA (``persistent`` = 1, ``store`` = 4, unpaired). The producer
+# warpgroup's three idle warps walk the CTA's tiles, sum the squares of each tile's A rows
+# from the ring (releasing its slots like consumer warps: the empty barrier counts them,
+# ``TMA_ROWSQ_PAIR[1]``) and write rsqrt(sum / K + eps) per row into one of two scale buffers
+# after the TMA store's; the consumers wait for their tile's buffer after the main loop,
+# scale their accumulators by row, release it, and store as the plain (``rmsnorm``), bias
+# (``rmsnorm_bias``, ``add2``) or gated (``rmsnorm_<act>``) TMA store does. The parts:
+# the header's constants, the scale buffers' mbarriers, the helper warps' loop, a
+# consumer's tile count, and the scaling before the store.
+PERSISTENT_ROW_SCALE = {
+    "consts": _EPI + "prs_consts.cu.j2",
+    "rs_init": _EPI + "prs_init.cu.j2",
+    "rowsq_helper": _EPI + "prs_helper.cu.j2",
+    "rs_state": _EPI + "prs_state.cu.j2",
+    "rs_tile": _EPI + "prs_tile.cu.j2",
+    "rs_rows": NONE,
+    "add4": NONE,
+}
+# ... its ``add2`` after the scale, by epilogue (the rest add nothing there).
+PERSISTENT_ROW_SCALE_ADD2 = {"rmsnorm_bias": _EPI + "bias2.cu.j2"}
 # The row scale's helper warps release ring slots too: the empty barrier counts them,
 # and a multicast pair's release both CTAs' slots (``pair`` blocks, by cluster_m).
 TMA_ROWSQ_PAIR = {
@@ -760,21 +784,34 @@ TMA_FAST_ACT = {
 
 
 def tma_epilogue(
-    epilogue: str, dtype: str, rtma: bool = False, fast_act: bool = False
+    epilogue: str,
+    dtype: str,
+    rtma: bool = False,
+    fast_act: bool = False,
+    persistent_rows: bool = False,
 ) -> dict[str, str]:
     """sm90tma's epilogue partials and spellings (``epilogue.*`` in its templates); with
     ``rtma``, R's reads from the TMA store's buffers (``RTMA_ADD2``); with ``fast_act``,
-    the gated TMA store's activation (``TMA_FAST_ACT``)."""
+    the gated TMA store's activation (``TMA_FAST_ACT``, ``rmsnorm_<act>``'s too); with
+    ``persistent_rows``, the row scale of the persistent TMA store
+    (``PERSISTENT_ROW_SCALE``)."""
     if epilogue not in TMA_EPILOGUE:
         raise ValueError(f"epilogue {epilogue!r}: sm90tma renders {list(TMA_EPILOGUE)}")
     if rtma and epilogue not in RTMA_ADD2:
         raise ValueError(f"epilogue {epilogue!r}: R by TMA takes {list(RTMA_ADD2)}")
-    if fast_act and epilogue not in TMA_FAST_ACT:
+    act = epilogue.removeprefix("rmsnorm_")
+    if fast_act and act not in TMA_FAST_ACT:
         raise ValueError(f"epilogue {epilogue!r}: the fast activations are {list(TMA_FAST_ACT)}")
+    if persistent_rows and epilogue not in ROW_SCALED:
+        raise ValueError(f"epilogue {epilogue!r}: the row scale is {sorted(ROW_SCALED)}'s")
+    rows = {}
+    if persistent_rows:
+        rows = {**PERSISTENT_ROW_SCALE, "add2": PERSISTENT_ROW_SCALE_ADD2.get(epilogue, NONE)}
     return {
         **TMA_EPILOGUE[epilogue],
         **({"add2": RTMA_ADD2[epilogue]} if rtma else {}),
-        **(TMA_FAST_ACT[epilogue] if fast_act else {}),
+        **(TMA_FAST_ACT[act] if fast_act else {}),
+        **rows,
         "name": epilogue,
         "to_float": TO_FLOAT[dtype],
         "unpack2": UNPACK2[dtype],

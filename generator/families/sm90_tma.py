@@ -287,10 +287,10 @@ SPLIT_K = (1, 2, 4, 8)
 BK = 64
 ALIGN_SLACK = 1024  # the kernel aligns its dynamic shared memory to the swizzle atom
 BARRIER_BYTES = 2 * 8 * 16  # full and empty mbarriers of up to 16 stages
-# The epilogues only the one-tile kernel renders: the gated activation pairs columns
-# 2j, 2j + 1 inside its four-column store groups, and the row scale parks its sums of
-# squares beside the fp32 tile (the persistent kernels store from their accumulators).
-ONE_TILE_EPILOGUES = frozenset((*EPILOGUE_ACTIVATION, *ROW_SCALED))
+# The gated activation and the row scale are the one-tile kernel's, but for the
+# persistent kernels below: the gated activation pairs columns 2j, 2j + 1 inside its
+# four-column store groups, and the row scale parks its sums of squares beside the fp32
+# tile (the persistent kernels store from their accumulators).
 # sm90tma v5 gated TMA store (issue 22): the gated activation in the persistent kernels
 # that store by TMA (``store`` = 4). A thread's accumulator pair (2j, 2j + 1) is one
 # (gate, up) pair, so each thread forms its outputs in registers; a quad's shuffles put
@@ -307,6 +307,12 @@ GATED_TMA_MIN_SUB_N = 32
 # setmaxnreg). Measured on the H100 (docs/kernels.md): the sums taken by the consumers
 # cost up to +70% at M = 64.
 ROWSQ_MAX_BM = 64
+# ... and in the persistent cooperative kernel storing by TMA (v5 row scale), in batches
+# of 4 loads a thread: up to 128 rows (11 sums a thread), one 64-row block a warpgroup.
+PERSISTENT_ROWSQ_MAX_BM = 128
+# Where its two scale buffers' mbarriers lie after the ring's barriers: after R's four
+# (``rtma``; the two are never in one design, the space stays apart).
+RS_BAR_AFTER = 32
 PINGPONG_MAX_STAGES = 15  # ping-pong's two turn mbarriers take one stage's pair
 # Registers: with two consumer warpgroups the kernel is compiled for 168 per thread
 # (the register file over three warpgroups); the producer gives back down to 56, the
@@ -476,6 +482,18 @@ def gated_tma(d: KernelDesign) -> bool:
     )
 
 
+def persistent_rows(d: KernelDesign) -> bool:
+    """Whether the design is v5's row scale: an RMSNorm row-scaled epilogue in the
+    persistent cooperative kernel storing by TMA (``persistent`` = 1, ``store`` = 4),
+    unpaired."""
+    return (
+        _epilogue_or_none(d) in ROW_SCALED
+        and d.knobs.persistent == 1
+        and v5(d, "store") == 4
+        and d.knobs.cluster_m == 1
+    )
+
+
 def tma_store_sub_n(d: KernelDesign) -> int:
     """The TMA store's subtile columns: the widest of ``TMA_STORE_SUB_N`` dividing the
     tile N (0: none does)."""
@@ -501,8 +519,11 @@ def smem_bytes(d: KernelDesign) -> int:
     """The ring, or the fp32 output tile [bm][bn + 4] that reuses it, the barriers,
     the bulk store's C buffer (after the barriers) and the alignment slack."""
     bm, bn = tile_mn(d)
-    # the row scale's fp32 sums of squares of A's rows, [split_k][bm]
+    # the row scale's fp32 sums of squares of A's rows, [split_k][bm] (v5's: the scales
+    # of two tiles, [2][bm])
     rowsq = 4 * bm * d.knobs.split_k if _epilogue_or_none(d) in ROW_SCALED else 0
+    if persistent_rows(d):
+        rowsq = 4 * bm * 2
     data = max(ring_bytes(d), bm * (bn + 4) * 4)
     return data + BARRIER_BYTES + rowsq + c_buffer_bytes(d) + ALIGN_SLACK
 
@@ -528,20 +549,23 @@ def rules(d: KernelDesign) -> list[str]:
             reasons.append("ping-pong designs have two consumer warpgroups")
         if k.stages > PINGPONG_MAX_STAGES:
             reasons.append(f"stages={k.stages}: ping-pong has at most {PINGPONG_MAX_STAGES}")
-    if _epilogue_or_none(d) in ROW_SCALED and tile_mn(d)[0] > ROWSQ_MAX_BM:
+    rows_max = PERSISTENT_ROWSQ_MAX_BM if persistent_rows(d) else ROWSQ_MAX_BM
+    if _epilogue_or_none(d) in ROW_SCALED and tile_mn(d)[0] > rows_max:
         reasons.append(
             f"epilogue {_epilogue_or_none(d)!r}: the row scale's helper warps take tiles of "
-            f"at most {ROWSQ_MAX_BM} rows (bm={tile_mn(d)[0]})"
+            f"at most {rows_max} rows (bm={tile_mn(d)[0]})"
         )
-    if k.persistent and _epilogue_or_none(d) in ONE_TILE_EPILOGUES and not gated_tma(d):
+    if k.persistent and _epilogue_or_none(d) in ROW_SCALED and not persistent_rows(d):
+        # The persistent row scale is written for the cooperative walk (the helper warps
+        # take every tile, as both consumer warpgroups do) and its TMA store.
         reasons.append(
-            f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0)"
-            + (
-                f", or the TMA store (store=4) of subtiles of at least {GATED_TMA_MIN_SUB_N} "
-                "columns"
-                if _epilogue_or_none(d) in EPILOGUE_ACTIVATION
-                else ""
-            )
+            f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel (persistent=0), or the "
+            "persistent cooperative kernel storing by TMA (persistent=1, store=4), unpaired"
+        )
+    elif k.persistent and _epilogue_or_none(d) in EPILOGUE_ACTIVATION and not gated_tma(d):
+        reasons.append(
+            f"epilogue {_epilogue_or_none(d)!r}: the one-tile kernel only (persistent=0), or "
+            f"the TMA store (store=4) of subtiles of at least {GATED_TMA_MIN_SUB_N} columns"
         )
     if k.cluster_m > 1:
         reasons += _pair_reasons(d)
@@ -1101,10 +1125,18 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
     # the row scale parks its sums after the barriers' bytes; its helper warps release
     # ring slots too
     rtma = bool(v5(d, "rtma"))
-    epi = tags.tma_epilogue(epilogue(d), d.dtype, rtma, fast_act=gated_tma(d))
+    rows = persistent_rows(d)
+    epi = tags.tma_epilogue(epilogue(d), d.dtype, rtma, fast_act=gated_tma(d), persistent_rows=rows)
     ctx.update(epilogue=epi, barrier_bytes=BARRIER_BYTES)
     if epilogue(d) in ROW_SCALED:
         ctx["pair"] = {**ctx["pair"], **tags.TMA_ROWSQ_PAIR[k.cluster_m]}
+    if rows:  # the scales after the TMA store's buffers; the helper warps release slots
+        ctx.update(
+            rs_offset=BARRIER_BYTES + c_buffer_bytes(d),
+            rs_bar_offset=BARRIER_BYTES + RS_BAR_AFTER,
+        )
+        empty_init = tags.TMA_ROWSQ_PAIR[1]["empty_init"]
+        ctx["schedule"] = {**ctx["schedule"], "empty_init": empty_init}
     return ctx
 
 

@@ -681,14 +681,14 @@ def _check_epilogue(e: TableEntry) -> None:
         )
     tma = e.launch.get("tma")
     c_box = isinstance(tma, Mapping) and "c" in tma
-    if (e.epilogue in ROW_SCALED or (e.epilogue in EPILOGUE_ACTIVATION and not c_box)) and (
-        e.launch.get("persistent")
+    if (e.epilogue in ROW_SCALED or e.epilogue in EPILOGUE_ACTIVATION) and (
+        e.launch.get("persistent") and not c_box
     ):
-        # Only the one-tile kernel renders them, and the gated activation the persistent
-        # kernels storing by TMA: any other persistent one is not a design.
+        # The one-tile kernel renders them, and of the persistent kernels those storing
+        # by TMA (the gated activation, and the row scale): any other is not a design.
         raise TableError(
-            f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent"
-            + ("" if e.epilogue in ROW_SCALED else " unless it stores C by TMA")
+            f"key 'epilogue' {e.epilogue!r}: its kernel cannot be persistent unless it "
+            "stores C by TMA"
         )
     if isinstance(tma, Mapping) and "r" in tma and "residual" not in EPILOGUE_OPERANDS[e.epilogue]:
         # The launcher encodes R's map from the residual operand: an epilogue without one

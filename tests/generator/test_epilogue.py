@@ -173,7 +173,7 @@ def test_gated_and_row_scaled_epilogues_are_one_tile_kernels_only(epilogue):
     assert launch_recipe(one)["abi"] == "gemm_v3" and launch_recipe(one)["epilogue"] == epilogue
     for case in (SAMPLE[3], SAMPLE[4]):  # persistent cooperative, ping-pong
         d = base.with_epilogue(_first(**case), epilogue)
-        assert any("the one-tile kernel only" in r for r in legality(d)), legality(d)
+        assert any("the one-tile kernel" in r for r in legality(d)), legality(d)
 
 
 @pytest.mark.parametrize("epilogue", ONE_TILE)

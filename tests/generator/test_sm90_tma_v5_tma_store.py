@@ -316,10 +316,11 @@ ILLEGAL = [
     (dict(stages=5), "shared memory"),  # 5 x 48 KiB ring + 33 KiB of buffers
     (dict(split_k=2), "do not split K"),
     # a gated activation (4: silu, 5: gelu_tanh) by the warp's TMA store, or in subtiles
-    # of 16 columns (8 outputs: 16-byte box rows); the row scale (6: rmsnorm) at all
+    # of 16 columns (8 outputs: 16-byte box rows); the row scale (6: rmsnorm) by the
+    # warp's TMA store (the cooperative one: tests/generator/test_sm90_tma_v5_rows.py)
     (dict(epilogue=4, store=5), "or the TMA store (store=4) of subtiles of at least 32"),
     (dict(epilogue=5, wgmma_n=176, stages=3), "of subtiles of at least 32 columns"),
-    (dict(epilogue=6), "the one-tile kernel only (persistent=0)"),
+    (dict(epilogue=6, store=5), "the one-tile kernel (persistent=0), or the persistent"),
     (dict(ring=1, store=1, stages=3), "ring=1: the TMA store's persistent kernels"),
     (dict(ring=1, cluster_m=2, store=1, stages=2), "ring=1: the TMA store's persistent kernels"),
     (dict(ring=2), "ring"),  # out of its domain
@@ -467,8 +468,12 @@ def test_the_gated_tma_store_designs_are_the_tma_store_ones_of_32_or_64_column_s
             r, plain = sm90_tma.launch_recipe(g), sm90_tma.launch_recipe(d)
             assert r["tma"]["c"] == [plain["tma"]["c"][0] // 2, plain["tma"]["c"][1]]
             assert r["align"] == {"k": 8, "n": 16} and r["smem_bytes"] == plain["smem_bytes"]
-        # the row scale stays the one-tile kernel's
-        assert legality(base.with_epilogue(gated[0], "rmsnorm_silu"))
+        # the gated row scale: the cooperative ones of 128-row tiles, unpaired, alone (v5
+        # row scale)
+        for d in gated:
+            rows = base.with_epilogue(d, "rmsnorm_silu")
+            coop = d.knobs.persistent == 1 and d.knobs.cluster_m == 1
+            assert (not legality(rows)) == (coop and sm90_tma.tile_mn(d)[0] <= 128), d.knobs
 
 
 def test_what_the_gated_tma_store_renders():

@@ -327,6 +327,13 @@ GOLDEN_V5 = [
                   ctas=128, store=4, rtma=1, epilogue="residual"), "3da1c1a162dc1a8f"),
     ("bf16", dict(wgs=2, mp=2, swap=False, n=128, stages=6, split=1, pers=2, raster=8,
                   store=4, ring=1, rtma=1, epilogue="bias_residual"), "db5ab8e5a51dcb35"),
+    # v5 row scale (the producer warpgroup's helper warps hand each tile's row scales to
+    # the consumers): cooperative 128x256 gated, 128x128 with the bias and the counters
+    ("fp16", dict(wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8,
+                  ctas=128, store=4, epilogue="rmsnorm_silu"), "a7fd538205ea1149"),
+    ("bf16", dict(wgs=2, mp=1, swap=False, n=128, stages=5, split=1, pers=1, raster=8,
+                  ctas=128, store=4, ring=1, uniform=1, epilogue="rmsnorm_bias"),
+     "53bc47c6b54b5d47"),
 ]  # fmt: skip
 
 

@@ -334,6 +334,38 @@ def test_gated_tma_store_correct_on_residue_shapes(tmp_path, shape, epilogue, dt
         _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 3)
 
 
+# sm90tma v5 row scale (issue 22): the RMSNorm row scale in the persistent cooperative
+# kernel storing by TMA, the producer warpgroup's helper warps taking each tile's scales
+# into one of two buffers: 128x256 (64-column subtiles), 128x160 (32-column), 128x128 at 5
+# stages with the ring counter and the uniform index. Every row-scaled epilogue. The
+# shapes: tiles past M and N (1, 100, 2100 rows; N % 16 == 0, the gated recipe's align),
+# K of one k tile and of many, CTAs walking many tiles (4096³: both scale buffers turn
+# over many times), Llama-3.1-8B's qkv at a 2,048-token prefill.
+ROWS_DESIGNS = {
+    "tma_v5_tma": DESIGNS["tma_v5_tma"],
+    "tma_v5_tma_160": DESIGNS["tma_v5_tma_160"],
+    "tma_v5_rows_ring": dict(_V5_UNIFORM, mp=1, n=128, stages=5, pers=1, ring=1),
+}
+ROWS_SHAPES = [
+    (1, 16, 8), (100, 1008, 1000), (2100, 2064, 1096), (4096, 4096, 4096), (2048, 6144, 4096),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "epilogue", ["rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh"]
+)
+@pytest.mark.parametrize("shape", list(ROWS_DESIGNS))
+def test_row_scale_in_the_persistent_tma_store_correct(tmp_path, shape, epilogue, dtype):
+    """The fp32 reference (the row scale from A), bounded by torch's RMSNorm, GEMM (and
+    activation), as the one-tile kernel's."""
+    d = base.with_epilogue(sm90_tma.design(dtype, **ROWS_DESIGNS[shape]), epilogue)
+    assert sm90_tma.persistent_rows(d)
+    kernel = _kernel(tmp_path, d)
+    for m, n, k in ROWS_SHAPES:
+        _assert_correct(kernel, d, dtype, epilogue, (m, n, k), 3)
+
+
 @pytest.mark.parametrize("epilogue", ["rmsnorm", "rmsnorm_silu"])
 @pytest.mark.parametrize("trigger", ["entry", "before_epilogue"])
 def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogue, trigger):
@@ -365,7 +397,8 @@ def test_pdl_gated_and_row_scaled_design_passes_the_pair_check(tmp_path, epilogu
      ("tma_v5_tall", "bias_residual"), ("tma_v5_tallpair", "bias_residual"),
      ("tma_v5_pingpong_tma", "silu"), ("tma_v5_pair_tma", "gelu_tanh"),
      ("tma_v5_tma_rtma", "residual"), ("tma_v5_pingpong_144_rtma", "bias_residual"),
-     ("tma_v5_pair_tma_rtma", "residual")],
+     ("tma_v5_pair_tma_rtma", "residual"), ("tma_v5_tma", "rmsnorm_silu"),
+     ("tma_v5_rows_ring", "rmsnorm_bias")],
 )  # fmt: skip
 def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     """The build's memcheck (verify/sanitizer.py) launches a fused kernel with its
@@ -376,7 +409,8 @@ def test_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
 
     if sanitizer.find_sanitizer() is None:
         pytest.skip("needs compute-sanitizer")
-    d = base.with_epilogue(sm90_tma.design("fp16", **{**DESIGNS, **RTMA_DESIGNS}[shape]), epilogue)
+    designs = {**DESIGNS, **RTMA_DESIGNS, **ROWS_DESIGNS}
+    d = base.with_epilogue(sm90_tma.design("fp16", **designs[shape]), epilogue)
     cache = ArtifactCache(tmp_path)
     b = build(d, cache)
     assert b.ok, b.error

@@ -201,8 +201,8 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
         ),
         "key 'epilogue' 'none': its kernel must be of ABI",
     ),
-    # a persistent kernel of a gated activation that does not store by TMA (only the
-    # TMA store's persistent kernels render it), and one of the row scale at all
+    # a persistent kernel of a gated activation or of the row scale that does not store
+    # by TMA (only the TMA store's persistent kernels render them)
     (
         "kernel",
         "launch",
@@ -212,8 +212,14 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     (
         "kernel",
         "launch",
-        _fused("rmsnorm", persistent=1, tma={"a": [64, 16], "b": [64, 64], "c": [64, 64]}),
-        "key 'epilogue' 'rmsnorm': its kernel cannot be persistent",
+        _fused("rmsnorm", persistent=1, tma={"a": [64, 16], "b": [64, 64]}),
+        "key 'epilogue' 'rmsnorm': its kernel cannot be persistent unless it stores C by TMA",
+    ),
+    (
+        "kernel",
+        "launch",
+        _fused("rmsnorm_silu", 2, persistent=1, tma={"a": [64, 16], "b": [64, 64]}),
+        "key 'epilogue' 'rmsnorm_silu': its kernel cannot be persistent unless it stores C",
     ),
     ("cublaslt", "epilogue", "residual", "a cublaslt entry serves no epilogue"),
     ("cublaslt", "epilogue", "silu", "a cublaslt entry serves no epilogue"),
