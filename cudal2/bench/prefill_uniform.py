@@ -163,9 +163,12 @@ def tma_v5_tenth(root: Path, files: dict[str, str] = TENTH_SWEEPS) -> str:
 # a fused Llama-3.1-8B layer's targets at M = 2048, each epilogue beside its plain target
 # (the sanitizer checks of that run left out: see docs/kernels.md)
 FUSED_PREFILL = "bench/results/h200-llama-prefill-fused.measurements.jsonl.gz"
+# ... its second and third runs (docs/kernels.md "sm90tma v5 row scale")
+FUSED_PREFILL_ROWS = "bench/results/h200-llama-prefill-fused-rows.measurements.jsonl.gz"
+FUSED_PREFILL_TWINS = "bench/results/h200-llama-prefill-fused-twins.measurements.jsonl.gz"
 
 
-def fused_prefill(root: Path) -> str:
+def fused_prefill(root: Path, path: str = FUSED_PREFILL) -> str:
     """Per fused target: each design against its plain twin (the same design on the
     plain target, in the same job: geomean, range, how many of the fused are faster),
     and the fastest fused kernel and the fastest plain one against torch's op(s)."""
@@ -175,9 +178,7 @@ def fused_prefill(root: Path) -> str:
     from cudal2.records import Status
 
     ms = [
-        m
-        for m in latest(MeasurementDB(root / FUSED_PREFILL).read())
-        if m.status == Status.OK and m.design
+        m for m in latest(MeasurementDB(root / path).read()) if m.status == Status.OK and m.design
     ]
     by: dict[tuple, dict] = {}
     for m in ms:
@@ -188,7 +189,7 @@ def fused_prefill(root: Path) -> str:
         by.setdefault((t.m, t.n, t.k, t.epilogue), {})[knobs] = m
     gpu = ms[0].gpu.name.removeprefix("NVIDIA ")
     lines = [
-        f"{gpu}, fp16 tn (`{FUSED_PREFILL}`): each fused design's time over its plain twin's "
+        f"{gpu}, fp16 tn (`{path}`): each fused design's time over its plain twin's "
         "(geomean, range), and the fastest fused and plain kernels against torch (for a "
         "fused target its unfused ops: the GEMM, then the add or SiLU and product), in µs.",
         "",

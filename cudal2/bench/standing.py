@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.bench import (
+    baselines,
     policy_seeds,
     prefill_narrow_pair,
     prefill_store,
@@ -909,19 +910,24 @@ def _kv_e2e_table(root: Path, path: str) -> str:
 # prefill parts with the wheel of bench/manifests/llama-prefill-fused-h100.toml
 # (bash ci/gpu_prefill_fused.sh)
 FUSED_PREFILL_E2E = "bench/results/h200-llama-prefill-fused-e2e.json"
+# ... its second run (2026-12-05): R by TMA, the row scale (qkv) and the fast activation,
+# the gated vendor baseline by halves, torch's RMSNorm as five ops; its third: the same
+# with torch's RMSNorm by F.rms_norm (the twins' and the row-scaled baseline's)
+FUSED_PREFILL_ROWS_E2E = "bench/results/h200-llama-prefill-fused-rows-e2e.json"
+FUSED_PREFILL_TWINS_E2E = "bench/results/h200-llama-prefill-fused-twins-e2e.json"
 
 
-def fused_prefill_e2e(root: Path) -> str:
+def fused_prefill_e2e(root: Path, path: str = FUSED_PREFILL_E2E) -> str:
     """``docs/kernels.md``'s fused prefill end to end: the run's table, and the path its
     layers took at the prefill's M (``patch.report``)."""
-    d = json.loads((root / FUSED_PREFILL_E2E).read_text())
+    d = json.loads((root / path).read_text())
     env, pf, check = d["env"], d["llama"]["prefill"], d["llama"]["check"]
     paths = check["report"]["paths"][str(pf["tokens"])]["layers"]
     took = ", ".join(f"{k} {n}" for k, n in paths.items())
     lo, hi = (pf["p20_p80_ms"][k] for k in ("unpatched", "patched"))
     return (
         f"{_run_env(env)} ({env['launcher']} launcher), {env['layers']} layers "
-        f"(`{FUSED_PREFILL_E2E}`). Prefill of {pf['tokens']} tokens (eager, medians of "
+        f"(`{path}`). Prefill of {pf['tokens']} tokens (eager, medians of "
         f"{env['reps']}): unpatched {pf['ms']['unpatched']:.2f} ms (p20–p80 "
         f"{lo[0]:.2f}–{lo[1]:.2f}), patched {pf['ms']['patched']:.2f} ms "
         f"({hi[0]:.2f}–{hi[1]:.2f}), speedup {pf['speedup']:.3f}. The layers at M = "
@@ -1999,8 +2005,15 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tma-v5-ring": prefill_narrow_pair.tma_v5_ring,
     "sass-uniform": prefill_uniform.sass_uniform,
     "sass-epilogue": prefill_uniform.sass_epilogue,
+    "tma-v5-tenth": prefill_uniform.tma_v5_tenth,
     "fused-prefill": prefill_uniform.fused_prefill,
     "fused-prefill-e2e": fused_prefill_e2e,
+    "fused-prefill-rows": lambda root: prefill_uniform.fused_prefill(
+        root, prefill_uniform.FUSED_PREFILL_ROWS
+    ),
+    "fused-prefill-rows-e2e": lambda root: fused_prefill_e2e(root, FUSED_PREFILL_ROWS_E2E),
+    "gated-baseline": baselines.gated_baseline,
+    "rmsnorm-paths": baselines.rmsnorm_paths,
     "tma-v5-techniques": techniques.ledger,
     "build-stages": build_stages,
     "build-ab": build_ab,

@@ -144,31 +144,38 @@ TECHNIQUES = (
         lambda k: _get(k, "ring") == 1, _any, ("ring",),
         "a few percent where the ring is not a power of two (no figure)",
     ),
-    # The tenth slice (trial designs, not yet run): read from sweep-tma-v5-tenth[-bf16]
-    # once measured, each against the twins that sweep holds.
+    # The tenth slice (trial designs, run on a lent H200 on 2026-12-05): read from
+    # sweep-tma-v5-tenth[-bf16], each against the twins that sweep holds.
     Technique(
-        "uniform warpgroup index", "tenth", (), lambda k: _get(k, "uniform") == 1, _any,
+        "uniform warpgroup index", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "uniform") == 1, _any,
         ("uniform",), "+1–3% ping-pong, ±0.5% cooperative",
     ),
     Technique(
-        "ping-pong in multicast pairs", "tenth", (), lambda k: _get(k, "cluster_m") == 2,
+        "ping-pong in multicast pairs", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "cluster_m") == 2,
         lambda k: _get(k, "persistent") == 2, ("cluster_m",), "+1–2% at M = 4096 and 8192",
     ),
     Technique(
-        "256 x n tiles (TMA store)", "tenth", (), lambda k: _get(k, "m_blocks") == 2,
+        "256 x n tiles (TMA store)", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "m_blocks") == 2,
         lambda k: _coop(k) and _get(k, "uniform") == 1, ("m_blocks", "stages", "ring"),
         "+0–2% at 8192³ and N = 28672",
     ),
     Technique(
-        "256 x n tiles in multicast pairs", "tenth", (), lambda k: _get(k, "cluster_m") == 2,
+        "256 x n tiles in multicast pairs", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "cluster_m") == 2,
         lambda k: _get(k, "persistent") == 1 and _get(k, "m_blocks") == 2, ("cluster_m",),
         "+1–2% at 8192³ and M = 4096",
     ),
-    # The twelfth slice (trial variants of the residual designs, not yet run): read from
-    # the fused prefill's database (llama-prefill-fused) once measured, each R-by-TMA
-    # kernel against its twin of the same target (epilogue 2 residual, 3 bias_residual).
+    # The twelfth slice (trial variants of the residual designs, run on a lent H200 on
+    # 2026-12-05): read from the fused prefill's second database (llama-prefill-fused-rows),
+    # each R-by-TMA kernel against its twin of the same target (epilogue 2 residual, 3
+    # bias_residual).
     Technique(
-        "residual by TMA (fused prefill)", "twelfth", (), lambda k: _get(k, "rtma") == 1,
+        "residual by TMA (fused prefill)", "twelfth",
+        (f"{_R}h200-llama-prefill-fused-rows.measurements.jsonl.gz",),
+        lambda k: _get(k, "rtma") == 1,
         lambda k: _get(k, "epilogue") in (2, 3), ("rtma",),
         "fused / plain time 1.25 → 1.02–1.04 (o), 1.07 → 1.00–1.02 (down)",
     ),
