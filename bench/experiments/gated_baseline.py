@@ -23,10 +23,10 @@ there.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-from pathlib import Path
+
+from _interleaved import arguments, summary  # this folder is on sys.path
 
 from cudal2.records import TimingConfig
 from cudal2.verify.correctness import act_mul
@@ -89,16 +89,13 @@ def shape_row(m: int, n: int, k: int, act: str, cfg: TimingConfig) -> dict:
     halves, unpacked, strided = (ways[w](0) for w in ("halves", "unpacked", "strided"))
     extra = _extra_bytes(ways["halves"], m, n // 2)
     timed = time_interleaved(ways, nsets, cfg, est_us=2 * m * n * k / 600e6)
-    med = {name: t.median_us for name, t in timed.items()}
     return {
         "m": m,
         "n": n,
         "k": k,
         "act": act,
         "operand_sets": nsets,
-        "median_us": med,
-        "p10_us": {name: t.quantile(0.1) for name, t in timed.items()},
-        "p90_us": {name: t.quantile(0.9) for name, t in timed.items()},
+        **summary(timed),
         "halves_equal_unpacked": bool(torch.equal(halves, unpacked)),
         "halves_vs_strided_max_abs": float((halves.float() - strided.float()).abs().max()),
         "halves_extra_bytes": extra,
@@ -109,11 +106,7 @@ def shape_row(m: int, n: int, k: int, act: str, cfg: TimingConfig) -> dict:
 def main() -> None:
     import torch
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--reps", type=int, default=30)
-    args = ap.parse_args()
-    cfg = TimingConfig(reps=args.reps)
+    args, cfg = arguments(__doc__)
     rows = []
     for m, n, k, act in SHAPES:
         rows.append(shape_row(m, n, k, act, cfg))

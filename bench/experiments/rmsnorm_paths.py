@@ -11,9 +11,9 @@ often F.rms_norm's output differs from rms_normed's (its rsqrt summed in another
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
+
+from _interleaved import arguments, summary  # this folder is on sys.path
 
 from cudal2.records import TimingConfig
 from cudal2.verify.timing import operand_sets, time_interleaved
@@ -51,9 +51,7 @@ def row(m: int, k: int, dtype, cfg: TimingConfig) -> dict:
         "m": m,
         "k": k,
         "dtype": str(dtype).removeprefix("torch."),
-        "median_us": {n: t.median_us for n, t in timed.items()},
-        "p10_us": {n: t.quantile(0.1) for n, t in timed.items()},
-        "p90_us": {n: t.quantile(0.9) for n, t in timed.items()},
+        **summary(timed),
         "rms_norm_differs": int((a != b).sum()),
         "elements": a.numel(),
         "rms_norm_max_abs": float((a.float() - b.float()).abs().max()),
@@ -63,11 +61,7 @@ def row(m: int, k: int, dtype, cfg: TimingConfig) -> dict:
 def main() -> None:
     import torch
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--reps", type=int, default=30)
-    args = ap.parse_args()
-    cfg = TimingConfig(reps=args.reps)
+    args, cfg = arguments(__doc__)
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
         for m, k in SHAPES:
