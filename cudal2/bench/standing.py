@@ -252,7 +252,25 @@ def where_it_stands(root: Path) -> str:
         )
     lines += ["", _vendor_line(root), _ceiling_line(root), "", _e2e_line(root), ""]
     lines.append(_kv_grouped_line(root))
+    lines += ["", _fused_prefill_line(root)]
     return "\n".join(lines)
+
+
+def _fused_prefill_line(root: Path) -> str:
+    """The fused prefill end to end (issue 22), from its latest run."""
+    d = json.loads((root / FUSED_PREFILL_ROWS_E2E).read_text())
+    env, pf = d["env"], d["llama"]["prefill"]
+    paths = d["llama"]["check"]["report"]["paths"][str(pf["tokens"])]["layers"]
+    return (
+        f"The {pf['tokens']}-token prefill of the same model with a measurement wheel of its "
+        f"fused GEMMs (`bench/manifests/llama-prefill-fused-h100.toml`, built on an "
+        f"{env['gpu'].removeprefix('NVIDIA ')}, `{FUSED_PREFILL_ROWS_E2E}`): "
+        f"{pf['speedup']:.3f}x the unpatched model, eagerly ({pf['ms']['patched']:.2f} "
+        f"against {pf['ms']['unpatched']:.2f} ms), {paths.get('fused', 0)} of "
+        f"{sum(paths.values())} layers fused, {sum(pf['hits'].values())} launches of cudal2's "
+        f"kernels and {sum(pf['fallbacks'].values())} fallbacks a prefill (`docs/kernels.md`, "
+        f'"sm90tma v5 row scale").'
+    )
 
 
 def llama_e2e(root: Path) -> str:
