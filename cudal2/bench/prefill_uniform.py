@@ -166,6 +166,10 @@ FUSED_PREFILL = "bench/results/h200-llama-prefill-fused.measurements.jsonl.gz"
 # ... its second and third runs (docs/kernels.md "sm90tma v5 row scale")
 FUSED_PREFILL_ROWS = "bench/results/h200-llama-prefill-fused-rows.measurements.jsonl.gz"
 FUSED_PREFILL_TWINS = "bench/results/h200-llama-prefill-fused-twins.measurements.jsonl.gz"
+# the eleventh slice's sweep (bench/manifests/sweep-tma-v5-gated-h100.toml, BENCH=0 bash
+# ci/gpu_prefill.sh on a lent H200): the gate_up shapes plain and with SiLU, read as the
+# fused prefill's database is
+GATED_SWEEP = "bench/results/h200-sweep-tma-v5-gated.measurements.jsonl.gz"
 
 
 def fused_prefill(root: Path, path: str = FUSED_PREFILL) -> str:

@@ -2031,6 +2031,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     ),
     "fused-prefill-rows-e2e": lambda root: fused_prefill_e2e(root, FUSED_PREFILL_ROWS_E2E),
     "gated-baseline": baselines.gated_baseline,
+    "tma-v5-gated": lambda root: prefill_uniform.fused_prefill(root, prefill_uniform.GATED_SWEEP),
     "rmsnorm-paths": baselines.rmsnorm_paths,
     "tma-v5-techniques": techniques.ledger,
     "build-stages": build_stages,
