@@ -163,9 +163,8 @@ def tma_v5_tenth(root: Path, files: dict[str, str] = TENTH_SWEEPS) -> str:
 # a fused Llama-3.1-8B layer's targets at M = 2048, each epilogue beside its plain target
 # (the sanitizer checks of that run left out: see docs/kernels.md)
 FUSED_PREFILL = "bench/results/h200-llama-prefill-fused.measurements.jsonl.gz"
-# ... its second and third runs (docs/kernels.md "sm90tma v5 row scale")
+# ... its second run (docs/kernels.md "sm90tma v5 row scale")
 FUSED_PREFILL_ROWS = "bench/results/h200-llama-prefill-fused-rows.measurements.jsonl.gz"
-FUSED_PREFILL_TWINS = "bench/results/h200-llama-prefill-fused-twins.measurements.jsonl.gz"
 # the eleventh slice's sweep (bench/manifests/sweep-tma-v5-gated-h100.toml, BENCH=0 bash
 # ci/gpu_prefill.sh on a lent H200): the gate_up shapes plain and with SiLU, read as the
 # fused prefill's database is

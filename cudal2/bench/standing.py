@@ -929,10 +929,8 @@ def _kv_e2e_table(root: Path, path: str) -> str:
 # (bash ci/gpu_prefill_fused.sh)
 FUSED_PREFILL_E2E = "bench/results/h200-llama-prefill-fused-e2e.json"
 # ... its second run (2026-12-05): R by TMA, the row scale (qkv) and the fast activation,
-# the gated vendor baseline by halves, torch's RMSNorm as five ops; its third: the same
-# with torch's RMSNorm by F.rms_norm (the twins' and the row-scaled baseline's)
+# the gated vendor baseline by halves, torch's RMSNorm as five ops
 FUSED_PREFILL_ROWS_E2E = "bench/results/h200-llama-prefill-fused-rows-e2e.json"
-FUSED_PREFILL_TWINS_E2E = "bench/results/h200-llama-prefill-fused-twins-e2e.json"
 
 
 def fused_prefill_e2e(root: Path, path: str = FUSED_PREFILL_E2E) -> str:
