@@ -1,10 +1,11 @@
 """What torch's RMSNorm costs before a twin's GEMM (``api.NORMED_TWINS``), per prefill
-shape: ``fused.rms_normed`` as written (x.float(), pow, mean, rsqrt, product, the
-rounding: five kernels or more), ``torch.nn.functional.rms_norm`` (one fused kernel on
-CUDA where torch has it) and a model's own norm (transformers' LlamaRMSNorm: the same
-as rms_normed, then the weight), timed interleaved in one process
-(``verify.timing.time_interleaved``: graph replay, operands rotated past L2), and how
-often F.rms_norm's output differs from rms_normed's (its rsqrt summed in another order).
+shape: the formula as separate ops (x.float(), pow, mean, rsqrt, product, the rounding:
+five kernels or more; how ``fused.rms_normed`` computed it before this experiment, now
+``F.rms_norm``), ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA where torch
+has it) and a model's own norm (transformers' LlamaRMSNorm: the same ops, then the
+weight), timed interleaved in one process (``verify.timing.time_interleaved``: graph
+replay, operands rotated past L2), and how often F.rms_norm's output differs from the
+ops' (its sum in another order).
 
     python bench/experiments/rmsnorm_paths.py --out rmsnorm-paths.json
 """

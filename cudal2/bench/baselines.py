@@ -59,14 +59,16 @@ def gated_baseline(root: Path) -> str:
 
 
 def rmsnorm_paths(root: Path) -> str:
-    """Per dtype and (M, K): torch's RMSNorm as ``fused.rms_normed`` writes it,
-    ``F.rms_norm``, and a model's norm with its weight; how often F.rms_norm differs."""
+    """Per dtype and (M, K): torch's RMSNorm as separate ops (``fused.rms_normed``
+    before it took ``F.rms_norm``), ``F.rms_norm``, and a model's norm with its weight;
+    how often F.rms_norm differs."""
     path, doc = _doc(root, RMSNORM_PATHS)
     lines = [
         f"{doc['gpu']}, torch {doc['torch']} (`{path}`, `bench/experiments/rmsnorm_paths.py`):"
         " median µs of graph replays over operands rotated past L2, interleaved.",
         "",
-        "| dtype | M×K | torch's ops (`rms_normed`) | `F.rms_norm` | a model's norm (× weight) "
+        "| dtype | M×K | separate ops (`rms_normed` before) | `F.rms_norm` | a model's norm "
+        "(× weight) "
         "| ops / `F.rms_norm` | outputs differing |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
