@@ -165,6 +165,9 @@ def tma_v5_tenth(root: Path, files: dict[str, str] = TENTH_SWEEPS) -> str:
 FUSED_PREFILL = "bench/results/h200-llama-prefill-fused.measurements.jsonl.gz"
 # ... its second run (docs/kernels.md "sm90tma v5 row scale")
 FUSED_PREFILL_ROWS = "bench/results/h200-llama-prefill-fused-rows.measurements.jsonl.gz"
+# ... its third: the row scale's sums kept across a CTA's tiles of the same rows, the
+# twins after F.rms_norm
+FUSED_PREFILL_TWINS = "bench/results/h200-llama-prefill-fused-twins.measurements.jsonl.gz"
 # the eleventh slice's sweep (bench/manifests/sweep-tma-v5-gated-h100.toml, BENCH=0 bash
 # ci/gpu_prefill.sh on a lent H200): the gate_up shapes plain and with SiLU, read as the
 # fused prefill's database is

@@ -258,13 +258,13 @@ def where_it_stands(root: Path) -> str:
 
 def _fused_prefill_line(root: Path) -> str:
     """The fused prefill end to end (issue 22), from its latest run."""
-    d = json.loads((root / FUSED_PREFILL_ROWS_E2E).read_text())
+    d = json.loads((root / FUSED_PREFILL_TWINS_E2E).read_text())
     env, pf = d["env"], d["llama"]["prefill"]
     paths = d["llama"]["check"]["report"]["paths"][str(pf["tokens"])]["layers"]
     return (
         f"The {pf['tokens']}-token prefill of the same model with a measurement wheel of its "
         f"fused GEMMs (`bench/manifests/llama-prefill-fused-h100.toml`, built on an "
-        f"{env['gpu'].removeprefix('NVIDIA ')}, `{FUSED_PREFILL_ROWS_E2E}`): "
+        f"{env['gpu'].removeprefix('NVIDIA ')}, `{FUSED_PREFILL_TWINS_E2E}`): "
         f"{pf['speedup']:.3f}x the unpatched model, eagerly ({pf['ms']['patched']:.2f} "
         f"against {pf['ms']['unpatched']:.2f} ms), {paths.get('fused', 0)} of "
         f"{sum(paths.values())} layers fused, {sum(pf['hits'].values())} launches of cudal2's "
@@ -931,6 +931,9 @@ FUSED_PREFILL_E2E = "bench/results/h200-llama-prefill-fused-e2e.json"
 # ... its second run (2026-12-05): R by TMA, the row scale (qkv) and the fast activation,
 # the gated vendor baseline by halves, torch's RMSNorm as five ops
 FUSED_PREFILL_ROWS_E2E = "bench/results/h200-llama-prefill-fused-rows-e2e.json"
+# ... its third run (2026-12-05): the row scale's sums kept across tiles, the twins after
+# F.rms_norm
+FUSED_PREFILL_TWINS_E2E = "bench/results/h200-llama-prefill-fused-twins-e2e.json"
 
 
 def fused_prefill_e2e(root: Path, path: str = FUSED_PREFILL_E2E) -> str:
@@ -2028,6 +2031,10 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
         root, prefill_uniform.FUSED_PREFILL_ROWS
     ),
     "fused-prefill-rows-e2e": lambda root: fused_prefill_e2e(root, FUSED_PREFILL_ROWS_E2E),
+    "fused-prefill-twins": lambda root: prefill_uniform.fused_prefill(
+        root, prefill_uniform.FUSED_PREFILL_TWINS
+    ),
+    "fused-prefill-twins-e2e": lambda root: fused_prefill_e2e(root, FUSED_PREFILL_TWINS_E2E),
     "gated-baseline": baselines.gated_baseline,
     "tma-v5-gated": lambda root: prefill_uniform.fused_prefill(root, prefill_uniform.GATED_SWEEP),
     "rmsnorm-paths": baselines.rmsnorm_paths,
