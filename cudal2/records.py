@@ -105,6 +105,19 @@ ROW_SCALED: frozenset[str] = frozenset(
         "rmsnorm_bias_rope_kv",
     )
 )
+# A row-scaled epilogue's twins (the runtime's ``api.NORMED_TWINS``): where a call of it
+# finds no kernel of its own (no entry, or a fallback entry), torch's RMSNorm runs and
+# then the first twin's entry. The selection prefers that path where it is measured
+# faster than the row-scaled kernel (``pipeline.select.prefer_twins``).
+NORMED_TWINS: dict[str, tuple[str, ...]] = {
+    "rmsnorm": ("none",),
+    "rmsnorm_bias": ("bias", "none"),
+    "rmsnorm_silu": ("silu",),
+    "rmsnorm_gelu_tanh": ("gelu_tanh",),
+}
+# The baseline timed beside a NORMED_TWINS target's candidates besides torch's unfused
+# op: torch's RMSNorm of A alone (``F.rms_norm``, what the twin path runs first).
+NORM_BASELINE = "rms_norm"
 # The epilogues that apply RoPE and write K and V into the KV cache: their gemm_v3
 # kernels take, after eps, the operands of ``ROPE_KV_OPERANDS`` (the runtime's
 # ``abi.RopeKvArgs``); their targets carry ``heads``.

@@ -114,10 +114,11 @@ class Fresh:
         nsets: int,
         calls: int,
         capture: Callable[[TimingSets], Captured],
+        name: str = "torch",
     ) -> Captured:
         """torch's graph over the timing sets of ``(t, cfg.seed, nsets)``: ``capture(sets)``
         (which makes the outputs it writes, its own, and keeps them in the graph's
-        ``keep`` with the sets)."""
+        ``keep`` with the sets). ``name``: which baseline (a target may time several)."""
         return capture(self.timing(t, cfg.seed, nsets))
 
 
@@ -165,13 +166,14 @@ class InputCache(Fresh):
         nsets: int,
         calls: int,
         capture: Callable[[TimingSets], Captured],
+        name: str = "torch",
     ) -> Captured:
-        """Kept per (target, timing config, sets, launches): each job of the target
+        """Kept per (baseline name, target, timing config, sets, launches): each job of the target
         captures only its candidate's graph. Counted as the graph's own bytes
         (``Captured.nbytes``: its outputs and its private memory pool); dropped with
         the timing sets it reads (``_drop``), and never kept once they are gone."""
         sets = self.timing(t, cfg.seed, nsets)
-        key = ("graph", t.key, cfg.seed, nsets, calls, cfg)
+        key = ("graph", t.key, cfg.seed, nsets, calls, cfg, name)
         got = self._get(key)
         if got is None:
             got = capture(sets)

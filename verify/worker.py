@@ -32,7 +32,16 @@ from typing import Any
 from cudal2.hardware import floor_us
 from cudal2.packaging.runtime import driver
 from cudal2.packaging.runtime.cublaslt import version
-from cudal2.records import Job, JobKind, JobResult, Status, Target, TimingConfig
+from cudal2.records import (
+    NORM_BASELINE,
+    NORMED_TWINS,
+    Job,
+    JobKind,
+    JobResult,
+    Status,
+    Target,
+    TimingConfig,
+)
 from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.inputs import Fresh, InputCache, TimingSets, bound_bytes
@@ -140,6 +149,15 @@ def torch_graph(t: Target, sets: TimingSets, nsets: int, calls: int) -> Captured
     return capture(run, nsets, calls, keep=(sets, outs), own_bytes=own)
 
 
+def norm_graph(sets: TimingSets, nsets: int, calls: int) -> Captured:
+    """torch's RMSNorm of A alone (``correctness.rmsnorm``: ``F.rms_norm``, what the
+    runtime runs before a row-scaled call's twin, ``NORMED_TWINS``) on the timing sets,
+    captured; its outputs live in the graph's pool. Timed beside a NORMED_TWINS target's
+    candidates, it lets the selection price the twin path in their process
+    (``pipeline.select.prefer_twins``)."""
+    return capture(lambda j: correctness.rmsnorm(sets.sets[j][0]), nsets, calls, keep=(sets,))
+
+
 def _check_and_time(
     job: Job,
     run: Callable[[Any, Any, Any], None],
@@ -201,6 +219,11 @@ def _check_and_time(
     with _phase(phases, "timing_capture"):
         calls = replay_calls(nsets, cfg, est_us)
         baseline = inputs.baseline(t, cfg, nsets, calls, lambda s: torch_graph(t, s, nsets, calls))
+        baselines: dict[str, Any] = {"torch": baseline}
+        if t.epilogue in NORMED_TWINS:
+            baselines[NORM_BASELINE] = inputs.baseline(
+                t, cfg, nsets, calls, lambda s: norm_graph(s, nsets, calls), NORM_BASELINE
+            )
     if t.epilogue == "none":
 
         def candidate(j: int) -> None:
@@ -212,7 +235,7 @@ def _check_and_time(
             run(sets[j][0], sets[j][1], outs[j], epis[j])
 
     timings = time_interleaved(
-        {"candidate": candidate, "torch": baseline},
+        {"candidate": candidate, **baselines},
         nsets,
         cfg,
         est_us=est_us,
@@ -225,7 +248,7 @@ def _check_and_time(
         checked,
         status=Status.OK,
         samples_us=tuple(got),
-        baseline_samples_us={"torch": tuple(timings["torch"].samples_us)},
+        baseline_samples_us={k: tuple(timings[k].samples_us) for k in baselines},
         # a timing stopped early says so (and why) beside its fewer samples
         metrics=checked.metrics
         | ({"timing_stopped_below": STOP_BELOW} if len(got) < cfg.reps else {}),

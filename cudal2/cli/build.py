@@ -214,6 +214,18 @@ def _summary(report: BuildReport) -> str:
             f"K {e.k}: {e.label} {e.time_us:.2f} us -> {e.eager.kernel} {e.eager.time_us:.2f} us"
             for e in alts
         ]
+    twins = [s for s in report.selections if s.twin_us is not None and s.displaced is not None]
+    if twins:
+        lines.append(
+            f"{len(twins)} row-scaled targets left to their twins (a fallback entry: torch's "
+            "RMSNorm, then the twin's entry), a faster path than their fastest kernel:"
+        )
+        lines += [
+            f"  {s.gpu.replace('NVIDIA ', '')} {s.target.dtype}/{s.target.layout} M "
+            f"{s.target.m} N {s.target.n} K {s.target.k} {s.target.epilogue}: "
+            f"{s.displaced.median_us:.2f} us -> {s.twin_us:.2f} us"
+            for s in twins
+        ]
     return "\n".join(lines)
 
 

@@ -26,7 +26,14 @@ launches it when the stream is not capturing, the selection's own choice under
 capture. Only for decode-sized targets (M <= ``EAGER_MAX_M``): a prefill-sized call
 keeps the GPU busy longer than the host takes to issue the next (the 2,048-token
 Llama-3.1-8B forward runs as fast eagerly as under graphs), so GPU time is all that
-counts there too, and an alternative's extra GPU time would be a pure loss."""
+counts there too, and an alternative's extra GPU time would be a pure loss.
+
+Row-scaled targets and their twins (``records.NORMED_TWINS``, ``prefer_twins``): where a
+row-scaled call finds a fallback entry, the runtime runs torch's RMSNorm and then its
+twin's entry (the plain GEMM, the gated kernel). When the build measured a row-scaled
+target's twin at the same GPU and M, that path competes with the row-scaled kernel:
+priced in the kernel's own process from the RMSNorm timed beside it, it displaces a
+slower kernel, whose target then gets a fallback entry (``Selection.twin_us``)."""
 
 from __future__ import annotations
 
@@ -36,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from cudal2.generator.families.base import pdl_trigger
-from cudal2.records import Measurement, Target
+from cudal2.records import NORM_BASELINE, NORMED_TWINS, Measurement, Target
 from cudal2.verify.pdl_pair import PAIR_METRIC
 from cudal2.verify.timing import paired_spread
 
@@ -57,6 +64,10 @@ class Selection:
     candidates: int  # measurements considered (all statuses)
     # kind cublaslt / fallback only: the kernel to launch eagerly (module docstring)
     eager: Measurement | None = None
+    # kind fallback of a row-scaled target only: the twin path's time, priced in the
+    # displaced kernel's process (``prefer_twins``), and that kernel
+    twin_us: float | None = None
+    displaced: Measurement | None = None
 
     @property
     def speedup(self) -> float:
@@ -137,7 +148,48 @@ def select(
             selections.append(sel)
         if not timed_anywhere:
             missing.append(t)
-    return selections, missing
+    return prefer_twins(selections), missing
+
+
+def twin_path_us(sel: Selection, twin: Selection) -> float | None:
+    """The time of torch's RMSNorm then ``twin``'s entry, in the process that timed
+    ``sel``'s row-scaled winner: its RMSNorm (``NORM_BASELINE``, timed beside it) plus
+    the twin's time relative to its own baseline times the rest of ``sel``'s baseline
+    (torch's GEMM and the epilogue's other ops: the twin's baseline, as this process
+    ran it). None where the winner's record has no RMSNorm timed (records before it)."""
+    w = sel.winner
+    norm = None if w is None else w.baselines_us.get(NORM_BASELINE)
+    if norm is None or not norm < sel.baseline_us:
+        return None
+    return norm + twin.time_us / twin.baseline_us * (sel.baseline_us - norm)
+
+
+def prefer_twins(selections: Sequence[Selection]) -> list[Selection]:
+    """Each row-scaled target's selection of a kernel or cuBLASLt algorithm, made a
+    fallback (its twins serve: module docstring) where its first twin measured at the
+    same GPU and M (``NORMED_TWINS``) makes a faster path (``twin_path_us``)."""
+    index = {(s.gpu, s.target): s for s in selections}
+    out = []
+    for s in selections:
+        t = s.target
+        twins = [
+            index.get((s.gpu, dataclasses.replace(t, epilogue=e)))
+            for e in NORMED_TWINS.get(t.epilogue, ())
+        ]
+        twin = next((x for x in twins if x is not None), None)
+        est = None if twin is None or s.kind == "fallback" else twin_path_us(s, twin)
+        if est is not None and est < s.time_us:
+            s = dataclasses.replace(
+                s,
+                kind="fallback",
+                winner=None,
+                time_us=s.baseline_us,
+                twin_us=est,
+                displaced=s.winner,
+                eager=None,
+            )
+        out.append(s)
+    return out
 
 
 def pair_checked(m: Measurement) -> bool:

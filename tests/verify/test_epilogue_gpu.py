@@ -524,3 +524,49 @@ def test_splitk_family_fused_kernels_pass_memcheck(tmp_path, shape, epilogue):
     t = Target("sm_90a", "fp16", "tn", 3, 4104, 1000, epilogue=epilogue)
     res = sanitizer.memcheck(cache.cubin_path(b.artifact_key), b.symbol, launch_recipe(d), t)
     assert res.ok, res.report
+
+
+@pytest.mark.parametrize(("epilogue", "norm"), [("rmsnorm", True), ("none", False)])
+def test_a_row_scaled_job_times_torchs_rmsnorm_beside_torch(tmp_path, epilogue, norm):
+    """``worker.run_job`` times, beside a NORMED_TWINS target's candidate, torch's RMSNorm
+    of A alone (``NORM_BASELINE``: what ``pipeline.select.prefer_twins`` prices the twin
+    path with), from a graph kept per target beside torch's; a plain target's job times
+    torch alone."""
+    from cudal2.packaging.runtime import driver
+    from cudal2.records import NORM_BASELINE, Job, JobKind, Status, TimingConfig
+    from cudal2.verify import correctness, worker
+    from cudal2.verify.gpu import current_gpu
+    from cudal2.verify.inputs import InputCache
+
+    d = base.with_epilogue(sm90_tma.design("fp16", **ROWS_DESIGNS["tma_v5_tma"]), epilogue)
+    cache = ArtifactCache(tmp_path)
+    b = build(d, cache)
+    assert b.ok, b.error
+    t = Target("sm_90a", "fp16", "tn", 2048, 6144, 4096, epilogue=epilogue)
+    job = Job(
+        JobKind.MEASURE,
+        t,
+        TimingConfig(reps=8),
+        toolchain="test",
+        design=d,
+        artifact_key=b.artifact_key,
+        symbol=b.symbol,
+        recipe=launch_recipe(d),
+        cubin=str(cache.cubin_path(b.artifact_key)),
+    )
+    torch.cuda.init()
+    driver.ensure_context(0)
+    inputs = InputCache()
+    got = [
+        worker.run_job(job, 0, current_gpu(0).name, correctness.torch_error, inputs)
+        for _ in range(2)
+    ]
+    assert all(r.status == Status.OK for r in got), [r.error for r in got]
+    graphs = [k for k in inputs._kept if k[0] == "graph"]
+    assert len(graphs) == 1 + norm  # each kept for the target's second job
+    for r in got:
+        assert set(r.baseline_samples_us) == ({"torch", NORM_BASELINE} if norm else {"torch"})
+        if norm:  # the norm alone: a fraction of torch's norm, GEMM (2048x4096: ~11 µs)
+            n, full = (sorted(r.baseline_samples_us[x]) for x in (NORM_BASELINE, "torch"))
+            assert len(n) == len(full) == len(r.samples_us)
+            assert 0 < n[len(n) // 2] < 0.2 * full[len(full) // 2], (n, full)

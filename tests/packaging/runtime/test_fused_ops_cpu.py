@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from cudal2.bench.layer import FUSIONS
 from cudal2.packaging.runtime import api as api_mod
 from cudal2.packaging.runtime import fused, native, ops
+from cudal2.records import NORMED_TWINS
 
 NEW = ("silu", "gelu_tanh", "rmsnorm", "rmsnorm_bias", "rmsnorm_silu", "rmsnorm_gelu_tanh")
 
@@ -180,6 +181,13 @@ TWINS = [
     ({"bias": "kernel"}, "rmsnorm_bias", "bias", True),
     ({}, "rmsnorm_bias", "none", True),  # the plain kernel, the bias added after
 ]
+
+
+def test_the_runtime_serves_the_twins_the_selection_prices():
+    # pipeline.select.prefer_twins leaves a row-scaled target to records.NORMED_TWINS
+    # where that path is faster: the runtime must take the same twins, in the same order
+    assert api_mod.NORMED_TWINS == NORMED_TWINS
+    assert list(api_mod.NORMED_TWINS.items()) == list(NORMED_TWINS.items())
 
 
 @pytest.fixture
