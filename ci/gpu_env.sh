@@ -49,3 +49,11 @@ sass_table() {
 sass_summary() {
   awk 'NR>1 {n++; if ($2>0) h++; if ($3>0) g++; if ($4>0) s++} END {printf "%d kernels: %d with HMMA, %d with HGMMA, %d with local-memory loads/stores\n", n, h, g, s}' "$1"
 }
+# ncu_setup: the GPU's state into $OUT/gpu.txt, and NCU the Nsight Compute found (exit 2
+# where there is none).
+ncu_setup() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.limit \
+    --format=csv | tee "$OUT/gpu.txt"
+  NCU=$($PY -c "from cudal2.verify.profile import find_ncu; print(find_ncu() or '')")
+  [ -n "$NCU" ] || { echo "ncu not found"; exit 2; }
+}

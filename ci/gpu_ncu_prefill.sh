@@ -13,9 +13,7 @@
 # bench/results/h200-ncu-prefill-<M>x<N>x<K>.csv.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
-NCU=$($PY -c "from cudal2.verify.profile import find_ncu; print(find_ncu() or '')")
-[ -n "$NCU" ] || { echo "ncu not found"; exit 2; }
+ncu_setup
 DBS=${DBS:-bench/results/h200-sweep-tma-v5-overlap.measurements.jsonl.gz bench/results/h200-sweep-tma-v5-halves.measurements.jsonl.gz}
 IFS=';' read -r -a SHAPE_LIST <<<"${SHAPES:-4096 4096 4096;4096 8192 1024}"
 for shape in "${SHAPE_LIST[@]}"; do

@@ -20,9 +20,7 @@
 # instruction with its samples by stall reason), ncu-run.txt.
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
-NCU=$($PY -c "from cudal2.verify.profile import find_ncu; print(find_ncu() or '')")
-[ -n "$NCU" ] || { echo "ncu not found"; exit 2; }
+ncu_setup
 read -r m n k <<<"${SHAPE:-4096 4096 4096}"
 i=0
 for db in ${DBS:?DBS is required}; do

@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from power_own import best_records, lt_algo, own_kernel  # noqa: E402
+from power_own import best_records, launch_in_ranges, lt_algo, own_kernel  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,14 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "cublaslt": lambda: lt.run(i, a.data_ptr(), w.data_ptr(), c.data_ptr(), stream),
     }
-    for fn in runs.values():  # warm-up, outside the ranges
-        fn()
-    torch.cuda.synchronize()
-    for name, fn in runs.items():
-        for _ in range(args.launches):
-            with torch.cuda.nvtx.range(name):
-                fn()
-            torch.cuda.synchronize()
+    launch_in_ranges(runs, args.launches)
     print(f"own: {own_name}; cublaslt: {recs['cublaslt']['vendor']['name']}")
     return 0
 

@@ -83,6 +83,22 @@ def own_kernel(design: dict, cache) -> tuple[str, object, dict]:
     )
 
 
+def launch_in_ranges(runs: dict, launches: int) -> None:
+    """Each of ``runs`` (name -> a launch) once outside any range (loads, warm-up), then
+    ``launches`` times in an NVTX range of its name (``ncu --nvtx-include "<name>/"``),
+    synchronised after each."""
+    import torch
+
+    for fn in runs.values():
+        fn()
+    torch.cuda.synchronize()
+    for name, fn in runs.items():
+        for _ in range(launches):
+            with torch.cuda.nvtx.range(name):
+                fn()
+            torch.cuda.synchronize()
+
+
 def lt_algo(spread, t, vendor: dict):
     """The target's cuBLASLt problem and the index of a record's algorithm in its
     heuristic list, or None where the list holds other bytes there."""
