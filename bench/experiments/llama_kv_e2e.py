@@ -520,7 +520,7 @@ def part_prefill(s: Setup, model: Any, patched: Any) -> dict:
         s.pkg.stats.reset()
         got = fns["patched"]().logits.float()
         s.sync()
-    return {
+    out = {
         "tokens": n,
         "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "p20_p80_ms": {k: [round(x * 1e3, 3) for x in _p20_p80(v)] for k, v in times.items()},
@@ -529,6 +529,64 @@ def part_prefill(s: Setup, model: Any, patched: Any) -> dict:
         "fallbacks": dict(s.pkg.stats.fallbacks),
         "max_abs_logit": round(want.abs().max().item(), 4),
         "max_diff_patched_vs_unpatched": round((got - want).abs().max().item(), 5),
+    }
+    if not s.dry:  # the CPU has no CUDA graphs
+        out["graph"] = _prefill_graphed(s, fns, caches, {"unpatched": want, "patched": got})
+    return out
+
+
+def _prefill_graphed(s: Setup, fns: dict, caches: dict, eager: dict) -> dict:
+    """Each prefill captured whole in a CUDA graph (the cache's rewind inside it), its
+    replays timed by CUDA events, interleaved in random order as the eager ones; each
+    graph's last logits against its eager prefill's. A capture that fails is reported
+    by its error, not raised (what a user's graph capture would meet)."""
+    torch = s.torch
+    graphs, diffs, errors = {}, {}, {}
+    with torch.no_grad():
+        for k, fn in fns.items():
+
+            def body(fn=fn, cache=caches[k]) -> Any:
+                rewind(cache, 0)
+                return fn()
+
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):  # warm-up outside the capture (loads, workspaces)
+                        body()
+                torch.cuda.current_stream().wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    logits = body().logits
+                g.replay()
+                s.sync()
+            except Exception as exc:  # noqa: BLE001 - reported in the results
+                errors[k] = f"{type(exc).__name__}: {exc}"[:400]
+                continue
+            graphs[k] = g
+            diffs[k] = round((logits.float() - eager[k]).abs().max().item(), 5)
+    if errors:
+        return {"errors": errors}
+    rng = random.Random(2)
+    times: dict[str, list[float]] = {k: [] for k in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for rep in range(s.args.reps + 1):
+        order = list(graphs)
+        rng.shuffle(order)
+        for k in order:
+            start.record()
+            graphs[k].replay()
+            end.record()
+            end.synchronize()
+            if rep:
+                times[k].append(start.elapsed_time(end) / 1e3)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "p20_p80_ms": {k: [round(x * 1e3, 3) for x in _p20_p80(v)] for k, v in times.items()},
+        "speedup": round(med["unpatched"] / med["patched"], 4),
+        "max_diff_graph_vs_eager": diffs,
     }
 
 

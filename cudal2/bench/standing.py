@@ -953,7 +953,29 @@ def fused_prefill_e2e(root: Path, path: str = FUSED_PREFILL_E2E) -> str:
         f"{pf['tokens']}: {took}; one patched prefill's kernel hits "
         f"{sum(pf['hits'].values())}, its last logits "
         f"{pf['max_diff_patched_vs_unpatched']:g} from the unpatched model's. Logits "
-        f"{_logits(check['correctness'])}."
+        f"{_logits(check['correctness'])}.{_prefill_graph(pf.get('graph'))}"
+    )
+
+
+def _prefill_graph(g: dict | None) -> str:
+    """The prefill captured whole in a CUDA graph, where the run took it (after
+    2026-12-05): its replays' medians, or the capture's errors."""
+    if g is None:
+        return ""
+    if "errors" in g:
+        return (
+            " Under a CUDA graph: not captured ("
+            + "; ".join(f"{k}: {e}" for k, e in sorted(g["errors"].items()))
+            + ")."
+        )
+    lo, hi = (g["p20_p80_ms"][k] for k in ("unpatched", "patched"))
+    diff = g["max_diff_graph_vs_eager"]
+    return (
+        f" Captured whole in a CUDA graph (replays, CUDA events): unpatched "
+        f"{g['ms']['unpatched']:.2f} ms ({lo[0]:.2f}–{lo[1]:.2f}), patched "
+        f"{g['ms']['patched']:.2f} ms ({hi[0]:.2f}–{hi[1]:.2f}), speedup "
+        f"{g['speedup']:.3f}; the graphs' last logits {diff['unpatched']:g} and "
+        f"{diff['patched']:g} from their eager prefills'."
     )
 
 
