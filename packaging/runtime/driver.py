@@ -370,6 +370,14 @@ def launch_gemm(
     args: tuple = gemm  # gemm_v1's parameter block as it stands
     types: tuple = GEMM_V1_TYPES
     abi = recipe.get("abi")
+    name = recipe.get("epilogue", "none")
+    if abi == EPILOGUE_ABI:  # refused before any tensor map is encoded
+        missing = epilogue.missing(name) if epilogue is not None else [name]
+        if missing:
+            # A kernel that adds an operand it was not given would read address 0.
+            raise ValueError(f"a {EPILOGUE_ABI} kernel of epilogue {name!r} needs {missing}")
+    elif epilogue is not None and any(epilogue):
+        raise ValueError(f"an {abi or 'gemm_v1'} kernel takes no epilogue operands")
     if abi in ("gemm_v2", EPILOGUE_ABI):
         boxes = recipe["tma"]
         maps = [
@@ -377,7 +385,7 @@ def launch_gemm(
             tensor_map(gemm.b, gemm.n, gemm.k, gemm.ldb, tuple(boxes["b"])),
         ]
         if "c" in boxes:  # C [M, N], a gated activation's [M, N / 2] (the table refuses RoPE's)
-            columns = out_columns(recipe.get("epilogue", "none"), gemm.n)
+            columns = out_columns(name, gemm.n)
             maps.append(tensor_map(gemm.c, gemm.m, columns, gemm.ldc, tuple(boxes["c"])))
         if "r" in boxes:  # R [M, N] (row stride ldr), read by TMA (the table: C's box)
             if epilogue is None or not epilogue.residual:
@@ -387,11 +395,7 @@ def launch_gemm(
         args = (*gemm, *maps)
         types = (*GEMM_V1_TYPES, *(None,) * len(maps))
     if abi == EPILOGUE_ABI:
-        name = recipe.get("epilogue", "none")
-        missing = epilogue.missing(name) if epilogue is not None else [name]
-        if missing:
-            # A kernel that adds an operand it was not given would read address 0.
-            raise ValueError(f"a {EPILOGUE_ABI} kernel of epilogue {name!r} needs {missing}")
+        assert epilogue is not None  # (checked above)
         # gemm_v2's parameters (with C's map where there is one), then the epilogue's
         if name in ROPE_KV:
             # bias, residual, ldr, eps, then RoPE's and the caches' operands
@@ -404,8 +408,6 @@ def launch_gemm(
             args = (*args, *epilogue[:3])  # no eps: the kernel has no such parameter
             tail = GEMM_V3_TYPES
         types = (*types, *tail[len(GEMM_V2_TYPES) :])
-    elif epilogue is not None and any(epilogue):
-        raise ValueError(f"an {abi or 'gemm_v1'} kernel takes no epilogue operands")
     grid = gemm_grid(recipe, gemm.m, gemm.n, device)
     if recipe.get("pdl") is True:  # the table schema allows only true or false
         kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device, pdl=True)

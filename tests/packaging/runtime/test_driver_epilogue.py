@@ -104,10 +104,14 @@ def test_gemm_v3_appends_the_epilogue_operands(recorded, pdl):
         ("bias_residual", EpilogueArgs(), "needs \\['bias', 'residual'\\]"),
     ],
 )
-def test_a_missing_epilogue_operand_is_refused_before_the_launch(recorded, epilogue, ops, needle):
+def test_a_missing_epilogue_operand_is_refused_before_the_launch(
+    recorded, monkeypatch, epilogue, ops, needle
+):
+    maps = []  # and before any tensor map is encoded (a driver call each)
+    monkeypatch.setattr(driver, "tensor_map", lambda *a: maps.append(a))
     with pytest.raises(ValueError, match=needle):
         _launch({**RECIPE, "epilogue": epilogue}, ops)
-    assert recorded.calls == []
+    assert recorded.calls == [] and maps == []
 
 
 @pytest.mark.parametrize("old", ["gemm_v1", "gemm_v2"])
@@ -252,8 +256,9 @@ def test_a_box_of_r_appends_rs_map_after_cs(recorded, monkeypatch, epilogue):
 
 def test_a_box_of_r_without_a_residual_is_refused(recorded):
     tma = {**RECIPE["tma"], "c": [64, 64], "r": [64, 64]}
-    with pytest.raises(ValueError, match="needs the residual"):
-        _launch({**RECIPE, "epilogue": "residual", "tma": tma}, EpilogueArgs(bias=0x4000))
+    for epilogue in ("residual", "bias"):  # the epilogue's operands; R's map's
+        with pytest.raises(ValueError, match="needs .*residual"):
+            _launch({**RECIPE, "epilogue": epilogue, "tma": tma}, EpilogueArgs(bias=0x4000))
     assert recorded.calls == []
 
 
