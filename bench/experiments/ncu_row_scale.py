@@ -16,8 +16,6 @@ compares them. Operands uniform(-1, 1), fp16 tn.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import os
 import sys
 from pathlib import Path
@@ -25,30 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from power_own import launch_in_ranges, own_kernel  # noqa: E402
-
-
-def fastest(path: Path, epilogue: str, mnk: tuple[int, int, int]) -> dict:
-    """The fastest timed own record of (fp16 tn, M, N, K, ``epilogue``) in ``path``."""
-    best = None
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            t = r.get("target", {})
-            if (
-                r.get("status") != "ok"
-                or not r.get("design")
-                or "event" in r
-                or t.get("dtype") != "fp16"
-                or t.get("epilogue", "none") != epilogue
-                or (t["m"], t["n"], t["k"]) != mnk
-            ):
-                continue
-            if best is None or r["median_us"] < best["median_us"]:
-                best = r
-    if best is None:
-        raise SystemExit(f"{path}: no timed fp16 own record of {epilogue} at {mnk}")
-    return best
+from power_own import best_records, launch_in_ranges, own_kernel  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.epilogue not in NORMED_TWINS:
         raise SystemExit(f"--epilogue {args.epilogue!r} is not one of {sorted(NORMED_TWINS)}")
     twin = NORMED_TWINS[args.epilogue][0]
-    rec = fastest(args.db, args.epilogue, (m, n, k))
+    rec = best_records([args.db], args.epilogue).get((m, n, k), {}).get("own")
+    if rec is None:
+        raise SystemExit(f"{args.db}: no timed fp16 own record of {args.epilogue} at {m, n, k}")
     design = KernelDesign.from_json(rec["design"])
     cache = ArtifactCache(Path(os.environ.get("CUDAL2_CACHE", ".cache/artifacts")))
     a = torch.rand(m, k, device="cuda").mul_(2).sub_(1).half()

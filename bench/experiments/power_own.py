@@ -35,8 +35,11 @@ from math_ceiling import Monitor, gpu_env, runs_json  # noqa: E402
 PEAK_TFLOPS = 989.4  # the H100 / H200 SXM datasheet's dense fp16 rate
 
 
-def best_records(paths: list[Path]) -> dict[tuple[int, int, int], dict]:
-    """Per (M, N, K): the fastest own record ("own") and the cuBLASLt record ("cublaslt")."""
+def best_records(
+    paths: list[Path], epilogue: str | None = None
+) -> dict[tuple[int, int, int], dict]:
+    """Per (M, N, K): the fastest own record ("own") and the cuBLASLt record ("cublaslt");
+    ``epilogue``: of that epilogue's targets only (None: of any)."""
     out: dict[tuple[int, int, int], dict] = {}
     for path in paths:
         with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as f:
@@ -45,6 +48,8 @@ def best_records(paths: list[Path]) -> dict[tuple[int, int, int], dict]:
                 t = r.get("target", {})
                 ok = r.get("status") == "ok" and r.get("mode") == "offline"
                 if not ok or t.get("dtype") != "fp16":
+                    continue
+                if epilogue is not None and t.get("epilogue", "none") != epilogue:
                     continue
                 key = (t["m"], t["n"], t["k"])
                 kind = "own" if r.get("design") else "cublaslt"
