@@ -25,11 +25,13 @@ sys.path.insert(0, str(HERE))
 
 from power_own import best_records, launch_in_ranges, own_kernel  # noqa: E402
 
+from cudal2.records import NORMED_TWINS  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", type=Path, required=True)
-    ap.add_argument("--epilogue", default="rmsnorm")
+    ap.add_argument("--epilogue", default="rmsnorm", choices=sorted(NORMED_TWINS))
     ap.add_argument("--shape", nargs=3, type=int, default=[2048, 6144, 4096])
     ap.add_argument("--launches", type=int, default=1)
     args = ap.parse_args(argv)
@@ -38,12 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from cudal2.generator.compile import ArtifactCache
     from cudal2.generator.families import base
-    from cudal2.records import NORMED_TWINS, KernelDesign, Target
+    from cudal2.records import KernelDesign, Target
     from cudal2.verify.launch import dense_epilogue, launch_dense
 
     m, n, k = args.shape
-    if args.epilogue not in NORMED_TWINS:
-        raise SystemExit(f"--epilogue {args.epilogue!r} is not one of {sorted(NORMED_TWINS)}")
     twin = NORMED_TWINS[args.epilogue][0]
     rec = best_records([args.db], args.epilogue).get((m, n, k), {}).get("own")
     if rec is None:
