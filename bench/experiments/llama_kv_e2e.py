@@ -510,7 +510,6 @@ def part_prefill(s: Setup, model: Any, patched: Any) -> dict:
                 s.sync()
                 if rep:
                     times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
     # one more prefill of each: the patched one's hits and fallbacks, and how far its
     # last logits are from the unpatched model's (the same fp16 weights)
     with torch.no_grad():
@@ -522,9 +521,7 @@ def part_prefill(s: Setup, model: Any, patched: Any) -> dict:
         s.sync()
     out = {
         "tokens": n,
-        "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
-        "p20_p80_ms": {k: [round(x * 1e3, 3) for x in _p20_p80(v)] for k, v in times.items()},
-        "speedup": round(med["unpatched"] / med["patched"], 4),
+        **_timed(times),
         "hits": dict(s.pkg.stats.hits),
         "fallbacks": dict(s.pkg.stats.fallbacks),
         "max_abs_logit": round(want.abs().max().item(), 4),
@@ -581,12 +578,16 @@ def _prefill_graphed(s: Setup, fns: dict, caches: dict, eager: dict) -> dict:
             end.synchronize()
             if rep:
                 times[k].append(start.elapsed_time(end) / 1e3)
+    return {**_timed(times), "max_diff_graph_vs_eager": diffs}
+
+
+def _timed(times: dict[str, list[float]]) -> dict:
+    """Prefill seconds by model: their medians and p20-p80 in ms, and the speedup."""
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "p20_p80_ms": {k: [round(x * 1e3, 3) for x in _p20_p80(v)] for k, v in times.items()},
         "speedup": round(med["unpatched"] / med["patched"], 4),
-        "max_diff_graph_vs_eager": diffs,
     }
 
 
