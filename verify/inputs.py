@@ -168,8 +168,8 @@ class InputCache(Fresh):
         capture: Callable[[TimingSets], Captured],
         name: str = "torch",
     ) -> Captured:
-        """Kept per (baseline name, target, timing config, sets, launches): each job of the target
-        captures only its candidate's graph. Counted as the graph's own bytes
+        """Kept per (baseline name, target, timing config, sets, launches): each job of
+        the target captures only its candidate's graph. Counted as the graph's own bytes
         (``Captured.nbytes``: its outputs and its private memory pool); dropped with
         the timing sets it reads (``_drop``), and never kept once they are gone."""
         sets = self.timing(t, cfg.seed, nsets)
