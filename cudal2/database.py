@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cudal2.hardware import datasheet, floor_us
-from cudal2.records import Measurement, SanitizerCheck, Status
+from cudal2.hardware import datasheet, floor_us, norm_floor_us
+from cudal2.records import NORM_BASELINE, Measurement, SanitizerCheck, Status
 from cudal2.schema import RecordError, parse_line
 
 MAX_LINE_BYTES = 1 << 20  # the largest recorded line is ~3 KB; a record never needs 1 MiB
@@ -160,11 +160,16 @@ def timing_problem(m: Measurement) -> str | None:
     except ValueError:
         return None  # no datasheet: the floor cannot be checked (the build selects nothing of it)
     floor = floor_us(m.target, m.gpu.name)
+    # torch's RMSNorm alone (timed beside a row-scaled target's GEMM) has a floor of its own
+    norm = norm_floor_us(m.target, m.gpu.name)
     timed = [
-        ("median_us", m.median_us),
-        *((f"baselines_us.{k}", v) for k, v in m.baselines_us.items()),
+        ("median_us", m.median_us, floor),
+        *(
+            (f"baselines_us.{k}", v, norm if k == NORM_BASELINE else floor)
+            for k, v in m.baselines_us.items()
+        ),
     ]
-    for name, value in timed:
+    for name, value, floor in timed:
         if value is not None and value < floor:
             return (
                 f"{name} {value:.4g} us is below the physical floor of {m.target.label} on "

@@ -63,3 +63,9 @@ def datasheet(gpu_name: str) -> Datasheet:
 def floor_us(t: Target, gpu_name: str) -> float:
     sheet = datasheet(gpu_name)
     return max(t.flops / sheet.flops, t.min_bytes / sheet.bandwidth) * 1e6
+
+
+def norm_floor_us(t: Target, gpu_name: str) -> float:
+    """The floor of torch's RMSNorm of a row-scaled target's A (``records.NORM_BASELINE``,
+    timed beside its GEMM): A [M, K] read once (2-byte elements), not the GEMM's floor."""
+    return 2 * t.m * t.k / datasheet(gpu_name).bandwidth * 1e6

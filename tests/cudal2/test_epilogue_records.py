@@ -116,3 +116,50 @@ def test_a_fused_record_that_does_not_agree_is_refused(recorded_measurements, ed
     d.pop("design_key", None)
     with pytest.raises(RecordError, match=needle.replace(".", "\\.")):
         parse_measurement({**d, "design_key": "0" * 64})
+
+
+# The fused prefill's H100 run (ci/gpu_prefill_fused.sh): its row-scaled records time
+# torch's RMSNorm beside the GEMM (baselines_us.rms_norm, about 14.4 us at
+# 2048x6144x4096), far below the GEMM's floor (104 us), and every one of them was skipped
+# as a measurement error when read, until the norm had a floor of its own.
+SELECT_RUN = "bench/results/h100-llama-prefill-fused-select.measurements.jsonl.gz"
+
+
+def _norm_record(scale_norm: float) -> str:
+    import gzip
+
+    from cudal2.records import NORM_BASELINE
+
+    with gzip.open(SELECT_RUN, "rt") as f:
+        line = next(x for x in f if f'"{NORM_BASELINE}"' in x and '"ok"' in x)
+    d = json.loads(line)
+    for key in ("baselines_us", "baseline_samples_us"):
+        v = d[key][NORM_BASELINE]
+        d[key][NORM_BASELINE] = (
+            [x * scale_norm for x in v] if isinstance(v, list) else v * scale_norm
+        )
+    return json.dumps(d)
+
+
+# (id, the norm's times scaled by, what the read says: None kept, else the skip's reason)
+NORM_FLOOR_CASES = [
+    ("as-measured", 1.0, None),
+    ("a-tenth-of-it", 0.1, "baselines_us.rms_norm 1.4"),  # below A's one read: 5 us
+    ("under-a-read-of-a", 0.3, "below the physical floor"),
+]
+
+
+@pytest.mark.parametrize(
+    "case_id, scale, skipped", NORM_FLOOR_CASES, ids=[c[0] for c in NORM_FLOOR_CASES]
+)
+def test_torchs_rmsnorm_beside_a_row_scaled_gemm_has_a_floor_of_its_own(
+    tmp_path, case_id, scale, skipped
+):
+    path = tmp_path / "db.jsonl"
+    path.write_text(_norm_record(scale) + "\n")
+    contents = MeasurementDB(path).load(warn=False)
+    if skipped is None:
+        assert len(contents.measurements) == 1 and contents.skipped == ()
+    else:
+        assert not contents.measurements
+        assert skipped in contents.skipped[0].reason
