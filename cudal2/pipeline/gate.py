@@ -52,6 +52,21 @@ def shipped_kernels(selections: Iterable[Selection]) -> list[Measurement]:
     return out
 
 
+def _twins_kept(gated: Sequence[Selection], ungated: Sequence[Selection]) -> list[Selection]:
+    """``gated`` with what the ungated selection says of a row-scaled target its twins
+    serve (``twin_us``, ``displaced``; ``select.prefer_twins``) where the gated one falls
+    back too: a displaced kernel is never checked (it does not ship), so the gated
+    selection alone would not know why its target falls back (the build's summary says)."""
+    twins = {(s.gpu, s.target): s for s in ungated if s.displaced is not None}
+    out = []
+    for s in gated:
+        o = twins.get((s.gpu, s.target))
+        if o is not None and s.kind == "fallback" and s.displaced is None:
+            s = dataclasses.replace(s, twin_us=o.twin_us, displaced=o.displaced)
+        out.append(s)
+    return out
+
+
 def check_key(m: Measurement) -> CheckKey:
     """The key of the check a kernel measurement needs to ship."""
     return CheckKey(m.gpu.name, m.toolchain, m.artifact_key, m.target.key)
@@ -147,7 +162,7 @@ class SanitizerGate:
         got = select(targets, history, mode, gated, host_saving_us)
         if host_saving_us > 0:
             self._eager_waiting(targets, history, mode, shippable, host_saving_us, got[0])
-        return got
+        return _twins_kept(got[0], select(targets, history, mode, shippable)[0]), got[1]
 
     def _eager_waiting(
         self,
