@@ -168,6 +168,10 @@ FUSED_PREFILL_ROWS = "bench/results/h200-llama-prefill-fused-rows.measurements.j
 # ... its third: the row scale's sums kept across a CTA's tiles of the same rows, the
 # twins after F.rms_norm
 FUSED_PREFILL_TWINS = "bench/results/h200-llama-prefill-fused-twins.measurements.jsonl.gz"
+# ... its fourth, on a lent H100: the RMSNorm timed beside each row scale (baseline
+# rms_norm), the twin path in the selection (docs/kernels.md "The twin path in the
+# selection")
+FUSED_PREFILL_SELECT = "bench/results/h100-llama-prefill-fused-select.measurements.jsonl.gz"
 # the eleventh slice's sweep (bench/manifests/sweep-tma-v5-gated-h100.toml, BENCH=0 bash
 # ci/gpu_prefill.sh on a lent H200): the gate_up shapes plain and with SiLU, read as the
 # fused prefill's database is
@@ -226,4 +230,89 @@ def fused_prefill(root: Path, path: str = FUSED_PREFILL) -> str:
                 f"| {bf.median_us:.1f} ({tf:.1f}) | {tf / bf.median_us:.3f} | "
                 f"{bp.median_us:.1f} ({tp:.1f}) | {tp / bp.median_us:.3f} |"
             )
+    return "\n".join(lines)
+
+
+# ci/gpu_ncu_rows.sh on the lent H100 (2026-12-05): ncu's details and source counters of
+# the fastest row-scaled qkv kernel of the fused prefill's third run and of the same
+# design without the row scale (bench/experiments/ncu_row_scale.py), one launch each
+NCU_ROWS = {
+    kind: (
+        f"bench/results/h100-ncu-rows-qkv-{kind}-details.csv",
+        f"bench/results/h100-ncu-rows-qkv-{kind}-sass.csv.gz",
+    )
+    for kind in ("rows", "plain")
+}
+_NCU_ROWS_METRICS = (
+    "Duration",
+    "Elapsed Cycles",
+    "SM Frequency",
+    "Compute (SM) Throughput",
+    "L1/TEX Cache Throughput",
+    "L2 Cache Throughput",
+    "DRAM Throughput",
+    "Warp Cycles Per Issued Instruction",
+    "Branch Instructions",
+)
+# The stall samples' instruction classes: the mbarrier waits (try_wait loops: a branch
+# back), the wait for the wgmma group, the wgmmas, the row sums' arithmetic.
+_NCU_ROWS_CLASSES = (
+    ("mbarrier waits (BRA)", ("BRA",)),
+    ("wgmma waits (WARPGROUP)", ("WARPGROUP",)),
+    ("HGMMA", ("HGMMA",)),
+    ("fp16/fp32 arithmetic", ("HADD2", "HFMA2", "HMUL2", "FADD", "FFMA", "FMUL", "MUFU")),
+)
+
+
+def _ncu_details(path: Path) -> tuple[str, dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return rows[0]["Kernel Name"], {
+        r["Metric Name"]: f"{r['Metric Value']} {r['Metric Unit']}".strip() for r in rows
+    }
+
+
+def _ncu_stalls(path: Path) -> tuple[int, dict[str, int]]:
+    """All stall samples of a source-counter CSV, and those of each class."""
+    import csv
+    import gzip
+
+    with gzip.open(path, "rt", newline="") as f:
+        lines = f.read().splitlines()
+    total, by = 0, dict.fromkeys((name for name, _ in _NCU_ROWS_CLASSES), 0)
+    for r in csv.DictReader(lines[1:]):  # the first line names the kernel
+        n = int(r["Warp Stall Sampling (All Samples)"] or 0)
+        words = r["Source"].split()
+        op = words[1] if words and words[0].startswith("@") else words[0] if words else ""
+        total += n
+        for name, ops in _NCU_ROWS_CLASSES:
+            if op.split(".")[0] in ops:
+                by[name] += n
+    return total, by
+
+
+def ncu_rows(root: Path, files: dict[str, tuple[str, str]] = NCU_ROWS) -> str:
+    """The row-scaled qkv kernel beside its plain twin under ncu: the details that moved,
+    and where the warps' stall samples fall."""
+    got = {k: (_ncu_details(root / d), _ncu_stalls(root / s)) for k, (d, s) in files.items()}
+    (name, _), _ = got["rows"]
+    lines = [
+        f"`{name}` (rows) and the same design without the row scale (plain), one launch each "
+        f"at 2048×6144×4096 under ncu (`{files['rows'][0]}`, `{files['plain'][0]}` and "
+        "their source counters `*-sass.csv.gz`).",
+        "",
+        "| metric | rows | plain |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| {m} | {got['rows'][0][1].get(m, '–')} | {got['plain'][0][1].get(m, '–')} |"
+        for m in _NCU_ROWS_METRICS
+    ]
+    lines += ["", "| warp stall samples | rows | plain |", "|---|---:|---:|"]
+    (tr, br), (tp, bp) = got["rows"][1], got["plain"][1]
+    for cls, _ in _NCU_ROWS_CLASSES:
+        lines.append(f"| {cls} | {br[cls]} ({br[cls] / tr:.1%}) | {bp[cls]} ({bp[cls] / tp:.1%}) |")
+    lines.append(f"| all | {tr} | {tp} |")
     return "\n".join(lines)

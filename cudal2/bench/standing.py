@@ -257,19 +257,27 @@ def where_it_stands(root: Path) -> str:
 
 
 def _fused_prefill_line(root: Path) -> str:
-    """The fused prefill end to end (issue 22), from its latest run."""
-    d = json.loads((root / FUSED_PREFILL_TWINS_E2E).read_text())
+    """The fused prefill end to end (issue 22), from its latest run (with its CUDA-graph
+    figure where the run took one)."""
+    d = json.loads((root / FUSED_PREFILL_SELECT_E2E).read_text())
     env, pf = d["env"], d["llama"]["prefill"]
     paths = d["llama"]["check"]["report"]["paths"][str(pf["tokens"])]["layers"]
+    g = pf.get("graph") or {}
+    graph = (
+        f", and {g['speedup']:.3f}x captured whole in a CUDA graph ({g['ms']['patched']:.2f} "
+        f"against {g['ms']['unpatched']:.2f} ms)"
+        if "speedup" in g
+        else ""
+    )
     return (
         f"The {pf['tokens']}-token prefill of the same model with a measurement wheel of its "
         f"fused GEMMs (`bench/manifests/llama-prefill-fused-h100.toml`, built on an "
-        f"{env['gpu'].removeprefix('NVIDIA ')}, `{FUSED_PREFILL_TWINS_E2E}`): "
-        f"{pf['speedup']:.3f}x the unpatched model, eagerly ({pf['ms']['patched']:.2f} "
-        f"against {pf['ms']['unpatched']:.2f} ms), {paths.get('fused', 0)} of "
+        f"{env['gpu'].removeprefix('NVIDIA ')}, `{FUSED_PREFILL_SELECT_E2E}`): "
+        f"{pf['speedup']:.3f}x the unpatched model eagerly ({pf['ms']['patched']:.2f} "
+        f"against {pf['ms']['unpatched']:.2f} ms){graph}; {paths.get('fused', 0)} of "
         f"{sum(paths.values())} layers fused, {sum(pf['hits'].values())} launches of cudal2's "
         f"kernels and {sum(pf['fallbacks'].values())} fallbacks a prefill (`docs/kernels.md`, "
-        f'"sm90tma v5 row scale").'
+        f'"The twin path in the selection").'
     )
 
 
@@ -934,6 +942,9 @@ FUSED_PREFILL_ROWS_E2E = "bench/results/h200-llama-prefill-fused-rows-e2e.json"
 # ... its third run (2026-12-05): the row scale's sums kept across tiles, the twins after
 # F.rms_norm
 FUSED_PREFILL_TWINS_E2E = "bench/results/h200-llama-prefill-fused-twins-e2e.json"
+# ... its fourth, on a lent H100 (2026-12-05): the twin path in the selection, and the
+# prefill captured whole in a CUDA graph too
+FUSED_PREFILL_SELECT_E2E = "bench/results/h100-llama-prefill-fused-select-e2e.json"
 
 
 def fused_prefill_e2e(root: Path, path: str = FUSED_PREFILL_E2E) -> str:
@@ -2057,6 +2068,11 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
         root, prefill_uniform.FUSED_PREFILL_TWINS
     ),
     "fused-prefill-twins-e2e": lambda root: fused_prefill_e2e(root, FUSED_PREFILL_TWINS_E2E),
+    "fused-prefill-select": lambda root: prefill_uniform.fused_prefill(
+        root, prefill_uniform.FUSED_PREFILL_SELECT
+    ),
+    "fused-prefill-select-e2e": lambda root: fused_prefill_e2e(root, FUSED_PREFILL_SELECT_E2E),
+    "ncu-rows-qkv": prefill_uniform.ncu_rows,
     "gated-baseline": baselines.gated_baseline,
     "tma-v5-gated": lambda root: prefill_uniform.fused_prefill(root, prefill_uniform.GATED_SWEEP),
     "rmsnorm-paths": baselines.rmsnorm_paths,

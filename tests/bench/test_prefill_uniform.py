@@ -143,3 +143,17 @@ def test_an_epilogue_variant_off_its_twins_registers_or_in_local_memory_is_refus
     doc["rows"][2][field] = value
     with pytest.raises(ValueError, match=field if field == "registers" else "spill|local"):
         pu.sass_epilogue(_copy(tmp_path, doc, pu.SASS_EPILOGUE))
+
+
+def test_the_ncu_rows_block_counts_every_stall_sample_into_its_class():
+    """The committed H100 run: each class's samples are those of its opcodes in the
+    source counters, the total every line's; the row scale's arithmetic shows only in
+    the row-scaled kernel."""
+    total, by = pu._ncu_stalls(ROOT / pu.NCU_ROWS["rows"][1])
+    ptotal, pby = pu._ncu_stalls(ROOT / pu.NCU_ROWS["plain"][1])
+    assert sum(by.values()) < total and sum(pby.values()) < ptotal
+    assert by["fp16/fp32 arithmetic"] > 20 * pby["fp16/fp32 arithmetic"]
+    text = pu.ncu_rows(ROOT)
+    assert f"| all | {total} | {ptotal} |" in text
+    name, details = pu._ncu_details(ROOT / pu.NCU_ROWS["rows"][0])
+    assert name.endswith("_epi_rmsnorm") and f"| Duration | {details['Duration']} |" in text

@@ -517,3 +517,26 @@ def test_the_fused_prefill_e2e_block_reads_its_run(tmp_path):
     (tmp_path / standing.FUSED_PREFILL_E2E).parent.mkdir(parents=True)
     (tmp_path / standing.FUSED_PREFILL_E2E).write_text(json.dumps(d))
     assert "The layers at M = 2048: fused 30, original 2" in standing.fused_prefill_e2e(tmp_path)
+
+
+def test_the_prefill_graph_sentence_reads_the_run_or_its_errors(tmp_path):
+    """The H100 run captured each prefill whole in a CUDA graph: its replays' medians and
+    speedup come from the file, and a run whose capture failed says why instead."""
+    path = standing.FUSED_PREFILL_SELECT_E2E
+    d = json.loads((ROOT / path).read_text())
+    g = d["llama"]["prefill"]["graph"]
+    text = standing.fused_prefill_e2e(ROOT, path)
+    assert f"patched {g['ms']['patched']:.2f} ms" in text
+    assert f"speedup {g['speedup']:.3f}" in text
+    assert f"{g['speedup']:.3f}x captured whole in a CUDA graph" in standing._fused_prefill_line(
+        ROOT
+    )
+    d["llama"]["prefill"]["graph"] = {"errors": {"patched": "capture failed: x"}}
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(json.dumps(d))
+    text = standing.fused_prefill_e2e(tmp_path, path)
+    assert "Under a CUDA graph: not captured (patched: capture failed: x)." in text
+    assert "captured whole" not in standing._fused_prefill_line(tmp_path)
+    del d["llama"]["prefill"]["graph"]  # a run before the graph part: no sentence
+    (tmp_path / path).write_text(json.dumps(d))
+    assert "CUDA graph" not in standing.fused_prefill_e2e(tmp_path, path)
