@@ -467,6 +467,34 @@ TMA_RING = {
 }
 
 
+# sm90tma v5 stream-K (issue 22, ``streamk`` = 1): the persistent cooperative kernel's
+# walk over units (a tile's k tiles [kb, ke)) in place of whole tiles: the walk's helpers,
+# the producer's loop, the consumers' (``tile_loop``, the schedule's), the k loop's bounds,
+# the piece's park-or-add before the store (``fixup``) and the workspace parameter (the
+# runtime allocates it: the recipe's ``workspace_per_cta``). 0 renders every earlier
+# design byte for byte.
+_STREAMK = "sm90_tma/streamk/"
+TMA_STREAMK = {
+    0: {
+        "helpers": NONE,
+        "producer_loop": _STREAMK + "producer_tiles.cu.j2",
+        "kb": "0",
+        "ke": "KT",
+        "fixup": NONE,
+        "params": "",
+    },
+    1: {
+        "helpers": _STREAMK + "helpers.cu.j2",
+        "producer_loop": _STREAMK + "producer_loop.cu.j2",
+        "tile_loop": _STREAMK + "tile_loop.cu.j2",
+        "kb": "kb",
+        "ke": "ke",
+        "fixup": _STREAMK + "fixup.cu.j2",
+        "params": ",\n    float* __restrict__ WS",
+    },
+}
+
+
 # sm90tma v5 uniform warpgroup index (issue 22): how the persistent kernel computes a
 # thread's warpgroup. 0: ``tid >> 7`` (as before the knob: every earlier design byte for
 # byte); 1: the same broadcast from lane 0 (``uniform`` = 1), which tells the compiler the

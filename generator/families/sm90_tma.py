@@ -277,6 +277,19 @@ TMA_STORE_OFFSET = 1024  # the buffers after the ring, on a 1024-byte swizzle at
 # mbarriers (two a consumer warpgroup) follow the ring's and ping-pong's turn barriers,
 # in the gap before the buffers.
 RTMA = (0, 1)
+# v5 stream-K (issue 22): the persistent cooperative kernel's walk cuts the last tiles
+# along K (``streamk`` = 1; ``tags.TMA_STREAMK``, the protocol in the template's helpers).
+# The data-parallel kernels leave SMs idle: with the 128-CTA cap (which measured as fast
+# as a CTA per SM) the power-of-two tile counts of the prefill shapes fill whole waves,
+# but on 128 of the H100's 132 SMs (3% of them idle); uncapped, the waves are partial
+# (512 tiles of 128 x 256 at 4096 x 4096: 3.88 waves of 132). Stream-K gives each of the
+# 132 CTAs the same k tiles: its data-parallel tiles, then an even share of the last
+# T mod G + G tiles' k tiles, a tile cut in at most two pieces there (T < G: in more,
+# 1024 x 1280's 80 tiles of 128 x 128 over 132 CTAs). A piece that does not hold the
+# tile's first k tile parks its fp32 sums in a workspace (the CTA's slot: BM x BN floats,
+# then a flag a CTA; ``workspace_per_cta``), which the tile's owner adds before its store.
+STREAMK = (0, 1)
+STREAMK_TILE_N = (80, 128, 160, 192, 256)  # TMA_STORE_TILE_N but 224, which spills
 RTMA_EPILOGUES = tuple(tags.RTMA_ADD2)
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
@@ -349,6 +362,7 @@ OPTIONAL_KNOBS = (
     Knob("ring", RING, "ring{}", default=0, spellings=((1, "ctr"),)),
     Knob("uniform", UNIFORM, "uni{}", default=0, spellings=((1, "wgu"),)),
     Knob("rtma", RTMA, "res{}", default=0, spellings=((1, "tma"),)),
+    Knob("streamk", STREAMK, "streamk{}", default=0, spellings=((1, ""),)),
 )
 _OPTIONAL_DEFAULTS = {k.name: k.default for k in OPTIONAL_KNOBS}
 
@@ -369,6 +383,7 @@ def design(
     ring: int = 0,
     uniform: int = 0,
     rtma: int = 0,
+    streamk: int = 0,
 ) -> KernelDesign:
     """The sm_90a tn design with ``wgs`` consumer warpgroups of ``mp`` 64-row blocks on
     the wgmma M side (the weights when ``swap``), wgmma N ``n``, and the other knobs
@@ -377,14 +392,14 @@ def design(
         FAMILY, "sm_90a", dtype, "tn", OPTIONAL_KNOBS, swap=int(swap), warpgroups=wgs,
         m_blocks=mp, wgmma_n=n, stages=stages, split_k=split, persistent=pers,
         cluster_m=cluster, raster=raster, ctas=ctas, store=store, ring=ring, uniform=uniform,
-        rtma=rtma,
+        rtma=rtma, streamk=streamk,
     )  # fmt: skip
 
 
 def v5(d: KernelDesign, knob: str) -> int:
-    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``, ``rtma``; 0
-    where the design leaves it out, or where it is out of the domain: the declared checks
-    report that)."""
+    """A v5 knob's value (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``, ``rtma``,
+    ``streamk``; 0 where the design leaves it out, or where it is out of the domain: the
+    declared checks report that)."""
     value = d.knobs.as_json().get(knob, _OPTIONAL_DEFAULTS[knob])
     domain = {k.name: k.domain for k in OPTIONAL_KNOBS}[knob]
     return value if value in domain else 0
@@ -603,10 +618,12 @@ def _pair_reasons(d: KernelDesign) -> list[str]:
 
 
 def _v5_reasons(d: KernelDesign) -> list[str]:
-    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``, ``rtma``)
-    cannot take these values."""
+    """Why the v5 knobs (``raster``, ``ctas``, ``store``, ``ring``, ``uniform``, ``rtma``,
+    ``streamk``) cannot take these values."""
     k = d.knobs
-    set_ = [n for n in ("raster", "ctas", "store", "ring", "uniform", "rtma") if v5(d, n)]
+    set_ = [
+        n for n in ("raster", "ctas", "store", "ring", "uniform", "rtma", "streamk") if v5(d, n)
+    ]
     if set_ and k.persistent not in (1, 2):
         # The walk, the CTA cap and the C buffer are written for the persistent kernels
         # (cooperative and ping-pong, whose warpgroups each store through their own half
@@ -654,6 +671,8 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
             f"rtma=1: an epilogue that reads R ({', '.join(RTMA_EPILOGUES)}), not "
             f"{_epilogue_or_none(d)!r}"
         ]
+    if v5(d, "streamk"):
+        return _streamk_reasons(d)
     if v5(d, "store") == 3 and (
         k.persistent != 1 or k.cluster_m != 1 or k.warpgroups != 2 or k.m_blocks != 1
     ):
@@ -663,6 +682,30 @@ def _v5_reasons(d: KernelDesign) -> list[str]:
             "warpgroups of one 64-row block (m_blocks=1), unpaired (cluster_m=1)"
         ]
     return []
+
+
+def _streamk_reasons(d: KernelDesign) -> list[str]:
+    """Why ``streamk`` = 1 cannot go with these knobs: it is written for the persistent
+    cooperative kernel storing by TMA a warpgroup a subtile, unpaired, and for epilogues
+    applied at the store (the row scale's helper warps and R by TMA walk whole tiles)."""
+    k = d.knobs
+    if k.persistent != 1 or k.cluster_m != 1 or v5(d, "store") != 4:
+        return [
+            "streamk=1: the persistent cooperative kernel (persistent=1) storing by TMA "
+            "(store=4), unpaired (cluster_m=1)"
+        ]
+    if v5(d, "rtma") or _epilogue_or_none(d) in ROW_SCALED:
+        return ["streamk=1: not with R by TMA (rtma=1) or a row scale's helper warps"]
+    return []
+
+
+def workspace_per_cta(d: KernelDesign) -> int:
+    """The workspace bytes a CTA of a stream-K design needs (``streamk`` = 1: its slot of
+    BM x BN fp32 sums and its flag; 0 for every other design)."""
+    if not v5(d, "streamk"):
+        return 0
+    bm, bn = tile_mn(d)
+    return bm * bn * 4 + 4
 
 
 # The C buffer leaves room for fewer ring stages (128x256: 3).
@@ -733,8 +776,9 @@ def trial_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
     GPU; a build searches them only with ``[search] trial = true``), in a fixed order: v5
     uniform warpgroup index's (``uniform_designs``), then v5 ping-pong pair's
     (``pingpong_pair_designs``), then v5 tall TMA store's (256 x n,
-    ``tall_tma_store_designs``), then those in pairs (``tall_pair_designs``). A sweep
-    that measures them decides which move into ``space``."""
+    ``tall_tma_store_designs``), then those in pairs (``tall_pair_designs``), then v5
+    stream-K's (``streamk_designs``). A sweep that measures them decides which move into
+    ``space``."""
     if arch not in ARCHS or layout not in LAYOUTS:
         return []
     return (
@@ -742,6 +786,7 @@ def trial_space(arch: str, dtype: str, layout: str) -> list[KernelDesign]:
         + pingpong_pair_designs(dtype)
         + tall_tma_store_designs(dtype)
         + tall_pair_designs(dtype)
+        + streamk_designs(dtype)
     )
 
 
@@ -944,6 +989,19 @@ def uniform_designs(dtype: str) -> list[KernelDesign]:
     return [_counted(d, uniform=1) for d in _stored(dtype)]
 
 
+def streamk_designs(dtype: str) -> list[KernelDesign]:
+    """v5 stream-K (issue 22): each cooperative TMA-store design of the space with the
+    grouped walk of 8 and no CTA cap (a CTA per SM: stream-K's point is the four SMs the
+    cap leaves idle), the ring counter where its ring is not a power of two, the uniform
+    warpgroup index, and ``streamk`` = 1: 5 widths x 2 rings = 10 per dtype (not 224:
+    with the owner's loop over the pieces, ptxas spills 24 bytes of it at 168 registers)."""
+    return [
+        _counted(d, uniform=1, streamk=1)
+        for d in _with_store(dtype, STREAMK_TILE_N, tma_store_stages, 4)
+        if v5(d, "raster") == 8 and not v5(d, "ctas")
+    ]
+
+
 def tall_tma_store_designs(dtype: str) -> list[KernelDesign]:
     """v5 tall TMA store (issue 22): the persistent cooperative 256 x n TMA-store designs,
     n of ``TALL_TMA_STORE_N``, at their two deepest rings, each raster x ctas, with the
@@ -1076,6 +1134,8 @@ def launch_recipe(d: KernelDesign) -> dict[str, Any]:
         recipe.update(persistent=k.persistent, ctas_per_sm=ctas_per_sm(d))
         if v5(d, "ctas"):  # absent: one CTA per SM slot (every earlier recipe)
             recipe["max_ctas"] = v5(d, "ctas")
+        if v5(d, "streamk"):  # a CTA per slot even past the tiles, and their workspace
+            recipe.update(streamk=1, workspace_per_cta=workspace_per_cta(d))
     return epilogue_recipe(recipe, d)
 
 
@@ -1112,9 +1172,12 @@ def template_context(d: KernelDesign) -> dict[str, Any]:
         c_tma_offset=TMA_STORE_OFFSET,
         c_sub_n=tma_store_sub_n(d),
         rtma=tags.TMA_RTMA[v5(d, "rtma")],
+        streamk=tags.TMA_STREAMK[v5(d, "streamk")],
         rtma_bar_offset=BARRIER_BYTES,  # after the ring's barriers, before the buffers
         rtma_buf_bytes=TMA_STORE_ROWS * tma_store_sub_n(d) * 2,
     )
+    if v5(d, "streamk"):  # the consumers walk the stream-K units
+        ctx["schedule"] = {**ctx["schedule"], "tile_loop": ctx["streamk"]["tile_loop"]}
     # The persistent kernel prefetches its first tile's weight rows (PDL designs).
     kernel = "sm90tma_persistent" if k.persistent else FAMILY
     if pair:  # ... of its first pair tile

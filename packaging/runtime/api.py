@@ -927,6 +927,10 @@ class Api:
                 loaded += 1
                 if plan.lt is not None:  # the current stream's workspace too
                     self._lt_workspace(torch, dev, _raw_stream(dev))
+                elif plan.recipe.get("workspace_per_cta"):  # ... a stream-K kernel's
+                    grid = driver.persistent_slots(plan.recipe, driver.sm_count(dev))
+                    nbytes = driver.workspace_bytes(plan.recipe, grid)
+                    driver.stream_workspace(dev, _raw_stream(dev), nbytes)
         return loaded
 
     # -- the dispatch path -------------------------------------------------------

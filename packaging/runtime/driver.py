@@ -265,10 +265,13 @@ def persistent_grid(recipe: Mapping[str, Any], m: int, n: int, sms: int) -> int:
     """CTAs (grid x) of a persistent recipe on a GPU of ``sms`` SMs: one per tile up to
     the slots (``persistent_slots``). A recipe with a cluster along x (sm90tma's
     persistent multicast pair, cluster [2, 1, 1]) launches whole clusters, each walking
-    pair tiles (ceil(M tiles / 2) x N tiles): 2 x min(pair tiles, slots / 2); every
-    other recipe (cluster [1, ...] or none) launches exactly as before."""
+    pair tiles (ceil(M tiles / 2) x N tiles): 2 x min(pair tiles, slots / 2); a stream-K
+    recipe (``streamk``) every slot, fewer tiles than slots cut along K; every other
+    recipe (cluster [1, ...] or none) launches exactly as before."""
     gx, gy = _tiles(recipe, m, n)
     slots = persistent_slots(recipe, sms)
+    if recipe.get("streamk"):
+        return slots
     cx = int((recipe.get("cluster") or [1, 1, 1])[0])
     if cx <= 1:
         return min(gx * gy, slots)
@@ -294,6 +297,60 @@ def gemm_fits(recipe: Mapping[str, Any], m: int, n: int, k: int) -> bool:
         return max(m, n, k) <= INT_MAX and gx * gy <= INT_MAX  # tile index is an int
     gy_max = LIMITS.grid_dims[1]
     return max(m, n, k) <= INT_MAX and _whole_clusters(recipe, gx, gy)[1] <= gy_max
+
+
+_workspaces: dict[tuple[int, int], tuple[int, int]] = {}  # (device, stream) -> (ptr, bytes)
+_zeroing: dict[int, Any] = {}  # device -> the stream a workspace made under capture is zeroed on
+_workspace_lock = threading.Lock()
+
+
+def workspace_bytes(recipe: Mapping[str, Any], grid_x: int) -> int:
+    """The workspace a launch of ``grid_x`` CTAs of ``recipe`` needs (0: none; a stream-K
+    kernel's ``workspace_per_cta`` a CTA: its parked sums and its flag)."""
+    return grid_x * int(recipe.get("workspace_per_cta", 0))
+
+
+def stream_workspace(device: int, stream: int, nbytes: int) -> int:
+    """A zeroed device buffer of at least ``nbytes`` for the stream-K kernels launched on
+    ``stream`` of ``device`` (one a stream: two streams running at once must not share
+    one; the kernels leave it zeroed again). Made on first use, before anything queued
+    after it, and kept for the life of the process (a captured graph holds its address),
+    a larger one replacing it where a launch needs more. While ``stream`` is being
+    captured, it is made outside the capture (the thread's capture mode relaxed for the
+    allocation, as torch's allocator does) and zeroed on a stream of its own, waited
+    for: the graph holds neither, and an eager launch on the stream later finds it
+    zeroed too."""
+    key = (device, stream)
+    with _workspace_lock:
+        got = _workspaces.get(key)
+        if got is not None and got[1] >= nbytes:
+            return got[0]
+        drv = _driver()
+        ensure_context(device)
+        status = _check(drv.cuStreamIsCapturing(drv.CUstream(stream)), "cuStreamIsCapturing")
+        if status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+            ptr = int(_check(drv.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes}) (stream-K workspace)"))
+            _check(
+                drv.cuMemsetD8Async(ptr, 0, nbytes, drv.CUstream(stream)),
+                f"cuMemsetD8Async({nbytes}) (stream-K workspace)",
+            )
+        else:
+            relaxed = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+            mode = _check(drv.cuThreadExchangeStreamCaptureMode(relaxed), "capture mode")
+            try:
+                ptr = int(
+                    _check(drv.cuMemAlloc(nbytes), f"cuMemAlloc({nbytes}) (stream-K workspace)")
+                )
+                zero = _zeroing.get(device)
+                if zero is None:
+                    flags = drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+                    zero = _zeroing[device] = _check(drv.cuStreamCreate(flags), "cuStreamCreate")
+                _check(drv.cuMemsetD8Async(ptr, 0, nbytes, zero), "cuMemsetD8Async (workspace)")
+                _check(drv.cuStreamSynchronize(zero), "cuStreamSynchronize (workspace)")
+            finally:
+                _check(drv.cuThreadExchangeStreamCaptureMode(mode), "capture mode")
+        _workspaces[key] = (ptr, nbytes)  # a smaller one before it stays allocated
+        return ptr
 
 
 _TMAP_CACHE_MAX = 4096
@@ -409,6 +466,10 @@ def launch_gemm(
             tail = GEMM_V3_TYPES
         types = (*types, *tail[len(GEMM_V2_TYPES) :])
     grid = gemm_grid(recipe, gemm.m, gemm.n, device)
+    if recipe.get("workspace_per_cta"):  # a stream-K kernel's workspace, its last parameter
+        nbytes = workspace_bytes(recipe, grid[0])
+        args = (*args, stream_workspace(device, stream, nbytes))
+        types = (*types, ctypes.c_void_p)
     if recipe.get("pdl") is True:  # the table schema allows only true or false
         kernel.launch(grid, tuple(recipe["block"]), stream, args, types, device, pdl=True)
     else:

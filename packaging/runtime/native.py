@@ -489,6 +489,10 @@ class Native:
         pid = self._ids.get(key)
         if pid is not None:
             return pid
+        if plan.reason is None and plan.lt is None and plan.recipe.get("workspace_per_cta"):
+            # A stream-K kernel takes a workspace, which this launcher does not pass yet:
+            # torch serves the call here (the Python path launches it: CUDAL2_NATIVE=0).
+            return "abi"
         if len(self._names) >= self._max_plans:
             return "fits"
         desc = PlanDesc()

@@ -745,6 +745,10 @@ _RECIPE_RULES: tuple[tuple[str, bool, Any, str], ...] = (
     # Programmatic dependent launch: the kernel waits (griddepcontrol.wait) before it
     # reads A or writes C, so the launcher may set programmatic stream serialization.
     ("pdl", False, _is_bool, "true or false"),
+    # sm90tma v5 stream-K: a CTA per slot even past the tiles (the last tiles cut along K),
+    # and the workspace bytes each CTA takes (the kernel's last parameter).
+    ("streamk", False, _non_negative_int, "a non-negative integer"),
+    ("workspace_per_cta", False, _positive_int, "a positive integer"),
 )
 
 
@@ -768,6 +772,11 @@ def _check_launch(recipe: Any, e: TableEntry) -> None:
     for key, required, check, what in _RECIPE_RULES:
         if (required or key in recipe) and not check(recipe.get(key)):
             raise TableError(f"key 'launch.{key}' must be {what}, got {recipe.get(key)!r}")
+    if recipe.get("streamk") and not (recipe.get("persistent") and "workspace_per_cta" in recipe):
+        # its kernel would read a workspace it was never given
+        raise TableError(
+            "key 'launch.streamk' needs a persistent recipe with 'launch.workspace_per_cta'"
+        )
     _check_limits(recipe, e)
     if abi in ("gemm_v2", EPILOGUE_ABI):
         _check_tma(recipe.get("tma"))

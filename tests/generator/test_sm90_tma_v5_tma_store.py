@@ -138,6 +138,7 @@ def test_the_pingpong_pairs_are_trial_designs_before_the_tall_tiles():
         new = sm90_tma.pingpong_pair_designs(dtype)
         assert len(new) == 126 and all(legality(d) == [] for d in new)
         tall = len(sm90_tma.tall_tma_store_designs(dtype)) + len(sm90_tma.tall_pair_designs(dtype))
+        tall += len(sm90_tma.streamk_designs(dtype))  # and the stream-K designs after them
         assert trial[-len(new) - tall : -tall] == new and len({d.key for d in trial}) == len(trial)
         assert not {d.key for d in trial} & {d.key for d in sm90_tma.space("sm_90a", dtype, "tn")}
         uniform = sm90_tma.uniform_designs(dtype)
@@ -156,12 +157,12 @@ def test_the_pingpong_pairs_are_trial_designs_before_the_tall_tiles():
 def test_the_tall_tiles_are_the_trial_designs_before_their_pairs():
     """v5 tall TMA store: the cooperative 256 x n TMA-store designs (two 64-row blocks a
     warpgroup) at 3 and 4 stages (a fifth does not fit, nor 256 x 192's accumulators), each
-    walk and cap, the counter at 3 stages, ``uniform`` = 1; the trial designs' last but
-    their pairs."""
+    walk and cap, the counter at 3 stages, ``uniform`` = 1; in the trial designs before
+    their pairs (and the stream-K designs)."""
     for dtype in ("fp16", "bf16"):
         new = sm90_tma.tall_tma_store_designs(dtype)
         assert len(new) == 48 and all(legality(d) == [] for d in new)
-        pairs = len(sm90_tma.tall_pair_designs(dtype))
+        pairs = len(sm90_tma.tall_pair_designs(dtype)) + len(sm90_tma.streamk_designs(dtype))
         assert _trial(dtype)[-len(new) - pairs : -pairs] == new
         rings = {(sm90_tma.tile_mn(d), d.knobs.stages, sm90_tma.v5(d, "ring")) for d in new}
         assert rings == {
@@ -176,15 +177,17 @@ def test_the_tall_tiles_are_the_trial_designs_before_their_pairs():
             assert r["tma"]["a"] == [64, 256] and r["tma"]["c"][1] == 64
 
 
-def test_the_tall_pairs_are_the_trial_designs_last():
+def test_the_tall_pairs_are_the_trial_designs_before_stream_k():
     """v5 tall pair: each tall TMA-store design in a multicast pair along M on the same
-    ring (the counter at 3 stages, ``uniform`` = 1), the trial designs' last. Each CTA
+    ring (the counter at 3 stages, ``uniform`` = 1), in the trial designs before the
+    stream-K ones. Each CTA
     loads its 256 rows of A and half the B tile (n / 2 rows: whole 8-row atoms) and
     multicasts that half; the ring fits as unpaired (the boxes of a stage are no larger)."""
     for dtype in ("fp16", "bf16"):
         new = sm90_tma.tall_pair_designs(dtype)
         assert len(new) == 48 and all(legality(d) == [] for d in new)
-        assert _trial(dtype)[-len(new) :] == new
+        sk = len(sm90_tma.streamk_designs(dtype))
+        assert _trial(dtype)[-len(new) - sk : -sk] == new
         twins = sm90_tma.tall_tma_store_designs(dtype)
         assert [_with(d, cluster_m=1) for d in new] == twins  # each twin, in order
         assert not {d.key for d in new} & {d.key for d in sm90_tma.space("sm_90a", dtype, "tn")}

@@ -107,6 +107,10 @@ DESIGNS = {
     "tma_v5_tmaw": dict(
         wgs=2, mp=1, swap=False, n=256, stages=4, split=1, pers=1, raster=8, ctas=128, store=5
     ),
+    # v5 stream-K: the last tiles cut along K, a tile's owner adding the later pieces'
+    # sums before its epilogue (2100 x 2056: 153 tiles of 128 x 256, all in stream-K on 132
+    # SMs; the small shapes: fewer tiles, and k tiles, than CTAs)
+    "tma_v5_streamk": dict(_V5_UNIFORM, ctas=0, mp=1, n=256, stages=3, pers=1, streamk=1),
 }
 
 
@@ -170,7 +174,7 @@ def test_epilogue_correct_on_residue_shapes(tmp_path, shape, epilogue, dtype):
         "tile_n_bulk", "tma_v5_pingpong_bulk", "tma_v5_overlap", "tma_v5_halves",
         "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_tmaw",
         "tma_v5_pingpong_144", "tma_v5_pair_tma", "tma_v5_ring", "tma_v5_pppair",
-        "tma_v5_uniform", "tma_v5_tall", "tma_v5_tallpair",
+        "tma_v5_uniform", "tma_v5_tall", "tma_v5_tallpair", "tma_v5_streamk",
     ],
 )  # fmt: skip
 def test_residual_in_place(tmp_path, shape):
@@ -315,6 +319,7 @@ def test_gated_and_row_scaled_epilogue_correct_on_residue_shapes(tmp_path, shape
 # walking several tiles (4096³); a prefill gate_up of Llama-3.1-8B (N = 2 x 14336).
 GATED_TMA_DESIGNS = [
     "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_pair_tma", "tma_v5_pppair",
+    "tma_v5_streamk",
 ]  # fmt: skip
 GATED_TMA_SHAPES = [
     (1, 16, 8), (100, 1008, 1000), (2100, 2064, 1096), (4096, 4096, 4096), (2048, 28672, 4096),

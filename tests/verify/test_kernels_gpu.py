@@ -287,6 +287,20 @@ TMA_V5_OVERLAP_DESIGNS = [
 ]
 OVERLAP_SHAPES = [*V5_SHAPES, (1024, 8192, 1024)]
 
+# sm90tma v5 stream-K (issue 22): cooperative TMA-store designs whose last tiles are cut
+# along K (the grouped walk of 8, no cap, the counter where the ring is not a power of
+# two, uniform = 1): (wgmma_n, stages). Beyond OVERLAP_SHAPES' residues and walks (the
+# tiles in one or two stream-K waves), the shapes of each case of the walk: fewer tiles
+# than CTAs (1024x1280 at 128 x 128 and 80: every tile cut), as many (4224x1024 at 128 x
+# 256 on 132 SMs: no stream-K), one k tile a tile (pieces are whole tiles), two tiles of
+# 128 k tiles (each cut over about 66 CTAs: an owner adding many pieces), three k tiles in
+# all (most CTAs' shares empty).
+TMA_V5_STREAMK_DESIGNS = [(256, 3), (128, 6), (80, 7), (192, 4)]  # streamk_designs: not 224
+STREAMK_SHAPES = [
+    *OVERLAP_SHAPES, (1024, 1280, 1096), (4224, 1024, 200), (4096, 4096, 64), (256, 256, 8192),
+    (128, 80, 192),
+]  # fmt: skip
+
 # sm90tma v5 halves (issue 22, store = 3): the persistent cooperative kernel storing each
 # tile in two row halves through a C buffer of half the rows, for each width of
 # sm90_tma.HALVES_TILE_N at both rings, each walk and cap. V5_SHAPES: tiles past M (the
@@ -343,6 +357,14 @@ def _v5_design(dtype: str, knobs: tuple[int, ...], cluster: int = 1, pers: int =
     return sm90_tma.design(
         dtype, 2, mp, False, n, st, 1, pers=pers, cluster=cluster, raster=raster, ctas=ctas,
         store=store,
+    )  # fmt: skip
+
+
+def _streamk_design(dtype: str, n: int, st: int) -> KernelDesign:
+    """A stream-K design (issue 22): ``sm90_tma.streamk_designs``' knobs."""
+    return sm90_tma.design(
+        dtype, 2, 1, False, n, st, 1, pers=1, raster=8, store=4, ring=int(st not in (4, 8)),
+        uniform=1, streamk=1,
     )  # fmt: skip
 
 
@@ -509,6 +531,14 @@ def test_tma_v5_uniform_persistent_correct(tmp_path, dtype, knobs):
     d = _uniform_design(dtype, *knobs)
     assert d in sm90_tma.uniform_designs(dtype)
     _check_design(tmp_path, d, OVERLAP_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("knobs", TMA_V5_STREAMK_DESIGNS, ids=lambda k: "x".join(map(str, k)))
+def test_tma_v5_streamk_persistent_correct(tmp_path, dtype, knobs):
+    d = _streamk_design(dtype, *knobs)
+    assert d in sm90_tma.streamk_designs(dtype)
+    _check_design(tmp_path, d, STREAMK_SHAPES)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

@@ -45,6 +45,7 @@ TRIAL_GROUPS = {
     "ping-pong pair": sm90_tma.pingpong_pair_designs,
     "tall": sm90_tma.tall_tma_store_designs,
     "tall pair": sm90_tma.tall_pair_designs,
+    "stream-K": sm90_tma.streamk_designs,
 }
 
 

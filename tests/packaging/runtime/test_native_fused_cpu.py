@@ -651,3 +651,17 @@ def test_the_host_time_experiment_calls_each_fused_op_on_every_path():
         assert gated == (epilogue in abi.EPILOGUE_ACTIVATION), epilogue
     with_eps = [args for name, args in seen if name.endswith("gated")]
     assert ("silu", None) in with_eps and ("gelu_tanh", mod.EPS) in with_eps
+
+
+def test_a_stream_k_kernel_is_left_to_torch_by_the_native_launcher(served):
+    """The launcher passes no workspace yet: a stream-K plan (``workspace_per_cta``) is
+    answered ``abi`` (torch serves the call; the Python path launches the kernel)."""
+    got, answers, e = served
+    launch = {**e.launch, "persistent": 1, "streamk": 1, "workspace_per_cta": 64}
+    sk = dataclasses.replace(e, launch=launch)
+    shape = (0, "fp16", "tn", 16, e.n, e.k)
+    answers[shape] = _plan(sk)
+    assert _answer(got, (*shape, "none"), e.k) == "abi"
+    plain = (0, "fp16", "tn", 17, e.n, e.k)  # the same entry without the keys launches
+    answers[plain] = _plan(e)
+    assert not isinstance(_answer(got, (*plain, "none"), e.k), str)

@@ -36,9 +36,17 @@ GRIDS = [
     ({"max_ctas": 1}, 8192, 8192, 1),
     ({"max_ctas": 128}, 1, 1, 1),
 ]
+# Stream-K: every slot, also past the tiles (their k tiles shared over the CTAs). The
+# Python path's only: the native launcher leaves stream-K kernels to torch for now.
+STREAMK_GRIDS = [
+    ({"streamk": 1}, 1024, 1280, 132),
+    ({"streamk": 1}, 1, 1, 132),
+    ({"streamk": 1, "max_ctas": 128}, 1, 1, 128),
+    ({"streamk": 1}, 4096, 4096, 132),
+]
 
 
-@pytest.mark.parametrize("keys, m, n, gx", GRIDS)
+@pytest.mark.parametrize("keys, m, n, gx", GRIDS + STREAMK_GRIDS)
 def test_gemm_grid(h100, keys, m, n, gx):
     recipe = {**_recipe(), **keys}
     assert driver.gemm_grid(recipe, m, n) == (gx, 1, 1)

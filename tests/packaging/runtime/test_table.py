@@ -133,6 +133,18 @@ HOSTILE: list[tuple[str, str, Any, str]] = [
     ("kernel", "launch.max_ctas", "128", "key 'launch.max_ctas' must be a positive integer"),
     ("kernel", "launch.max_ctas", 128.0, "key 'launch.max_ctas' must be a positive integer"),
     ("kernel", "launch.max_ctas", True, "key 'launch.max_ctas' must be a positive integer"),
+    ("kernel", "launch.streamk", -1, "key 'launch.streamk' must be a non-negative integer"),
+    ("kernel", "launch.streamk", "1", "key 'launch.streamk' must be a non-negative integer"),
+    ("kernel", "launch.workspace_per_cta", 0, "key 'launch.workspace_per_cta' must be a positive"),
+    ("kernel", "launch.workspace_per_cta", 1.5, "key 'launch.workspace_per_cta' must be a posi"),
+    # a stream-K kernel reads a workspace: a recipe that would launch it without one
+    ("kernel", "launch.streamk", 1, "key 'launch.streamk' needs a persistent recipe with"),
+    (
+        "kernel",
+        "launch",
+        lambda _, e: dict(e["launch"], persistent=1, streamk=1),
+        "needs a persistent recipe with 'launch.workspace_per_cta'",
+    ),
     ("kernel", "launch.pdl", 1, "key 'launch.pdl' must be true or false, got 1"),
     ("kernel", "launch.pdl", "true", "key 'launch.pdl' must be true or false, got 'true'"),
     ("kernel", "launch.pdl", None, "key 'launch.pdl' must be true or false, got None"),
