@@ -179,6 +179,22 @@ TECHNIQUES = (
         lambda k: _get(k, "epilogue") in (2, 3), ("rtma",),
         "fused / plain time 1.25 → 1.02–1.04 (o), 1.07 → 1.00–1.02 (down)",
     ),
+    # v5 stream-K (fourteenth slice): each stream-K kernel against its data-parallel twin
+    # on a CTA per SM, then against the twin on the 128-CTA cap (the space's)
+    Technique(
+        "stream-K, over a CTA per SM", "fourteenth",
+        (f"{_R}h100-sweep-tma-v5-streamk.measurements.jsonl.gz",),
+        lambda k: _get(k, "streamk") == 1,
+        lambda k: _coop(k) and _get(k, "ctas") == 0, ("streamk",),
+        "+1–3% where the last wave is partial",
+    ),
+    Technique(
+        "stream-K, over the 128-CTA cap", "fourteenth",
+        (f"{_R}h100-sweep-tma-v5-streamk.measurements.jsonl.gz",),
+        lambda k: _get(k, "streamk") == 1,
+        lambda k: _coop(k) and (_get(k, "streamk") == 1 or _get(k, "ctas") == 128),
+        ("streamk", "ctas"), "+1–2% (the 3% of idle SMs, less the pieces' traffic)",
+    ),
 )  # fmt: skip
 
 

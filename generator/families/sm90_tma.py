@@ -290,6 +290,7 @@ RTMA = (0, 1)
 # then a flag a CTA; ``workspace_per_cta``), which the tile's owner adds before its store.
 STREAMK = (0, 1)
 STREAMK_TILE_N = (80, 128, 160, 192, 256)  # TMA_STORE_TILE_N but 224, which spills
+STREAMK_GATED_MAX_N = 192  # ... and with a gated activation, 256 spills too
 RTMA_EPILOGUES = tuple(tags.RTMA_ADD2)
 # The bulk-store C buffer's rows are padded by 16 bytes: the accumulator pairs a warp
 # writes (8 rows x 4 pairs) then fall in 32 distinct banks, and each row stays 16-byte
@@ -696,6 +697,12 @@ def _streamk_reasons(d: KernelDesign) -> list[str]:
         ]
     if v5(d, "rtma") or _epilogue_or_none(d) in ROW_SCALED:
         return ["streamk=1: not with R by TMA (rtma=1) or a row scale's helper warps"]
+    if gated_tma(d) and k.wgmma_n > STREAMK_GATED_MAX_N:
+        # measured (nvcc 13.0): 24 bytes spilled at 128 x 256, fp16 and bf16
+        return [
+            f"streamk=1: a gated activation at wgmma_n <= {STREAMK_GATED_MAX_N} (ptxas "
+            f"spills the gated store beside the owner's loop at {k.wgmma_n})"
+        ]
     return []
 
 

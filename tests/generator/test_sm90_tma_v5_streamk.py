@@ -78,3 +78,12 @@ def test_the_recipe_asks_for_a_workspace_and_the_kernel_takes_it_last():
     # a fused epilogue's operands come before the workspace
     fused = render(with_epilogue(d, "bias_residual"))
     assert "long long ldr,\n    float* __restrict__ WS) {" in fused
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_a_gated_stream_k_design_is_at_most_192_wide(act):
+    assert legality(with_epilogue(_sk(n=128, st=6, ring=1), act)) == []
+    assert legality(with_epilogue(_sk(n=192, st=4), act)) == []
+    assert any(
+        "a gated activation at wgmma_n <= 192" in r for r in legality(with_epilogue(_sk(), act))
+    )

@@ -111,6 +111,10 @@ DESIGNS = {
     # sums before its epilogue (2100 x 2056: 153 tiles of 128 x 256, all in stream-K on 132
     # SMs; the small shapes: fewer tiles, and k tiles, than CTAs)
     "tma_v5_streamk": dict(_V5_UNIFORM, ctas=0, mp=1, n=256, stages=3, pers=1, streamk=1),
+    # ... at 128 x 128 (a gated activation's stream-K tile: 256 spills with it)
+    "tma_v5_streamk_128": dict(
+        _V5_UNIFORM, ctas=0, mp=1, n=128, stages=6, pers=1, ring=1, streamk=1
+    ),
 }
 
 
@@ -319,7 +323,7 @@ def test_gated_and_row_scaled_epilogue_correct_on_residue_shapes(tmp_path, shape
 # walking several tiles (4096³); a prefill gate_up of Llama-3.1-8B (N = 2 x 14336).
 GATED_TMA_DESIGNS = [
     "tma_v5_tma", "tma_v5_pingpong_tma", "tma_v5_tma_160", "tma_v5_pair_tma", "tma_v5_pppair",
-    "tma_v5_streamk",
+    "tma_v5_streamk_128",
 ]  # fmt: skip
 GATED_TMA_SHAPES = [
     (1, 16, 8), (100, 1008, 1000), (2100, 2064, 1096), (4096, 4096, 4096), (2048, 28672, 4096),
