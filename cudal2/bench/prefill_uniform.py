@@ -88,6 +88,14 @@ TENTH_SWEEPS = {
     "fp16": "bench/results/h200-sweep-tma-v5-tenth.measurements.jsonl.gz",
     "bf16": "bench/results/h200-sweep-tma-v5-tenth-bf16.measurements.jsonl.gz",
 }
+# ... the same two sweeps on a lent H100 (2026-12-05, the reference GPU), and their
+# winners beside every vendor (cudal2-bench bench/shapes/llm-public-prefill.toml
+# --kernels <both databases> --mode both --dtype fp16 bf16: standing's prefill-bench-tenth)
+TENTH_SWEEPS_H100 = {
+    "fp16": "bench/results/h100-sweep-tma-v5-tenth.measurements.jsonl.gz",
+    "bf16": "bench/results/h100-sweep-tma-v5-tenth-bf16.measurements.jsonl.gz",
+}
+PREFILL_TENTH_H100 = (("the tenth sweeps' winners", "bench/results/h100-prefill-tenth.jsonl"),)
 _TENTH_KNOBS = ("persistent", "m_blocks", "wgmma_n", "stages", "cluster_m", "uniform", "ring")
 
 

@@ -2059,6 +2059,12 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "sass-uniform": prefill_uniform.sass_uniform,
     "sass-epilogue": prefill_uniform.sass_epilogue,
     "tma-v5-tenth": prefill_uniform.tma_v5_tenth,
+    "tma-v5-tenth-h100": lambda root: prefill_uniform.tma_v5_tenth(
+        root, prefill_uniform.TENTH_SWEEPS_H100
+    ),
+    "prefill-bench-tenth-h100": lambda root: prefill_bench(
+        root, prefill_uniform.PREFILL_TENTH_H100
+    ),
     "fused-prefill": prefill_uniform.fused_prefill,
     "fused-prefill-e2e": fused_prefill_e2e,
     "fused-prefill-rows": lambda root: prefill_uniform.fused_prefill(

@@ -157,3 +157,11 @@ def test_the_ncu_rows_block_counts_every_stall_sample_into_its_class():
     assert f"| all | {total} | {ptotal} |" in text
     name, details = pu._ncu_details(ROOT / pu.NCU_ROWS["rows"][0])
     assert name.endswith("_epi_rmsnorm") and f"| Duration | {details['Duration']} |" in text
+
+
+def test_the_tenth_block_reads_the_h100_sweeps_as_the_h200_ones():
+    """The same block over the H100's databases: its GPU, its files, its figures."""
+    text = pu.tma_v5_tenth(ROOT, pu.TENTH_SWEEPS_H100)
+    assert text.startswith("H100 80GB HBM3, `bench/results/h100-sweep-tma-v5-tenth.")
+    assert text != pu.tma_v5_tenth(ROOT)
+    assert sum(line.startswith("| fp16 | ") and "×" in line for line in text.splitlines()) == 17
