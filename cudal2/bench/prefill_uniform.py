@@ -95,7 +95,12 @@ TENTH_SWEEPS_H100 = {
     "fp16": "bench/results/h100-sweep-tma-v5-tenth.measurements.jsonl.gz",
     "bf16": "bench/results/h100-sweep-tma-v5-tenth-bf16.measurements.jsonl.gz",
 }
-PREFILL_TENTH_H100 = (("the tenth sweeps' winners", "bench/results/h100-prefill-tenth.jsonl"),)
+# ... beside the llm-public wheel's committed database (manifests/llm-public-h100.*: what
+# ships today), the same command with --kernels <that database>, on the same machine
+PREFILL_TENTH_H100 = (
+    ("the shipped llm-public database", "bench/results/h100-prefill-llm-public.jsonl"),
+    ("the tenth sweeps' winners", "bench/results/h100-prefill-tenth.jsonl"),
+)
 _TENTH_KNOBS = ("persistent", "m_blocks", "wgmma_n", "stages", "cluster_m", "uniform", "ring")
 
 
