@@ -28,6 +28,14 @@ RECIPES = (
 # The committed checkpoint on the same rows: trained with the v5 group's shapes (their
 # llm-public rows), so only a reference, not a recipe.
 CHECKPOINT = "bench/results/h100-policy-eval-seeds-checkpoint.json"
+# The same run again (2026-12-05) with the 12 measured with the space's TMA-store designs
+# too (bench/results/h100-corpus-holdout-v5designs.*, added to both corpora), so that both
+# groups score what a retrain proposes among v5 designs: ``policy-seeds-v5designs``
+RECIPES_V5DESIGNS = (
+    ("the committed corpus", "bench/results/h100-policy-eval-seeds2-committed-{seed}.json"),
+    ("+ every H100 v5 database", "bench/results/h100-policy-eval-seeds2-v5-{seed}.json"),
+)
+CHECKPOINT_V5DESIGNS = "bench/results/h100-policy-eval-seeds2-checkpoint.json"
 GROUPS = (
     ("the 12", "bench/manifests/corpus-holdout-h100.toml"),
     ("the 8 v5", "bench/manifests/corpus-holdout-v5-h100.toml"),
@@ -60,11 +68,11 @@ def _medians(
     return out
 
 
-def recipe_figures(root: Path) -> dict[str, dict]:
+def recipe_figures(root: Path, recipes: tuple = RECIPES) -> dict[str, dict]:
     """Per recipe: each seed's group medians and their median over seeds."""
     groups = _groups(root)
     out = {}
-    for recipe, pattern in RECIPES:
+    for recipe, pattern in recipes:
         seeds = {}
         for s in SEEDS:
             path = pattern.format(seed=s)
@@ -77,44 +85,46 @@ def recipe_figures(root: Path) -> dict[str, dict]:
     return out
 
 
-def rule_holds(figures: dict[str, dict]) -> bool:
-    (_, old), (_, new) = ((r, figures[r]["median"]) for r, _ in RECIPES)
+def rule_holds(figures: dict[str, dict], recipes: tuple = RECIPES) -> bool:
+    (_, old), (_, new) = ((r, figures[r]["median"]) for r, _ in recipes)
     (g12, _), (g5, _) = GROUPS
     return all(
         new[g5][k] >= old[g5][k] and new[g12][k] >= old[g12][k] - RULE_SLACK_12 for k in RULE_KS
     )
 
 
-def _per_target(root: Path, groups: list[tuple[str, set[str]]]) -> list[str]:
+def _per_target(
+    root: Path, groups: list[tuple[str, set[str]]], recipes: tuple = RECIPES
+) -> list[str]:
     """Each held-out target at k = 8: each recipe's median over its seeds, and random's."""
     res = {
         recipe: [json.loads((root / p.format(seed=s)).read_text())["per_target"] for s in SEEDS]
-        for recipe, p in RECIPES
+        for recipe, p in recipes
     }
     first = next(iter(res.values()))[0]
     lines = [
         "Per held-out target at k = 8, the median over each recipe's seeds (random: the "
         "replay's 20 random seeds' mean):",
         "",
-        "| group | target | " + " | ".join(r for r, _ in RECIPES) + " | random |",
-        "|---|---|" + "---:|" * (len(RECIPES) + 1),
+        "| group | target | " + " | ".join(r for r, _ in recipes) + " | random |",
+        "|---|---|" + "---:|" * (len(recipes) + 1),
     ]
     for name, labels in groups:
         for t in sorted(labels):
             cells = [
                 f"{statistics.median(per[t]['k']['8']['policy'] for per in res[r]):.3f}"
-                for r, _ in RECIPES
+                for r, _ in recipes
             ]
             rnd = first[t]["k"]["8"]["random"]
             lines.append(f"| {name} | {t} | " + " | ".join(cells) + f" | {rnd:.3f} |")
     return lines
 
 
-def policy_seeds(root: Path) -> str:
-    figures = recipe_figures(root)
+def policy_seeds(root: Path, recipes: tuple = RECIPES, checkpoint: str = CHECKPOINT) -> str:
+    figures = recipe_figures(root, recipes)
     groups = _groups(root)
-    ref_json = json.loads((root / CHECKPOINT).read_text())
-    ref = _medians(ref_json, groups, CHECKPOINT)
+    ref_json = json.loads((root / checkpoint).read_text())
+    ref = _medians(ref_json, groups, checkpoint)
     ks = list(next(iter(ref.values())))
     names = [g for g, _ in groups]
 
@@ -129,18 +139,18 @@ def policy_seeds(root: Path) -> str:
         "| recipe (training corpus) | seed | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
     ]
-    for recipe, _ in RECIPES:
+    for recipe, _ in recipes:
         for s in SEEDS:
             lines.append(f"| {recipe} | {s} | {cells(figures[recipe]['seeds'][s])} |")
         lines.append(f"| {recipe} | **median** | {cells(figures[recipe]['median'])} |")
     lines.append(f"| the committed checkpoint (reference) | – | {cells(ref)} |")
     for who in ("random", "grid"):
         lines.append(
-            f"| {who} (reference) | – | {cells(_medians(ref_json, groups, CHECKPOINT, who))} |"
+            f"| {who} (reference) | – | {cells(_medians(ref_json, groups, checkpoint, who))} |"
         )
-    lines += ["", *_per_target(root, groups)]
-    files = [p.format(seed=s) for _, p in RECIPES for s in SEEDS] + [CHECKPOINT]
-    verdict = "holds" if rule_holds(figures) else "does not hold"
+    lines += ["", *_per_target(root, groups, recipes)]
+    files = [p.format(seed=s) for _, p in recipes for s in SEEDS] + [checkpoint]
+    verdict = "holds" if rule_holds(figures, recipes) else "does not hold"
     lines += [
         "",
         f"The rule (written before any replay was read): {RULE}. It {verdict}.",

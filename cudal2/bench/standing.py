@@ -2017,6 +2017,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "policy-eval": policy_eval,
     "policy-retrain": policy_retrain,
     "policy-seeds": policy_seeds.policy_seeds,
+    "policy-seeds-v5designs": lambda root: policy_seeds.policy_seeds(
+        root, policy_seeds.RECIPES_V5DESIGNS, policy_seeds.CHECKPOINT_V5DESIGNS
+    ),
     "floor-fractions": floor_fractions,
     "pdl-timing": pdl_timing,
     "eager-host": eager_host,

@@ -109,3 +109,16 @@ def test_the_twelve_are_ready_to_measure_with_v5_designs():
         assert len(proposed) == 42 < m.search.candidates
         assert all(sm90_tma.tma_stored(d) for d in proposed)
         assert {d.knobs.persistent for d in proposed} == {1, 2}
+
+
+def test_the_second_run_reads_its_own_files_and_the_rule_over_them():
+    """The retrain judged again (the 12 measured with v5 designs): the block names its own
+    results files, and its verdict follows them."""
+    text = ps.policy_seeds(ROOT, ps.RECIPES_V5DESIGNS, ps.CHECKPOINT_V5DESIGNS)
+    assert "h100-policy-eval-seeds2-v5-2.json" in text
+    assert "h100-policy-eval-seeds-" not in text  # none of the first run's files
+    figures = ps.recipe_figures(ROOT, ps.RECIPES_V5DESIGNS)
+    assert ps.rule_holds(figures, ps.RECIPES_V5DESIGNS) is False
+    assert text.endswith(".") and "It does not hold." in text
+    old = ps.recipe_figures(ROOT)
+    assert old != figures  # the first run's files give other figures
