@@ -161,6 +161,28 @@ def _ceiling_line(root: Path) -> str:
     )
 
 
+def _prefill_line(root: Path) -> str:
+    """Where M >= 1024 stands on the H100 (issue 22): the shipped llm-public database and
+    the current designs' sweep winners beside every vendor, offline, per dtype."""
+    from cudal2.bench.prefill_uniform import PREFILL_TENTH_H100
+
+    parts = []
+    for label, path in PREFILL_TENTH_H100:
+        rows = read_results(root / path)
+        best = []
+        for d in ("fp16", "bf16"):
+            g = summarize(rows, Filter(mode="offline", dtype=d, m_min=1024))["geomean_speedup"]
+            if g.get("best_vendor") is None:
+                raise ValueError(f"{path}: no offline {d} rows at M >= 1024")
+            best.append(g["best_vendor"])
+        parts.append(f"{label} (`{path}`) {_x(best[0], 3)} (fp16) and {_x(best[1], 3)} (bf16)")
+    return (
+        "On the 17 prefill shapes (M ≥ 1024) of an H100, against the fastest vendor call "
+        "per shape, offline: " + "; ".join(parts) + ". Issue 22 asks for 1.03x "
+        '(`docs/kernels.md`, "Where v5 stands on the H100").'
+    )
+
+
 def _e2e(root: Path) -> dict[str, Any]:
     return json.loads((root / E2E_RESULTS).read_text())
 
@@ -251,7 +273,8 @@ def where_it_stands(root: Path) -> str:
             f"| `{name}` | {s.targets} | {s.kernels} ({s.kernel_targets}) | {s.cublaslt} "
             f"| {s.fallback} | {', '.join(f'`{f}`' for f in s.families) or '–'} | {m} |"
         )
-    lines += ["", _vendor_line(root), _ceiling_line(root), "", _e2e_line(root), ""]
+    lines += ["", _vendor_line(root), _ceiling_line(root), _prefill_line(root)]
+    lines += ["", _e2e_line(root), ""]
     lines.append(_kv_grouped_line(root))
     lines += ["", _fused_prefill_line(root)]
     return "\n".join(lines)

@@ -540,3 +540,20 @@ def test_the_prefill_graph_sentence_reads_the_run_or_its_errors(tmp_path):
     del d["llama"]["prefill"]["graph"]  # a run before the graph part: no sentence
     (tmp_path / path).write_text(json.dumps(d))
     assert "CUDA graph" not in standing.fused_prefill_e2e(tmp_path, path)
+
+
+def test_the_readme_prefill_line_reads_both_h100_benches(tmp_path):
+    """The README's M >= 1024 line: each bench file's offline best-vendor geomean per
+    dtype, recomputed from the file (a changed file changes the line)."""
+    from cudal2.bench import prefill_uniform
+
+    text = standing._prefill_line(ROOT)
+    assert "0.988x (fp16) and 0.987x (bf16)" in text and "1.002x (fp16)" in text
+    for _, path in prefill_uniform.PREFILL_TENTH_H100:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        rows = [json.loads(x) for x in (ROOT / path).read_text().splitlines() if x.strip()]
+        keep = [r for r in rows if r["target"]["dtype"] != "bf16"]
+        assert 0 < len(keep) < len(rows)
+        (tmp_path / path).write_text("".join(json.dumps(r) + "\n" for r in keep))
+    with pytest.raises(ValueError, match="no offline bf16 rows at M >= 1024"):
+        standing._prefill_line(tmp_path)  # no bf16 rows: no bf16 figure to give
