@@ -41,10 +41,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BEFORE = json.loads((Path(__file__).parent / "data" / "tokens-before-v5.json").read_text())
 # (store=2 .. store=5: v5 overlap, v5 halves, the v5 TMA store and its store a warp,
 # appended after store=1; ring=1: the v5 ring counter, a knob of its own; uniform=1: the
-# v5 uniform warpgroup index, another; rtma=1: v5 R by TMA, last)
+# v5 uniform warpgroup index, another; rtma=1: v5 R by TMA; streamk=1: v5 stream-K, last)
 V5_TOKENS = (
     "raster=8", "raster=16", "ctas=128", "store=1", "store=2", "store=3", "store=4", "store=5",
-    "ring=1", "uniform=1", "rtma=1",
+    "ring=1", "uniform=1", "rtma=1", "streamk=1",
 )  # fmt: skip
 SWEEP = ROOT / "bench" / "results" / "h100-sweep-tma-v5.measurements.jsonl.gz"
 
@@ -66,11 +66,11 @@ def test_the_v5_tokens_come_after_room_and_earlier_ids_keep_their_meaning():
     assert pm.vocab_prefix(BEFORE["vocab_hash"]) == n
     # the tokens follow the family's declared optional knobs, not a list of their own
     assert [k.name for k in tokens.OPTIONAL_KNOBS] == [
-        "room", "raster", "ctas", "store", "ring", "uniform", "rtma",
+        "room", "raster", "ctas", "store", "ring", "uniform", "rtma", "streamk",
     ]  # fmt: skip
     assert spelled_optional("sm90tma") == sm90_tma.OPTIONAL_KNOBS
     assert spelled_optional("sm90direct") == (base.ROOM,)
-    assert (BASE_FIELDS, N_FIELDS) == (9, 15)  # sm90tma: 8 knobs, then 6 optional
+    assert (BASE_FIELDS, N_FIELDS) == (9, 16)  # sm90tma: 8 knobs, then 7 optional
 
 
 @pytest.mark.parametrize(("fam", "dtype", "layout", "space"), list(_spaces()))
@@ -116,8 +116,8 @@ def test_a_v5_design_is_its_twin_then_its_knobs_in_declared_order():
     # (and <eod>, the twin) continue it
     g = Grammar([twin, v5, only_store])
     longest = BASE_FIELDS + 3  # v5's three knobs (N_FIELDS: the ring counter's, the
-    # uniform warpgroup index's and R by TMA's three more)
-    assert g.fields == longest == N_FIELDS - 3 and all(len(s) == longest for s in g.seqs)
+    # uniform warpgroup index's, R by TMA's and stream-K's four more)
+    assert g.fields == longest == N_FIELDS - 4 and all(len(s) == longest for s in g.seqs)
     assert g.allowed(plain) == sorted([EOD, tok("raster=16"), tok("store=1")])
     assert g.view([twin]).seqs == [[*plain, *[EOD] * (longest - len(plain))]]
 
@@ -203,8 +203,8 @@ def test_the_sweep_corpus_keeps_the_v5_knobs_and_trains_on_a_space_with_them(sma
     assert ctx.family_optional
     for t, rows in corpus.by_target().items():
         g = ctx.space(t)
-        # the legal space: no trial design (uniform=1) nor an epilogue's (rtma=1)
-        assert g.fields == N_FIELDS - 2
+        # the legal space: no trial design (uniform=1, streamk=1) nor an epilogue's (rtma=1)
+        assert g.fields == N_FIELDS - 3
         assert g.view([r.design for r in rows if r.design.family == "sm90tma"]).designs
         break
     # a corpus without v5 rows (the default manifest's records): no v5 design in the
@@ -228,9 +228,9 @@ def test_the_committed_checkpoint_samples_and_scores_a_space_with_v5_designs():
         d for d in design_space("sm_90a", "fp16", "tn", ["sm90tma"]) if d.knobs.persistent == 1
     ]
     g = Grammar(space)
-    # the legal space's longest: every optional knob but a trial design's (uniform=1) and
-    # an epilogue's trial variant's (rtma=1)
-    assert g.fields == N_FIELDS - 2 and any(sets_family_optional(d) for d in space)
+    # the legal space's longest: every optional knob but the trial designs' (uniform=1,
+    # streamk=1) and an epilogue's trial variant's (rtma=1)
+    assert g.fields == N_FIELDS - 3 and any(sets_family_optional(d) for d in space)
     prompt = [tokens.BOS, *tokens.GpuFeatures().tokens(), tokens.DESIGN]
     picks = pm.sample(model, prompt, g, 64, generator=torch.Generator().manual_seed(0))
     drawn = [g.designs[i] for i in picks]
