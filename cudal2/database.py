@@ -169,11 +169,11 @@ def timing_problem(m: Measurement) -> str | None:
             for k, v in m.baselines_us.items()
         ),
     ]
-    for name, value, floor in timed:
-        if value is not None and value < floor:
+    for name, value, its_floor in timed:
+        if value is not None and value < its_floor:
             return (
                 f"{name} {value:.4g} us is below the physical floor of {m.target.label} on "
-                f"{m.gpu.name} ({floor:.4g} us): a measurement error"
+                f"{m.gpu.name} ({its_floor:.4g} us): a measurement error"
             )
     return None
 

@@ -53,7 +53,7 @@ def shipped_kernels(selections: Iterable[Selection]) -> list[Measurement]:
 
 
 def _twins_kept(gated: Sequence[Selection], ungated: Sequence[Selection]) -> list[Selection]:
-    """``gated`` with what the ungated selection says of a row-scaled target its twins
+    """``gated`` with what the unchecked selection says of a row-scaled target its twins
     serve (``twin_us``, ``displaced``; ``select.prefer_twins``) where the gated one falls
     back too: a displaced kernel is never checked (it does not ship), so the gated
     selection alone would not know why its target falls back (the build's summary says)."""
@@ -122,7 +122,8 @@ class SanitizerGate:
             return not self.ledger.vetoed(x.artifact_key) or (recheck and key not in self.checked)
 
         # The kernels other GPU models would ship once checked: they wait.
-        for s in self._optimistic(targets, history, mode, shippable):
+        unchecked = self._unchecked(targets, history, mode, shippable)
+        for s in (s for s in unchecked if s.kind == "kernel"):
             if (
                 s.gpu != here
                 and s.winner is not None
@@ -162,7 +163,7 @@ class SanitizerGate:
         got = select(targets, history, mode, gated, host_saving_us)
         if host_saving_us > 0:
             self._eager_waiting(targets, history, mode, shippable, host_saving_us, got[0])
-        return _twins_kept(got[0], select(targets, history, mode, shippable)[0]), got[1]
+        return _twins_kept(got[0], unchecked), got[1]
 
     def _eager_waiting(
         self,
@@ -193,6 +194,20 @@ class SanitizerGate:
                 "their artifact at their target is recorded"
             )
 
+    def _unchecked(
+        self,
+        targets: Sequence[Target],
+        history: Sequence[Measurement],
+        mode: str,
+        shippable: Callable[[Measurement], bool],
+    ) -> list[Selection]:
+        """The selections if every kernel without a failure were clean."""
+
+        def contender(x: Measurement) -> bool:
+            return shippable(x) and not self.ledger.vetoed(x.artifact_key)
+
+        return select(targets, history, mode, contender)[0]
+
     def _optimistic(
         self,
         targets: Sequence[Target],
@@ -201,11 +216,7 @@ class SanitizerGate:
         shippable: Callable[[Measurement], bool],
     ) -> list[Selection]:
         """The kernel selections if every kernel without a failure were clean."""
-
-        def contender(x: Measurement) -> bool:
-            return shippable(x) and not self.ledger.vetoed(x.artifact_key)
-
-        return [s for s in select(targets, history, mode, contender)[0] if s.kind == "kernel"]
+        return [s for s in self._unchecked(targets, history, mode, shippable) if s.kind == "kernel"]
 
     def _needs(self, w: Measurement, recheck: bool) -> bool:
         key = check_key(w)
