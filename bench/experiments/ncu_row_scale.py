@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     twin = NORMED_TWINS[args.epilogue][0]
     rec = best_records([args.db], args.epilogue).get((m, n, k), {}).get("own")
     if rec is None:
-        raise SystemExit(f"{args.db}: no timed fp16 own record of {args.epilogue} at {m, n, k}")
+        print(
+            f"ncu_row_scale.py: {args.db}: no timed fp16 own record of {args.epilogue} at "
+            f"{m, n, k}",
+            file=sys.stderr,
+        )
+        return 2
     design = KernelDesign.from_json(rec["design"])
     cache = ArtifactCache(Path(os.environ.get("CUDAL2_CACHE", ".cache/artifacts")))
     a = torch.rand(m, k, device="cuda").mul_(2).sub_(1).half()

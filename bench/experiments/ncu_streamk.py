@@ -39,7 +39,7 @@ def fastest_streamk(path: Path, shape: tuple[int, int, int]) -> dict:
             if best is None or r["median_us"] < best["median_us"]:
                 best = r
     if best is None:
-        raise SystemExit(f"{path}: no timed fp16 stream-K record at {shape}")
+        raise LookupError(f"{path}: no timed fp16 stream-K record at {shape}")
     return best["design"]
 
 
@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", nargs=3, type=int, default=[1024, 4096, 14336])
     ap.add_argument("--launches", type=int, default=1)
     args = ap.parse_args(argv)
+    m, n, k = args.shape
+    try:  # before torch: a database without the shape is a usage error
+        found = fastest_streamk(args.db, (m, n, k))
+    except (LookupError, OSError) as exc:
+        print(f"ncu_streamk.py: {exc}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -57,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from cudal2.records import KernelDesign, Target
     from cudal2.verify.launch import launch_dense
 
-    m, n, k = args.shape
-    design = KernelDesign.from_json(fastest_streamk(args.db, (m, n, k)))
+    design = KernelDesign.from_json(found)
     twin = sm90_tma.with_knobs(design, streamk=0)
     cache = ArtifactCache(Path(os.environ.get("CUDAL2_CACHE", ".cache/artifacts")))
     t = Target("sm_90a", "fp16", "tn", m, n, k)

@@ -4,7 +4,11 @@ committed H100 sweep and ncu files."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from cudal2.bench import prefill_streamk as ps
 
@@ -33,3 +37,20 @@ def test_the_ncu_block_reads_each_role_of_each_file(tmp_path):
     path = tmp_path / ps.NCU_STREAMK[0]
     path.write_text(path.read_text().replace('"455.76"', '"100.00"'))
     assert "| DRAM read (MB) | 100.00 | 146.82 |" in ps.ncu_streamk(tmp_path)
+
+
+# (id, the command line after the script, what stderr says): each exits 2 before torch
+NCU_STREAMK_REFUSED = [
+    ("shape-not-in-db", ["--shape", "8", "8", "8"], "no timed fp16 stream-K record at (8, 8, 8)"),
+    ("no-such-db", ["--db", "no/such.jsonl.gz"], "No such file"),
+]
+
+
+@pytest.mark.parametrize(
+    "case_id, args, says", NCU_STREAMK_REFUSED, ids=[c[0] for c in NCU_STREAMK_REFUSED]
+)
+def test_ncu_streamk_refuses_a_target_its_database_lacks(case_id, args, says):
+    script = ROOT / "bench" / "experiments" / "ncu_streamk.py"
+    cmd = [sys.executable, str(script), "--db", str(ROOT / ps.STREAMK_SWEEP), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
