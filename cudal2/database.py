@@ -53,10 +53,12 @@ class DatabaseError(ValueError):
 
 @dataclass(frozen=True)
 class Skipped:
-    """A line the reader did not believe: its number (from 1) and why."""
+    """A line the reader did not believe: its number (from 1) and why; ``file``: the
+    reused database it is in (None: the database's own file)."""
 
     line: int
     reason: str
+    file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -73,34 +75,60 @@ class Contents:
 
 
 class MeasurementDB:
-    def __init__(self, path: str | Path):
+    """The database at ``path``, read together with ``reuse``: other databases (a
+    manifest's ``[build] reuse``, e.g. the sweeps measured for it), never written. Their
+    measurements are read in the order they were measured (``measured_at``; at equal
+    times, the reused files' first and this one's last), so the record of a key that
+    stands (``latest``) is its newest, wherever it is: a re-measurement here, or a sweep
+    newer than this database's record. Each file counts once, however spelled (a reused
+    path that is ``path`` itself too)."""
+
+    def __init__(self, path: str | Path, reuse: Iterable[str | Path] = ()):
         self.path = Path(path)
+        seen = {_identity(self.path)}
+        reused = []
+        for p in map(Path, reuse):
+            if (key := _identity(p)) not in seen:  # each file once, however it is spelled
+                seen.add(key)
+                reused.append(p)
+        self.reuse = tuple(reused)
 
     def load(self, warn: bool = True) -> Contents:
-        """Every believable record, in file order; each skipped line warned about
-        (``warn``) and counted. A missing file is an empty database."""
+        """Every believable record, the reused databases' first, each file in its order
+        (with ``reuse``, the measurements then in the order they were measured);
+        each skipped line warned about (``warn``) and counted. A missing file is an empty
+        database; a missing reused one raises ``DatabaseError``."""
         measurements: list[Measurement] = []
         checks: list[SanitizerCheck] = []
         skipped: list[Skipped] = []
-        for record in _records(self.path):
-            if isinstance(record, Skipped):
-                skipped.append(record)
-            elif isinstance(record, SanitizerCheck):
-                checks.append(record)
-            else:
-                measurements.append(record)
-                if record.status == Status.SANITIZER:
-                    checks.append(SanitizerCheck.of_failure(record))
+        for reused in self.reuse:
+            if not reused.exists():
+                raise DatabaseError(f"{reused}: no such reused measurement database")
+        sources = [(p, p) for p in self.reuse] + [(self.path, None)]
+        for path, file in sources:
+            for record in _records(path):
+                if isinstance(record, Skipped):
+                    skipped.append(Skipped(record.line, record.reason, file))
+                    continue
+                if isinstance(record, SanitizerCheck):
+                    checks.append(record)
+                else:
+                    measurements.append(record)
+                    if record.status == Status.SANITIZER:
+                        checks.append(SanitizerCheck.of_failure(record))
         if warn:
             for s in skipped[:MAX_WARNINGS]:
                 warnings.warn(
-                    f"{self.path}:{s.line}: skipping unreadable record ({s.reason})", stacklevel=2
+                    f"{s.file or self.path}:{s.line}: skipping unreadable record ({s.reason})",
+                    stacklevel=2,
                 )
             if len(skipped) > MAX_WARNINGS:
                 warnings.warn(
                     f"{self.path}: {len(skipped) - MAX_WARNINGS} more unreadable records skipped",
                     stacklevel=2,
                 )
+        if self.reuse:  # which record of a key stands (``latest``): the one measured last
+            measurements.sort(key=lambda m: m.measured_at)  # stable: file order at ties
         return Contents(self.path, tuple(measurements), tuple(checks), tuple(skipped))
 
     def read(self) -> list[Measurement]:
@@ -219,6 +247,16 @@ _KINDS = {
     stat.S_IFBLK: "a block device",
     stat.S_IFSOCK: "a socket",
 }
+
+
+def _identity(path: Path) -> tuple[int, int] | Path:
+    """What makes two spellings of a path one file: its device and inode where it
+    exists, else the path made absolute."""
+    try:
+        st = path.stat()
+    except OSError:
+        return path.absolute()
+    return (st.st_dev, st.st_ino)
 
 
 def _not_regular(path: Path, mode: int) -> DatabaseError:

@@ -63,7 +63,7 @@ _TOML_POS_RE = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 _TOP_KEYS = ("package", "build", "search", "timing", "runner", "targets", "grid", "model")
 _PACKAGE_KEYS = ("name", "version")
-_BUILD_KEYS = ("gpus", "dtypes", "layouts", "eager_host_saving_us")
+_BUILD_KEYS = ("gpus", "dtypes", "layouts", "eager_host_saving_us", "reuse")
 _SEARCH_KEYS = (
     "proposer",
     "candidates",
@@ -213,6 +213,9 @@ class Manifest:
     # [build] eager_host_saving_us: 0 = no eager alternatives (pipeline.select)
     eager_host_saving_us: float = 0.0
     runner: RunnerSettings = RunnerSettings()
+    # [build] reuse: other measurement databases (absolute paths) whose records the build
+    # reads beside its own, never writing to them (cudal2.database.MeasurementDB)
+    reuse: tuple[Path, ...] = ()
 
     @property
     def package(self) -> str:
@@ -330,6 +333,28 @@ class _Reader:
             raise self.fail(key_path, value, "a shape must be a list of 3 integers [M, N, K]")
         m, n, k = (self.dim(v, f"{key_path}[{i}]") for i, v in enumerate(value))
         return m, n, k
+
+
+def _reuse(r: _Reader, value: Any) -> tuple[Path, ...]:
+    """``[build] reuse``: measurement databases, each a path relative to the manifest's
+    folder (or absolute) of an existing regular file, each file named once."""
+    items = r.nonempty_list(value, "build.reuse")
+    out: dict[tuple[int, int], Path] = {}
+    for i, v in enumerate(items):
+        kp = f"build.reuse[{i}]"
+        if not r.string(v, kp).strip():
+            raise r.fail(kp, v, "must be the path of a measurement database")
+        path = r.path.parent / v
+        try:
+            info = path.stat()
+        except OSError as e:
+            raise r.fail(kp, v, f"cannot read {path}: {e.strerror or e}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise r.fail(kp, v, f"{path} is not a regular file (a measurement database)")
+        if (info.st_dev, info.st_ino) in out:
+            raise r.fail(kp, v, "names a database already listed")
+        out[(info.st_dev, info.st_ino)] = path
+    return tuple(out.values())
 
 
 def _runner(r: _Reader, doc: dict[str, Any]) -> RunnerSettings:
@@ -665,6 +690,8 @@ def load_manifest(path: str | Path) -> Manifest:
             f"must be a number of microseconds from 0 to {MAX_HOST_SAVING_US:g}",
         )
 
+    reuse = _reuse(r, build["reuse"]) if "reuse" in build else ()
+
     s = r.table(doc.get("search", {}), "search", _SEARCH_KEYS)
     d = SearchSettings()
     search = SearchSettings(
@@ -798,6 +825,7 @@ def load_manifest(path: str | Path) -> Manifest:
         targets=tuple(targets),
         eager_host_saving_us=float(host_saving),
         runner=runner,
+        reuse=reuse,
     )
 
 

@@ -220,7 +220,7 @@ class Build:
         stages_json: Path | None = None,  # where the stage table is written as JSON
     ):
         self.manifest = manifest
-        self.db = MeasurementDB(db_path)
+        self.db = MeasurementDB(db_path, manifest.reuse)  # and the databases it reuses
         self.cache = cache
         self.out_dir = out_dir
         self.remeasure = remeasure
@@ -809,7 +809,10 @@ class Build:
                 f"{self.db.path}: run cudal2-build on a machine with an NVIDIA GPU, or pass "
                 f"--measurements FILE recorded on one, or split the build (docs/ci.md)"
             )
-        self.say(f"no GPU here: replaying {len(relevant)} recorded measurements in {self.db.path}")
+        also = f" and {len(self.db.reuse)} reused databases" if self.db.reuse else ""
+        self.say(
+            f"no GPU here: replaying {len(relevant)} recorded measurements in {self.db.path}{also}"
+        )
         self._live = False  # it can answer nothing the database does not hold
         if self.remeasure:  # replaying the database into itself would only copy records
             self.say("--remeasure needs a GPU: ignored")

@@ -59,7 +59,7 @@ def _kernels(entries: dict[str, str]) -> int:
 def before_the_rule(manifest: Manifest, db: Path) -> dict[str, str]:
     """What a build without a GPU selected before a clean check was required: every
     kernel that builds to its measured artifact and has no failure on record."""
-    contents = MeasurementDB(db).load(warn=False)
+    contents = MeasurementDB(db, manifest.reuse).load(warn=False)
     history = believable(latest(contents.measurements))
     ledger = ledger_of(contents.checks, history)
     usable = shippable()

@@ -171,7 +171,7 @@ def test_llm_public_builds_from_its_recorded_database(tmp_path, no_gpu, artifact
     with zipfile.ZipFile(w) as z:
         table = DispatchTable.from_bytes(z.read("cudal2_kernels_llm_public_h100/dispatch.json"))
     m = load_manifest(manifest)
-    history = latest(MeasurementDB(db).read())
+    history = latest(MeasurementDB(db, m.reuse).read())  # and the sweeps it reuses
     sels, missing = select(m.targets, history, "offline")
     assert missing == [] and len(table.entries) == len(m.targets) == 96  # fp16 + bf16
     own = {e.kernel for e in table.entries if e.kind == "kernel"}
@@ -212,6 +212,39 @@ def test_every_shipped_manifest_builds_on_cpu_from_what_ships(
     assert build_cli.main([*argv, "--proposer", "grid"]) == 0, capsys.readouterr().err
     assert len(list(out.glob("*.whl"))) == 1
     assert _sha(db) == before
+
+
+def test_a_build_reads_the_databases_its_manifest_reuses(tmp_path, no_gpu, artifact_cache, capsys):
+    """``[build] reuse``: a manifest with no database of its own builds, from the one it
+    reuses, the dispatch table a build over that database makes, and writes to neither;
+    a reused database that is not there exits 2 naming the key."""
+    src = default_manifest_path()
+    recorded = src.with_name("default.measurements.jsonl")
+    before = _sha(recorded)
+    manifest = tmp_path / "reusing.toml"
+    text = src.read_text()
+    assert text.count("[build]\n") == 1
+    manifest.write_text(text.replace("[build]\n", f"[build]\nreuse = ['{recorded}']\n"))
+    tables = []
+    for argv in (
+        [str(src), "--measurements", str(recorded)],
+        [str(manifest)],  # its own database, reusing.measurements.jsonl, absent
+    ):
+        out = tmp_path / f"out{len(tables)}"
+        argv += ["--out", str(out), "--cache", str(artifact_cache.root)]
+        assert build_cli.main(argv) == 0, capsys.readouterr().err
+        (w,) = out.glob("*.whl")
+        with zipfile.ZipFile(w) as z:
+            (name,) = [n for n in z.namelist() if n.endswith("/dispatch.json")]
+            tables.append(DispatchTable.from_bytes(z.read(name)))
+    assert "and 1 reused databases" in capsys.readouterr().err
+    assert tables[0].entries == tables[1].entries and len(tables[1].entries) == 32
+    assert not (tmp_path / "reusing.measurements.jsonl").exists()
+    assert _sha(recorded) == before
+    manifest.write_text(text.replace("[build]\n", "[build]\nreuse = ['gone.jsonl']\n"))
+    assert build_cli.main([str(manifest), "--out", str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err
+    assert "build.reuse[0] = 'gone.jsonl': cannot read" in err and err.count("\n") == 1
 
 
 def test_measurements_reads_gzip(tmp_path, no_gpu, artifact_cache, capsys):

@@ -313,6 +313,22 @@ BAD: list[tuple[str, str, Any]] = [
     ("[build]\neager_host_saving_us = true\n" + ONE_TARGET, "build.eager_host_saving_us", True),
     ("[build]\neager_host_saving_us = '4.3'\n" + ONE_TARGET, "build.eager_host_saving_us", "4.3"),
     ("[build]\neager_host_saving_us = [4.3]\n" + ONE_TARGET, "build.eager_host_saving_us", [4.3]),
+    # reused databases: paths beside the manifest (tmp_path holds manifest.toml only)
+    ("[build]\nreuse = 'a.jsonl'\n" + ONE_TARGET, "build.reuse", "a.jsonl"),
+    ("[build]\nreuse = []\n" + ONE_TARGET, "build.reuse", []),
+    ("[build]\nreuse = [1]\n" + ONE_TARGET, "build.reuse[0]", 1),
+    ("[build]\nreuse = [' ']\n" + ONE_TARGET, "build.reuse[0]", " "),
+    (
+        "[build]\nreuse = ['manifest.toml', 'gone.jsonl']\n" + ONE_TARGET,
+        "build.reuse[1]",
+        "gone.jsonl",
+    ),
+    ("[build]\nreuse = ['.']\n" + ONE_TARGET, "build.reuse[0]", "."),
+    (
+        "[build]\nreuse = ['manifest.toml', './manifest.toml']\n" + ONE_TARGET,
+        "build.reuse[1]",
+        "./manifest.toml",
+    ),
     # dimensions and shapes
     ("[[targets]]\nshapes = [[1, 2, 3], [4, 5, 6], [7, 0, 9]]\n", "targets[0].shapes[2][1]", 0),
     ("[[targets]]\nshapes = [[1, 2, 3], [4, 5, 6], [7, -8, 9]]\n", "targets[0].shapes[2][1]", -8),
@@ -407,6 +423,18 @@ def test_bad_input_names_key_path_and_value(
     assert str((tmp_path / "manifest.toml").resolve()) in msg
     if value is not None:
         assert repr(value) in msg
+
+
+def test_reuse_paths_are_beside_the_manifest(tmp_path: Path) -> None:
+    """``[build] reuse`` names databases relative to the manifest's folder (or absolute),
+    in the manifest's order, whatever the working directory."""
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "a.jsonl.gz").write_bytes(b"")
+    b = tmp_path.parent / f"{tmp_path.name}-b.jsonl"
+    b.write_bytes(b"")
+    m = _load(tmp_path, PACKAGE + f"[build]\nreuse = ['sweeps/a.jsonl.gz', '{b}']\n" + ONE_TARGET)
+    assert m.reuse == (tmp_path.resolve() / "sweeps" / "a.jsonl.gz", b)
+    assert _load(tmp_path, PACKAGE + ONE_TARGET).reuse == ()
 
 
 RUNNERS = [
