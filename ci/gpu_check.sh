@@ -42,20 +42,5 @@ sass_summary "$OUT/sass.txt"
 
 step "install the wheel and check it"
 WHEEL=$(ls "$OUT"/dist/*.whl | head -1)
-# In a subshell with its own EXIT trap (gpu_env.sh's trap stays the script's): the wheel
-# goes to a private folder, never a fixed /tmp name another user or run could own, and
-# the folder is removed however the check ends.
-(
-  SITE=$(mktemp -d "${TMPDIR:-/tmp}/cudal2-wheel.XXXXXX")
-  trap 'rm -rf -- "$SITE"' EXIT
-  $PY -m pip install -q "${FIND[@]}" --target "$SITE" --no-deps "$WHEEL"
-  $PY -m pip install -q "${FIND[@]}" --dry-run "$WHEEL" >/dev/null 2>&1 \
-    && echo "wheel requirements satisfied by this environment" \
-    || echo "NOTE: wheel requirements not all installed here (installed with --no-deps)"
-  # Run from an empty folder so the checkout's cudal2 cannot stand in for the wheel.
-  REPO=$PWD WHEEL=$(realpath "$WHEEL") OUT=$(realpath "$OUT")
-  cd "$(mktemp -d "$SITE/run.XXXXXX")"
-  PYTHONPATH="$SITE" $PY "$REPO/ci/check_wheel.py" "$WHEEL" --json "$OUT/wheel-check.json" 2>&1 \
-    | tee "$OUT/wheel-check.txt"
-)
+check_wheel "$WHEEL"
 exit $tests_rc

@@ -57,3 +57,21 @@ ncu_setup() {
   NCU=$($PY -c "from cudal2.verify.profile import find_ncu; print(find_ncu() or '')")
   [ -n "$NCU" ] || { echo "ncu not found"; exit 2; }
 }
+# check_wheel WHEEL: the wheel installed into a private folder (removed however the check
+# ends) and its matmul/linear checked against an fp32 reference on every table shape plus
+# random off-table shapes (ci/check_wheel.py), from an empty folder so that the checkout's
+# cudal2 cannot stand in for the wheel: $OUT/wheel-check.{json,txt}.
+check_wheel() {
+  (
+    SITE=$(mktemp -d "${TMPDIR:-/tmp}/cudal2-wheel.XXXXXX")
+    trap 'rm -rf -- "$SITE"' EXIT
+    $PY -m pip install -q "${FIND[@]}" --target "$SITE" --no-deps "$1"
+    $PY -m pip install -q "${FIND[@]}" --dry-run "$1" >/dev/null 2>&1 \
+      && echo "wheel requirements satisfied by this environment" \
+      || echo "NOTE: wheel requirements not all installed here (installed with --no-deps)"
+    REPO=$PWD WHEEL=$(realpath "$1") OUT=$(realpath "$OUT")
+    cd "$(mktemp -d "$SITE/run.XXXXXX")"
+    PYTHONPATH="$SITE" $PY "$REPO/ci/check_wheel.py" "$WHEEL" --json "$OUT/wheel-check.json" 2>&1 \
+      | tee "$OUT/wheel-check.txt"
+  )
+}

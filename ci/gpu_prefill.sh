@@ -50,6 +50,14 @@
 #   SEED_DB=<the uniform database> SWEEP=bench/manifests/sweep-tma-v5-pppair-h100.toml \
 #     BENCH=0 bash ci/gpu_prefill.sh
 #
+# A wheel built elsewhere (WHEEL=path, carried: e.g. the shipped llm-public wheel packaged
+# on the CPU machine from its committed databases, `cudal2-build
+# manifests/llm-public-h100.toml --no-measure --out dist`): no build; CHECK=1 installs it
+# and checks it against an fp32 reference first (ci/check_wheel.py), then the bench:
+#
+#   TESTS=tma_v5_uniform WHEEL=dist/<the wheel> CHECK=1 DTYPES="fp16 bf16" \
+#     MODE="offline server" bash ci/gpu_prefill.sh                (carry .whl and dist)
+#
 # TESTS empty: no tests. BENCH=0: no cudal2-bench. MODE (default offline; "offline server"
 # for both), DTYPES (default fp16). SEED_DB: databases the build starts from, e.g. the
 # shipped llm-public records and the sweeps' (tracked files: nothing to carry):
@@ -64,8 +72,13 @@
 # vendor-kernels.json (VENDOR_KERNELS=1).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-SWEEP=${SWEEP:?SWEEP=path/to/sweep.toml is required}
-STEM=$(basename "$SWEEP" .toml)
+if [ -z "${WHEEL:-}" ]; then
+  SWEEP=${SWEEP:?SWEEP=path/to/sweep.toml (or WHEEL=path/to/wheel) is required}
+  STEM=$(basename "$SWEEP" .toml)
+elif [ ! -f "$WHEEL" ]; then
+  echo "ci/gpu_prefill.sh: WHEEL=$WHEEL is not a file" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
 rc=0
 if [ -n "${TESTS:-}" ]; then
@@ -76,20 +89,25 @@ if [ -n "${TESTS:-}" ]; then
     -p no:cacheprovider -k "$TESTS" > "$OUT/gpu-tests.txt" 2>&1 || rc=$?
   tail -15 "$OUT/gpu-tests.txt"
 fi
-step "cudal2-build $SWEEP"
-DB="$OUT/$STEM.measurements.jsonl"
-# The seed: the build then measures only what the databases lack and selects from them all.
-if [ -n "${SEED_DB:-}" ]; then
-  # shellcheck disable=SC2086
-  zcat -f $SEED_DB > "$DB"
-  echo "seeded with $(wc -l < "$DB") records"
+if [ -z "${WHEEL:-}" ]; then
+  step "cudal2-build $SWEEP"
+  DB="$OUT/$STEM.measurements.jsonl"
+  # The seed: the build then measures only what the databases lack and selects from them all.
+  if [ -n "${SEED_DB:-}" ]; then
+    # shellcheck disable=SC2086
+    zcat -f $SEED_DB > "$DB"
+    echo "seeded with $(wc -l < "$DB") records"
+  fi
+  /usr/bin/time -f "build wall time %e s" timeout "${BUILD_TIMEOUT:-400}" cudal2-build "$SWEEP" \
+    --measurements "$DB" --out "$OUT/dist" 2>&1 | tee "$OUT/build.txt" | noprogress | tail -45 || rc=$?
+  step "SASS of every compiled kernel"
+  mapfile -t cubins < <(ls "$CUDAL2_CACHE"/*/*/kernel.cubin 2>/dev/null)
+  if [ ${#cubins[@]} -gt 0 ]; then sass_table "${cubins[@]}" > "$OUT/sass.txt"; sass_summary "$OUT/sass.txt"; fi
+  WHEEL=$(ls "$OUT"/dist/*.whl 2>/dev/null | head -1 || true)
+elif [ "${CHECK:-0}" = 1 ]; then
+  step "install $WHEEL and check it"
+  check_wheel "$WHEEL" | tail -20 || rc=$?
 fi
-/usr/bin/time -f "build wall time %e s" timeout "${BUILD_TIMEOUT:-400}" cudal2-build "$SWEEP" \
-  --measurements "$DB" --out "$OUT/dist" 2>&1 | tee "$OUT/build.txt" | noprogress | tail -45 || rc=$?
-step "SASS of every compiled kernel"
-mapfile -t cubins < <(ls "$CUDAL2_CACHE"/*/*/kernel.cubin 2>/dev/null)
-if [ ${#cubins[@]} -gt 0 ]; then sass_table "${cubins[@]}" > "$OUT/sass.txt"; sass_summary "$OUT/sass.txt"; fi
-WHEEL=$(ls "$OUT"/dist/*.whl 2>/dev/null | head -1 || true)
 if [ "${BENCH:-1}" = 1 ] && [ -n "$WHEEL" ]; then
   step "cudal2-bench prefill shapes with $WHEEL"
   read -r -a DTYPE_LIST <<<"${DTYPES:-fp16}"
