@@ -96,9 +96,10 @@ TENTH_SWEEPS_H100 = {
     "bf16": "bench/results/h100-sweep-tma-v5-tenth-bf16.measurements.jsonl.gz",
 }
 # ... beside the llm-public wheel's committed database (manifests/llm-public-h100.*: what
-# ships today), the same command with --kernels <that database>, on the same machine
+# shipped then, before it reused the sweeps), the same command with --kernels <that
+# database>, on the same machine (what ships since: cudal2.bench.llm_public_steps)
 PREFILL_TENTH_H100 = (
-    ("the shipped llm-public database", "bench/results/h100-prefill-llm-public.jsonl"),
+    ("the llm-public database alone", "bench/results/h100-prefill-llm-public.jsonl"),
     ("the tenth sweeps' winners", "bench/results/h100-prefill-tenth.jsonl"),
 )
 _TENTH_KNOBS = ("persistent", "m_blocks", "wgmma_n", "stages", "cluster_m", "uniform", "ring")

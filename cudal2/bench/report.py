@@ -7,6 +7,7 @@ cuBLAS TN and NN per shape; ``best_vendor`` the fastest of every baseline.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -21,8 +22,11 @@ M_BUCKETS = ((1, 16), (17, 64), (65, 256), (257, 1024), (1025, 1 << 31))
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a results file, JSON Lines, plain or gzipped (``.gz``)."""
+    path = Path(path)
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     rows = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for lineno, line in enumerate(data.decode().splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))

@@ -46,6 +46,7 @@ from typing import Any
 
 from cudal2.bench import (
     baselines,
+    llm_public_steps,
     policy_seeds,
     prefill_narrow_pair,
     prefill_store,
@@ -98,7 +99,7 @@ def shipped(root: Path, name: str) -> Shipped:
 
     path = root / "manifests" / f"{name}.toml"
     manifest = load_manifest(path)
-    contents = MeasurementDB(default_database(path)).load(warn=False)
+    contents = MeasurementDB(default_database(path), manifest.reuse).load(warn=False)
     history = latest(contents.measurements)
     gate = SanitizerGate(None, ledger_of(contents.checks, history))
     sels, _ = gate.select(manifest.targets, believable(history), manifest.timing_mode, shippable())
@@ -158,28 +159,6 @@ def _ceiling_line(root: Path) -> str:
         "A measured ceiling (a kernel that only moves each shape's bytes, "
         f"`{CEILING_RESULTS}`) bounds any kernel at M ≤ 256 to {_x(g)} the best vendor "
         f"in geomean over {len(rows)} shapes (`docs/kernels.md`)."
-    )
-
-
-def _prefill_line(root: Path) -> str:
-    """Where M >= 1024 stands on the H100 (issue 22): the shipped llm-public database and
-    the current designs' sweep winners beside every vendor, offline, per dtype."""
-    from cudal2.bench.prefill_uniform import PREFILL_TENTH_H100
-
-    parts = []
-    for label, path in PREFILL_TENTH_H100:
-        rows = read_results(root / path)
-        best = []
-        for d in ("fp16", "bf16"):
-            g = summarize(rows, Filter(mode="offline", dtype=d, m_min=1024))["geomean_speedup"]
-            if g.get("best_vendor") is None:
-                raise ValueError(f"{path}: no offline {d} rows at M >= 1024")
-            best.append(g["best_vendor"])
-        parts.append(f"{label} (`{path}`) {_x(best[0], 3)} (fp16) and {_x(best[1], 3)} (bf16)")
-    return (
-        "On the 17 prefill shapes (M ≥ 1024) of an H100, against the fastest vendor call "
-        "per shape, offline: " + "; ".join(parts) + ". Issue 22 asks for 1.03x "
-        '(`docs/kernels.md`, "Where v5 stands on the H100").'
     )
 
 
@@ -273,7 +252,7 @@ def where_it_stands(root: Path) -> str:
             f"| `{name}` | {s.targets} | {s.kernels} ({s.kernel_targets}) | {s.cublaslt} "
             f"| {s.fallback} | {', '.join(f'`{f}`' for f in s.families) or '–'} | {m} |"
         )
-    lines += ["", _vendor_line(root), _ceiling_line(root), _prefill_line(root)]
+    lines += ["", _vendor_line(root), _ceiling_line(root), llm_public_steps.shipped_line(root)]
     lines += ["", _e2e_line(root), ""]
     lines.append(_kv_grouped_line(root))
     lines += ["", _fused_prefill_line(root)]
@@ -2088,6 +2067,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "tma-v5-tenth-h100": lambda root: prefill_uniform.tma_v5_tenth(
         root, prefill_uniform.TENTH_SWEEPS_H100
     ),
+    "llm-public-steps-h100": llm_public_steps.steps,
     "prefill-bench-tenth-h100": lambda root: prefill_bench(
         root, prefill_uniform.PREFILL_TENTH_H100
     ),

@@ -62,6 +62,33 @@ def _pair(stem: str) -> tuple[str, str]:
     return (f"{_R}{stem}.measurements.jsonl.gz", f"{_R}{stem}-bf16.measurements.jsonl.gz")
 
 
+_TENTH_H200 = (
+    # The tenth slice (trial designs, run on a lent H200 on 2026-12-05): read from
+    # sweep-tma-v5-tenth[-bf16], each against the twins that sweep holds.
+    Technique(
+        "uniform warpgroup index", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "uniform") == 1, _any,
+        ("uniform",), "+1–3% ping-pong, ±0.5% cooperative",
+    ),
+    Technique(
+        "ping-pong in multicast pairs", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "cluster_m") == 2,
+        lambda k: _get(k, "persistent") == 2, ("cluster_m",), "+1–2% at M = 4096 and 8192",
+    ),
+    Technique(
+        "256 x n tiles (TMA store)", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "m_blocks") == 2,
+        lambda k: _coop(k) and _get(k, "uniform") == 1, ("m_blocks", "stages", "ring"),
+        "+0–2% at 8192³ and N = 28672",
+    ),
+    Technique(
+        "256 x n tiles in multicast pairs", "tenth", _pair("h200-sweep-tma-v5-tenth"),
+        lambda k: _get(k, "cluster_m") == 2,
+        lambda k: _get(k, "persistent") == 1 and _get(k, "m_blocks") == 2, ("cluster_m",),
+        "+1–2% at 8192³ and M = 4096",
+    ),
+)  # fmt: skip
+
 TECHNIQUES = (
     Technique(
         "bulk store through a C buffer", "first", _pair("h100-sweep-tma-v5"),
@@ -144,29 +171,13 @@ TECHNIQUES = (
         lambda k: _get(k, "ring") == 1, _any, ("ring",),
         "a few percent where the ring is not a power of two (no figure)",
     ),
-    # The tenth slice (trial designs, run on a lent H200 on 2026-12-05): read from
-    # sweep-tma-v5-tenth[-bf16], each against the twins that sweep holds.
-    Technique(
-        "uniform warpgroup index", "tenth", _pair("h200-sweep-tma-v5-tenth"),
-        lambda k: _get(k, "uniform") == 1, _any,
-        ("uniform",), "+1–3% ping-pong, ±0.5% cooperative",
-    ),
-    Technique(
-        "ping-pong in multicast pairs", "tenth", _pair("h200-sweep-tma-v5-tenth"),
-        lambda k: _get(k, "cluster_m") == 2,
-        lambda k: _get(k, "persistent") == 2, ("cluster_m",), "+1–2% at M = 4096 and 8192",
-    ),
-    Technique(
-        "256 x n tiles (TMA store)", "tenth", _pair("h200-sweep-tma-v5-tenth"),
-        lambda k: _get(k, "m_blocks") == 2,
-        lambda k: _coop(k) and _get(k, "uniform") == 1, ("m_blocks", "stages", "ring"),
-        "+0–2% at 8192³ and N = 28672",
-    ),
-    Technique(
-        "256 x n tiles in multicast pairs", "tenth", _pair("h200-sweep-tma-v5-tenth"),
-        lambda k: _get(k, "cluster_m") == 2,
-        lambda k: _get(k, "persistent") == 1 and _get(k, "m_blocks") == 2, ("cluster_m",),
-        "+1–2% at 8192³ and M = 4096",
+    *_TENTH_H200,
+    # ... and the same four read the same way from the same sweeps run on a lent H100
+    # (2026-12-05, the reference GPU: sweep-tma-v5-tenth[-bf16]-h100's records)
+    *(
+        Technique(t.name, t.slice, _pair("h100-sweep-tma-v5-tenth"), t.on, t.pool, t.free,
+                  t.predicted)
+        for t in _TENTH_H200
     ),
     # The twelfth slice (trial variants of the residual designs, run on a lent H200 on
     # 2026-12-05): read from the fused prefill's second database (llama-prefill-fused-rows),

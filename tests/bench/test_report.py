@@ -31,6 +31,14 @@ def test_results_cover_every_shape_in_both_modes(llm):
     assert {r["gpu"]["name"] for r in llm} == {"NVIDIA H100 80GB HBM3"}
 
 
+def test_gzipped_results_read_as_the_plain_file(llm, tmp_path):
+    import gzip
+
+    packed = tmp_path / "r.jsonl.gz"
+    packed.write_bytes(gzip.compress(LLM.read_bytes()))
+    assert read_results(packed) == llm
+
+
 def test_records_are_self_consistent(llm):
     for r in llm:
         t = Target.from_json(r["target"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import zipfile
@@ -542,18 +543,31 @@ def test_the_prefill_graph_sentence_reads_the_run_or_its_errors(tmp_path):
     assert "CUDA graph" not in standing.fused_prefill_e2e(tmp_path, path)
 
 
-def test_the_readme_prefill_line_reads_both_h100_benches(tmp_path):
-    """The README's M >= 1024 line: each bench file's offline best-vendor geomean per
-    dtype, recomputed from the file (a changed file changes the line)."""
-    from cudal2.bench import prefill_uniform
+def test_the_readme_prefill_line_reads_the_shipped_wheels_benches(tmp_path):
+    """The README's M >= 1024 line: the shipped wheel's offline best-vendor geomean per
+    dtype over its runs, and the sweeps' winners', recomputed from the files (a changed
+    file changes the line); a file without bf16 rows has no bf16 figure to give."""
+    from cudal2.bench import llm_public_steps
+    from cudal2.bench.report import read_results
 
-    text = standing._prefill_line(ROOT)
-    assert "0.988x (fp16) and 0.987x (bf16)" in text and "1.002x (fp16)" in text
-    for _, path in prefill_uniform.PREFILL_TENTH_H100:
+    text = llm_public_steps.shipped_line(ROOT)
+    assert "0.997–0.999x (fp16) and 0.997–0.999x (bf16) over 2 runs" in text
+    assert "1.002x and 0.999x" in text
+    _, paths = llm_public_steps.SHIPPED
+    for path in paths + llm_public_steps.STEPS[-1][1]:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        rows = [json.loads(x) for x in (ROOT / path).read_text().splitlines() if x.strip()]
-        keep = [r for r in rows if r["target"]["dtype"] != "bf16"]
-        assert 0 < len(keep) < len(rows)
-        (tmp_path / path).write_text("".join(json.dumps(r) + "\n" for r in keep))
+        keep = [r for r in read_results(ROOT / path) if r["target"]["dtype"] != "bf16"]
+        text = "".join(json.dumps(r) + "\n" for r in keep).encode()
+        (tmp_path / path).write_bytes(gzip.compress(text) if path.endswith(".gz") else text)
     with pytest.raises(ValueError, match="no offline bf16 rows at M >= 1024"):
-        standing._prefill_line(tmp_path)  # no bf16 rows: no bf16 figure to give
+        llm_public_steps.shipped_line(tmp_path)
+
+
+def test_the_llm_public_steps_block_has_a_row_per_step_and_its_runs():
+    from cudal2.bench import llm_public_steps
+
+    rows = [x for x in llm_public_steps.steps(ROOT).splitlines() if x.startswith("| ")][1:]
+    assert len(rows) == len(llm_public_steps.STEPS) == 5
+    runs = [int(r.split(" | ")[1]) for r in rows]
+    assert runs == [1, 1, 3, 2, 1]
+    assert rows[0].split(" | ")[2] == "0.988" and rows[3].split(" | ")[2] == "0.997–0.999"

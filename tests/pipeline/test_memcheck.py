@@ -22,16 +22,17 @@ from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.pipeline import memcheck
 from cudal2.pipeline.build import Build
+from cudal2.pipeline.gate import check_key, shipped_kernels
 from cudal2.pipeline.memcheck import before_the_rule, kernel_entries
-from cudal2.records import CheckEvent, JobKind, JobResult, Status
+from cudal2.records import CheckEvent, CheckKey, JobKind, JobResult, Status
 from cudal2.verify.replay import ReplayRunner
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact keys need nvcc")
 
 # The committed manifests whose CPU-built tables ship kernels, and how many.
-SHIPPED = {"default": 2, "llm-public-h100": 25, "grid-sample-h100": 4, "llama-3.1-8b-hf-h100": 10}
-# eager alternatives checked on the H100 that the selection no longer ships (prefill-sized)
-RETIRED_ALTERNATIVES = {"llama-3.1-8b-hf-h100": 1}
+SHIPPED = {"default": 2, "llm-public-h100": 38, "grid-sample-h100": 4, "llama-3.1-8b-hf-h100": 10}
+# ... of which checked clean in a database the manifest reuses (the v5 sweeps' builds)
+CHECKED_IN_REUSED = {"llm-public-h100": 10}
 
 
 class Proposes:
@@ -54,40 +55,48 @@ def _cpu_build(stem: str, db, tmp_path, monkeypatch):
     log = io.StringIO()
     b = Build(manifest, db, ArtifactCache(tmp_path / "c"), tmp_path, proposer=Proposes(), log=log)
     selections, _ = b.measure_and_select()
-    return (
-        manifest,
-        kernel_entries(selections),
-        log.getvalue(),
-        sum(bool(s.eager) for s in selections),
-    )
+    return manifest, selections, log.getvalue()
+
+
+def _clean(checks) -> set[CheckKey]:
+    return {c.key for c in checks if c.event == CheckEvent.CLEAN}
 
 
 @pytest.mark.parametrize("stem", SHIPPED)
 def test_the_rule_leaves_the_cpu_built_tables_as_they_were_once_checked(
     stem, tmp_path, monkeypatch, db_unchecked
 ):
+    """With the H100's checks on record, each committed table is the one a build made
+    before the rule, every kernel it ships (winners and eager alternatives) checked
+    clean. Without its own database's check lines, the kernels checked only there wait
+    for a GPU and their targets take another candidate; every other entry stays. (Checks
+    of kernels no longer shipped stay on record: the 2,048-token eager alternative, and
+    the winners displaced when kernels of different runs came to be ranked by speedup.)"""
     committed = default_database(default_manifest_path().with_name(f"{stem}.toml"))
-    manifest, checked, log, alternatives = _cpu_build(stem, committed, tmp_path, monkeypatch)
+    manifest, sels, log = _cpu_build(stem, committed, tmp_path, monkeypatch)
+    checked = kernel_entries(sels)
     before = before_the_rule(manifest, committed)
     kernels = {k: v for k, v in before.items() if v.startswith("kernel:")}
     assert len(kernels) == SHIPPED[stem]
-    # With the H100's checks on record: the table from before the rule.
     assert checked == before and "wait for a sanitizer run" not in log
-    events = [c.event for c in MeasurementDB(committed).load().checks]
-    # and one check of each eager alternative shipped (llama-3.1-8b-hf-h100's manifest
-    # asks for them; they ship once the H100 has recorded their checks)
-    # (the 2,048-token alternative was checked on the H100 before the selection stopped
-    # giving prefill-sized targets one: its check stays on record, unshipped)
-    shipped = SHIPPED[stem] + alternatives
-    checked_total = shipped + RETIRED_ALTERNATIVES.get(stem, 0)
-    assert len(events) == 2 * checked_total
-    assert events.count(CheckEvent.STARTED) == events.count(CheckEvent.CLEAN) == checked_total
-    # Without them, every one of its kernels waits for a GPU; the rest is as it was.
-    _, unchecked, log, _ = _cpu_build(stem, db_unchecked(stem), tmp_path, monkeypatch)
-    assert f"{SHIPPED[stem]} selected kernels wait for a sanitizer run on a GPU" in log
-    assert not any(v.startswith("kernel:") for v in unchecked.values())
-    assert {k: v for k, v in unchecked.items() if k not in kernels} == {
-        k: v for k, v in before.items() if k not in kernels
+    own = MeasurementDB(committed).load().checks
+    events = [c.event for c in own]
+    assert events.count(CheckEvent.STARTED) == events.count(CheckEvent.CLEAN) == len(events) / 2
+    elsewhere = _clean(MeasurementDB(tmp_path / "none.jsonl", manifest.reuse).load().checks)
+    shipped = shipped_kernels(sels)
+    assert {check_key(m) for m in shipped} <= _clean(own) | elsewhere
+    waiting = {
+        f"{s.gpu} {s.target.label}"
+        for s in sels
+        if s.kind == "kernel" and check_key(s.winner) not in elsewhere
+    }
+    assert len(waiting) == SHIPPED[stem] - CHECKED_IN_REUSED.get(stem, 0)
+    _, unchecked_sels, log = _cpu_build(stem, db_unchecked(stem), tmp_path, monkeypatch)
+    unchecked = kernel_entries(unchecked_sels)
+    assert f"{len(waiting)} selected kernels wait for a sanitizer run on a GPU" in log
+    assert all(unchecked[k] != before[k] for k in waiting)
+    assert {k: v for k, v in unchecked.items() if k not in waiting} == {
+        k: v for k, v in before.items() if k not in waiting
     }
 
 
