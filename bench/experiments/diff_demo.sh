@@ -5,10 +5,11 @@
 #
 #   A   manifests/default.toml + manifests/default.measurements.jsonl (as committed)
 #   B   the same manifest without the shape 100x1000x1000 (4 targets removed), built from
-#       a copy of the database without the H100's "clean" memcheck line of the fp16/tn
-#       M=1 winner (sm90stream/8x32x512_w1x1_s3_sk1): that kernel then waits for a
-#       sanitizer run and may not ship, so the next checked candidate (a cuBLASLt
-#       algorithm, relatively 12.7% slower) takes its target: one kernel replaced.
+#       a copy of the database without the H100's "clean" memcheck lines at fp16/tn M=1
+#       (of the winner, sm90stream/16x32x512_w1x2_s3_sk1, and of the kernel it displaced
+#       when kernels came to be ranked by speedup): both then wait for a sanitizer run
+#       and may not ship, so the next checked candidate (a cuBLASLt algorithm,
+#       relatively 12.8% slower) takes its target: one kernel replaced.
 #   R   A's manifest from B's database: the replacement alone (a real regression).
 #   D   A without the shape: the removal alone.
 #   N1, N2  bf16/tn 64x4096x4096 and 4096x4096x4096 (fallback in both databases) built
@@ -41,7 +42,7 @@ def vetoed(line):
     return (r.get("record"), r.get("event"), t.get("dtype"), t.get("layout"), t.get("m")) == (
         "sanitizer_check", "clean", "fp16", "tn", 1)
 kept = [x for x in lines if not vetoed(x)]
-assert len(kept) == len(lines) - 1, "expected exactly one clean check of the fp16/tn M=1 winner"
+assert len(kept) < len(lines), "expected a clean check of the fp16/tn M=1 winner"
 open(sys.argv[2], "w").writelines(kept)
 PY
 cat >"$tmp/noise.toml" <<'TOML'
@@ -103,7 +104,7 @@ gate() {  # gate NAME OLD NEW ARGS...: the command and its exit status, as markd
   echo "|---|---|--:|"
   gate "removal (4 targets)" A.whl D.whl --fail-on-regression 5
   gate "removal, allowed" A.whl D.whl --fail-on-regression 5 --allow-removed
-  gate "real regression (kernel → cuBLASLt, +12.7% vs torch)" A.whl R.whl --fail-on-regression 5
+  gate "real regression (kernel → cuBLASLt, +12.8% vs torch)" A.whl R.whl --fail-on-regression 5
   gate "real regression, removals allowed" A.whl R.whl --fail-on-regression 5 --allow-removed
   gate "fallback noise (torch's time moved)" N1.whl N2.whl --fail-on-regression 0 --noise 1
   echo

@@ -196,7 +196,9 @@ def _table(stem: str, cache, drop=lambda line: False, keep=lambda target: True):
 
 
 def _fp16_tn_m1_clean_check(line: str) -> bool:
-    """The H100's clean memcheck line of the default table's fp16/tn M=1 kernel."""
+    """The H100's clean memcheck lines at the default table's fp16/tn M=1 target (of its
+    kernel, and of the one that kernel displaced when kernels came to be ranked by
+    speedup)."""
     r = json.loads(line)
     t = r.get("target", {})
     return (r.get("record"), r.get("event"), t.get("dtype"), t.get("layout"), t.get("m")) == (
@@ -252,7 +254,7 @@ def test_real_removal_fails_the_gate(real_tables, tmp_path, capsys):
 
 def test_real_regression_fails_the_gate(real_tables, tmp_path, capsys):
     """The fp16/tn M=1 kernel may not ship: a cuBLASLt algorithm takes its target,
-    12.7% slower relative to the torch of its own run."""
+    12.8% slower relative to the torch of its own run."""
     old = _write(tmp_path, "old.json", real_tables["as_committed"])
     new = _write(tmp_path, "new.json", real_tables["replaced"])
     assert main([old, new, "--fail-on-regression", "5", "--allow-removed", "--json"]) == 1
@@ -260,12 +262,12 @@ def test_real_regression_fails_the_gate(real_tables, tmp_path, capsys):
     [row] = data["gate"]["failures"]
     assert (row["gate"], row["dtype"], row["layout"], row["m"]) == ("slower", "fp16", "tn", 1)
     assert (row["before"]["kind"], row["after"]["kind"]) == ("kernel", "cublaslt")
-    assert row["rel_pct"] == pytest.approx(12.7, abs=0.05)
+    assert row["rel_pct"] == pytest.approx(12.8, abs=0.05)
     assert main([old, new, "--fail-on-regression", "15"]) == 0
     # pasteable: the text report of a real kernel -> cuBLASLt move has no very long line
     assert main([old, new]) == 0
     text = capsys.readouterr().out
-    assert "->cublaslt +12.7%" in text
+    assert "->cublaslt +12.8%" in text
     assert max(len(line) for line in text.splitlines()) < 150
 
 
