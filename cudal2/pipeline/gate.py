@@ -208,16 +208,6 @@ class SanitizerGate:
 
         return select(targets, history, mode, contender)[0]
 
-    def _optimistic(
-        self,
-        targets: Sequence[Target],
-        history: Sequence[Measurement],
-        mode: str,
-        shippable: Callable[[Measurement], bool],
-    ) -> list[Selection]:
-        """The kernel selections if every kernel without a failure were clean."""
-        return [s for s in self._unchecked(targets, history, mode, shippable) if s.kind == "kernel"]
-
     def _needs(self, w: Measurement, recheck: bool) -> bool:
         key = check_key(w)
         return not self.ledger.clear(key) or (recheck and key not in self.checked)

@@ -213,9 +213,11 @@ def export_job(
     targets = tuple(t for t in manifest.targets if t.arch == info.arch)
     if not measure:  # every round answered: the would-be winners' checks
         believed = believable(latest(b.db.load(warn=False).measurements))
-        for s in b.gate._optimistic(targets, believed, manifest.timing_mode, shippable()):
+        for s in b.gate._unchecked(targets, believed, manifest.timing_mode, shippable()):
             w = s.winner
-            if w is not None and w.gpu.name == info.name and not b.gate.ledger.clear(check_key(w)):
+            if s.kind != "kernel" or w is None or w.gpu.name != info.name:
+                continue
+            if not b.gate.ledger.clear(check_key(w)):
                 checks.append(job_for(JobKind.SANITIZE, w, ""))
     timing = TimingConfig(mode=manifest.timing_mode, seed=manifest.search.seed)
     tuned = {x.target for x in history if x.is_vendor and x.gpu.name == info.name}
