@@ -38,22 +38,27 @@ def _span(values: list[float]) -> str:
     return f"{lo:.3f}" if f"{lo:.3f}" == f"{hi:.3f}" else f"{lo:.3f}–{hi:.3f}"
 
 
-def geomeans(root: Path, paths: tuple[str, ...], mode: str, dtype: str, key: str) -> list[float]:
+Rows = list[dict]
+
+
+def runs(root: Path, paths: tuple[str, ...]) -> list[tuple[str, Rows]]:
+    """Each run's path and rows, read once."""
+    return [(p, read_results(root / p)) for p in paths]
+
+
+def geomeans(rows: list[tuple[str, Rows]], mode: str, dtype: str, key: str) -> list[float]:
     """Per run, the geomean speedup over ``key`` (a baseline) at M >= 1024."""
     out = []
-    for p in paths:
-        s = summarize(read_results(root / p), Filter(mode=mode, dtype=dtype, m_min=1024))
+    for p, r in rows:
+        s = summarize(r, Filter(mode=mode, dtype=dtype, m_min=1024))
         if not s["shapes"] or s["geomean_speedup"].get(key) is None:
             raise ValueError(f"{p}: no {mode} {dtype} rows at M >= 1024")
         out.append(s["geomean_speedup"][key])
     return out
 
 
-def own_targets(root: Path, paths: tuple[str, ...], dtype: str) -> str:
-    counts = {
-        summarize(read_results(root / p), Filter(dtype=dtype, m_min=1024))["own_kernel_targets"]
-        for p in paths
-    }
+def own_targets(rows: list[tuple[str, Rows]], dtype: str) -> str:
+    counts = {summarize(r, Filter(dtype=dtype, m_min=1024))["own_kernel_targets"] for _, r in rows}
     return "/".join(map(str, sorted(counts)))
 
 
@@ -70,15 +75,14 @@ def steps(root: Path) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, paths in STEPS:
+        rows = runs(root, paths)
         cells = [
-            _span(geomeans(root, paths, mode, dtype, "best_vendor"))
+            _span(geomeans(rows, mode, dtype, "best_vendor"))
             for mode in ("offline", "server")
             for dtype in ("fp16", "bf16")
         ]
-        own = f"{own_targets(root, paths, 'fp16')} / {own_targets(root, paths, 'bf16')}"
-        torch = " / ".join(
-            _span(geomeans(root, paths, "offline", d, "torch")) for d in ("fp16", "bf16")
-        )
+        own = f"{own_targets(rows, 'fp16')} / {own_targets(rows, 'bf16')}"
+        torch = " / ".join(_span(geomeans(rows, "offline", d, "torch")) for d in ("fp16", "bf16"))
         lines.append(f"| {label} | {len(paths)} | {' | '.join(cells)} | {own} | {torch} |")
     return "\n".join(lines)
 
@@ -86,13 +90,11 @@ def steps(root: Path) -> str:
 def shipped_line(root: Path) -> str:
     """The README's sentence: what ships against the best vendor, offline, per dtype."""
     _, paths = SHIPPED
-    fp16, bf16 = (
-        _span(geomeans(root, paths, "offline", d, "best_vendor")) for d in ("fp16", "bf16")
-    )
+    shipped = runs(root, paths)
+    fp16, bf16 = (_span(geomeans(shipped, "offline", d, "best_vendor")) for d in ("fp16", "bf16"))
     _, tenth = STEPS[-1]
-    t16, tb16 = (
-        _span(geomeans(root, tenth, "offline", d, "best_vendor")) for d in ("fp16", "bf16")
-    )
+    sweeps = runs(root, tenth)
+    t16, tb16 = (_span(geomeans(sweeps, "offline", d, "best_vendor")) for d in ("fp16", "bf16"))
     return (
         "On the 17 prefill shapes (M ≥ 1024) of an H100, against the fastest vendor call per "
         f"shape, offline, the shipped llm-public wheel runs at {fp16}x (fp16) and {bf16}x "
