@@ -11,6 +11,11 @@
 # the setup and the per-shape operands: about 4-4.5 minutes (SECONDS_PER_RUN=1.5: about
 # 3.5). SECONDS_PER_RUN (default 2), REPS (default 3), RUN_TIMEOUT (default 300 s),
 # TESTS=1 first runs the sustained timing's GPU test (tests/verify/test_timing_gpu.py).
+# FEED=1: the feed ceiling instead (math_ceiling.py --feed --no-variants: per shape torch,
+# the math kernel, the feed kernel and its GEMM twin; 17 shapes x 4 callables x REPS x
+# SECONDS_PER_RUN: at REPS=2 SECONDS_PER_RUN=1.5 about 5 minutes), written to
+# feed-ceiling.json: commit it as bench/results/h100-feed-ceiling.json. FEED_KERNELS
+# (default feed,gemm): which feed kernels (feed, gemm, feedpair, gemmpair).
 # Under $OUT: gpu.txt, sass.txt (the kernel's HGMMA and local-memory counts),
 # math-ceiling.json (the results, rewritten after every shape: a run cut short keeps
 # what it measured), math-ceiling-run.txt (the log), gpu-tests.txt (TESTS=1). Commit
@@ -22,7 +27,7 @@ step "compile bench/experiments/math_ceiling.cu"
 CUBIN="$OUT/math_ceiling.cubin"
 nvcc -cubin -arch=sm_90a -O3 -o "$CUBIN" bench/experiments/math_ceiling.cu
 sass=$(cuobjdump -sass "$CUBIN")
-for sym in math_n256 math_n128; do
+for sym in math_n256 math_n128 feed_n256 gemm_n256 feedpair_n256 gemmpair_n256; do
   body=$(awk -v s="$sym" '/Function :/ {on = ($3 == s)} on' <<<"$sass")
   printf "%-10s HGMMA %3d  LDL/STL %d\n" "$sym" "$(grep -c ' HGMMA' <<<"$body")" \
     "$(grep -cE ' (LDL|STL)' <<<"$body" || true)"
@@ -32,11 +37,13 @@ if [ "${TESTS:-0}" = 1 ]; then
   timeout 120 $PY -m pytest -m gpu tests/verify/test_timing_gpu.py -q -p no:cacheprovider \
     -k sustained 2>&1 | tail -3 | tee "$OUT/gpu-tests.txt"
 fi
-step "math ceiling"
+name=math-ceiling extra=()
+if [ "${FEED:-0}" = 1 ]; then name=feed-ceiling extra=(--feed "${FEED_KERNELS:-feed,gemm}" --no-variants); fi
+step "$name"
 rc=0
 timeout "${RUN_TIMEOUT:-300}" $PY bench/experiments/math_ceiling.py --cubin "$CUBIN" \
-  --seconds "${SECONDS_PER_RUN:-2}" --reps "${REPS:-3}" --out "$OUT/math-ceiling.json" \
-  2>&1 | tee "$OUT/math-ceiling-run.txt" || rc=$?
+  --seconds "${SECONDS_PER_RUN:-2}" --reps "${REPS:-3}" --out "$OUT/$name.json" "${extra[@]}" \
+  2>&1 | tee "$OUT/$name-run.txt" || rc=$?
 rm -f "$CUBIN"
 echo "exit $rc"
 exit "$rc"

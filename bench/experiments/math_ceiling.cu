@@ -153,7 +153,277 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
   out[size_t(blockIdx.x) * THREADS + tid] = sum;
 }
 
+// ---------------------------------------------------------------------------------------
+// The feed ceiling: the math kernel's wgmma plus the operand traffic of a real GEMM.
+// Every feed kernel has one producer: a warpgroup whose first thread walks the GEMM's
+// 128x256 output tiles (persistent: blockIdx.x, blockIdx.x + gridDim.x, ..., in groups
+// of `group` M tiles down one N tile, as sm90tma's grouped walk) and TMA-loads every k
+// tile of A [128 x 64] and B [256 x 64] of each (128-byte swizzle, 48 KiB a stage) into a
+// ring in shared memory. So each moves exactly the bytes (DRAM to L2 to shared memory)
+// a 128x256 GEMM of its kind moves, in a GEMM's order.
+//
+// gemm_n256 (SYNC): the ring is a GEMM's: consumers wait for each stage, issue the four
+//   k16 steps on it, release it; each tile's accumulators are stored to C (fp16) straight
+//   from registers. A plain warp-specialised GEMM, checked against torch by the host.
+// feed_n256 (!SYNC): the same loads, but the consumers never wait for them: they issue
+//   the same wgmma on one fixed k tile (stage 0, loaded once), and the producer waits
+//   only for its own loads before reusing a stage (a ring of STAGES - 1). Math and
+//   traffic overlap perfectly, with no stall of either on the other, and C is not
+//   written (its bytes are 2% of the operands' at K = 4096, 8% at K = 1024). No GEMM
+//   of one-CTA 128x256 tiles (the largest a CTA's registers hold with two consumer
+//   warpgroups) moves fewer operand bytes, so none can be faster under the same power.
+// gemmpair_n256, feedpair_n256 (PAIR): the same in 2-CTA clusters along M (as cuBLAS's
+//   128x256 2x1 kernels): the two CTAs take M tiles 2u and 2u + 1 of one N tile, and
+//   each loads half of the shared B tile multicast into both, so a pair reads B from L2
+//   once. The GEMM twin's consumers release a stage in both CTAs; the feed kernel's
+//   producers, which never wait for consumers, wait for each other before reusing a
+//   stage (each has seen the stage's bytes land in its own shared memory), since the
+//   partner's next multicast writes into both.
+// ABI: (tmA, tmB, T* C, float* out, int M, int N, int K, int group); A [M, K] and
+// B [N, K] K-major, their maps' boxes [64 k, 128 rows] and [64 k, 256 rows] (PAIR: B's
+// [64 k, 128 rows], a half); M % 128 (PAIR: 256) = N % 256 = K % 64 = 0 (the host
+// checks); block 384 threads (PAIR: clusters of 2, gridDim.x even); dynamic shared memory
+// FEED_SMEM_BYTES (feed_smem_bytes() reports it). out [gridDim.x * 256]: the feed
+// kernels' accumulator sums (nothing is dead code), unused by the GEMM twins.
+
+struct alignas(64) TmaMap {  // CUtensorMap: 128 opaque bytes
+  uint64_t w[16];
+};
+
+constexpr int FEED_THREADS = 384;  // the producer warpgroup, then two consumers
+constexpr int STAGES = 4;
+constexpr int STAGE_BYTES = (A_TILE + B_TILE) * 2;  // 48 KiB
+constexpr int FEED_SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+static_assert(FEED_SMEM_BYTES <= 227 * 1024, "fits an SM");
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrive on the mbarrier at `bar`'s offset in cluster CTA `rank`, with the arrive's
+// default semantics (as generator/templates/ptx/cluster.cu.j2): what it orders are the
+// wgmma reads of the stage it releases, complete at the wait_group before it.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void tma_load(void* dst, const TmaMap* map, int k, int row,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar)
+      : "memory");
+}
+// The same box at the same offset in both CTAs of the pair, counted on each one's `bar`.
+__device__ __forceinline__ void tma_load_pair(void* dst, const TmaMap* map, int k, int row,
+                                              uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(bar), "h"((uint16_t)3)
+      : "memory");
+}
+
+// Tile `tile` of the grouped walk: `group` M tiles down one N tile, then the next N tile.
+__device__ __forceinline__ void walk(int tile, int tiles_m, int tiles_n, int group, int& tm,
+                                     int& tn) {
+  const int per = group * tiles_n;
+  const int first = tile / per * group;
+  const int rows = min(group, tiles_m - first);
+  const int r = tile % per;
+  tm = first + r % rows;
+  tn = r / rows;
+}
+
+template <bool SYNC, bool PAIR>
+__device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __restrict__ C,
+                                     float* __restrict__ out, int M, int N, int K, int group) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  T* sA = reinterpret_cast<T*>(base);  // stage s: sA + s * A_TILE, sB + s * B_TILE
+  T* sB = sA + STAGES * A_TILE;
+  const uint32_t full0 = smem_u32(base + STAGES * STAGE_BYTES);
+  const uint32_t empty0 = full0 + 8 * STAGES;
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  // PAIR: cluster u = blockIdx.x / 2 walks pair tiles (2 M tiles of one N tile); rank r
+  // takes M tile 2 * tm + r. Otherwise each CTA walks the tiles.
+  const int rank = PAIR ? int(cluster_rank()) : 0;
+  const int unit = PAIR ? blockIdx.x / 2 : blockIdx.x;
+  const int units = PAIR ? gridDim.x / 2 : gridDim.x;
+  const int tiles_m = M / BM / (PAIR ? 2 : 1), tiles_n = N / BN;
+  const int tiles = tiles_m * tiles_n;
+  const int walk_group = PAIR ? max(1, group / 2) : group;
+  const int KT = K / BK;
+  // The ring: stages FIRST .. STAGES - 1. Without SYNC, stage 0 is the consumers' k tile.
+  constexpr int FIRST = SYNC ? 0 : 1;
+  constexpr int RING = STAGES - FIRST;
+  // A stage's empty barrier: SYNC, each consumer warpgroup of the CTA (PAIR: of both);
+  // PAIR without SYNC, both producers; else unused.
+  constexpr int RELEASES = SYNC ? (PAIR ? 4 : 2) : 2;
+  constexpr int B_ROWS = PAIR ? BN / 2 : BN;  // the rows of B a producer loads
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full0 + 8 * s, 1);  // the producer's arrival and the bytes
+      mbar_init(empty0 + 8 * s, RELEASES);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (PAIR) cluster_sync();  // the partner's barriers exist before anything reaches them
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmA)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmB)) : "memory");
+      if (!SYNC) {  // the consumers' fixed k tile: the first tile's first k tile, locally
+        mbar_expect(full0, STAGE_BYTES);
+        tma_load(sA, tmA, 0, 0, full0);
+        for (int h = 0; h < BN / B_ROWS; ++h) tma_load(sB + h * B_ROWS * BK, tmB, 0, h * B_ROWS, full0);
+      }
+      int slot = 0, phase = 0, it = 0;
+      for (int tile = unit; tile < tiles; tile += units) {
+        int tm, tn;
+        walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
+        if (PAIR) tm = 2 * tm + rank;
+        for (int kt = 0; kt < KT; ++kt, ++it) {
+          const int s = FIRST + slot;
+          const uint32_t full = full0 + 8 * s, empty = empty0 + 8 * s;
+          if (it >= RING) {
+            if (SYNC) {
+              mbar_wait(empty, phase ^ 1);  // every consumer released the stage
+            } else {
+              mbar_wait(full, phase ^ 1);  // this stage's previous load landed here
+              if (PAIR) {  // and in the partner, before either multicasts into it again
+                mbar_arrive(empty);
+                mbar_arrive_cluster(empty, rank ^ 1);
+                mbar_wait(empty, phase ^ 1);
+              }
+            }
+          }
+          mbar_expect(full, STAGE_BYTES);
+          tma_load(sA + s * A_TILE, tmA, kt * BK, tm * BM, full);
+          T* dstB = sB + s * B_TILE + rank * B_ROWS * BK;
+          if (PAIR)
+            tma_load_pair(dstB, tmB, kt * BK, tn * BN + rank * B_ROWS, full);
+          else
+            tma_load(dstB, tmB, kt * BK, tn * BN, full);
+          if (++slot == RING) slot = 0, phase ^= 1;
+        }
+      }
+      if (!SYNC) {  // no load may land after the CTA exits: wait for the last RING
+        for (int j = max(0, it - RING); j < it; ++j)
+          mbar_wait(full0 + 8 * (FIRST + j % RING), (j / RING) & 1);
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = wg - 1;  // this consumer's 64 rows of the tile
+    const int lane = tid & 31, w = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
+    const bool leader = (tid & 127) == 0;
+    if (!SYNC) mbar_wait(full0, 0);
+    float sum = 0.f;
+    int slot = 0, phase = 0;
+    for (int tile = unit; tile < tiles; tile += units) {
+      int tm, tn;
+      walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
+      if (PAIR) tm = 2 * tm + rank;
+      float d[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) d[i] = 0.f;
+      int prev = -1;
+      for (int kt = 0; kt < KT; ++kt) {
+        const int s = SYNC ? slot : 0;
+        if (SYNC) mbar_wait(full0 + 8 * s, phase);
+        const uint64_t da = make_desc(sA + s * A_TILE) + cw * ROWS64_ENC;
+        const uint64_t db = make_desc(sB + s * B_TILE);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) wgmma_n256(d, da + 2 * kk, db + 2 * kk);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (SYNC) {  // the previous k tile's group is done: its stage goes back
+          if (prev >= 0 && leader) {
+            mbar_arrive(empty0 + 8 * prev);
+            if (PAIR) mbar_arrive_cluster(empty0 + 8 * prev, rank ^ 1);
+          }
+          prev = s;
+          if (++slot == RING) slot = 0, phase ^= 1;
+        }
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if (SYNC && leader) {
+        mbar_arrive(empty0 + 8 * prev);
+        if (PAIR) mbar_arrive_cluster(empty0 + 8 * prev, rank ^ 1);
+      }
+#pragma unroll
+      for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");  // after the wait
+      if (SYNC) {
+        // m64n256k16's layout: warp w holds rows 16w + g (+8) of the warpgroup's 64; n8
+        // block i columns 8i + 2t4 and + 1.
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int m = tm * BM + cw * 64 + w * 16 + g + h * 8;
+            const int n = tn * BN + i * 8 + t4 * 2;
+            *reinterpret_cast<__half2*>(C + (long long)m * N + n) =
+                __floats2half2_rn(d[i * 4 + 2 * h], d[i * 4 + 2 * h + 1]);
+          }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 128; ++i) sum += d[i];
+      }
+    }
+    if (!SYNC) out[size_t(blockIdx.x) * 256 + (tid - 128)] = sum;
+  }
+  // PAIR: neither CTA exits while the partner may still arrive on its barriers or
+  // multicast into its shared memory.
+  if (PAIR) cluster_sync();
+}
+
 }  // namespace
+
+#define FEED_KERNEL(name, sync, pair, dims)                                                  \
+  extern "C" __global__ void dims __launch_bounds__(FEED_THREADS, 1)                         \
+      name(const __grid_constant__ TmaMap tmA, const __grid_constant__ TmaMap tmB, T* C,     \
+           float* out, int M, int N, int K, int group) {                                     \
+    feed<sync, pair>(&tmA, &tmB, C, out, M, N, K, group);                                    \
+  }
+FEED_KERNEL(feed_n256, false, false, )
+FEED_KERNEL(gemm_n256, true, false, )
+FEED_KERNEL(feedpair_n256, false, true, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(gemmpair_n256, true, true, __cluster_dims__(2, 1, 1))
+extern "C" __global__ void feed_smem_bytes(int* out) { *out = FEED_SMEM_BYTES; }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     math_n256(const T* A, const T* B, float* out, int rounds) {

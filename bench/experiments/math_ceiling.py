@@ -4,6 +4,7 @@ sustains under this GPU's power limit, beside torch.matmul on each prefill shape
     python bench/experiments/math_ceiling.py --out FILE
         [--shapes bench/shapes/llm-public-prefill.toml]
         [--bench bench/results/h100-llm-public-prefill-v5.jsonl] [--seconds 2] [--reps 3]
+        [--feed [feed,gemm,feedpair,gemmpair]] [--no-variants]
     python bench/experiments/math_ceiling.py --dry-run RAW.json --out FILE   (CPU)
 
 In one process, per shape (fp16 tn): torch.matmul as cudal2-bench calls it (operands
@@ -17,6 +18,15 @@ else ``nvidia-smi -lms 100``). Before the shapes: a check of the kernel's arithm
 (20 ms) run after an idle pause, the rate before the power limit bites; then the
 variants (zero operands, m64n128k16, a grid of 128 CTAs) beside the base kernel, run as
 long at 8192^3's FLOPs per launch. The shapes run in a seeded random order.
+
+``--feed [KERNELS]`` adds, per shape and in the same interleaved runs, math_ceiling.cu's
+feed kernels (comma-separated, default ``feed,gemm``): ``feed`` (the math kernel's wgmma
+beside a producer that TMA-loads every operand byte of the shape's 128x256 tiles in a
+GEMM's order, the two never waiting on each other: the most a GEMM moving those bytes
+can sustain), ``gemm`` (its GEMM twin: the same loads and wgmma in a real ring, C stored:
+a plain warp-specialised GEMM), and ``feedpair`` / ``gemmpair``, the same in 2-CTA
+clusters along M that multicast B. Each twin is first checked against torch on the
+shape. ``--no-variants`` skips the short run and the variants.
 
 ``cudal2.bench.math_ceiling.analyse`` adds the ceiling per shape: math TFLOP/s over the
 best vendor's, the latter this run's torch TFLOP/s times the best vendor's speedup over
@@ -40,7 +50,7 @@ import threading
 import time
 from pathlib import Path
 
-from cudal2.bench.math_ceiling import analyse, parse_smi_line, window
+from cudal2.bench.math_ceiling import FEED, analyse, parse_smi_line, window
 from cudal2.bench.report import read_results
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +60,11 @@ KTILES = 4  # k tiles per round (math_ceiling.cu), all on the one tile in shared
 TILE_M, TILE_N, TILE_K = 128, 256, 64
 FLOPS_PER_ROUND = 2 * TILE_M * TILE_N * TILE_K * KTILES  # per CTA
 SMEM_BYTES = (TILE_M + TILE_N) * TILE_K * 2 + 1024  # as math_ceiling.cu
+FEED_THREADS, FEED_STAGES, FEED_GROUP = 384, 4, 8  # the feed kernels' block, ring, walk
+FEED_SMEM_BYTES = FEED_STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 2 * FEED_STAGES * 8 + 1024
+FEED_TYPES = (None, None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int,) * 4)
+FEED_PAIRED = ("feedpair", "gemmpair")  # 2-CTA clusters along M: B's box is half the tile
+GEMM_CHECK_TOL = 5e-3  # max |twin - torch| over max |torch|; a wrong tile is O(1)
 PUBLIC_SHAPES = "bench/shapes/llm-public.toml"  # issue 22's 16: its M >= 1024 shapes
 SHORT_S, SHORT_IDLE_S = 0.02, 2.0
 SETTLED = 0.5  # power and clock: the samples of each run's second half
@@ -247,6 +262,74 @@ class MathKernel:
                 "tflops": round(flops / took / 1e12, 2)}  # fmt: skip
 
 
+class FeedKernel:
+    """math_ceiling.cu's feed kernels and GEMM twins (FEED) on one shape's operand sets:
+    one CTA per SM walking the shape's 128x256 tiles (the pairs: a cluster of two per
+    pair of M tiles), the tensor maps encoded per set."""
+
+    def __init__(self, cubin: bytes, sms: int) -> None:
+        import torch
+
+        from cudal2.packaging.runtime import driver
+
+        self.sms = sms
+        self.kernels = {n: driver.Kernel(cubin, f"{n}_n256", FEED_SMEM_BYTES) for n in FEED}
+        probe = torch.zeros(1, dtype=torch.int32, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        driver.Kernel(cubin, "feed_smem_bytes", 0).launch(
+            (1, 1, 1), (1, 1, 1), stream, (probe.data_ptr(),), (ctypes.c_void_p,)
+        )
+        if int(probe.item()) != FEED_SMEM_BYTES:
+            got = int(probe.item())
+            raise RuntimeError(
+                f"math_ceiling.cu's feed asks {got} B of shared memory, the host {FEED_SMEM_BYTES}"
+            )
+        self.out = torch.empty(sms * 256, dtype=torch.float32, device="cuda")
+
+    @staticmethod
+    def fits(m: int, n: int, k: int) -> bool:
+        """Every feed kernel takes the shape (a pair's two M tiles: M % 256)."""
+        return m % (2 * TILE_M) == 0 and n % TILE_N == 0 and k % TILE_K == 0
+
+    def launcher(self, kernel: str, m: int, n: int, k: int, a, w, c):
+        """A callable of the operand set index j: ``kernel`` (a name of FEED) on a[j]
+        [m, k], w[j] [n, k] (K-major), writing c[j] [m, n] (the twins; the feed kernels
+        write only their sums)."""
+        import torch
+
+        from cudal2.packaging.runtime import driver
+
+        if not self.fits(m, n, k):
+            raise ValueError(f"{m}x{n}x{k}: the feed kernels need M % 256, N % 256, K % 64 = 0")
+        kern = self.kernels[kernel]
+        b_rows = TILE_N // 2 if kernel in FEED_PAIRED else TILE_N
+        maps = [
+            (
+                driver.tensor_map(a[j].data_ptr(), m, k, k, (TILE_K, TILE_M)),
+                driver.tensor_map(w[j].data_ptr(), n, k, k, (TILE_K, b_rows)),
+            )
+            for j in range(len(a))
+        ]
+
+        def run(j: int) -> None:
+            stream = torch.cuda.current_stream().cuda_stream
+            args = (*maps[j], c[j].data_ptr(), self.out.data_ptr(), m, n, k, FEED_GROUP)
+            kern.launch((self.sms, 1, 1), (FEED_THREADS, 1, 1), stream, args, FEED_TYPES)
+
+        return run
+
+    def check(self, twin: str, m: int, n: int, k: int, a, w) -> dict:
+        """A GEMM twin on operand set 0 against torch.matmul: max |difference| over max
+        |torch|."""
+        import torch
+
+        got = torch.empty(m, n, dtype=a[0].dtype, device="cuda")
+        self.launcher(twin, m, n, k, a[:1], w[:1], [got])(0)
+        ref = torch.matmul(a[0], w[0].t()).float()
+        err = float((got.float() - ref).abs().max() / ref.abs().max())
+        return {"max_rel_err": err, "ok": err < GEMM_CHECK_TOL}
+
+
 def runs_json(runs, flops: float, mon: Monitor) -> list[dict]:
     """Each run's record, its TFLOP/s and the monitor's summary of the run's second half
     (the settled state: NVML's power reading averages over up to a second)."""
@@ -260,7 +343,9 @@ def runs_json(runs, flops: float, mon: Monitor) -> list[dict]:
     ]
 
 
-def measure_shape(m: int, n: int, k: int, mk: MathKernel, mon: Monitor, args) -> dict:
+def measure_shape(
+    m: int, n: int, k: int, mk: MathKernel, mon: Monitor, args, fk: FeedKernel | None = None
+) -> dict:
     import torch
 
     from cudal2.bench.bench import make_operands
@@ -277,17 +362,23 @@ def measure_shape(m: int, n: int, k: int, mk: MathKernel, mon: Monitor, args) ->
         "torch": lambda j: torch.matmul(ops.a[j], w_t[j], out=ops.c[j]),
         "math": mk.launcher("math_n256", "sms", "random", rounds),
     }
+    checks = {}
+    if fk is not None and fk.fits(m, n, k):
+        for name in args.feed:
+            if name.startswith("gemm"):  # a GEMM twin: checked before it is timed
+                checks[f"{name}_check"] = fk.check(name, m, n, k, ops.a, ops.w_tn)
+            fns[name] = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
     runs = time_sustained(fns, nsets, args.seconds, args.reps, args.seed)
-    return {
+    per_call = {name: flops for name in fns} | {"math": mk.flops(rounds, "sms")}
+    rec = {
         "target": {"m": m, "n": n, "k": k, "dtype": "fp16", "layout": "tn"},
         "operand_sets": nsets,
         "math_rounds": rounds,
         "math_flops_per_call": mk.flops(rounds, "sms"),
-        "runs": {
-            "torch": runs_json(runs["torch"], flops, mon),
-            "math": runs_json(runs["math"], mk.flops(rounds, "sms"), mon),
-        },
+        "runs": {name: runs_json(runs[name], per_call[name], mon) for name in fns},
     }
+    rec.update(checks)
+    return rec
 
 
 def measure_variants(mk: MathKernel, mon: Monitor, args) -> dict:
@@ -323,10 +414,16 @@ def summary_lines(res: dict) -> list[str]:
     for s in res["shapes"]:
         t = s["target"]
         c = s.get("ceiling_speedup")
+        feed = "".join(
+            f"  {name} {s[name]['tflops']:7.1f} ({s.get(key, 0):.3f})"
+            for name, key in FEED.items()
+            if name in s
+        )
         out.append(
             f"{t['m']:>5}x{t['n']}x{t['k']:<6} torch {s['torch']['tflops']:7.1f}  "
             f"math {s['math']['tflops']:7.1f} TFLOP/s  ceiling "
             + (f"{c:.3f}" if c is not None else "-")
+            + feed
         )
     sm = res["summary"]
     out.append(
@@ -334,6 +431,7 @@ def summary_lines(res: dict) -> list[str]:
         f"({sm['geomean_ceiling_llm_public']} over the {sm['llm_public_shapes']} llm-public ones); "
         f"{sm['shapes_allowing_target']} allow 1.03"
     )
+    out += [f"{key}: {sm[key]}" for key in FEED.values() if key in sm]
     return out
 
 
@@ -344,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="each sustained run lasts this long")
     ap.add_argument("--reps", type=int, default=3, help="sustained runs per callable and shape")
     ap.add_argument("--variant-reps", type=int, default=1)
+    ap.add_argument(
+        "--feed", nargs="?", const="feed,gemm", default="", metavar="KERNELS",
+        help="add these feed kernels (comma-separated: feed, gemm, feedpair, gemmpair)",
+    )  # fmt: skip
+    ap.add_argument("--no-variants", action="store_true", help="skip the short run and variants")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cubin", help="a compiled math_ceiling.cu (default: compile with nvcc)")
     ap.add_argument("--dry-run", metavar="RAW", help="analyse a recorded-format raw file (CPU)")
@@ -360,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.seconds <= 0 or args.reps < 1 or args.variant_reps < 1:
             raise ValueError("--seconds must be > 0, --reps and --variant-reps >= 1")
+        args.feed = [x for x in args.feed.split(",") if x]
+        if bad := [x for x in args.feed if x not in FEED]:
+            raise ValueError(f"--feed: unknown kernel {bad[0]!r} (known: {', '.join(FEED)})")
         if shutil.which("nvidia-smi") is None:
             raise ValueError("nvidia-smi not found: the power limit and the samples need it")
     except (OSError, ValueError, KeyError) as e:
@@ -387,10 +493,20 @@ def measure(args, bench_rows: list[dict], out: Path) -> int:
     public = {s for s in load_shapes(PUBLIC_SHAPES) if s[0] >= 1024}
     sms = driver.sm_count(index)
     mk = MathKernel(cubin, sms)
+    fk = FeedKernel(cubin, sms) if args.feed else None
     env = {**gpu_env(smi_index), "sm_count": sms, "seconds": args.seconds, "reps": args.reps}
     env.update(variant_reps=args.variant_reps, dry_run=False)
     kernel = {"source": "bench/experiments/math_ceiling.cu", "tile": [TILE_M, TILE_N, TILE_K]}
     kernel.update(ktiles_per_round=KTILES, threads=THREADS, flops_per_round_cta=FLOPS_PER_ROUND)
+    if fk is not None:
+        kernel["feed"] = {
+            "threads": FEED_THREADS,
+            "stages": FEED_STAGES,
+            "group": FEED_GROUP,
+            "grid": sms,
+            "tile": [TILE_M, TILE_N, TILE_K],
+            "kernels": args.feed,
+        }
     raw = {
         "env": env,
         "kernel": kernel,
@@ -403,13 +519,14 @@ def measure(args, bench_rows: list[dict], out: Path) -> int:
     mon = Monitor(smi_index)
     raw["env"]["monitor"] = mon.source
     try:
-        raw["short"] = mk.short_run(SHORT_S, SHORT_IDLE_S)
-        print("short run:", raw["short"], flush=True)
-        raw["variants"] = measure_variants(mk, mon, args)
+        if not args.no_variants:
+            raw["short"] = mk.short_run(SHORT_S, SHORT_IDLE_S)
+            print("short run:", raw["short"], flush=True)
+            raw["variants"] = measure_variants(mk, mon, args)
         order = list(shapes)
         random.Random(args.seed).shuffle(order)  # no shape always runs on a cold GPU
         for m, n, k in order:
-            rec = measure_shape(m, n, k, mk, mon, args)
+            rec = measure_shape(m, n, k, mk, mon, args, fk)
             torch.cuda.empty_cache()  # this shape's operands, before the next one's
             rec["llm_public"] = (m, n, k) in public
             raw["shapes"].append(rec)
@@ -422,7 +539,10 @@ def measure(args, bench_rows: list[dict], out: Path) -> int:
     res = analyse(raw, bench_rows, args.bench)
     write_json(out, res)
     print("\n".join(summary_lines(res)))
-    return 0 if all(c["ok"] for c in raw["checks"]) else 1
+    checks = raw["checks"] + [
+        v for s in raw["shapes"] for k, v in s.items() if k.endswith("_check")
+    ]
+    return 0 if all(c["ok"] for c in checks) else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,12 @@ own kernels' tensor pipe waits, docs/kernels.md).
         python bench/experiments/ncu_prefill_pair.py --db DB.jsonl.gz [...] [--shape M N K]
 
 (``ci/gpu_ncu_prefill.sh`` runs it so.) The own kernel and the algorithm are picked as
-``power_own.py`` picks them; operands uniform(-1, 1), fp16 tn.
+``power_own.py`` picks them; operands uniform(-1, 1), fp16 tn. ``--feed CUBIN`` (a
+compiled math_ceiling.cu) adds its kernels on the shape, in ranges "math" (the shape's
+FLOPs on operands in shared memory), "feed" (those wgmma beside every operand load of
+the shape's 128x256 tiles, never waiting on them), "gemm" (the feed kernel's GEMM
+twin), "feedpair" and "gemmpair" (the same in 2-CTA clusters multicasting B); and
+torch.matmul ("torch").
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", nargs="+", type=Path, required=True)
     ap.add_argument("--shape", nargs=3, type=int, default=[4096, 4096, 4096])
     ap.add_argument("--launches", type=int, default=2)
+    ap.add_argument("--feed", type=Path, help="a compiled math_ceiling.cu: its kernels too")
     args = ap.parse_args(argv)
 
     import torch
@@ -55,6 +61,20 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "cublaslt": lambda: lt.run(i, a.data_ptr(), w.data_ptr(), c.data_ptr(), stream),
     }
+    if args.feed:
+        from math_ceiling import FEED, FeedKernel, MathKernel
+
+        from cudal2.packaging.runtime import driver
+
+        cubin = args.feed.read_bytes()
+        sms = driver.sm_count(torch.cuda.current_device())
+        mk, fk = MathKernel(cubin, sms), FeedKernel(cubin, sms)
+        math_run = mk.launcher("math_n256", "sms", "random", mk.rounds_for(2.0 * m * n * k, "sms"))
+        runs["math"] = lambda: math_run(0)
+        for name in FEED:
+            run = fk.launcher(name, m, n, k, [a], [w], [c])
+            runs[name] = lambda run=run: run(0)
+        runs["torch"] = lambda: torch.matmul(a, w.t(), out=c)
     launch_in_ranges(runs, args.launches)
     print(f"own: {own_name}; cublaslt: {recs['cublaslt']['vendor']['name']}")
     return 0

@@ -17,10 +17,14 @@ markdown (CPU only); the script writes the raw record, then ``analyse``'s result
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from cudal2.bench.report import geomean
@@ -30,6 +34,14 @@ from cudal2.bench.report import geomean
 RUN_KEYS = ("tflops", "power_w", "sm_mhz", "temp_c_max")
 MONITORED = RUN_KEYS[1:]
 TARGET = 1.03  # issue 22: geomean over the best vendor at M >= 1024
+# The feed run's kernels (math_ceiling.py --feed), each optional in a shape's runs:
+# name -> the key of its rate over the best vendor.
+FEED = {
+    "feed": "feed_ceiling",
+    "gemm": "gemm_speedup",
+    "feedpair": "feedpair_ceiling",
+    "gemmpair": "gemmpair_speedup",
+}
 
 
 def _get(d: Any, path: str, where: str) -> Any:
@@ -126,12 +138,16 @@ def analyse(raw: Mapping[str, Any], bench_rows: Sequence[Mapping[str, Any]], ben
     (issue 22's 16). ValueError naming the key path of anything missing or not positive."""
     vendor = vendor_over_torch(bench_rows)
     shapes, ceilings, public = [], [], []
+    feed: dict[str, list[float]] = {key: [] for key in FEED.values()}
     for i, s in enumerate(_get(raw, "shapes", "raw")):
         where = f"shapes.{i}"
         m, n, k = (int(_positive(s, f"target.{d}", where)) for d in "mnk")
         rec = dict(s)
         rec["torch"] = _median_run(_get(s, "runs.torch", where), f"{where}.runs.torch")
         rec["math"] = _median_run(_get(s, "runs.math", where), f"{where}.runs.math")
+        present = [name for name in FEED if name in _get(s, "runs", where)]
+        for name in present:
+            rec[name] = _median_run(_get(s, f"runs.{name}", where), f"{where}.runs.{name}")
         v = vendor.get((m, n, k))
         if v is not None:
             best = rec["torch"]["tflops"] * v["over_torch"]  # at this run's clocks
@@ -141,6 +157,9 @@ def analyse(raw: Mapping[str, Any], bench_rows: Sequence[Mapping[str, Any]], ben
             ceilings.append(ceiling)
             if s.get("llm_public"):
                 public.append(ceiling)
+            for name in present:
+                rec[FEED[name]] = round(rec[name]["tflops"] / best, 4)
+                feed[FEED[name]].append(rec[name]["tflops"] / best)
         shapes.append(rec)
     out = dict(raw)
     out["shapes"] = shapes
@@ -154,6 +173,15 @@ def analyse(raw: Mapping[str, Any], bench_rows: Sequence[Mapping[str, Any]], ben
         "max_ceiling": round(max(ceilings), 4) if ceilings else None,
         "shapes_allowing_target": sum(c >= TARGET for c in ceilings),
     }
+    for key, xs in feed.items():
+        if xs:
+            out["summary"][key] = {
+                "shapes": len(xs),
+                "geomean": round(geomean(xs), 4),
+                "min": round(min(xs), 4),
+                "max": round(max(xs), 4),
+                "shapes_at_target": sum(x >= TARGET for x in xs),
+            }
     return out
 
 
@@ -247,4 +275,165 @@ def markdown(d: Mapping[str, Any], source: str) -> str:
             r = _median_run(v["runs"], f"variants.{name}")
             temp = f"{r['temp_c_max']:.0f}" if r["temp_c_max"] else "–"
             lines.append(f"| {v['label']} | {r['tflops']:.1f} | {_mhz_w(r)} | {temp} |")
+    return "\n".join(lines)
+
+
+def waves(m: int, n: int, sms: int, tile: Sequence[int]) -> tuple[int, float]:
+    """A shape's output tiles of ``tile`` (M x N) and how full its waves of ``sms`` CTAs
+    are: tiles / (waves * sms), 1.0 when the last wave is full."""
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
+    return tiles, tiles / (-(-tiles // sms) * sms)
+
+
+FULL_WAVES = 0.95  # the feed block's summary: shapes whose tiles fill their waves this much
+
+
+def feed_markdown(d: Mapping[str, Any], source: str) -> str:
+    """The feed ceiling's block: per shape the tiles and wave fill at 128x256, torch, the
+    best vendor, the math kernel, and each feed kernel of the run (TFLOP/s, × torch in
+    this run, × the best vendor) and GEMM twin (× the best vendor); then the geomeans,
+    over every shape and over those whose waves are full, and the twins' checks."""
+    env, feed = d["env"], d["kernel"]["feed"]
+    sms, tile = feed["grid"], feed["tile"]
+    present = [name for name in FEED if any(name in s for s in d["shapes"])]
+    bounds = [name for name in present if name.startswith("feed")]
+    twins = [name for name in present if name not in bounds]
+    lines = [
+        f"{env['gpu']}, power limit {_num(env['power_limit_w'], 'W')}, driver {env['driver']}, "
+        f"torch {env['torch']} (`{source}`; best vendor from `{d['summary']['bench']}`, scaled "
+        f"by the torch ratio). Medians of {env['reps']} runs of >= {env['seconds']:g} s each, "
+        f"interleaved; the feed kernels and twins on {sms} CTAs of {tile[0]}x{tile[1]} tiles, "
+        f"{feed['stages']}-stage ring, walk in groups of {feed['group']} M tiles.",
+        "",
+        "| M×N×K | tiles (wave fill) | torch TFLOP/s | best vendor | math | "
+        + "".join(f"{b} | {b} × torch | {b} × best vendor | " for b in bounds)
+        + "".join(f"{t} × best vendor | " for t in twins),
+        "|---|" + "---:|" * (4 + 3 * len(bounds) + len(twins)),
+    ]
+    lines[2] = lines[2].rstrip()
+    ratios: dict[str, dict[str, list[tuple[float, float]]]] = {
+        b: {"all": [], "full": []} for b in bounds
+    }
+    for s in d["shapes"]:
+        if not any(name in s for name in present):
+            continue
+        t = s["target"]
+        tiles, fill = waves(t["m"], t["n"], sms, tile)
+        torch_tf = s["torch"]["tflops"]
+        best = f"{s['vendor']['tflops']:.1f}" if "vendor" in s else "–"
+        cells = [f"{tiles} ({fill:.2f})", f"{torch_tf:.1f}", best, f"{s['math']['tflops']:.1f}"]
+        for b in bounds:
+            tf, over = s[b]["tflops"], s.get(FEED[b])
+            cells += [f"{tf:.1f}", f"{tf / torch_tf:.3f}", f"{over:.3f}" if over else "–"]
+            if over:
+                ratios[b]["all"].append((tf / torch_tf, over))
+                if fill >= FULL_WAVES:
+                    ratios[b]["full"].append((tf / torch_tf, over))
+        cells += [f"{s[FEED[x]]:.3f}" if FEED[x] in s else "–" for x in twins]
+        lines.append(f"| {_label(s)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for b in bounds:
+        for key, label in (("all", "every shape"), ("full", f"wave fill >= {FULL_WAVES}")):
+            xs = ratios[b][key]
+            if xs:
+                lines.append(
+                    f"- {b}, over {label} ({len(xs)}): {geomean([x[0] for x in xs]):.3f} × "
+                    f"torch, {geomean([x[1] for x in xs]):.3f} × the best vendor "
+                    f"({min(x[1] for x in xs):.3f}–{max(x[1] for x in xs):.3f}); "
+                    f"{sum(x[1] >= TARGET for x in xs)} at {TARGET:.2f} or more."
+                )
+    for x in twins:
+        summ = d["summary"].get(FEED[x])
+        checks = [s[f"{x}_check"] for s in d["shapes"] if f"{x}_check" in s]
+        worst = max((c["max_rel_err"] for c in checks), default=None)
+        if summ:
+            lines.append(
+                f"- {x} (a GEMM): {summ['geomean']:.3f} × the best vendor over {summ['shapes']} "
+                f"shapes ({summ['min']:.3f}–{summ['max']:.3f}); checked against torch on "
+                f"{len(checks)} shapes: "
+                + (
+                    f"all passed (largest difference {worst:.1e} of torch's largest value)."
+                    if checks and all(c["ok"] for c in checks)
+                    else "FAILED."
+                )
+            )
+    return "\n".join(lines)
+
+
+# The ncu details page of ncu_prefill_pair.py --feed: (metric, unit, how the table names it).
+NCU_FEED_ROWS = (
+    ("Duration", "us", "µs"),
+    ("SM Frequency", "Ghz", "SM GHz"),
+    ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "%", "tensor pipe % active"),
+    ("lts__t_bytes.sum.per_second", "Tbyte/s", "L2 TB/s"),
+    ("dram__bytes.sum.per_second", "Tbyte/s", "DRAM TB/s"),
+    ("Grid Size", "", "CTAs"),
+    ("Cluster Size", "", "cluster"),
+)  # fmt: skip
+NCU_FEED_ROLES = ("own", "cublaslt", "torch", "feed", "gemm", "math")
+_RANGE = re.compile(r">:([a-z]+):")  # "<default domain>:feed:none:..."
+_SCALE = {("Gbyte/s", "Tbyte/s"): 1e-3, ("Mhz", "Ghz"): 1e-3, ("ms", "us"): 1e3}
+
+
+def ncu_feed_details(text: str, source: str) -> dict[str, dict[str, str]]:
+    """An ncu details page (``--csv --page details``) of ncu_prefill_pair.py --feed: per
+    NVTX range (own, cublaslt, torch, math, feed, gemm) its kernel's name and metrics
+    (value strings in NCU_FEED_ROWS's units). ValueError naming what is missing."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    out: dict[str, dict[str, str]] = {}
+    for i, r in enumerate(rows):
+        rng = next((v for k, v in r.items() if k and k.startswith("thread Domain")), "") or ""
+        m = _RANGE.search(rng)
+        if m is None:
+            raise ValueError(f"{source}: row {i + 2}: no NVTX range in {rng!r}")
+        got = out.setdefault(m[1], {"kernel": r["Kernel Name"]})
+        got[r["Metric Name"]] = r["Metric Value"]
+        got[r["Metric Name"] + " unit"] = r["Metric Unit"]
+    for role in NCU_FEED_ROLES:
+        if role not in out:
+            raise ValueError(f"{source}: no kernel in NVTX range {role!r}")
+        for metric, unit, _ in NCU_FEED_ROWS:
+            if metric not in out[role]:
+                raise ValueError(f"{source}: {role}: no metric {metric!r}")
+            have = out[role][metric + " unit"]
+            if have != unit and (have, unit) not in _SCALE:
+                raise ValueError(f"{source}: {role}: {metric} in {have!r}, not {unit!r}")
+    return out
+
+
+def _value(got: Mapping[str, str], metric: str, unit: str) -> str:
+    raw = got[metric].replace(",", "")
+    scale = _SCALE.get((got[metric + " unit"], unit))
+    return f"{float(raw) * scale:.2f}" if scale else raw
+
+
+def ncu_feed_markdown(files: Mapping[str, str]) -> str:
+    """Per shape (its details page's text by file name) and role, one launch of its
+    kernel: the duration, over the feed kernel's, and the rest of NCU_FEED_ROWS."""
+    got = {name: ncu_feed_details(text, name) for name, text in files.items()}
+    shapes = [re.sub(r"^.*?(\d+x\d+x\d+).*$", r"\1", Path(n).name) for n in files]
+    head = [label for _, _, label in NCU_FEED_ROWS]
+    lines = [
+        "One launch each under ncu (clocks as found, caches flushed; "
+        + ", ".join(f"`{n}`" for n in files)
+        + "): the sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
+        "torch.matmul, the feed kernel, its GEMM twin and the math kernel at the shape's "
+        "FLOPs. The vendors' and own kernels: "
+        + "; ".join(
+            f"{s}: " + ", ".join(f"{r} `{g[r]['kernel']}`" for r in ("own", "cublaslt", "torch"))
+            for s, g in zip(shapes, got.values(), strict=True)
+        )
+        + ".",
+        "",
+        f"| shape | kernel | {head[0]} | × feed | " + " | ".join(head[1:]) + " |",
+        "|---|---|" + "---:|" * (len(head) + 1),
+    ]
+    for shape, g in zip(shapes, got.values(), strict=True):
+        feed_us = float(_value(g["feed"], "Duration", "us"))
+        for r in NCU_FEED_ROLES:
+            cells = [_value(g[r], metric, unit) for metric, unit, _ in NCU_FEED_ROWS]
+            ratio = float(cells[0]) / feed_us
+            lines.append(
+                f"| {shape} | {r} | {cells[0]} | {ratio:.3f} | " + " | ".join(cells[1:]) + " |"
+            )
     return "\n".join(lines)

@@ -2012,6 +2012,37 @@ def math_ceiling(root: Path) -> str:
     return mc.markdown(mc.load(path.read_text(), MATH_CEILING), MATH_CEILING)
 
 
+FEED_CEILING = "bench/results/h100-feed-ceiling.json"  # FEED=1 ci/gpu_math_ceiling.sh, H100
+# FEED_KERNELS=feed,feedpair,gemmpair: the first pair kernels (cluster-scope arrives and waits)
+FEED_CEILING_PAIR_V1 = "bench/results/h100-feed-ceiling-pair-v1.json"
+NCU_FEED = (  # FEED=1 ci/gpu_ncu_prefill.sh on the H100
+    "bench/results/h100-ncu-feed-4096x4096x4096.csv",
+    "bench/results/h100-ncu-feed-1024x28672x4096.csv",
+)
+
+
+def feed_ceiling(root: Path, path: str = FEED_CEILING) -> str:
+    """The feed ceiling's table (``cudal2.bench.math_ceiling.feed_markdown``): per prefill
+    shape, the math kernel beside kernels that also move a GEMM's operand bytes."""
+    from cudal2.bench import math_ceiling as mc
+
+    if not (root / path).exists():
+        raise ResultsMissing(
+            f"{path} is not committed: run FEED=1 ci/gpu_math_ceiling.sh on the H100 and "
+            "commit its feed-ceiling.json there"
+        )
+    return mc.feed_markdown(mc.load((root / path).read_text(), path), path)
+
+
+def ncu_feed(root: Path, files: tuple[str, ...] = NCU_FEED) -> str:
+    """One launch of the own kernel, the vendors' and the feed kernels under ncu."""
+    from cudal2.bench import math_ceiling as mc
+
+    if missing := [f for f in files if not (root / f).exists()]:
+        raise ResultsMissing(f"{missing[0]} is not committed: run FEED=1 ci/gpu_ncu_prefill.sh")
+    return mc.ncu_feed_markdown({f: (root / f).read_text() for f in files})
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -2097,6 +2128,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "profile-lag": profile_lag,
     "prefill-bench": prefill_bench,
     "math-ceiling": math_ceiling,
+    "feed-ceiling": feed_ceiling,
+    "feed-ceiling-pair-v1": lambda root: feed_ceiling(root, FEED_CEILING_PAIR_V1),
+    "ncu-feed": ncu_feed,
 }
 
 _BLOCK = re.compile(

@@ -11,13 +11,10 @@ computed from its inputs and from the committed bench file, never written down."
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import re
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,28 +22,12 @@ import pytest
 
 from cudal2.bench import math_ceiling as mc
 from cudal2.bench import standing
-from cudal2.bench.report import read_results
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench/experiments/math_ceiling.py"
 CU = ROOT / "bench/experiments/math_ceiling.cu"
 RAW = Path(__file__).parent / "data/math-ceiling-raw.json"
 BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"
-
-
-@pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("math_ceiling_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["math_ceiling_script"] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    del sys.modules["math_ceiling_script"]
-
-
-@pytest.fixture(scope="module")
-def bench_rows():
-    return read_results(ROOT / BENCH)
 
 
 def raw() -> dict:
@@ -91,11 +72,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("case,edit,factor", CASES, ids=[c[0] for c in CASES])
-def test_ceiling_per_shape_and_geomeans(case, edit, factor, bench_rows):
+def test_ceiling_per_shape_and_geomeans(case, edit, factor, prefill_v5_rows):
     d = raw()
     if edit:
         edit(d, factor)
-    res = mc.analyse(d, bench_rows, BENCH)
+    res = mc.analyse(d, prefill_v5_rows, BENCH)
     ceilings, public = [], []
     for s, given in zip(res["shapes"], d["shapes"], strict=True):
         t = s["target"]
@@ -104,7 +85,7 @@ def test_ceiling_per_shape_and_geomeans(case, edit, factor, bench_rows):
         assert s["torch"]["tflops"] == pytest.approx(torch_tf, abs=1e-3)
         assert s["math"]["tflops"] == pytest.approx(math_tf, abs=1e-3)
         try:
-            b = bench_row(bench_rows, t["m"], t["n"], t["k"])
+            b = bench_row(prefill_v5_rows, t["m"], t["n"], t["k"])
         except ValueError:  # not in the bench file: no vendor, no ceiling
             assert "vendor" not in s and "ceiling_speedup" not in s
             continue
@@ -128,11 +109,11 @@ def test_ceiling_per_shape_and_geomeans(case, edit, factor, bench_rows):
     assert summ["shapes_allowing_target"] == sum(c >= mc.TARGET for c in ceilings)
 
 
-def test_scaling_by_the_torch_ratio_moves_every_ceiling_inversely(bench_rows):
-    base = mc.analyse(raw(), bench_rows, BENCH)
+def test_scaling_by_the_torch_ratio_moves_every_ceiling_inversely(prefill_v5_rows):
+    base = mc.analyse(raw(), prefill_v5_rows, BENCH)
     d = raw()
     _scale_torch(d, 1.25)
-    faster = mc.analyse(d, bench_rows, BENCH)
+    faster = mc.analyse(d, prefill_v5_rows, BENCH)
     pairs = [
         (a["ceiling_speedup"], b["ceiling_speedup"])
         for a, b in zip(base["shapes"], faster["shapes"], strict=True)
@@ -171,15 +152,19 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("edit,says", HOSTILE, ids=[h[1] for h in HOSTILE])
-def test_hostile_raw_records_name_the_key_path(edit, says, bench_rows, script, tmp_path, capsys):
+def test_hostile_raw_records_name_the_key_path(
+    edit, says, prefill_v5_rows, math_ceiling_script, tmp_path, capsys
+):
     d = raw()
     edit(d)
     with pytest.raises(ValueError, match=re.escape(says)):
-        mc.analyse(d, bench_rows, BENCH)
+        mc.analyse(d, prefill_v5_rows, BENCH)
     bad = tmp_path / "raw.json"
     bad.write_text(json.dumps(d))
     out = tmp_path / "out.json"
-    assert script.main(["--dry-run", str(bad), "--out", str(out), "--bench", BENCH]) == 2
+    assert (
+        math_ceiling_script.main(["--dry-run", str(bad), "--out", str(out), "--bench", BENCH]) == 2
+    )
     assert says in capsys.readouterr().err
     assert not out.exists()
 
@@ -191,17 +176,24 @@ def test_hostile_raw_records_name_the_key_path(edit, says, bench_rows, script, t
         (["--dry-run", "no/such-raw.json"], "no/such-raw.json"),
     ],
 )
-def test_missing_files_exit_2_naming_them(argv, says, script, tmp_path, capsys):
-    assert script.main(["--dry-run", str(RAW), *argv, "--out", str(tmp_path / "o.json")]) == 2
+def test_missing_files_exit_2_naming_them(argv, says, math_ceiling_script, tmp_path, capsys):
+    assert (
+        math_ceiling_script.main(["--dry-run", str(RAW), *argv, "--out", str(tmp_path / "o.json")])
+        == 2
+    )
     assert says in capsys.readouterr().err
 
 
-def test_dry_run_writes_what_the_docs_block_reads(script, tmp_path, capsys, bench_rows):
+def test_dry_run_writes_what_the_docs_block_reads(
+    math_ceiling_script, tmp_path, capsys, prefill_v5_rows
+):
     out = tmp_path / "out.json"
-    assert script.main(["--dry-run", str(RAW), "--out", str(out), "--bench", BENCH]) == 0
+    assert (
+        math_ceiling_script.main(["--dry-run", str(RAW), "--out", str(out), "--bench", BENCH]) == 0
+    )
     printed = capsys.readouterr().out
     got = json.loads(out.read_text())
-    assert got == json.loads(json.dumps(mc.analyse(raw(), bench_rows, BENCH)))
+    assert got == json.loads(json.dumps(mc.analyse(raw(), prefill_v5_rows, BENCH)))
     assert f"geomean ceiling {got['summary']['geomean_ceiling']}" in printed
     assert not list(tmp_path.glob("*.tmp"))  # written atomically, nothing left behind
     # The docs block, from a results file where the lead will commit it.
@@ -231,8 +223,8 @@ def test_the_block_cannot_be_made_before_the_results_are_committed(tmp_path):
         standing.math_ceiling(tmp_path)
 
 
-def test_load_rejects_a_results_file_without_what_the_table_reads(tmp_path, bench_rows):
-    res = mc.analyse(raw(), bench_rows, BENCH)
+def test_load_rejects_a_results_file_without_what_the_table_reads(tmp_path, prefill_v5_rows):
+    res = mc.analyse(raw(), prefill_v5_rows, BENCH)
     assert mc.load(json.dumps(res), "f.json")["summary"] == res["summary"]
     for path, says in (("env.power_limit_w", "env.power_limit_w: missing"), ("summary", "summary")):
         d = copy.deepcopy(res)
@@ -278,46 +270,32 @@ def test_a_window_summarises_only_its_samples():
     assert mc.window(samples, 4.0, 5.0)["power_w"] is None
 
 
-def test_the_hosts_constants_are_the_kernels(script):
+def test_the_hosts_constants_are_the_kernels(math_ceiling_script):
     text = CU.read_text()
 
     def const(name):
         return int(re.search(rf"constexpr int {name} = (\d+);", text).group(1))
 
     assert (const("KTILES"), const("BM"), const("BN"), const("BK"), const("THREADS")) == (
-        script.KTILES,
-        script.TILE_M,
-        script.TILE_N,
-        script.TILE_K,
-        script.THREADS,
+        math_ceiling_script.KTILES,
+        math_ceiling_script.TILE_M,
+        math_ceiling_script.TILE_N,
+        math_ceiling_script.TILE_K,
+        math_ceiling_script.THREADS,
     )
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_the_kernel_compiles_to_hgmma_without_local_memory(tmp_path, script):
-    from cudal2.generator import sass
-
-    cubin = tmp_path / "math_ceiling.cubin"
-    proc = subprocess.run(
-        ["nvcc", "-cubin", "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-o", str(cubin), str(CU)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr
-    assert not re.search(r"[1-9]\d* bytes (stack frame|spill)", proc.stderr), proc.stderr
+def test_the_kernel_compiles_to_hgmma_without_local_memory(math_ceiling_cubin, math_ceiling_script):
+    got = math_ceiling_cubin
+    assert "0 bytes spill stores, 0 bytes spill loads" in got.ptxas
+    assert not re.search(r"[1-9]\d* bytes (stack frame|spill)", got.ptxas), got.ptxas
     # One CTA per SM: more than 128 registers a thread leaves no room for a second CTA.
-    regs = dict(
-        re.findall(r"entry function '(\w+)' for 'sm_90a'.*?Used (\d+) registers", proc.stderr, re.S)
-    )
-    assert int(regs["math_n256"]) > 128 and int(regs["math_n128"]) > 128, regs
-    if sass.tool_dir() is None:
+    assert got.registers["math_n256"] > 128 and got.registers["math_n128"] > 128, got.registers
+    if got.sass is None:
         pytest.skip("cuobjdump not installed")
-    listing = sass.sass(cubin.read_bytes(), "no-symbol-to-hide")
-    functions = dict((body.split()[0], body) for body in re.split(r"\n\s*Function : ", listing)[1:])
-    k16_steps = script.KTILES * script.TILE_K // 16  # per round, unrolled
+    k16_steps = math_ceiling_script.KTILES * math_ceiling_script.TILE_K // 16  # a round, unrolled
     for name, op, per_step in (("math_n256", "64x256x16", 1), ("math_n128", "64x128x16", 2)):
-        body = functions[name]
+        body = got.sass[name]
         assert body.count(f"HGMMA.{op}.F32") == k16_steps * per_step, name
         assert not re.search(r"\s(LDL|STL)[.\s]", body), name
 
@@ -351,10 +329,10 @@ def fake_smi(tmp_path, monkeypatch):
     return smi
 
 
-def test_the_monitor_reads_nvidia_smi_into_windows(script, fake_smi):
+def test_the_monitor_reads_nvidia_smi_into_windows(math_ceiling_script, fake_smi):
     import time
 
-    mon = script.Monitor(0)
+    mon = math_ceiling_script.Monitor(0)
     assert mon.source == "nvidia-smi -lms 100"  # pynvml is not installed here
     t0 = time.time()
     time.sleep(0.3)
@@ -363,7 +341,7 @@ def test_the_monitor_reads_nvidia_smi_into_windows(script, fake_smi):
     assert mon._proc.poll() is not None  # the sampler process is gone
     w = mc.window(mon.samples, t0, t1)
     assert w["samples"] >= 5 and w["power_w"] == 650.0 and w["sm_mhz"] == 1755.0
-    env = script.gpu_env(0)
+    env = math_ceiling_script.gpu_env(0)
     assert env["gpu"] == "NVIDIA H100 80GB HBM3" and env["power_limit_w"] == 700.0
 
 
@@ -395,7 +373,9 @@ class FakeKernel:
         return {"rounds": 1, "seconds": seconds, "idle_s": idle_s, "tflops": 1.0}
 
 
-def test_a_cpu_run_through_the_measurement_plumbing(script, fake_smi, tmp_path, monkeypatch):
+def test_a_cpu_run_through_the_measurement_plumbing(
+    math_ceiling_script, fake_smi, tmp_path, monkeypatch
+):
     import time
 
     import torch
@@ -421,8 +401,8 @@ def test_a_cpu_run_through_the_measurement_plumbing(script, fake_smi, tmp_path, 
     monkeypatch.setattr(driver, "sm_count", lambda i: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(script, "MathKernel", FakeKernel)
-    monkeypatch.setattr(script, "SHORT_IDLE_S", 0.0)
+    monkeypatch.setattr(math_ceiling_script, "MathKernel", FakeKernel)
+    monkeypatch.setattr(math_ceiling_script, "SHORT_IDLE_S", 0.0)
     monkeypatch.chdir(ROOT)
     shapes = tmp_path / "shapes.toml"
     shapes.write_text("shapes = [[4096, 4096, 4096], [2048, 2048, 2048], [1024, 8192, 1024]]\n")
@@ -430,7 +410,7 @@ def test_a_cpu_run_through_the_measurement_plumbing(script, fake_smi, tmp_path, 
     cubin.write_bytes(b"stand-in")
     out = tmp_path / "out.json"
     argv = ["--shapes", str(shapes), "--cubin", str(cubin), "--out", str(out)]
-    assert script.main([*argv, "--seconds", "0.05", "--reps", "2"]) == 0
+    assert math_ceiling_script.main([*argv, "--seconds", "0.05", "--reps", "2"]) == 0
     got = mc.load(out.read_text(), "out.json")
     assert [tuple(s["target"][d] for d in "mnk") for s in got["shapes"]] == [
         (4096, 4096, 4096),
@@ -439,7 +419,7 @@ def test_a_cpu_run_through_the_measurement_plumbing(script, fake_smi, tmp_path, 
     ]  # the file's order, whatever order they ran in
     assert [s["llm_public"] for s in got["shapes"]] == [True, False, True]
     assert got["env"]["monitor"] == "nvidia-smi -lms 100" and got["env"]["power_limit_w"] == 700.0
-    assert sorted(got["variants"]) == sorted(script.VARIANTS)
+    assert sorted(got["variants"]) == sorted(math_ceiling_script.VARIANTS)
     for s in got["shapes"]:
         assert len(s["runs"]["torch"]) == len(s["runs"]["math"]) == 2
         assert s["torch"]["power_w"] == 650.0  # the stand-in's samples, in each run's window

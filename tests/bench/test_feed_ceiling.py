@@ -1,0 +1,284 @@
+"""Issue 22's feed ceiling without a GPU (``cudal2.bench.math_ceiling``'s feed part and
+bench/experiments/math_ceiling.py --feed): the analysis of the feed kernels and GEMM
+twins per shape, their geomeans over every shape and over full waves, the docs blocks
+(the sustained table and the ncu one), hostile inputs; and the feed kernels compile for
+sm_90a without local memory, one 384-thread CTA an SM.
+
+The data is the H100 run's committed record (bench/results/h100-feed-ceiling.json: its
+raw runs, analysed again here) and its ncu pages (bench/results/h100-ncu-feed-*.csv);
+the expectations are computed from their inputs, never written down."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from cudal2.bench import math_ceiling as mc
+from cudal2.bench import standing
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench/experiments/math_ceiling.py"
+CU = ROOT / "bench/experiments/math_ceiling.cu"
+FEED = ROOT / standing.FEED_CEILING
+BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"
+
+
+def recorded() -> dict:
+    return json.loads(FEED.read_text())
+
+
+def raw() -> dict:
+    """The recorded run before its analysis: the script's raw record."""
+    d = recorded()
+    del d["summary"]
+    keep = ("target", "operand_sets", "math_rounds", "math_flops_per_call", "runs", "llm_public")
+    d["shapes"] = [
+        {k: v for k, v in s.items() if k in keep or k.endswith("_check")} for s in d["shapes"]
+    ]
+    return d
+
+
+def over_torch(rows, t) -> float | None:
+    got = [
+        r
+        for r in rows
+        if r["mode"] == "offline"
+        and r["target"]["dtype"] == "fp16"
+        and r["target"]["layout"] == "tn"
+        and (r["target"]["m"], r["target"]["n"], r["target"]["k"]) == (t["m"], t["n"], t["k"])
+    ]
+    if not got:
+        return None
+    (r,) = got
+    return r["baselines"]["torch"]["median_us"] / r["best_vendor"]["median_us"]
+
+
+def med(runs) -> float:
+    return statistics.median(r["tflops"] for r in runs)
+
+
+def test_the_recorded_analysis_is_the_analysis_of_its_runs(prefill_v5_rows):
+    assert mc.analyse(raw(), prefill_v5_rows, BENCH) == json.loads(json.dumps(recorded()))
+
+
+def _drop_feed(d):
+    del d["shapes"][0]["runs"]["feed"]
+
+
+def _slow_torch(d):
+    for s in d["shapes"]:
+        for r in s["runs"]["torch"]:
+            r["tflops"] *= 0.5
+
+
+# (case, edit of the raw record): each row's expectations are computed below.
+CASES = [
+    ("as recorded", None),
+    ("one shape without a feed run", _drop_feed),
+    ("this run's torch half as fast: the best vendor scales with it", _slow_torch),
+]
+
+
+@pytest.mark.parametrize("case,edit", CASES, ids=[c[0] for c in CASES])
+def test_each_feed_kernel_over_the_best_vendor(case, edit, prefill_v5_rows):
+    d = raw()
+    if edit:
+        edit(d)
+    res = mc.analyse(d, prefill_v5_rows, BENCH)
+    got: dict[str, list[float]] = {key: [] for key in mc.FEED.values()}
+    for s, given in zip(res["shapes"], d["shapes"], strict=True):
+        over = over_torch(prefill_v5_rows, s["target"])
+        best = med(given["runs"]["torch"]) * over
+        for name, key in mc.FEED.items():
+            if name not in given["runs"]:
+                assert name not in s and key not in s
+                continue
+            assert s[name]["tflops"] == pytest.approx(med(given["runs"][name]), abs=1e-3)
+            assert s[key] == pytest.approx(med(given["runs"][name]) / best, rel=1e-3)
+            got[key].append(med(given["runs"][name]) / best)
+    summ = res["summary"]
+    assert got["feed_ceiling"] and got["gemm_speedup"]
+    for key, xs in got.items():
+        if not xs:
+            assert key not in summ
+            continue
+        g = math.exp(sum(map(math.log, xs)) / len(xs))
+        assert summ[key]["shapes"] == len(xs)
+        assert summ[key]["geomean"] == pytest.approx(g, rel=1e-3)
+        assert summ[key]["min"] == pytest.approx(min(xs), rel=1e-3)
+        assert summ[key]["shapes_at_target"] == sum(x >= mc.TARGET for x in xs)
+
+
+# (edit of the raw record, the key path the error must name): one line a case.
+HOSTILE = [
+    (("shapes.0.runs.feed.0.tflops", 0), "shapes.0.runs.feed.0: tflops = 0"),
+    (("shapes.3.runs.gemm.1.tflops", "fast"), "shapes.3.runs.gemm.1: tflops = 'fast'"),
+    (("shapes.2.runs.feed", []), "shapes.2.runs.feed: no runs"),
+    (("shapes.1.runs.gemm.0.power_w", -3.0), "power_w = -3.0"),
+]
+
+
+@pytest.mark.parametrize("edit,says", HOSTILE, ids=[h[1] for h in HOSTILE])
+def test_hostile_feed_runs_name_the_key_path(edit, says, prefill_v5_rows):
+    d = raw()
+    path, value = edit
+    cur = d
+    parts = path.split(".")
+    for p in parts[:-1]:
+        cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+    cur[parts[-1]] = value
+    with pytest.raises(ValueError, match=re.escape(says)):
+        mc.analyse(d, prefill_v5_rows, BENCH)
+
+
+WAVES = [  # (m, n, sms, tile, tiles, fill)
+    (1024, 1280, 132, (128, 256), 40, 40 / 132),
+    (4096, 4096, 132, (128, 256), 512, 512 / 528),
+    (1024, 4096, 128, (128, 256), 128, 1.0),
+    (1000, 1000, 132, (128, 256), 8 * 4, 32 / 132),  # residues round up
+]
+
+
+@pytest.mark.parametrize("m,n,sms,tile,tiles,fill", WAVES)
+def test_waves(m, n, sms, tile, tiles, fill):
+    got = mc.waves(m, n, sms, tile)
+    assert got[0] == tiles and got[1] == pytest.approx(fill)
+
+
+def test_the_feed_block_reads_the_results(tmp_path):
+    d = recorded()
+    table = standing.feed_ceiling(ROOT)
+    sms, tile = d["kernel"]["feed"]["grid"], d["kernel"]["feed"]["tile"]
+    full, every = [], []
+    for s in d["shapes"]:
+        t = s["target"]
+        row = next(x for x in table.splitlines() if x.startswith(f"| {t['m']}x{t['n']}x{t['k']} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        tiles, fill = mc.waves(t["m"], t["n"], sms, tile)
+        assert cells[1] == f"{tiles} ({fill:.2f})"
+        assert cells[5] == f"{s['feed']['tflops']:.1f}"
+        assert cells[6] == f"{s['feed']['tflops'] / s['torch']['tflops']:.3f}"
+        assert cells[7] == f"{s['feed_ceiling']:.3f}" and cells[8] == f"{s['gemm_speedup']:.3f}"
+        every.append(s["feed_ceiling"])
+        if fill >= mc.FULL_WAVES:
+            full.append(s["feed_ceiling"])
+    g = math.exp(sum(map(math.log, full)) / len(full))
+    assert f"feed, over wave fill >= {mc.FULL_WAVES} ({len(full)}): " in table
+    assert f"{g:.3f} × the best vendor" in table
+    assert f"feed, over every shape ({len(every)})" in table
+    assert "all passed" in table
+    # A failed check of a twin says so; a figure of the results changes the block.
+    d["shapes"][4]["gemm_check"]["ok"] = False
+    d["shapes"][0]["feed"]["tflops"] = 123.4
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / standing.FEED_CEILING).write_text(json.dumps(d))
+    table = standing.feed_ceiling(tmp_path)
+    assert "FAILED" in table and "| 123.4 |" in table
+    doc = "x\n<!-- cudal2:begin feed-ceiling -->\nstale\n<!-- cudal2:end feed-ceiling -->\n"
+    assert "| 123.4 |" in standing.regenerate(doc, tmp_path)
+
+
+def test_the_blocks_cannot_be_made_before_the_results_are_committed(tmp_path):
+    with pytest.raises(standing.ResultsMissing, match="FEED=1 ci/gpu_math_ceiling.sh"):
+        standing.feed_ceiling(tmp_path)
+    with pytest.raises(standing.ResultsMissing, match="FEED=1 ci/gpu_ncu_prefill.sh"):
+        standing.ncu_feed(tmp_path)
+
+
+def test_the_ncu_block_reads_each_role_of_each_page():
+    table = standing.ncu_feed(ROOT)
+    for f in standing.NCU_FEED:
+        shape = re.search(r"(\d+x\d+x\d+)", f).group(1)
+        got = mc.ncu_feed_details((ROOT / f).read_text(), f)
+        feed_us = float(got["feed"]["Duration"])
+        for role in mc.NCU_FEED_ROLES:
+            row = next(x for x in table.splitlines() if x.startswith(f"| {shape} | {role} |"))
+            us = float(got[role]["Duration"])
+            assert f"| {got[role]['Duration']} | {us / feed_us:.3f} |" in row
+            assert row.endswith(f"| {got[role]['Grid Size']} | {got[role]['Cluster Size']} |")
+        assert f"`{got['cublaslt']['kernel']}`" in table
+
+
+def _page(f: str) -> str:
+    return (ROOT / f).read_text()
+
+
+def _without_range(text: str, role: str) -> str:
+    return "\n".join(x for x in text.splitlines() if f":{role}:none" not in x)
+
+
+def _without_metric(text: str, metric: str) -> str:
+    return "\n".join(x for x in text.splitlines() if f'"{metric}"' not in x)
+
+
+# (edit of the 4096^3 page, what the error must say): one line a case.
+NCU_HOSTILE = [
+    (lambda t: _without_range(t, "feed"), "no kernel in NVTX range 'feed'"),
+    (lambda t: _without_metric(t, "Duration"), "no metric 'Duration'"),
+    (lambda t: t.replace('"Duration","us"', '"Duration","second"'), "Duration in 'second'"),
+    (lambda t: t.replace(">:own:none", ">:OWN:none"), "no NVTX range in"),
+]
+
+
+@pytest.mark.parametrize("edit,says", NCU_HOSTILE, ids=[h[1] for h in NCU_HOSTILE])
+def test_hostile_ncu_pages_are_named(edit, says):
+    f = standing.NCU_FEED[0]
+    text = edit(_page(f))
+    with pytest.raises(ValueError, match=re.escape(says)):
+        mc.ncu_feed_details(text, f)
+
+
+def test_an_unknown_feed_kernel_exits_2_naming_it(math_ceiling_script, tmp_path, capsys):
+    out = tmp_path / "o.json"
+    assert (
+        math_ceiling_script.main(["--feed", "feed,bogus", "--out", str(out), "--bench", BENCH]) == 2
+    )
+    assert "--feed: unknown kernel 'bogus'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_hosts_feed_constants_are_the_kernels(math_ceiling_script):
+    text = CU.read_text()
+
+    def const(name):
+        return int(re.search(rf"constexpr int {name} = (\d+);", text).group(1))
+
+    assert (const("FEED_THREADS"), const("STAGES")) == (
+        math_ceiling_script.FEED_THREADS,
+        math_ceiling_script.FEED_STAGES,
+    )
+    for name in mc.FEED:
+        assert re.search(rf"FEED_KERNEL\({name}_n256, ", text), name
+    paired = {n for n in mc.FEED if re.search(rf"FEED_KERNEL\({n}_n256, \w+, true,", text)}
+    assert paired == set(math_ceiling_script.FEED_PAIRED)
+
+
+def test_the_feed_kernels_fit_one_cta_an_sm_without_local_memory(
+    math_ceiling_cubin, math_ceiling_script
+):
+    got = math_ceiling_cubin
+    for name in mc.FEED:
+        # setmaxnreg moves registers between warpgroups of one CTA: 384 threads must fit.
+        assert got.registers[f"{name}_n256"] * math_ceiling_script.FEED_THREADS <= 65536
+    assert not re.search(r"[1-9]\d* bytes (stack frame|spill)", got.ptxas), got.ptxas
+    if got.sass is None:
+        pytest.skip("cuobjdump not installed")
+    for name in mc.FEED:
+        body = got.sass[f"{name}_n256"]
+        assert "HGMMA.64x256x16.F32" in body, name
+        assert not re.search(r"\s(LDL|STL)[.\s]", body), name
+
+
+def test_a_results_file_without_the_feed_grid_cannot_make_the_block(tmp_path):
+    d = copy.deepcopy(recorded())
+    del d["kernel"]["feed"]
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / standing.FEED_CEILING).write_text(json.dumps(d))
+    with pytest.raises(KeyError, match="feed"):
+        standing.feed_ceiling(tmp_path)
