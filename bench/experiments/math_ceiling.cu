@@ -175,10 +175,10 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 // gemmpair_n256, feedpair_n256 (PAIR): the same in 2-CTA clusters along M (as cuBLAS's
 //   128x256 2x1 kernels): the two CTAs take M tiles 2u and 2u + 1 of one N tile, and
 //   each loads half of the shared B tile multicast into both, so a pair reads B from L2
-//   once. The GEMM twin's consumers release a stage in both CTAs; the feed kernel's
-//   producers, which never wait for consumers, wait for each other before reusing a
-//   stage (each has seen the stage's bytes land in its own shared memory), since the
-//   partner's next multicast writes into both.
+//   once. The GEMM twin's consumers release a stage in both CTAs. The feed kernel's
+//   consumers release nothing: a watcher thread in each producer warpgroup releases a
+//   stage in both CTAs as its bytes land in its own, and a producer reuses a stage once
+//   both watchers have (the partner's next multicast writes into both).
 // ABI: (tmA, tmB, T* C, float* out, int M, int N, int K, int group); A [M, K] and
 // B [N, K] K-major, their maps' boxes [64 k, 128 rows] and [64 k, 256 rows] (PAIR: B's
 // [64 k, 128 rows], a half); M % 128 (PAIR: 256) = N % 256 = K % 64 = 0 (the host
@@ -287,7 +287,7 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
   constexpr int FIRST = SYNC ? 0 : 1;
   constexpr int RING = STAGES - FIRST;
   // A stage's empty barrier: SYNC, each consumer warpgroup of the CTA (PAIR: of both);
-  // PAIR without SYNC, both producers; else unused.
+  // PAIR without SYNC, both watchers; else unused.
   constexpr int RELEASES = SYNC ? (PAIR ? 4 : 2) : 2;
   constexpr int B_ROWS = PAIR ? BN / 2 : BN;  // the rows of B a producer loads
   if (tid == 0) {
@@ -319,16 +319,9 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
           const int s = FIRST + slot;
           const uint32_t full = full0 + 8 * s, empty = empty0 + 8 * s;
           if (it >= RING) {
-            if (SYNC) {
-              mbar_wait(empty, phase ^ 1);  // every consumer released the stage
-            } else {
-              mbar_wait(full, phase ^ 1);  // this stage's previous load landed here
-              if (PAIR) {  // and in the partner, before either multicasts into it again
-                mbar_arrive(empty);
-                mbar_arrive_cluster(empty, rank ^ 1);
-                mbar_wait(empty, phase ^ 1);
-              }
-            }
+            // SYNC: every consumer released the stage. PAIR without SYNC: the watchers
+            // saw its previous load land in both CTAs. Else: it landed here.
+            mbar_wait((SYNC || PAIR ? empty : full), phase ^ 1);
           }
           mbar_expect(full, STAGE_BYTES);
           tma_load(sA + s * A_TILE, tmA, kt * BK, tm * BM, full);
@@ -340,10 +333,24 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
           if (++slot == RING) slot = 0, phase ^= 1;
         }
       }
-      if (!SYNC) {  // no load may land after the CTA exits: wait for the last RING
+      if (!SYNC && !PAIR) {  // no load may land after the CTA exits: wait for the last RING
         for (int j = max(0, it - RING); j < it; ++j)
           mbar_wait(full0 + 8 * (FIRST + j % RING), (j / RING) & 1);
       }
+    } else if (!SYNC && PAIR && tid == 32) {
+      // The watcher (a thread of the producer's second warp): as each load lands here,
+      // it tells this CTA's producer and the partner's, which may then reuse the stage
+      // once the partner's watcher has said the same. The producers never meet: the
+      // consumers of a GEMM release a stage as eagerly. Every load has landed when it ends.
+      int slot = 0, phase = 0;
+      for (int tile = unit; tile < tiles; tile += units)
+        for (int kt = 0; kt < KT; ++kt) {
+          const uint32_t s = FIRST + slot;
+          mbar_wait(full0 + 8 * s, phase);
+          mbar_arrive(empty0 + 8 * s);
+          mbar_arrive_cluster(empty0 + 8 * s, rank ^ 1);
+          if (++slot == RING) slot = 0, phase ^= 1;
+        }
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
