@@ -15,7 +15,9 @@
 # the math kernel, the feed kernel and its GEMM twin; 17 shapes x 4 callables x REPS x
 # SECONDS_PER_RUN: at REPS=2 SECONDS_PER_RUN=1.5 about 5 minutes), written to
 # feed-ceiling.json: commit it as bench/results/h100-feed-ceiling.json. FEED_KERNELS
-# (default feed,gemm): which feed kernels (feed, gemm, feedpair, gemmpair).
+# (default feed,gemm): which feed kernels (feed, gemm, feedpair, gemmpair), each first
+# launched once on 4096^3 (feed-smoke.json: µs a launch, the twins' checks), stopping
+# there if one fails or hangs.
 # Under $OUT: gpu.txt, sass.txt (the kernel's HGMMA and local-memory counts),
 # math-ceiling.json (the results, rewritten after every shape: a run cut short keeps
 # what it measured), math-ceiling-run.txt (the log), gpu-tests.txt (TESTS=1). Commit
@@ -38,7 +40,12 @@ if [ "${TESTS:-0}" = 1 ]; then
     -k sustained 2>&1 | tail -3 | tee "$OUT/gpu-tests.txt"
 fi
 name=math-ceiling extra=()
-if [ "${FEED:-0}" = 1 ]; then name=feed-ceiling extra=(--feed "${FEED_KERNELS:-feed,gemm}" --no-variants); fi
+if [ "${FEED:-0}" = 1 ]; then
+  name=feed-ceiling extra=(--feed "${FEED_KERNELS:-feed,gemm}" --no-variants)
+  step "feed kernels once (a barrier that never completes hangs: 120 s at most)"
+  timeout 120 $PY bench/experiments/math_ceiling.py --cubin "$CUBIN" "${extra[@]}" --smoke \
+    --out "$OUT/feed-smoke.json"
+fi
 step "$name"
 rc=0
 timeout "${RUN_TIMEOUT:-300}" $PY bench/experiments/math_ceiling.py --cubin "$CUBIN" \

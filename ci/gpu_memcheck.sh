@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On the H100: compute-sanitizer memcheck of every kernel the committed manifests'
 # CPU-built tables ship (default, llm-public-h100, grid-sample-h100,
-# llama-3.1-8b-hf-h100: 41 kernel entries, and llama-3.1-8b-hf-h100's 7 eager
-# alternatives, which ship kernels too), the checks appended to copies of their
-# committed databases. No kernel ships without a clean check on record (docs/measuring.md),
-# and the committed databases hold these checks (H100, 2026-11-24; bench/results/h100-memcheck-2026-11-24.txt).
+# llama-3.1-8b-hf-h100: every kernel entry, and llama-3.1-8b-hf-h100's eager
+# alternatives, which ship kernels too; memcheck.json counts them), the checks appended
+# to copies of their committed databases. No kernel ships without a clean check on
+# record (docs/measuring.md), and the committed databases hold these checks (the latest
+# runs' summaries: bench/results/h100-memcheck-*.json).
 #
 #   bash ci/gpu_memcheck.sh            (PARALLEL=4 memchecks at a time, TIMEOUT=180 s each;
 #                                     CUDAL2_CACHE=DIR: compiled kernels carried along)

@@ -26,7 +26,8 @@ GEMM's order, the two never waiting on each other: the most a GEMM moving those 
 can sustain), ``gemm`` (its GEMM twin: the same loads and wgmma in a real ring, C stored:
 a plain warp-specialised GEMM), and ``feedpair`` / ``gemmpair``, the same in 2-CTA
 clusters along M that multicast B. Each twin is first checked against torch on the
-shape. ``--no-variants`` skips the short run and the variants.
+shape. ``--no-variants`` skips the short run and the variants. ``--smoke`` (with
+``--feed``) only launches each feed kernel on 4096^3 and writes its time to ``--out``.
 
 ``cudal2.bench.math_ceiling.analyse`` adds the ceiling per shape: math TFLOP/s over the
 best vendor's, the latter this run's torch TFLOP/s times the best vendor's speedup over
@@ -403,6 +404,38 @@ def measure_variants(mk: MathKernel, mon: Monitor, args) -> dict:
     }
 
 
+SMOKE_SHAPE = (4096, 4096, 4096)
+
+
+def smoke(fk: FeedKernel | None, names: list[str], out: Path) -> int:
+    """Each feed kernel once on SMOKE_SHAPE, the twins checked against torch first, then
+    ten launches timed with CUDA events: a quick look (run it under ``timeout``: a kernel
+    whose barriers never complete hangs) before minutes of sustained runs."""
+    import torch
+
+    assert fk is not None  # main refuses --smoke without --feed
+    m, n, k = SMOKE_SHAPE
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = [(torch.rand(m, k, generator=gen, device="cuda") * 2 - 1).half()]
+    w = [(torch.rand(n, k, generator=gen, device="cuda") * 2 - 1).half()]
+    c = [torch.empty(m, n, device="cuda", dtype=torch.half)]
+    got: dict[str, dict] = {}
+    for name in names:
+        rec = fk.check(name, m, n, k, a, w) if name.startswith("gemm") else {"ok": True}
+        run = fk.launcher(name, m, n, k, a, w, c)
+        run(0)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            run(0)
+        end.record()
+        end.synchronize()
+        got[name] = {**rec, "us": round(start.elapsed_time(end) * 100, 1)}  # ms / 10 launches
+        print(f"smoke {m}x{n}x{k} {name}: {got[name]}", flush=True)
+    write_json(out, {"shape": list(SMOKE_SHAPE), "kernels": got})
+    return 0 if all(r["ok"] for r in got.values()) else 1
+
+
 def write_json(path: Path, d: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(d, indent=1, sort_keys=True) + "\n")
@@ -447,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         help="add these feed kernels (comma-separated: feed, gemm, feedpair, gemmpair)",
     )  # fmt: skip
     ap.add_argument("--no-variants", action="store_true", help="skip the short run and variants")
+    ap.add_argument(
+        "--smoke", action="store_true",
+        help="only launch each --feed kernel on 4096^3 (twins checked), print its time, exit",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cubin", help="a compiled math_ceiling.cu (default: compile with nvcc)")
     ap.add_argument("--dry-run", metavar="RAW", help="analyse a recorded-format raw file (CPU)")
@@ -466,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
         args.feed = [x for x in args.feed.split(",") if x]
         if bad := [x for x in args.feed if x not in FEED]:
             raise ValueError(f"--feed: unknown kernel {bad[0]!r} (known: {', '.join(FEED)})")
+        if args.smoke and not args.feed:
+            raise ValueError("--smoke launches the --feed kernels: name them")
         if shutil.which("nvidia-smi") is None:
             raise ValueError("nvidia-smi not found: the power limit and the samples need it")
     except (OSError, ValueError, KeyError) as e:
@@ -494,6 +533,8 @@ def measure(args, bench_rows: list[dict], out: Path) -> int:
     sms = driver.sm_count(index)
     mk = MathKernel(cubin, sms)
     fk = FeedKernel(cubin, sms) if args.feed else None
+    if args.smoke:
+        return smoke(fk, args.feed, out)
     env = {**gpu_env(smi_index), "sm_count": sms, "seconds": args.seconds, "reps": args.reps}
     env.update(variant_reps=args.variant_reps, dry_run=False)
     kernel = {"source": "bench/experiments/math_ceiling.cu", "tile": [TILE_M, TILE_N, TILE_K]}

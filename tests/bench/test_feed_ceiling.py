@@ -234,12 +234,22 @@ def test_hostile_ncu_pages_are_named(edit, says):
         mc.ncu_feed_details(text, f)
 
 
-def test_an_unknown_feed_kernel_exits_2_naming_it(math_ceiling_script, tmp_path, capsys):
+# (command line, what the error must say): one line a case; each exits 2 before a GPU.
+BAD_ARGS = [
+    (["--feed", "feed,bogus"], "--feed: unknown kernel 'bogus'"),
+    (["--feed", "gemmpair,"], None),  # a trailing comma names nothing more: accepted
+    (["--smoke"], "--smoke launches the --feed kernels: name them"),
+    (["--feed", ",", "--smoke"], "--smoke launches the --feed kernels: name them"),
+]
+
+
+@pytest.mark.parametrize("argv,says", BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
+def test_feed_command_lines(argv, says, math_ceiling_script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(math_ceiling_script.shutil, "which", lambda name: None)  # no GPU here
     out = tmp_path / "o.json"
-    assert (
-        math_ceiling_script.main(["--feed", "feed,bogus", "--out", str(out), "--bench", BENCH]) == 2
-    )
-    assert "--feed: unknown kernel 'bogus'" in capsys.readouterr().err
+    assert math_ceiling_script.main([*argv, "--out", str(out), "--bench", BENCH]) == 2
+    # A valid feed list gets as far as the missing nvidia-smi.
+    assert (says or "nvidia-smi not found") in capsys.readouterr().err
     assert not out.exists()
 
 
