@@ -323,6 +323,9 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
         best = f"{s['vendor']['tflops']:.1f}" if "vendor" in s else "–"
         cells = [f"{tiles} ({fill:.2f})", f"{torch_tf:.1f}", best, f"{s['math']['tflops']:.1f}"]
         for b in bounds:
+            if b not in s:  # not run on this shape
+                cells += ["–"] * 3
+                continue
             tf, over = s[b]["tflops"], s.get(FEED[b])
             cells += [f"{tf:.1f}", f"{tf / torch_tf:.3f}", f"{over:.3f}" if over else "–"]
             if over:

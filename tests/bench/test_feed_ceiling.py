@@ -173,13 +173,18 @@ def test_the_feed_block_reads_the_results(tmp_path):
     assert f"{g:.3f} × the best vendor" in table
     assert f"feed, over every shape ({len(every)})" in table
     assert "all passed" in table
-    # A failed check of a twin says so; a figure of the results changes the block.
+    # A failed check of a twin says so; a shape without a feed run has dashes; a figure
+    # of the results changes the block.
     d["shapes"][4]["gemm_check"]["ok"] = False
+    t = d["shapes"][5]["target"]
+    del d["shapes"][5]["feed"], d["shapes"][5]["feed_ceiling"]
     d["shapes"][0]["feed"]["tflops"] = 123.4
     (tmp_path / "bench/results").mkdir(parents=True)
     (tmp_path / standing.FEED_CEILING).write_text(json.dumps(d))
     table = standing.feed_ceiling(tmp_path)
     assert "FAILED" in table and "| 123.4 |" in table
+    row = next(x for x in table.splitlines() if x.startswith(f"| {t['m']}x{t['n']}x{t['k']} |"))
+    assert [c.strip() for c in row.strip("|").split("|")][5:8] == ["–", "–", "–"]
     doc = "x\n<!-- cudal2:begin feed-ceiling -->\nstale\n<!-- cudal2:end feed-ceiling -->\n"
     assert "| 123.4 |" in standing.regenerate(doc, tmp_path)
 
