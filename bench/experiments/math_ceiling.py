@@ -162,6 +162,24 @@ def gpu_env(index: int) -> dict:
     }
 
 
+def check_smem(cubin: bytes, probe_symbol: str, want: int) -> None:
+    """The dynamic shared memory math_ceiling.cu's ``probe_symbol`` reports, against the
+    host's ``want`` (a kernel launched with less would write past its allocation)."""
+    import torch
+
+    from cudal2.packaging.runtime import driver
+
+    probe = torch.zeros(1, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    driver.Kernel(cubin, probe_symbol, 0).launch(
+        (1, 1, 1), (1, 1, 1), stream, (probe.data_ptr(),), (ctypes.c_void_p,)
+    )
+    if (got := int(probe.item())) != want:
+        raise RuntimeError(
+            f"math_ceiling.cu ({probe_symbol}) asks {got} B of shared memory, the host {want}"
+        )
+
+
 class MathKernel:
     """math_ceiling.cu's kernels and their per-CTA operand tiles (random and zero)."""
 
@@ -172,16 +190,7 @@ class MathKernel:
 
         self.sms = sms
         self.kernels = {n: driver.Kernel(cubin, n, SMEM_BYTES) for n in ("math_n128", "math_n256")}
-        probe = torch.zeros(1, dtype=torch.int32, device="cuda")
-        stream = torch.cuda.current_stream().cuda_stream
-        driver.Kernel(cubin, "smem_bytes", 0).launch(
-            (1, 1, 1), (1, 1, 1), stream, (probe.data_ptr(),), (ctypes.c_void_p,)
-        )
-        if int(probe.item()) != SMEM_BYTES:
-            got = int(probe.item())
-            raise RuntimeError(
-                f"math_ceiling.cu asks {got} B of shared memory, the host {SMEM_BYTES}"
-            )
+        check_smem(cubin, "smem_bytes", SMEM_BYTES)
         gen = torch.Generator(device="cuda")
         gen.manual_seed(0)
         ctas = max(sms, 128)
@@ -275,16 +284,7 @@ class FeedKernel:
 
         self.sms = sms
         self.kernels = {n: driver.Kernel(cubin, f"{n}_n256", FEED_SMEM_BYTES) for n in FEED}
-        probe = torch.zeros(1, dtype=torch.int32, device="cuda")
-        stream = torch.cuda.current_stream().cuda_stream
-        driver.Kernel(cubin, "feed_smem_bytes", 0).launch(
-            (1, 1, 1), (1, 1, 1), stream, (probe.data_ptr(),), (ctypes.c_void_p,)
-        )
-        if int(probe.item()) != FEED_SMEM_BYTES:
-            got = int(probe.item())
-            raise RuntimeError(
-                f"math_ceiling.cu's feed asks {got} B of shared memory, the host {FEED_SMEM_BYTES}"
-            )
+        check_smem(cubin, "feed_smem_bytes", FEED_SMEM_BYTES)
         self.out = torch.empty(sms * 256, dtype=torch.float32, device="cuda")
 
     @staticmethod
