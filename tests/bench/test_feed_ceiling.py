@@ -23,7 +23,6 @@ from cudal2.bench import math_ceiling as mc
 from cudal2.bench import standing
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench/experiments/math_ceiling.py"
 CU = ROOT / "bench/experiments/math_ceiling.cu"
 FEED = ROOT / standing.FEED_CEILING
 BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"
