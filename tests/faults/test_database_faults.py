@@ -43,7 +43,7 @@ from cudal2.database import (
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import default_manifest_path, load_manifest
 from cudal2.pipeline.build import Build
-from cudal2.pipeline.select import noise, select
+from cudal2.pipeline.select import _fastest, noise, select
 from cudal2.records import (
     CheckEvent,
     CheckKey,
@@ -71,16 +71,11 @@ LATER = "2020-01-01T09:00:00Z"
 # the earlier one is left out, so that a case about W1's line is about W1).
 _STANDING = {id(m) for m in latest(m for m in RECORDS if m.target == TARGET)}
 ROWS = [(line, m) for line, m in zip(LINES, RECORDS, strict=True) if id(m) in _STANDING]
-# in the selection's order: faster than torch beyond its noise first, then by speedup
-KERNELS = sorted(
-    (m for _, m in ROWS if m.status == Status.OK and not m.is_vendor),
-    key=lambda m: (
-        m.baselines_us["torch"] / m.median_us - 1 <= noise(m),
-        m.median_us / m.baselines_us["torch"],
-        m.design_key,
-    ),
-)
-W1, W2 = KERNELS[0], KERNELS[1]
+# The selection's pick among the target's kernels (``_fastest``), then its pick without it.
+_KERNELS = [m for _, m in ROWS if m.status == Status.OK and not m.is_vendor]
+W1 = _fastest(_KERNELS)
+_OTHERS = [m for m in _KERNELS if m is not W1]
+W2 = _fastest(_OTHERS)
 W1_LINE = next(line for line, m in ROWS if m is W1)
 # A build renders designs for their artifact keys, which name the nvcc version.
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="artifact keys need nvcc")
@@ -122,7 +117,7 @@ def _json(obj) -> str:
 # Clean checks of every kernel of the target but W1: standing in for the H100 run.
 STAND_IN = [
     _json(_check(event, 1000 + i, m=m).as_json())
-    for i, m in enumerate(KERNELS[1:])
+    for i, m in enumerate(_OTHERS)
     for event in ("started", "clean")
 ]
 W1_CLEAN = [_json(_check(e, 999).as_json()) for e in ("started", "clean")]
