@@ -413,16 +413,17 @@ def smoke(fk: FeedKernel | None, names: list[str], out: Path) -> int:
     whose barriers never complete hangs) before minutes of sustained runs."""
     import torch
 
+    from cudal2.bench.bench import make_operands
+    from cudal2.records import Target
+
     assert fk is not None  # main refuses --smoke without --feed
     m, n, k = SMOKE_SHAPE
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    a = [(torch.rand(m, k, generator=gen, device="cuda") * 2 - 1).half()]
-    w = [(torch.rand(n, k, generator=gen, device="cuda") * 2 - 1).half()]
-    c = [torch.empty(m, n, device="cuda", dtype=torch.half)]
+    ops = make_operands(Target(arch="sm_90a", dtype="fp16", layout="tn", m=m, n=n, k=k), 1, 0)
     got: dict[str, dict] = {}
     for name in names:
-        rec = fk.check(name, m, n, k, a, w) if name.startswith("gemm") else {"ok": True}
-        run = fk.launcher(name, m, n, k, a, w, c)
+        is_twin = name.startswith("gemm")
+        rec = fk.check(name, m, n, k, ops.a, ops.w_tn) if is_twin else {"ok": True}
+        run = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
         run(0)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
