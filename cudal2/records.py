@@ -118,6 +118,11 @@ NORMED_TWINS: dict[str, tuple[str, ...]] = {
 # The baseline timed beside a NORMED_TWINS target's candidates besides torch's unfused
 # op: torch's RMSNorm of A alone (``F.rms_norm``, what the twin path runs first).
 NORM_BASELINE = "rms_norm"
+# What a run-off's rival algorithm carries to the worker (``Job.rival``): the cuBLASLt
+# record's design key (the name of its baseline in the kernel's record) and what
+# ``LtGemm`` needs to run it. A record's baseline whose name starts with ``cublaslt:`` is
+# such a rival, timed beside the kernel (``pipeline.runoff``).
+RIVAL_FIELDS = ("design_key", "library", "version", "algo")
 # The epilogues that apply RoPE and write K and V into the KV cache: their gemm_v3
 # kernels take, after eps, the operands of ``ROPE_KV_OPERANDS`` (the runtime's
 # ``abi.RopeKvArgs``); their targets carry ``heads``.
@@ -731,6 +736,12 @@ class Job:
     ``profile_metrics``: the Nsight Compute quantities a ``profile`` job asks for (our
     names, the keys of ``verify.profile.METRICS``); empty: every one. Not part of the
     reuse key: the profile enriches the same record.
+
+    ``rival``: a ``measure`` job of a run-off (``pipeline.runoff``) also times this
+    cuBLASLt algorithm beside the kernel and torch, interleaved in the same process: the
+    vendor record's ``vendor`` fields and its ``design_key``, which names the rival's
+    baseline in the answer (``RIVAL_FIELDS``). Not part of the reuse key: the answer is
+    a new record of the kernel's key, the newest, which stands for it.
     """
 
     kind: JobKind
@@ -743,11 +754,24 @@ class Job:
     recipe: dict[str, Any] = field(default_factory=dict)
     cubin: str = ""
     profile_metrics: tuple[str, ...] = ()
+    rival: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", JobKind(self.kind))
         if self.kind != JobKind.AUTOTUNE and not (self.artifact_key and self.symbol):
             raise ValueError(f"a {self.kind} job needs an artifact key and a symbol")
+        if self.rival:
+            if self.kind != JobKind.MEASURE or self.target.epilogue != "none":
+                raise ValueError(
+                    f"a rival algorithm is timed beside a plain target's measure job only, "
+                    f"not a {self.kind} job of {self.target.label}"
+                )
+            missing = [k for k in RIVAL_FIELDS if k not in self.rival]
+            if missing or not str(self.rival["design_key"]).startswith("cublaslt:"):
+                raise ValueError(
+                    f"rival {self.rival.get('design_key')!r}: not a cuBLASLt record's "
+                    f"algorithm (it needs {', '.join(RIVAL_FIELDS)}; missing {missing})"
+                )
 
     def reuse_key(self, gpu: str) -> ReuseKey:
         """The key of the record this job's answer makes on GPU model ``gpu``."""
@@ -766,6 +790,7 @@ class Job:
             "recipe": dict(self.recipe),
             "cubin": self.cubin,
             **({"profile_metrics": list(self.profile_metrics)} if self.profile_metrics else {}),
+            **({"rival": dict(self.rival)} if self.rival else {}),
         }
 
     @classmethod
@@ -781,6 +806,7 @@ class Job:
             recipe=dict(d.get("recipe") or {}),
             cubin=d.get("cubin", ""),
             profile_metrics=tuple(d.get("profile_metrics") or ()),
+            rival=dict(d.get("rival") or {}),
         )
 
 

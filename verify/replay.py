@@ -153,6 +153,9 @@ class ReplayRunner:
         m = (self._tuned if job.kind == JobKind.AUTOTUNE else self._timed).get(key)
         if m is None:
             return JobResult.not_recorded(job, "no measurement recorded")
+        if job.rival and job.rival["design_key"] not in m.baseline_samples_us:
+            # a run-off is answered by a record of that run-off only (pipeline.runoff)
+            return JobResult.not_recorded(job, "no run-off against this rival recorded")
         return JobResult(
             job,
             m.status,

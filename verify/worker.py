@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal2.hardware import floor_us
-from cudal2.packaging.runtime import driver
+from cudal2.packaging.runtime import cublaslt, driver
 from cudal2.packaging.runtime.cublaslt import version
 from cudal2.records import (
     NORM_BASELINE,
@@ -45,7 +45,7 @@ from cudal2.records import (
 from cudal2.verify import correctness, pdl_pair
 from cudal2.verify.gpu import current_gpu
 from cudal2.verify.inputs import Fresh, InputCache, TimingSets, bound_bytes
-from cudal2.verify.launch import launch_dense, tensor_epilogue
+from cudal2.verify.launch import dense_gemm, launch_dense, tensor_epilogue
 from cudal2.verify.spread import VendorSpread, nvmath_available
 from cudal2.verify.timing import Captured, capture, operand_sets, replay_calls, time_interleaved
 from cudal2.verify.vendor import algo_name, autotune
@@ -158,6 +158,37 @@ def norm_graph(sets: TimingSets, nsets: int, calls: int) -> Captured:
     return capture(lambda j: correctness.rmsnorm(sets.sets[j][0]), nsets, calls, keep=(sets,))
 
 
+def rival_graph(
+    rival: Mapping[str, Any], t: Target, sets: TimingSets, nsets: int, calls: int
+) -> Captured:
+    """A run-off's rival (``Job.rival``): the recorded cuBLASLt algorithm on the timing
+    sets, captured as torch's graph is (its outputs and workspace its own, kept with
+    the graph). Raises where this process's cuBLASLt is not the recorded one: its
+    algorithm would not be the one the table dispatches."""
+    import torch
+
+    if int(rival["version"]) != version():
+        raise RuntimeError(
+            f"rival {rival['design_key']}: recorded with cuBLASLt {rival['version']}, "
+            f"this worker has {version()}"
+        )
+    outs = [torch.empty((t.m, t.n), dtype=a.dtype, device=correctness.DEVICE) for a, _ in sets.sets]
+    args = [
+        dense_gemm(t, a.data_ptr(), b.data_ptr(), c.data_ptr())
+        for (a, b), c in zip(sets.sets, outs, strict=True)
+    ]
+    gemm = cublaslt.LtGemm(
+        cublaslt.create_handle(), bytes.fromhex(rival["algo"]), t.dtype, t.layout, args[0]
+    )
+    ws = torch.empty(max(gemm.workspace_bytes, 1), dtype=torch.uint8, device=correctness.DEVICE)
+
+    def run(j: int) -> None:
+        gemm.run(args[j], ws.data_ptr(), ws.numel(), _stream())
+
+    own = sum(x.numel() * x.element_size() for x in outs) + ws.numel()
+    return capture(run, nsets, calls, keep=(sets, outs, ws, gemm), own_bytes=own)
+
+
 def _check_and_time(
     job: Job,
     run: Callable[[Any, Any, Any], None],
@@ -224,6 +255,13 @@ def _check_and_time(
             baselines[NORM_BASELINE] = inputs.baseline(
                 t, cfg, nsets, calls, lambda s: norm_graph(s, nsets, calls), NORM_BASELINE
             )
+        if job.rival:  # a run-off: the rival algorithm, the job's own (not the target's)
+            try:
+                baselines[job.rival["design_key"]] = rival_graph(job.rival, t, pool, nsets, calls)
+            except Exception as exc:  # noqa: BLE001 - the rival's fault, not the kernel's
+                # timed without it: the record says nothing of the rival, and the
+                # run-off decides nothing (pipeline.runoff says so)
+                print(f"run-off of {t.label}: rival not timed: {exc}", file=sys.stderr)
     if t.epilogue == "none":
 
         def candidate(j: int) -> None:

@@ -57,6 +57,7 @@ from cudal2.pipeline.results import (
     vendor_toolchain,
 )
 from cudal2.pipeline.runners import make_runner
+from cudal2.pipeline.runoff import Outcome, run_off
 from cudal2.pipeline.select import Selection
 from cudal2.pipeline.stages import StageClock, StageTimes
 from cudal2.policy import Proposer, make_proposer
@@ -242,6 +243,7 @@ class Build:
         self.clock = clock if clock is not None else StageClock()
         self.stages_json = stages_json
         self._spent = False  # the GPU-time budget ran out
+        self.runoffs: list[Outcome] = []  # what this build's run-offs found (``_run_off``)
 
     def say(self, msg: str) -> None:
         print(msg, file=self.log, flush=True)
@@ -879,6 +881,10 @@ class Build:
             with self.clock.stage("select"):
                 if self.counts["appended"]:
                     history = latest(self.db.load(warn=False).measurements)
+            if self._live and self.manifest.search.cublaslt:
+                with self.clock.stage("measure"):  # the run-offs measure
+                    history = self._run_off(runner, gpu, history)
+            with self.clock.stage("select"):
                 checker = _Memchecking(runner, self.clock) if self._live else None
                 selections, missing = self._select(checker, gpu, history, recheck=self.remeasure)
         with self.clock.stage("select"):
@@ -903,6 +909,43 @@ class Build:
                 f"{len(stale)} measured designs no longer build to the measured artifact "
                 "(template or nvcc changed): not shipped; re-measure on a GPU"
             )
+
+    def _run_off(
+        self, runner: Runner, gpu: GpuInfo, history: list[Measurement]
+    ) -> list[Measurement]:
+        """The run-offs of the contested targets (``pipeline.runoff``) on ``runner``;
+        returns the history with their records. Kernels the gate has vetoed run no
+        run-off (they cannot ship)."""
+        usable = shippable()
+
+        def contender(x: Measurement) -> bool:
+            return usable(x) and not self.gate.ledger.vetoed(x.artifact_key)
+
+        before = self.counts["appended"]
+        _, self.runoffs = run_off(
+            runner,
+            gpu,
+            believable(history),
+            self.manifest.targets,
+            self.manifest.timing_mode,
+            contender,
+            self._timing(),
+            lambda ms: self._cubins(runner, ms),
+            self._append,
+            self.say,
+        )
+        if self.counts["appended"] == before:
+            return history
+        return latest(self.db.load(warn=False).measurements)
+
+    def runoff(self, runner: Runner, recheck: bool = False) -> tuple[list[Selection], list[Target]]:
+        """No measuring but the run-offs: the contested targets of the database run
+        off on ``runner`` (a GPU; started here, closed by the caller), then the
+        selection through the gate, its would-be winners memchecked there."""
+        history = latest(self._load().measurements)
+        gpu = runner.start()
+        history = self._run_off(runner, gpu, history)
+        return self._select(runner, gpu, history, recheck=recheck)
 
     def memcheck(
         self, runner: Runner, recheck: bool = False

@@ -17,6 +17,11 @@ The summary says, per manifest, the table's kernel entries before the rule exist
 (a kernel shipped unless a failure was recorded) and now, and whether they are the
 same. Exit code 0: every would-be winner has a verdict; 1: some could not be checked
 here (another GPU model, no answer); 2: bad arguments.
+
+``--runoff`` first runs off each database's contested targets (``pipeline.runoff``:
+a kernel and a cuBLASLt algorithm too close to order from their own runs, timed again
+with torch in one process) and appends their records to DATABASE; the summary lists
+each run-off (``runoffs``). This measures: the GPU's ``ci/gpu_runoff.sh``.
 """
 
 from __future__ import annotations
@@ -78,10 +83,12 @@ def check_databases(
     cache: ArtifactCache,
     recheck: bool = False,
     log: TextIO | None = None,
+    runoff: bool = False,
 ) -> list[dict[str, Any]]:
-    """Check each (manifest, database) pair's would-be winners on ``runner``; one
-    summary per pair, said on ``log`` (None: ``sys.stderr`` as it is at the call, so
-    a caller's redirect or pytest's capture sees it)."""
+    """Check each (manifest, database) pair's would-be winners on ``runner``, after
+    its run-offs where ``runoff``; one summary per pair, said on ``log`` (None:
+    ``sys.stderr`` as it is at the call, so a caller's redirect or pytest's capture
+    sees it)."""
     log = log or sys.stderr
     out = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -91,7 +98,8 @@ def check_databases(
             print(f"== {manifest_path} ({db})", file=log, flush=True)
             before = before_the_rule(manifest, db)
             build = Build(manifest, db, cache, Path(scratch), runner=runner, log=log)
-            selections, _ = build.memcheck(runner, recheck=recheck)
+            check = build.runoff if runoff else build.memcheck
+            selections, _ = check(runner, recheck=recheck)
             now = kernel_entries(selections)
             gate = build.gate
             changed = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
@@ -106,6 +114,7 @@ def check_databases(
                 "unchanged": not changed,
                 "changed": changed,
                 "seconds": round(time.monotonic() - started, 1),
+                **({"runoffs": [o.as_json() for o in build.runoffs]} if runoff else {}),
             }
             print(json.dumps(summary, indent=1), file=log, flush=True)
             out.append(summary)
@@ -128,6 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, default=4, help="memchecks at a time (default 4)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per memcheck")
     p.add_argument("--recheck", action="store_true", help="check every would-be winner again")
+    p.add_argument(
+        "--runoff",
+        action="store_true",
+        help="first run off the contested targets (kernel, cuBLASLt algorithm and torch "
+        "timed in one process) and record them",
+    )
     p.add_argument("--device", type=int, default=0, help="CUDA device (default 0)")
     p.add_argument("--cache", help="artifact cache (default: $CUDAL2_CACHE or ~/.cache)")
     p.add_argument("--json", help="write the summaries here")
@@ -153,7 +168,7 @@ def main(
     cache = ArtifactCache(Path(args.cache) if args.cache else None)
     try:
         with make_runner(args) as runner:
-            summaries = check_databases(pairs, runner, cache, args.recheck)
+            summaries = check_databases(pairs, runner, cache, args.recheck, runoff=args.runoff)
     except (ManifestError, DatabaseError) as e:
         print(f"memcheck: error: {e}", file=sys.stderr)
         return 2
@@ -165,6 +180,7 @@ def main(
             f"(before the rule {s['kernel_entries_before']}), checked {s['checked']}, "
             f"failed {s['failed']}, waiting {s['waiting']}, "
             f"{'unchanged' if s['unchanged'] else 'CHANGED'}"
+            + (f", {len(s['runoffs'])} run-offs" if "runoffs" in s else "")
         )
     return 1 if any(s["waiting"] for s in summaries) else 0
 

@@ -85,7 +85,7 @@ def job_for(kind: JobKind, m: Measurement, cubin: str, profile_metrics: Sequence
     )
 
 
-def _timed(result: JobResult) -> dict[str, Any]:
+def timed_fields(result: JobResult) -> dict[str, Any]:
     """The timing fields of an answer and the metrics derived from them."""
     target = result.job.target
     samples = tuple(result.samples_us)
@@ -121,7 +121,7 @@ def measurement_from(
     job = result.job
     gpu = result.gpu or gpu
     assert job.design is not None
-    timed = _timed(result)
+    timed = timed_fields(result)
     metrics: dict[str, Any] = {}
     if build.registers is not None:
         metrics["registers"] = build.registers
@@ -158,7 +158,7 @@ def vendor_measurement(result: JobResult, gpu: GpuInfo) -> Measurement:
     gpu = result.gpu or gpu
     vendor = result.vendor
     key = sha256_hex(canonical_json({k: vendor[k] for k in ("library", "version", "algo")}))
-    timed = _timed(result)
+    timed = timed_fields(result)
     timed["metrics"]["workspace_bytes"] = vendor["workspace_bytes"]
     return Measurement(
         target=result.job.target,

@@ -14,6 +14,15 @@ A candidate counts when its speedup over torch exceeds the noise of that speedup
 the p20-p80 width of the per-repetition ratio (``noise``); the fastest kernel (and
 cuBLASLt algorithm) is the fastest of those that count, where any do (``_fastest``).
 
+Run-offs (``pipeline.runoff``): a speedup over torch is stable within a run, not
+between runs (``RUNOFF_MARGIN``), and a kernel and a cuBLASLt algorithm were timed in
+different runs. Where their speedups are that close (``contested``), the build times
+the kernel again with the algorithm and torch interleaved in one process; the new
+record (the newest of its key, which stands) carries the algorithm's median as a
+baseline named by its design key, and from then on that run-off orders the two
+(``ran_off``); each must still beat torch beyond its noise in its own record to be
+selected.
+
 A PDL design counts only with a passed PDL pair check on its record (metric
 ``pdl_pair_check`` = 1, ``verify/pdl_pair.py``): a failed check is already status
 ``incorrect``, and a record without the metric (a harness that never ran the pair) is
@@ -53,6 +62,12 @@ from cudal2.verify.timing import paired_spread
 
 # The largest M given an eager alternative (module docstring): decode batches.
 EAGER_MAX_M = 256
+# How close a kernel's and a cuBLASLt algorithm's speedups over torch, each from its own
+# run, must be for a run-off to decide between them (``contested``): one algorithm at one
+# target measured 1.00x to 1.05x torch over six runs of the H100 databases (llm-public's
+# fp16 1024x28672x4096, docs/kernels.md), so records of different runs cannot order two
+# contenders closer than about 5%.
+RUNOFF_MARGIN = 0.06
 
 
 @dataclass(frozen=True)
@@ -105,19 +120,11 @@ def select(
     for t in sorted(set(targets)):
         timed_anywhere = False
         for gpu, ms in sorted(by_target.get(t, {}).items()):
-            timed = [m for m in ms if m.status == "ok" and m.median_us and pair_checked(m)]
+            timed = [m for m in ms if _timed(m)]
             if not timed:
                 continue
             timed_anywhere = True
-            kernels = [m for m in timed if not m.is_vendor]
-            ok = [m for m in kernels if usable(m)]
-            ranked: list[Measurement] = []
-            if kernels:
-                ranked.append(_fastest(ok or kernels))
-            vendors = [m for m in timed if m.is_vendor]
-            if vendors:
-                ranked.append(_fastest(vendors))
-            ranked.sort(key=_ratio)
+            ok, ranked = _contenders(timed, usable)
             ref = ranked[0]  # prices the fallback: the baseline timed beside the fastest
             sel = None
             for best in ranked:
@@ -202,6 +209,81 @@ def pair_checked(m: Measurement) -> bool:
     if m.design is None or pdl_trigger(m.design) == "none":
         return True
     return m.metrics.get(PAIR_METRIC) == 1.0
+
+
+def _timed(m: Measurement) -> bool:
+    """Whether ``m`` is a timing the selection weighs: correct, timed, pair-checked."""
+    return m.status == "ok" and bool(m.median_us) and pair_checked(m)
+
+
+def _contenders(
+    timed: Sequence[Measurement], usable: Callable[[Measurement], bool]
+) -> tuple[list[Measurement], list[Measurement]]:
+    """The usable kernels of one GPU model's target among its ``timed`` records, and
+    its contenders, fastest first: the fastest kernel (usable ones first) and the
+    fastest cuBLASLt algorithm, ordered by their run-off where the kernel's record
+    has one against that algorithm (``ran_off``), else by their speedups over torch."""
+    kernels = [m for m in timed if not m.is_vendor]
+    ok = [m for m in kernels if usable(m)]
+    ranked: list[Measurement] = []
+    if kernels:
+        ranked.append(_fastest(ok or kernels))
+    vendors = [m for m in timed if m.is_vendor]
+    if vendors:
+        ranked.append(_fastest(vendors))
+    ranked.sort(key=_ratio)
+    if len(ranked) == 2:
+        kernel, vendor = sorted(ranked, key=lambda m: m.is_vendor)
+        over = ran_off(kernel, vendor)
+        if over is not None:
+            ranked = [kernel, vendor] if over >= 1.0 else [vendor, kernel]
+    return ok, ranked
+
+
+def is_runoff(m: Measurement) -> bool:
+    """Whether ``m`` is a run-off's record: a kernel's, with an algorithm's baseline."""
+    return not m.is_vendor and any(k.startswith("cublaslt:") for k in m.baselines_us)
+
+
+def ran_off(kernel: Measurement, vendor: Measurement) -> float | None:
+    """The kernel's speed over ``vendor``'s algorithm in their run-off: the
+    algorithm's median timed beside the kernel (a baseline of the kernel's record
+    named by the algorithm's design key, ``pipeline.runoff``) over the kernel's. None
+    where that record holds no run-off against this algorithm."""
+    rival = kernel.baselines_us.get(vendor.design_key)
+    return None if rival is None or not kernel.median_us else rival / kernel.median_us
+
+
+def contested(
+    targets: Iterable[Target],
+    measurements: Sequence[Measurement],
+    mode: str,
+    usable: Callable[[Measurement], bool] = lambda m: True,
+    margin: float = RUNOFF_MARGIN,
+) -> list[tuple[Measurement, Measurement]]:
+    """The (kernel, cuBLASLt algorithm) pairs to run off: per GPU model and target,
+    its fastest usable kernel and fastest algorithm, where their speedups over torch
+    (each in its own run) differ by less than ``margin``, at least one of them is
+    faster than torch beyond its noise (else the target falls back either way), and
+    the kernel's record holds no run-off against that algorithm."""
+    wanted = set(targets)
+    by_key: dict[tuple[str, Target], list[Measurement]] = defaultdict(list)
+    for m in measurements:
+        if m.mode == mode and m.target in wanted and _timed(m):
+            by_key[(m.gpu.name, m.target)].append(m)
+    pairs = []
+    for _, timed in sorted(by_key.items(), key=lambda kv: kv[0]):
+        _, ranked = _contenders(timed, usable)
+        if len(ranked) < 2:
+            continue
+        kernel, vendor = sorted(ranked, key=lambda m: m.is_vendor)
+        if not usable(kernel) or ran_off(kernel, vendor) is not None:
+            continue
+        close = max(_ratio(kernel), _ratio(vendor)) / min(_ratio(kernel), _ratio(vendor))
+        counts = any(1.0 / _ratio(m) - 1.0 > (noise(m) or 0.0) for m in ranked)
+        if close - 1.0 < margin and counts:
+            pairs.append((kernel, vendor))
+    return pairs
 
 
 def _fastest(ms: Sequence[Measurement]) -> Measurement:

@@ -152,3 +152,43 @@ def test_a_kernel_job_names_its_artifact_and_symbol():
     t = Target("sm_90a", "fp16", "tn", 1, 8, 8)
     with pytest.raises(ValueError, match="artifact key and a symbol"):
         Job(JobKind.MEASURE, t, TimingConfig(), "nvcc")
+
+
+def _rival_job(recorded_measurements, **rival_changes):
+    """A run-off's job from the recorded database: its first plain kernel record's
+    ``measure`` job with its target's first cuBLASLt record as the rival."""
+    from cudal2.pipeline.runoff import runoff_job
+
+    vendor = next(x for x in recorded_measurements if x.is_vendor)
+    kernel = next(x for x in recorded_measurements if x.design and x.target == vendor.target)
+    job = runoff_job(kernel, vendor, "k.cubin", TimingConfig(mode=kernel.mode))
+    return kernel, vendor, dataclasses.replace(job, rival={**job.rival, **rival_changes})
+
+
+def test_a_run_off_job_carries_its_rival_and_keeps_the_kernels_key(recorded_measurements):
+    kernel, vendor, job = _rival_job(recorded_measurements)
+    assert job.rival["design_key"] == vendor.design_key
+    assert bytes.fromhex(job.rival["algo"]) == bytes.fromhex(vendor.vendor["algo"])
+    assert Job.from_json(json.loads(json.dumps(job.as_json()))) == job
+    assert job.reuse_key(kernel.gpu.name) == kernel.reuse_key  # its answer stands for the key
+    plain = dataclasses.replace(job, rival={})
+    assert "rival" not in plain.as_json()  # a plain job's JSON keeps its bytes
+
+
+# Rivals a run-off refuses: (what changes in the job, what the error names)
+HOSTILE_RIVALS = [
+    ({"rival": {"design_key": "cublaslt:x"}}, "missing"),
+    ({"rival": {"design_key": "abc", "library": "cublaslt", "version": 1, "algo": "00"}}, "'abc'"),
+    ({"kind": JobKind.PROFILE}, "plain target's measure job"),
+    ({"target": Target("sm_90a", "fp16", "tn", 64, 4096, 4096, epilogue="bias")}, "bias"),
+]
+
+
+@pytest.mark.parametrize(("change", "error"), HOSTILE_RIVALS)
+def test_a_rival_that_is_no_cublaslt_algorithm_of_a_plain_measure_job_is_refused(
+    recorded_measurements, change, error
+):
+    _, _, job = _rival_job(recorded_measurements)
+    fields = {**job.__dict__, **change}
+    with pytest.raises(ValueError, match=error):
+        Job(**fields)

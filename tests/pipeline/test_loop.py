@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from cudal2.database import MeasurementDB
+from cudal2.database import MeasurementDB, latest
 from cudal2.generator.compile import ArtifactCache
 from cudal2.manifest import load_manifest
-from cudal2.pipeline.build import Build
-from cudal2.pipeline.select import noise
+from cudal2.pipeline.build import Build, shippable
+from cudal2.pipeline.select import contested, noise
 from cudal2.policy import GridProposer
 from cudal2.records import CheckEvent, JobKind, JobResult, KernelDesign, Measurement, Status, Target
 from cudal2.verify.replay import ReplayRunner
@@ -84,7 +84,11 @@ class Spy(ReplayRunner):
         return res
 
     def of(self, kind: JobKind):
-        return [j for j in self.jobs if j.kind == kind]
+        """The jobs of ``kind`` the rounds asked for (run-offs apart: ``runoffs``)."""
+        return [j for j in self.jobs if j.kind == kind and not j.rival]
+
+    def runoffs(self):
+        return [j for j in self.jobs if j.rival]
 
 
 def recorded_space(recorded: list[Measurement]):
@@ -176,6 +180,12 @@ def test_the_loop_selects_the_best_measured_proposal(
     per_target = Counter(j.target for j in runner.of(JobKind.MEASURE))
     assert per_target == {t: rounds * candidates for t in targets}
     assert len(runner.of(JobKind.AUTOTUNE)) == len(targets)
+    # Then the run-offs of the targets contested in what was measured: a replay without
+    # run-off records answers none, and none is recorded (_check_selections)
+    written = latest(MeasurementDB(b.db.path).read())
+    pairs = contested(targets, written, b.manifest.timing_mode, shippable())
+    asked = [(j.target, j.design.key, j.rival["design_key"]) for j in runner.runoffs()]
+    assert asked == [(k.target, k.design_key, v.design_key) for k, v in pairs]
     _check_selections(b, runner, sels, recorded)
     if restricted:  # every proposal measured; some kernel wins (the check is not vacuous)
         assert b.counts["unmeasured"] == 0

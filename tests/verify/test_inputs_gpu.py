@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc"),
 ]
 
-SOURCE = Path(__file__).parent / "fixtures" / "adversarial.cu"
-RECIPE = {
-    "abi": "gemm_v1",
-    "block": [256, 1, 1],
-    "tile_m": 16,
-    "tile_n": 16,
-    "split_k": 1,
-    "cluster": [1, 1, 1],
-    "smem_bytes": 0,
-    "align": {"k": 8},
-}
 TARGETS = [
     Target("sm_90a", "fp16", "tn", 100, 136, 264),
     Target("sm_90a", "fp16", "tn", 64, 512, 1024),
@@ -51,15 +39,9 @@ BATCH = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cubin(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("adversarial") / "adversarial.cubin"
-    cmd = ["nvcc", "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O2", "-o", str(out)]
-    subprocess.run([*cmd, str(SOURCE)], check=True)
-    return out
-
-
-def _job(cubin: Path, t: Target, symbol: str) -> Job:
+def _job(adversarial: tuple[Path, dict], t: Target, symbol: str) -> Job:
+    """A measure job of one fixture kernel (``adversarial``: tests/verify/conftest.py)."""
+    cubin, recipe = adversarial
     return Job(
         JobKind.MEASURE,
         t,
@@ -67,13 +49,13 @@ def _job(cubin: Path, t: Target, symbol: str) -> Job:
         toolchain="fixture",
         artifact_key=f"fixture:{symbol}",
         symbol=symbol,
-        recipe=RECIPE,
+        recipe=recipe,
         cubin=str(cubin),
     )
 
 
 @pytest.mark.parametrize("t", TARGETS, ids=lambda t: t.label)
-def test_a_mixed_batch_answers_alike_with_and_without_the_cache(cubin, t):
+def test_a_mixed_batch_answers_alike_with_and_without_the_cache(adversarial, t):
     from cudal2.packaging.runtime import driver
     from cudal2.verify import correctness, worker
     from cudal2.verify.gpu import current_gpu
@@ -86,7 +68,7 @@ def test_a_mixed_batch_answers_alike_with_and_without_the_cache(cubin, t):
     errors = VendorSpread() if nvmath_available() else correctness.torch_error
     cache = InputCache()
     for symbol, needle in BATCH:
-        job = _job(cubin, t, symbol)
+        job = _job(adversarial, t, symbol)
         fresh = worker.run_job(job, 0, gpu.name, errors)
         kept = worker.run_job(job, 0, gpu.name, errors, cache)
         assert kept.status == fresh.status, (symbol, fresh.error, kept.error)
@@ -118,7 +100,7 @@ def _started():
 
 
 @pytest.mark.parametrize("t", TARGETS, ids=lambda t: t.label)
-def test_torch_timed_from_the_kept_graph_reads_as_when_captured_in_the_job(cubin, t):
+def test_torch_timed_from_the_kept_graph_reads_as_when_captured_in_the_job(adversarial, t):
     """An honest kernel's jobs, alternately without and with the cache (whose later jobs
     replay torch's graph captured by its first): torch's median the same within the
     noise of the samples (their p20-p80 spread, at least 5%), and the candidate's too."""
@@ -128,7 +110,7 @@ def test_torch_timed_from_the_kept_graph_reads_as_when_captured_in_the_job(cubin
 
     gpu, errors = _started()
     cache = InputCache()
-    job = dataclasses.replace(_job(cubin, t, "fx_honest"), timing=TimingConfig())
+    job = dataclasses.replace(_job(adversarial, t, "fx_honest"), timing=TimingConfig())
     fresh, kept = [], []
     for _ in range(4):
         fresh.append(worker.run_job(job, 0, gpu.name, errors))

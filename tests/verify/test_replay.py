@@ -90,3 +90,23 @@ def test_another_gpu_model_has_nothing_to_replay(recorded_measurements):
         ReplayRunner(recorded_measurements, gpu="NVIDIA B200")
     with pytest.raises(ValueError, match="nothing to replay"):
         ReplayRunner([])
+
+
+def test_a_run_off_is_answered_only_by_a_record_of_that_run_off(recorded_measurements, kernel):
+    """A rival's time is what a replay cannot make up: a run-off job of a key whose
+    record timed no such rival is not recorded; the record of that run-off answers it
+    with the rival's samples."""
+    from cudal2.pipeline.runoff import runoff_job
+
+    vendor = next(m for m in recorded_measurements if m.is_vendor and m.target == kernel.target)
+    job = runoff_job(kernel, vendor, "", TimingConfig(mode=kernel.mode))
+    (res,) = ReplayRunner(recorded_measurements).run([job])
+    assert not res.recorded and "run-off" in res.error
+    samples = vendor.samples_us[: len(kernel.samples_us)]
+    ran = dataclasses.replace(
+        kernel,
+        baselines_us={**kernel.baselines_us, vendor.design_key: vendor.median_us},
+        baseline_samples_us={**kernel.baseline_samples_us, vendor.design_key: samples},
+    )
+    (res,) = ReplayRunner([*recorded_measurements, ran]).run([job])
+    assert res.recorded and res.baseline_samples_us[vendor.design_key] == samples
