@@ -25,12 +25,22 @@ STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "+ the tenth slice's wider sweeps, the fastest beyond its noise, a key's newest "
-        "record standing: what ships",
+        "record standing",
         tuple(f"{R}h100-prefill-llm-public-shipped{s}.jsonl.gz" for s in ("", "-2")),
+    ),
+    (
+        "+ run-offs: a kernel and an algorithm too close to order from their own runs timed "
+        "together: what ships",
+        (
+            f"{R}h100-prefill-llm-public-runoff.jsonl.gz",
+            f"{R}h100-prefill-llm-public-runoff-2.jsonl.gz",
+            f"{R}h100-prefill-llm-public-ab-b-1.jsonl.gz",
+            f"{R}h100-prefill-llm-public-ab-b-2.jsonl.gz",
+        ),
     ),
     ("the tenth sweeps' winners, every vendor in one process", (f"{R}h100-prefill-tenth.jsonl",)),
 )
-SHIPPED = STEPS[3]
+SHIPPED = STEPS[4]
 
 
 def _span(values: list[float]) -> str:
@@ -100,5 +110,5 @@ def shipped_line(root: Path) -> str:
         f"shape, offline, the shipped llm-public wheel runs at {fp16}x (fp16) and {bf16}x "
         f"(bf16) over {len(paths)} runs (`{paths[0]}`), and the current designs' sweep "
         f"winners at {t16}x and {tb16}x (`{tenth[0]}`). Issue 22 asks for 1.03x "
-        '(`docs/kernels.md`, "The llm-public wheel reuses the v5 sweeps").'
+        '(`docs/kernels.md`, "Run-offs: the final head-to-head").'
     )

@@ -53,6 +53,7 @@ from cudal2.bench import (
     prefill_streamk,
     prefill_tma_store,
     prefill_uniform,
+    runoffs,
     techniques,
 )
 from cudal2.bench.report import Filter, baseline_us, geomean, read_results, summarize, wins
@@ -2015,6 +2016,7 @@ def math_ceiling(root: Path) -> str:
 FEED_CEILING = "bench/results/h100-feed-ceiling.json"  # FEED=1 ci/gpu_math_ceiling.sh, H100
 # FEED_KERNELS=feed,feedpair,gemmpair: the first pair kernels (cluster-scope arrives and waits)
 FEED_CEILING_PAIR_V1 = "bench/results/h100-feed-ceiling-pair-v1.json"
+FEED_CEILING_PAIR_V2 = "bench/results/h100-feed-ceiling-pair-v2.json"
 NCU_FEED = (  # FEED=1 ci/gpu_ncu_prefill.sh on the H100
     "bench/results/h100-ncu-feed-4096x4096x4096.csv",
     "bench/results/h100-ncu-feed-1024x28672x4096.csv",
@@ -2130,7 +2132,10 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "math-ceiling": math_ceiling,
     "feed-ceiling": feed_ceiling,
     "feed-ceiling-pair-v1": lambda root: feed_ceiling(root, FEED_CEILING_PAIR_V1),
+    "feed-ceiling-pair-v2": lambda root: feed_ceiling(root, FEED_CEILING_PAIR_V2),
     "ncu-feed": ncu_feed,
+    "runoffs-h100": runoffs.runoffs,
+    "runoff-wheels-h100": runoffs.wheels_ab,
 }
 
 _BLOCK = re.compile(

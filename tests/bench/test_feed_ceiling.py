@@ -28,13 +28,13 @@ FEED = ROOT / standing.FEED_CEILING
 BENCH = "bench/results/h100-llm-public-prefill-v5.jsonl"
 
 
-def recorded() -> dict:
-    return json.loads(FEED.read_text())
+def recorded(path: Path = FEED) -> dict:
+    return json.loads(path.read_text())
 
 
-def raw() -> dict:
+def raw(path: Path = FEED) -> dict:
     """The recorded run before its analysis: the script's raw record."""
-    d = recorded()
+    d = recorded(path)
     del d["summary"]
     keep = ("target", "operand_sets", "math_rounds", "math_flops_per_call", "runs", "llm_public")
     d["shapes"] = [
@@ -62,8 +62,14 @@ def med(runs) -> float:
     return statistics.median(r["tflops"] for r in runs)
 
 
-def test_the_recorded_analysis_is_the_analysis_of_its_runs(prefill_v5_rows):
-    assert mc.analyse(raw(), prefill_v5_rows, BENCH) == json.loads(json.dumps(recorded()))
+# The committed runs: the first (feed, gemm) and the multicast pair's two versions
+RUNS = [standing.FEED_CEILING, standing.FEED_CEILING_PAIR_V1, standing.FEED_CEILING_PAIR_V2]
+
+
+@pytest.mark.parametrize("path", RUNS)
+def test_the_recorded_analysis_is_the_analysis_of_its_runs(path, prefill_v5_rows):
+    run = ROOT / path
+    assert mc.analyse(raw(run), prefill_v5_rows, BENCH) == json.loads(json.dumps(recorded(run)))
 
 
 def _drop_feed(d):

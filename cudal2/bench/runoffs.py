@@ -1,0 +1,96 @@
+"""Issue 22's run-offs on the H100 (2026-12-06): what the run-offs of llm-public's
+committed database found (``python -m cudal2.pipeline.memcheck --runoff`` in
+``ci/gpu_runoff.sh``: its summary), and what the wheels packaged before and after them
+give on the prefill shapes, benched round-robin in one call (``ci/gpu_wheel_ab.sh``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from cudal2.bench.report import Filter, read_results, summarize
+
+R = "bench/results/"
+RUNOFF = f"{R}h100-runoff-llm-public.json"
+# The round-robin bench (``LINES_A=7337 ROUNDS=2 bash ci/gpu_wheel_ab.sh``): (label, what
+# the wheel is, its runs in round order)
+WHEELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (
+        "A",
+        "before the run-offs (what shipped)",
+        tuple(f"{R}h100-prefill-llm-public-ab-a-{i}.jsonl.gz" for i in (1, 2)),
+    ),
+    (
+        "B",
+        "after them (what ships)",
+        tuple(f"{R}h100-prefill-llm-public-ab-b-{i}.jsonl.gz" for i in (1, 2)),
+    ),
+)
+M_MIN = 1024
+
+
+def _dims(label: str) -> tuple[int, ...]:
+    """(M, N, K) of a target label, ``fp16/tn 1024x4096x4096``."""
+    return tuple(int(x) for x in label.split()[1].split("x"))
+
+
+def runoffs(root: Path, path: str = RUNOFF) -> str:
+    """The run-offs' summary and, at M >= 1024, each run-off's kernel over the
+    algorithm beside it."""
+    (s,) = json.loads((root / path).read_text())
+    found = s["runoffs"]
+    timed = [r for r in found if r["kernel_over_vendor"] is not None]
+    ahead = sum(r["kernel_over_vendor"] >= 1 for r in timed)
+    lines = [
+        f"H100 80GB HBM3, `{s['manifest']}` (`{path}`): {len(found)} run-offs, "
+        f"{len(timed)} with the algorithm timed; the kernel ahead of the algorithm beside it "
+        f"in {ahead}. Kernel entries of the table: {s['kernel_entries_before']} before the "
+        f"sanitizer rule, {s['kernel_entries']} after the run-offs "
+        f"({s['checked']} new would-be winner memchecked, {s['failed']} failed).",
+        "",
+        f"| target (M ≥ {M_MIN}) | kernel × algorithm, in the order run |",
+        "|---|---|",
+    ]
+    by: dict[str, list[float]] = {}
+    for r in timed:
+        if _dims(r["target"])[0] >= M_MIN:
+            by.setdefault(r["target"], []).append(r["kernel_over_vendor"])
+    for target in sorted(by, key=lambda t: (t.split()[0], _dims(t))):
+        lines.append(f"| {target} | {', '.join(f'{x:.3f}' for x in by[target])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _geomeans(root: Path, paths: tuple[str, ...], mode: str, dtype: str) -> list[float]:
+    out = []
+    for p in paths:
+        got = summarize(read_results(root / p), Filter(mode=mode, dtype=dtype, m_min=M_MIN))
+        out.append(got["geomean_speedup"]["best_vendor"])
+    return out
+
+
+def _span(xs: list[float]) -> str:
+    lo, hi, mid = min(xs), max(xs), statistics.median(xs)
+    return f"{mid:.3f} ({lo:.3f}–{hi:.3f})"
+
+
+def wheels_ab(root: Path, wheels: tuple[tuple[str, str, tuple[str, ...]], ...] = WHEELS) -> str:
+    """Per wheel, dtype and mode: the geomean speedup of its dispatch over the best vendor
+    at M >= 1024 (median and range over its rounds)."""
+    lines = [
+        f"H100 80GB HBM3, `cudal2-bench summarize … --m-min {M_MIN}` (the 17 prefill shapes), "
+        "each wheel beside every vendor in one process, the wheels benched in the order "
+        f"{' '.join(w[0] for w in wheels)}, {len(wheels[0][2])} rounds in one call: the "
+        "geomean speedup over the best vendor, median (range) over the rounds.",
+        "",
+        "| wheel | fp16 offline | bf16 offline | fp16 server | bf16 server |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, what, paths in wheels:
+        cells = [
+            _span(_geomeans(root, paths, mode, dtype))
+            for mode in ("offline", "server")
+            for dtype in ("fp16", "bf16")
+        ]
+        lines.append(f"| {label}: {what} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} |")
+    return "\n".join(lines) + "\n"
