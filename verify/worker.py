@@ -158,6 +158,15 @@ def norm_graph(sets: TimingSets, nsets: int, calls: int) -> Captured:
     return capture(lambda j: correctness.rmsnorm(sets.sets[j][0]), nsets, calls, keep=(sets,))
 
 
+_LT_HANDLE: list[int] = []  # this worker's cuBLASLt handle for rivals, made at the first
+
+
+def _lt_handle() -> int:
+    if not _LT_HANDLE:
+        _LT_HANDLE.append(cublaslt.create_handle())
+    return _LT_HANDLE[0]
+
+
 def rival_graph(
     rival: Mapping[str, Any], t: Target, sets: TimingSets, nsets: int, calls: int
 ) -> Captured:
@@ -177,9 +186,7 @@ def rival_graph(
         dense_gemm(t, a.data_ptr(), b.data_ptr(), c.data_ptr())
         for (a, b), c in zip(sets.sets, outs, strict=True)
     ]
-    gemm = cublaslt.LtGemm(
-        cublaslt.create_handle(), bytes.fromhex(rival["algo"]), t.dtype, t.layout, args[0]
-    )
+    gemm = cublaslt.LtGemm(_lt_handle(), bytes.fromhex(rival["algo"]), t.dtype, t.layout, args[0])
     ws = torch.empty(max(gemm.workspace_bytes, 1), dtype=torch.uint8, device=correctness.DEVICE)
 
     def run(j: int) -> None:

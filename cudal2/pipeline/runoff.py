@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Any
 from cudal2 import __version__
 from cudal2.pipeline.results import job_for, now, timed_fields
 from cudal2.pipeline.select import contested, ran_off
-from cudal2.records import GpuInfo, Job, JobKind, Measurement, ReuseKey, Target, TimingConfig
+from cudal2.records import (
+    GpuInfo,
+    Job,
+    JobKind,
+    JobResult,
+    Measurement,
+    ReuseKey,
+    Target,
+    TimingConfig,
+)
 
 if TYPE_CHECKING:
     from cudal2.verify.runner import Runner
@@ -39,7 +48,7 @@ def runoff_job(kernel: Measurement, vendor: Measurement, cubin: str, timing: Tim
     return dataclasses.replace(base, timing=timing, rival=rival)
 
 
-def rerecorded(old: Measurement, answer: Any, gpu: GpuInfo) -> Measurement:
+def rerecorded(old: Measurement, answer: JobResult, gpu: GpuInfo) -> Measurement:
     """``old`` as the run-off's ``answer`` measured it: its timing, correctness and
     metrics anew, its design, artifact, toolchain and proposer kept (the same key)."""
     timed = timed_fields(answer)
@@ -57,7 +66,8 @@ def rerecorded(old: Measurement, answer: Any, gpu: GpuInfo) -> Measurement:
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """One run-off: its target, the kernel's and the algorithm's design keys, and the
-    kernel's speed over the algorithm (None: no answer, or the kernel failed)."""
+    kernel's speed over the algorithm (None: no answer, the kernel failed, or the
+    algorithm could not be timed beside it)."""
 
     gpu: str
     target: Target
