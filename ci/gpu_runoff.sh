@@ -10,12 +10,13 @@
 #   bash ci/gpu_runoff.sh                                        (carry .whl: nvmath-python)
 #
 # STEM (default llm-public-h100): the manifest under manifests/. BENCH=0: no wheel, no
-# bench. TESTS=1: first the worker's run-off GPU tests (tests/verify/test_runoff_gpu.py). DTYPES (default "fp16 bf16") and MODE (default offline) as ci/gpu_prefill.sh.
-# Under $OUT: gpu.txt, gpu-tests.txt (TESTS=1), runoff.txt (the log), runoff.json (the summary: every run-off, the
-# kernel's speed over the algorithm), $STEM.measurements.jsonl.gz (the committed database
-# with the run-offs' records and check lines appended, nothing else: checked below; commit
-# it over the committed file), then what ci/gpu_prefill.sh writes (wheel-check.*,
-# prefill.jsonl, prefill-summary*.txt).
+# bench. TESTS=1: first the worker's run-off GPU tests (tests/verify/test_runoff_gpu.py).
+# DTYPES (default "fp16 bf16") and MODE (default offline) as ci/gpu_prefill.sh.
+# Under $OUT: gpu.txt, gpu-tests.txt (TESTS=1), runoff.txt (the log), runoff.json (the
+# summary: every run-off, the kernel's speed over the algorithm), $STEM.measurements.jsonl.gz
+# (the committed database with the run-offs' records and check lines appended, nothing
+# else: checked below; commit it over the committed file), then what ci/gpu_prefill.sh
+# writes (wheel-check.*, prefill.jsonl, prefill-summary*.txt).
 set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STEM=${STEM:-llm-public-h100}

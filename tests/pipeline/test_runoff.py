@@ -79,7 +79,7 @@ def _replayed(manifest, before, runner):
     return history, outcomes, appended
 
 
-def test_replaying_the_h100_run_offs_gives_the_committed_records(llm_public, tmp_path):
+def test_replaying_the_h100_run_offs_gives_the_committed_records(llm_public):
     """The run-off loop, on a replay of the committed database, asks for the run-offs the
     H100 ran, in the same waves, and makes of each answer the committed record."""
     manifest, before, after, runoffs = llm_public
