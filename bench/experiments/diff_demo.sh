@@ -13,8 +13,8 @@
 #   R   A's manifest from B's database: the replacement alone (a real regression).
 #   D   A without the shape: the removal alone.
 #   N1, N2  bf16/tn 64x4096x4096 and 4096x4096x4096 (fallback in both databases) built
-#       from default.measurements.jsonl and from llm-public-h100.measurements.jsonl.gz: two
-#       measuring days, torch's own time moved (fallback noise).
+#       from default.measurements.jsonl and from llm-public-h100.measurements.jsonl.gz
+#       before its run-offs: two measuring days, torch's own time moved (fallback noise).
 #
 # Usage: bash bench/experiments/diff_demo.sh [REPORT.md]   (from the repository root)
 # bench/results/diff-demo.md is its output.
@@ -61,7 +61,14 @@ mode = "offline"
 [[targets]]
 shapes = [[64, 4096, 4096], [4096, 4096, 4096]]
 TOML
-zcat manifests/llm-public-h100.measurements.jsonl.gz > "$tmp/llm.jsonl"
+# llm-public's database as it was before its run-offs (2026-12-06): their records, which
+# carry a rival cuBLASLt baseline, made bf16 4096x4096x4096 a kernel entry there
+zcat manifests/llm-public-h100.measurements.jsonl.gz | python -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if not any(k.startswith("cublaslt:") for k in r.get("baselines_us", {})):
+        sys.stdout.write(line)' > "$tmp/llm.jsonl"
 
 build manifests/default.toml "$tmp/a.jsonl" A
 build "$tmp/removed.toml" "$tmp/b.jsonl" B
