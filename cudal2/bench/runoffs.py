@@ -46,7 +46,7 @@ def runoffs(root: Path, path: str = RUNOFF) -> str:
         f"H100 80GB HBM3, `{s['manifest']}` (`{path}`): {len(found)} run-offs, "
         f"{len(timed)} with the algorithm timed; the kernel ahead of the algorithm beside it "
         f"in {ahead}. Kernel entries of the table: {s['kernel_entries_before']} before the "
-        f"sanitizer rule, {s['kernel_entries']} after the run-offs "
+        f"run-offs, {s['kernel_entries']} after them "
         f"({s['checked']} new would-be winner memchecked, {s['failed']} failed).",
         "",
         f"| target (M ≥ {M_MIN}) | kernel × algorithm, in the order run |",
