@@ -158,22 +158,14 @@ def norm_graph(sets: TimingSets, nsets: int, calls: int) -> Captured:
     return capture(lambda j: correctness.rmsnorm(sets.sets[j][0]), nsets, calls, keep=(sets,))
 
 
-_LT_HANDLE: list[int] = []  # this worker's cuBLASLt handle for rivals, made at the first
-
-
-def _lt_handle() -> int:
-    if not _LT_HANDLE:
-        _LT_HANDLE.append(cublaslt.create_handle())
-    return _LT_HANDLE[0]
-
-
 def rival_graph(
-    rival: Mapping[str, Any], t: Target, sets: TimingSets, nsets: int, calls: int
+    rival: Mapping[str, Any], handle: int, t: Target, sets: TimingSets, nsets: int, calls: int
 ) -> Captured:
     """A run-off's rival (``Job.rival``): the recorded cuBLASLt algorithm on the timing
-    sets, captured as torch's graph is (its outputs and workspace its own, kept with
-    the graph). Raises where this process's cuBLASLt is not the recorded one: its
-    algorithm would not be the one the table dispatches."""
+    sets through ``handle`` (the worker's, ``VendorSpread.lt``), captured as torch's
+    graph is (its outputs and workspace its own, kept with the graph). Raises where this
+    process's cuBLASLt is not the recorded one: its algorithm would not be the one the
+    table dispatches."""
     import torch
 
     if int(rival["version"]) != version():
@@ -186,7 +178,7 @@ def rival_graph(
         dense_gemm(t, a.data_ptr(), b.data_ptr(), c.data_ptr())
         for (a, b), c in zip(sets.sets, outs, strict=True)
     ]
-    gemm = cublaslt.LtGemm(_lt_handle(), bytes.fromhex(rival["algo"]), t.dtype, t.layout, args[0])
+    gemm = cublaslt.LtGemm(handle, bytes.fromhex(rival["algo"]), t.dtype, t.layout, args[0])
     ws = torch.empty(max(gemm.workspace_bytes, 1), dtype=torch.uint8, device=correctness.DEVICE)
 
     def run(j: int) -> None:
@@ -264,7 +256,12 @@ def _check_and_time(
             )
         if job.rival:  # a run-off: the rival algorithm, the job's own (not the target's)
             try:
-                baselines[job.rival["design_key"]] = rival_graph(job.rival, t, pool, nsets, calls)
+                if not isinstance(vendor_errors, VendorSpread):
+                    raise RuntimeError("a rival needs nvmath-python in the measuring worker")
+                lt = vendor_errors.lt
+                baselines[job.rival["design_key"]] = rival_graph(
+                    job.rival, lt, t, pool, nsets, calls
+                )
             except Exception as exc:  # noqa: BLE001 - the rival's fault, not the kernel's
                 # timed without it: the record says nothing of the rival, and the
                 # run-off decides nothing (pipeline.runoff says so)

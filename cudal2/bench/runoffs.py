@@ -9,9 +9,8 @@ import json
 import statistics
 from pathlib import Path
 
-from cudal2.bench.report import Filter, read_results, summarize
+from cudal2.bench.llm_public_steps import R, geomeans, runs
 
-R = "bench/results/"
 RUNOFF = f"{R}h100-runoff-llm-public.json"
 # The round-robin bench (``LINES_A=7337 ROUNDS=2 bash ci/gpu_wheel_ab.sh``): (label, what
 # the wheel is, its runs in round order)
@@ -61,14 +60,6 @@ def runoffs(root: Path, path: str = RUNOFF) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _geomeans(root: Path, paths: tuple[str, ...], mode: str, dtype: str) -> list[float]:
-    out = []
-    for p in paths:
-        got = summarize(read_results(root / p), Filter(mode=mode, dtype=dtype, m_min=M_MIN))
-        out.append(got["geomean_speedup"]["best_vendor"])
-    return out
-
-
 def _span(xs: list[float]) -> str:
     lo, hi, mid = min(xs), max(xs), statistics.median(xs)
     return f"{mid:.3f} ({lo:.3f}–{hi:.3f})"
@@ -87,8 +78,9 @@ def wheels_ab(root: Path, wheels: tuple[tuple[str, str, tuple[str, ...]], ...] =
         "|---|---:|---:|---:|---:|",
     ]
     for label, what, paths in wheels:
+        rows = runs(root, paths)
         cells = [
-            _span(_geomeans(root, paths, mode, dtype))
+            _span(geomeans(rows, mode, dtype, "best_vendor"))
             for mode in ("offline", "server")
             for dtype in ("fp16", "bf16")
         ]
