@@ -14,6 +14,10 @@ if [ -d .whl ]; then FIND=(--no-index --find-links .whl); else FIND=(); fi
 (cd /tmp && $PY -c "import cudal2.generator") 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip as" || true
 $PY -c "import nvmath" 2>/dev/null || $PY -m pip install -q "${FIND[@]}" --no-deps nvmath-python 2>&1 | grep -v "WARNING: Running pip as" || true
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+committed_db() {  # the committed database of manifest stem $1: plain, else gzipped
+  local plain="manifests/$1.measurements.jsonl"
+  [ -f "$plain" ] && echo "$plain" || echo "$plain.gz"
+}
 noprogress() { grep -v '/s\]\|s/[a-z]*\]' || true; }  # tqdm lines
 quiet() { noprogress | grep -v '^H100\|^NVIDIA' || true; }  # nor per-target table rows
 # package_wheel JOB MANIFEST DB.gz...: the manifest's wheel packaged into JOB/ (--no-measure,

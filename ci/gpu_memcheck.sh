@@ -35,12 +35,8 @@ control=$!
 
 step "memcheck of the kernels the committed tables ship"
 args=()
-committed() {  # the committed database of manifest stem $1: plain, else gzipped
-  local plain="manifests/$1.measurements.jsonl"
-  [ -f "$plain" ] && echo "$plain" || echo "$plain.gz"
-}
 for stem in "${STEMS[@]}"; do
-  zcat -f "$(committed "$stem")" > "$OUT/$stem.measurements.jsonl"
+  zcat -f "$(committed_db "$stem")" > "$OUT/$stem.measurements.jsonl"
   args+=(--db "manifests/$stem.toml" "$OUT/$stem.measurements.jsonl")
 done
 set +e  # the summary lines (stdout) and the log (stderr, less JSON and progress bars)
@@ -53,7 +49,7 @@ rm -f "$OUT"/*.measurements.jsonl.lock
 
 step "the copies are the committed files with check lines appended, nothing else"
 for stem in "${STEMS[@]}"; do
-  committed=$(committed "$stem")
+  committed=$(committed_db "$stem")
   copy="$OUT/$stem.measurements.jsonl"
   size=$(zcat -f "$committed" | wc -c)
   if zcat -f "$committed" | cmp -s -n "$size" - "$copy" && \

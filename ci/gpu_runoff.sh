@@ -21,8 +21,7 @@ set -euo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 STEM=${STEM:-llm-public-h100}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.limit --format=csv | tee "$OUT/gpu.txt"
-committed="manifests/$STEM.measurements.jsonl"
-[ -f "$committed" ] || committed="$committed.gz"
+committed=$(committed_db "$STEM")
 copy="$OUT/$STEM.measurements.jsonl"
 zcat -f "$committed" > "$copy"
 rc=0

@@ -25,8 +25,7 @@ if [ -n "${WHEELS:-}" ]; then
   read -r -a wheels <<<"$WHEELS"
 else
   LINES_A=${LINES_A:?WHEELS="<wheels>" or LINES_A=<lines of the committed database for wheel A>}
-  db="manifests/$STEM.measurements.jsonl"
-  [ -f "$db" ] || db="$db.gz"
+  db=$(committed_db "$STEM")
   zcat -f "$db" | awk -v n="$LINES_A" "NR <= n" | gzip > "$scratch/a.jsonl.gz"  # (head: SIGPIPE)
   package_wheel "$scratch/a" "manifests/$STEM.toml" "$scratch/a.jsonl.gz"
   wheels=("$WHEEL")
@@ -34,8 +33,7 @@ else
   wheels+=("$WHEEL")
 fi
 if [ "${MEMCHECK:-0}" = 1 ]; then  # the would-be winners checked, and that wheel benched last
-  db="manifests/$STEM.measurements.jsonl"
-  [ -f "$db" ] || db="$db.gz"
+  db=$(committed_db "$STEM")
   copy="$OUT/$STEM.measurements.jsonl"
   zcat -f "$db" > "$copy"
   step "memcheck of the would-be winners of $STEM (checks appended to a copy)"
