@@ -18,8 +18,10 @@ from cudal2.verify.launch import dense_gemm
 
 class WheelKernels:
     """A dispatch table and its cubins. ``open`` reads a wheel, a ``dispatch.json``
-    beside its ``cubins/`` folder, or a measurement database (``.jsonl``), whose
-    table is the one a build would select from it."""
+    beside its ``cubins/`` folder, a measurement database (``.jsonl`` or
+    ``.jsonl.gz``), whose table is the one a build would select from it, or a
+    manifest (``.toml``): the table its build would select from its database and the
+    databases it reuses, for its targets."""
 
     def __init__(self, table: DispatchTable, cubins: dict[str, bytes], gpu: GpuInfo):
         self.cubins = cubins
@@ -40,17 +42,8 @@ class WheelKernels:
                 for n in z.namelist():
                     if "/cubins/" in n and n.endswith(".cubin"):
                         cubins[Path(n).stem] = z.read(n)
-        elif path.suffix == ".jsonl":
-            from cudal2.database import MeasurementDB
-            from cudal2.generator.compile import ArtifactCache
-            from cudal2.pipeline.build import table_from_measurements
-
-            contents = MeasurementDB(path).load()
-            if not contents.measurements:
-                raise ValueError(f"{path}: no measurements")
-            table, cubins = table_from_measurements(
-                contents.measurements, mode, ArtifactCache(), "bench", contents.checks
-            )
+        elif path.suffix == ".toml" or path.name.endswith((".jsonl", ".jsonl.gz")):
+            table, cubins = _selected(path, mode)
         else:  # a dispatch.json beside its cubins/ folder
             table = read_table(path)
             for f in (path.parent / "cubins").glob("*.cubin"):
@@ -122,3 +115,27 @@ def _stream() -> int:
     import torch
 
     return torch.cuda.current_stream().cuda_stream
+
+
+def _selected(path: Path, mode: str) -> tuple[DispatchTable, dict[str, bytes]]:
+    """The table a build without a GPU would select from a database, or from a
+    manifest's database and the databases it reuses (its targets only), and the
+    winners' cubins (compiled into the artifact cache)."""
+    from cudal2.database import MeasurementDB, default_database
+    from cudal2.generator.compile import ArtifactCache
+    from cudal2.manifest import load_manifest
+    from cudal2.pipeline.build import table_from_measurements
+
+    targets = None
+    if path.suffix == ".toml":
+        manifest = load_manifest(path)
+        db = MeasurementDB(default_database(path), manifest.reuse)
+        targets = manifest.targets
+    else:
+        db = MeasurementDB(path)
+    contents = db.load()
+    if not contents.measurements:
+        raise ValueError(f"{path}: no measurements")
+    return table_from_measurements(
+        contents.measurements, mode, ArtifactCache(), "bench", contents.checks, targets
+    )

@@ -316,8 +316,10 @@ def run_main(argv: list[str]) -> int:
     p.add_argument(
         "--kernels",
         type=cli_args.in_file,
-        help="cudal2 kernels to time beside the baselines: a wheel, its dispatch.json, or a "
-        "measurement database (.jsonl; its winners as a build would select them)",
+        help="cudal2 kernels to time beside the baselines: a wheel, its dispatch.json, a "
+        "measurement database (.jsonl or .jsonl.gz; its winners as a build would select "
+        "them), or a manifest (.toml: as its build would select them from its database and "
+        "the ones it reuses)",
     )
     p.add_argument(
         "--mode",

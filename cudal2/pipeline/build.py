@@ -139,12 +139,14 @@ def table_from_measurements(
     cache: ArtifactCache,
     name: str,
     checks: Sequence[SanitizerCheck] = (),
+    targets: Iterable[Target] | None = None,
 ) -> tuple[DispatchTable, dict[str, bytes]]:
     """The dispatch table a build without a GPU would make from these measurements and
-    sanitizer ``checks`` (a database's ``Contents``), for every target they hold
-    (winners compiled into ``cache``): what ``cudal2-bench --kernels DB`` runs."""
+    sanitizer ``checks`` (a database's ``Contents``), for ``targets`` (None: every
+    target they hold; winners compiled into ``cache``): what ``cudal2-bench --kernels``
+    runs from a database or a manifest."""
     history = believable(latest(history))
-    targets = sorted({x.target for x in history})
+    targets = sorted(set(targets) if targets is not None else {x.target for x in history})
     gate = SanitizerGate(None, ledger_of(checks, history))
     selections, _ = gate.select(targets, history, mode, shippable())
     winners = [s.winner.design for s in selections if s.winner and s.winner.design]

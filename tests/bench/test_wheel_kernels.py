@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import shutil
 
 import pytest
@@ -65,3 +66,31 @@ def test_empty_database_is_an_error(tmp_path, recorded_measurements):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="no measurements"):
         WheelKernels.open(tmp_path / "empty.jsonl", recorded_measurements[0].gpu)
+
+
+def test_manifest_gives_its_targets_from_the_databases_it_reuses(
+    recorded_measurements, monkeypatch, tmp_path
+):
+    """A manifest's table: its build's selection from its own database and the ones it
+    reuses (here all in a reused ``.jsonl.gz``, its own empty), for its targets only."""
+    monkeypatch.setenv("CUDAL2_CACHE", str(tmp_path / "cache"))
+    with gzip.open(tmp_path / "reused.measurements.jsonl.gz", "wt") as f:
+        f.write(DB.read_text())
+    (tmp_path / "m.measurements.jsonl").write_text("")
+    (tmp_path / "m.toml").write_text(
+        '[package]\nname = "m"\nversion = "0.1.0"\n\n'
+        '[build]\ngpus = ["sm_90a"]\ndtypes = ["fp16"]\nlayouts = ["tn"]\n'
+        'reuse = ["reused.measurements.jsonl.gz"]\n\n'
+        "[[targets]]\nshapes = [[1, 4096, 4096], [16, 4096, 4096]]\n"
+    )
+    gpu = recorded_measurements[0].gpu
+    whole = WheelKernels.open(DB, gpu, "offline")
+    packed = WheelKernels.open(tmp_path / "reused.measurements.jsonl.gz", gpu, "offline")
+    mine = WheelKernels.open(tmp_path / "m.toml", gpu, "offline")
+    targets = sorted({m.target for m in recorded_measurements})
+    kept = [t for t in targets if t.dtype == "fp16" and t.layout == "tn" and t.m in (1, 16)]
+    assert len(kept) == 2 and {whole.describe(t)["kind"] for t in kept} == {"kernel", "cublaslt"}
+    for t in targets:
+        assert packed.describe(t) == whole.describe(t), t.label
+        want = whole.describe(t) if t in kept else {"kind": "fallback", "reason": "no entry"}
+        assert mine.describe(t) == want, t.label
