@@ -9,7 +9,6 @@ another stream. ``fx_honest`` is the control.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,36 +22,13 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc"),
 ]
 
-SOURCE = Path(__file__).parent / "fixtures" / "adversarial.cu"
-RECIPE = {
-    "abi": "gemm_v1",
-    "block": [256, 1, 1],
-    "tile_m": 16,
-    "tile_n": 16,
-    "split_k": 1,
-    "cluster": [1, 1, 1],
-    "smem_bytes": 0,
-    "align": {"k": 8},
-}
 TARGET = Target("sm_90a", "fp16", "tn", 100, 136, 264)
 
 
 @pytest.fixture(scope="module")
-def cubin(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("adversarial") / "adversarial.cubin"
-    subprocess.run(
-        [
-            "nvcc",
-            "-cubin",
-            "-gencode=arch=compute_90a,code=sm_90a",
-            "-O2",
-            "-o",
-            str(out),
-            str(SOURCE),
-        ],
-        check=True,
-    )
-    return out
+def cubin(adversarial) -> tuple[Path, dict]:
+    """The fixture kernels' cubin and the recipe they share (tests/verify/conftest.py)."""
+    return adversarial
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +41,9 @@ def runner():
         yield r
 
 
-def _job(cubin: Path, symbol: str, kind: JobKind = JobKind.MEASURE, recipe: dict = RECIPE) -> Job:
+def _job(cubin: tuple[Path, dict], symbol: str, kind: JobKind = JobKind.MEASURE, **recipe) -> Job:
+    """``symbol``'s job, its recipe the fixtures' shared one with ``recipe``'s keys over it."""
+    path, shared = cubin
     return Job(
         kind,
         TARGET,
@@ -73,12 +51,9 @@ def _job(cubin: Path, symbol: str, kind: JobKind = JobKind.MEASURE, recipe: dict
         toolchain="fixture",
         artifact_key=f"fixture:{symbol}",
         symbol=symbol,
-        recipe=recipe,
-        cubin=str(cubin),
+        recipe={**shared, **recipe},
+        cubin=str(path),
     )
-
-
-PDL_RECIPE = {**RECIPE, "pdl": True}
 
 
 def _run(runner, job: Job) -> JobResult:
@@ -158,7 +133,7 @@ def test_work_on_another_stream_is_below_the_floor():
 def test_pdl_honest_kernel_passes_the_pair_check(runner, cubin):
     from cudal2.verify.pdl_pair import PAIR_METRIC
 
-    res = _run(runner, _job(cubin, "fx_pdl_honest", recipe=PDL_RECIPE))
+    res = _run(runner, _job(cubin, "fx_pdl_honest", pdl=True))
     assert res.status == Status.OK, res.error
     assert res.metrics[PAIR_METRIC] == 1.0
 
@@ -175,7 +150,7 @@ def test_pdl_kernel_that_does_not_wait_is_rejected_by_the_pair_check(runner, cub
 
     # Launched plainly it is correct: only the pair check can see the hazard.
     assert _run(runner, _job(cubin, symbol)).status == Status.OK
-    res = _run(runner, _job(cubin, symbol, recipe=PDL_RECIPE))
+    res = _run(runner, _job(cubin, symbol, pdl=True))
     assert res.status == Status.INCORRECT, res
     assert "PDL pair check" in res.error and needle in res.error, res.error
     assert res.metrics[PAIR_METRIC] == 0.0 and res.samples_us == ()
@@ -184,19 +159,14 @@ def test_pdl_kernel_that_does_not_wait_is_rejected_by_the_pair_check(runner, cub
 # A fused-epilogue (gemm_v3, residual) PDL fixture: its target carries the epilogue, its
 # recipe the ABI and boxes (the fixture ignores the tensor maps the launcher encodes).
 RESIDUAL_TARGET = Target("sm_90a", "fp16", "tn", 100, 136, 264, epilogue="residual")
-RESIDUAL_RECIPE = {
-    **PDL_RECIPE,
-    "abi": "gemm_v3",
-    "epilogue": "residual",
-    "tma": {"a": [64, 16], "b": [64, 16]},
-}
+RESIDUAL_RECIPE = {"abi": "gemm_v3", "epilogue": "residual", "tma": {"a": [64, 16], "b": [64, 16]}}
 
 
-def _residual_job(cubin: Path, symbol: str, pdl: bool = True) -> Job:
+def _residual_job(cubin: tuple[Path, dict], symbol: str, pdl: bool = True) -> Job:
     import dataclasses
 
-    job = dataclasses.replace(_job(cubin, symbol), target=RESIDUAL_TARGET)
-    return dataclasses.replace(job, recipe={**RESIDUAL_RECIPE, "pdl": pdl})
+    job = _job(cubin, symbol, pdl=pdl, **RESIDUAL_RECIPE)
+    return dataclasses.replace(job, target=RESIDUAL_TARGET)
 
 
 def test_pdl_residual_honest_kernel_passes_the_pair_check(runner, cubin):
