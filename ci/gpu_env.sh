@@ -29,7 +29,7 @@ package_wheel() {
   mkdir -p "$job"
   if ! ls "$job"/*.whl >/dev/null 2>&1; then
     step "package $manifest (--no-measure)"
-    zcat "$@" > "$job/db.jsonl"
+    zcat -f "$@" > "$job/db.jsonl"
     cudal2-build "$manifest" --measurements "$job/db.jsonl" --no-measure --out "$job" 2>&1 \
       | noprogress > "$OUT/wheel-build.txt"
     tail -5 "$OUT/wheel-build.txt"

@@ -8,11 +8,15 @@
 #   LINES_A=7337 bash ci/gpu_wheel_ab.sh                              (carry .whl)
 #
 # WHEELS: wheels packaged elsewhere (cudal2-build MANIFEST --no-measure), labelled A, B,
-# ... in order. MEMCHECK=1: first the would-be winners of STEM's committed database
+# ... in order; an entry ending in .toml is a manifest whose wheel is packaged here from
+# the database beside it (<stem>.measurements.jsonl), else from STEM's committed database
+# (e.g. the manifest and database as they were before a change, kept in dist/). MEMCHECK=1: first the would-be winners of STEM's committed database
 # memchecked (python -m cudal2.pipeline.memcheck on a copy, returned gzipped with its
 # check lines: commit it), and the wheel packaged from that copy benched last. Else two packaged here: A from the committed database of STEM (default
 # llm-public-h100) cut to its first LINES_A lines (the database before lines appended to
-# it, e.g. the run-offs), B from the whole of it. ROUNDS (default 2). Under $OUT: gpu.txt,
+# it, e.g. the run-offs), B from the whole of it. ROUNDS (default 2). SHAPES (default
+# bench/shapes/llm-public-prefill.toml): the bench's shapes file, e.g.
+# bench/shapes/cuda-l2-grid-sample.toml with STEM=grid-sample-h100. Under $OUT: gpu.txt,
 # prefill-<label>-<round>.jsonl (bench rows), ab-summary.txt (`cudal2-bench summarize
 # --m-min 1024 --json` per file, dtype and mode).
 set -euo pipefail
@@ -23,6 +27,14 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 if [ -n "${WHEELS:-}" ]; then
   read -r -a wheels <<<"$WHEELS"
+  for i in "${!wheels[@]}"; do  # a manifest: its wheel packaged here (module doc)
+    if [ "${wheels[$i]%.toml}" != "${wheels[$i]}" ]; then
+      db="${wheels[$i]%.toml}.measurements.jsonl"
+      [ -f "$db" ] || db=$(committed_db "$STEM")
+      package_wheel "$scratch/w$i" "${wheels[$i]}" "$db"
+      wheels[$i]=$WHEEL
+    fi
+  done
 else
   LINES_A=${LINES_A:?WHEELS="<wheels>" or LINES_A=<lines of the committed database for wheel A>}
   db=$(committed_db "$STEM")
@@ -51,7 +63,7 @@ for round in $(seq "${ROUNDS:-2}"); do
   for i in "${!wheels[@]}"; do
     w=${labels[$i]}
     step "round $round: wheel $w (${wheels[$i]})"
-    timeout 240 cudal2-bench bench/shapes/llm-public-prefill.toml --kernels "${wheels[$i]}" \
+    timeout 240 cudal2-bench "${SHAPES:-bench/shapes/llm-public-prefill.toml}" --kernels "${wheels[$i]}" \
       --mode both --dtype fp16 bf16 --out "$OUT/prefill-$w-$round.jsonl" 2>&1 | noprogress | tail -2 || rc=$?
     for dtype in fp16 bf16; do
       for mode in offline server; do

@@ -374,14 +374,35 @@ NCU_FEED_ROWS = (
     ("Cluster Size", "", "cluster"),
 )  # fmt: skip
 NCU_FEED_ROLES = ("own", "cublaslt", "torch", "feed", "gemm", "math")
+# The multicast pair beside torch's 2x1 pair (``FEED=1 EXTRA_METRICS=...``): the bytes each
+# level moved in the launch, beside the rates.
+NCU_PAIR_ROWS = (
+    *NCU_FEED_ROWS[:3],
+    ("dram__bytes_read.sum", "Gbyte", "DRAM read GB"),
+    ("lts__t_bytes.sum", "Gbyte", "L2 GB"),
+    ("l1tex__m_xbar2l1tex_read_bytes.sum", "Gbyte", "L2 to SM GB"),
+    ("Cluster Size", "", "cluster"),
+)  # fmt: skip
+NCU_PAIR_ROLES = ("torch", "feed", "feedpair", "gemm", "gemmpair", "math")
 _RANGE = re.compile(r">:([a-z]+):")  # "<default domain>:feed:none:..."
-_SCALE = {("Gbyte/s", "Tbyte/s"): 1e-3, ("Mhz", "Ghz"): 1e-3, ("ms", "us"): 1e3}
+_SCALE = {
+    ("Gbyte/s", "Tbyte/s"): 1e-3,
+    ("Mhz", "Ghz"): 1e-3,
+    ("ms", "us"): 1e3,
+    ("Mbyte", "Gbyte"): 1e-3,
+    ("Kbyte", "Gbyte"): 1e-6,
+}
 
 
-def ncu_feed_details(text: str, source: str) -> dict[str, dict[str, str]]:
+def ncu_feed_details(
+    text: str,
+    source: str,
+    roles: tuple[str, ...] = NCU_FEED_ROLES,
+    metrics: tuple[tuple[str, str, str], ...] = NCU_FEED_ROWS,
+) -> dict[str, dict[str, str]]:
     """An ncu details page (``--csv --page details``) of ncu_prefill_pair.py --feed: per
-    NVTX range (own, cublaslt, torch, math, feed, gemm) its kernel's name and metrics
-    (value strings in NCU_FEED_ROWS's units). ValueError naming what is missing."""
+    NVTX range (``roles``: own, cublaslt, torch, math, feed, gemm, ...) its kernel's name
+    and metrics (value strings in ``metrics``' units). ValueError naming what is missing."""
     rows = list(csv.DictReader(io.StringIO(text)))
     out: dict[str, dict[str, str]] = {}
     for i, r in enumerate(rows):
@@ -392,10 +413,10 @@ def ncu_feed_details(text: str, source: str) -> dict[str, dict[str, str]]:
         got = out.setdefault(m[1], {"kernel": r["Kernel Name"]})
         got[r["Metric Name"]] = r["Metric Value"]
         got[r["Metric Name"] + " unit"] = r["Metric Unit"]
-    for role in NCU_FEED_ROLES:
+    for role in roles:
         if role not in out:
             raise ValueError(f"{source}: no kernel in NVTX range {role!r}")
-        for metric, unit, _ in NCU_FEED_ROWS:
+        for metric, unit, _ in metrics:
             if metric not in out[role]:
                 raise ValueError(f"{source}: {role}: no metric {metric!r}")
             have = out[role][metric + " unit"]
@@ -410,20 +431,26 @@ def _value(got: Mapping[str, str], metric: str, unit: str) -> str:
     return f"{float(raw) * scale:.2f}" if scale else raw
 
 
-def ncu_feed_markdown(files: Mapping[str, str]) -> str:
+def ncu_feed_markdown(
+    files: Mapping[str, str],
+    roles: tuple[str, ...] = NCU_FEED_ROLES,
+    metrics: tuple[tuple[str, str, str], ...] = NCU_FEED_ROWS,
+    what: str = "the sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
+    "torch.matmul, the feed kernel, its GEMM twin and the math kernel at the shape's FLOPs",
+    named: tuple[str, ...] = ("own", "cublaslt", "torch"),
+) -> str:
     """Per shape (its details page's text by file name) and role, one launch of its
-    kernel: the duration, over the feed kernel's, and the rest of NCU_FEED_ROWS."""
-    got = {name: ncu_feed_details(text, name) for name, text in files.items()}
+    kernel: the duration, over the feed kernel's, and the rest of ``metrics``; ``what``
+    says what the roles are, ``named`` whose kernel names the text gives."""
+    got = {name: ncu_feed_details(text, name, roles, metrics) for name, text in files.items()}
     shapes = [re.sub(r"^.*?(\d+x\d+x\d+).*$", r"\1", Path(n).name) for n in files]
-    head = [label for _, _, label in NCU_FEED_ROWS]
+    head = [label for _, _, label in metrics]
     lines = [
         "One launch each under ncu (clocks as found, caches flushed; "
         + ", ".join(f"`{n}`" for n in files)
-        + "): the sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
-        "torch.matmul, the feed kernel, its GEMM twin and the math kernel at the shape's "
-        "FLOPs. The vendors' and own kernels: "
+        + f"): {what}. The vendors' {'and own ' if 'own' in named else ''}kernels: "
         + "; ".join(
-            f"{s}: " + ", ".join(f"{r} `{g[r]['kernel']}`" for r in ("own", "cublaslt", "torch"))
+            f"{s}: " + ", ".join(f"{r} `{g[r]['kernel']}`" for r in named)
             for s, g in zip(shapes, got.values(), strict=True)
         )
         + ".",
@@ -433,8 +460,8 @@ def ncu_feed_markdown(files: Mapping[str, str]) -> str:
     ]
     for shape, g in zip(shapes, got.values(), strict=True):
         feed_us = float(_value(g["feed"], "Duration", "us"))
-        for r in NCU_FEED_ROLES:
-            cells = [_value(g[r], metric, unit) for metric, unit, _ in NCU_FEED_ROWS]
+        for r in roles:
+            cells = [_value(g[r], metric, unit) for metric, unit, _ in metrics]
             ratio = float(cells[0]) / feed_us
             lines.append(
                 f"| {shape} | {r} | {cells[0]} | {ratio:.3f} | " + " | ".join(cells[1:]) + " |"

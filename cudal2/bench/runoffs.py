@@ -12,19 +12,19 @@ from pathlib import Path
 from cudal2.bench.llm_public_steps import R, geomeans, runs
 
 RUNOFF = f"{R}h100-runoff-llm-public.json"
-# The round-robin bench (``LINES_A=7337 ROUNDS=2 bash ci/gpu_wheel_ab.sh``): (label, what
-# the wheel is, its runs in round order)
-WHEELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    (
-        "A",
-        "before the run-offs (what shipped)",
-        tuple(f"{R}h100-prefill-llm-public-ab-a-{i}.jsonl.gz" for i in (1, 2)),
-    ),
-    (
-        "B",
-        "after them (what ships)",
-        tuple(f"{R}h100-prefill-llm-public-ab-b-{i}.jsonl.gz" for i in (1, 2)),
-    ),
+Wheel = tuple[str, str, tuple[str, ...]]  # (label, what the wheel is, its runs in round order)
+
+
+def wheel(label: str, what: str, stem: str, rounds: int = 2) -> Wheel:
+    """A wheel of a round-robin bench: its runs ``<stem>-<label>-<round>.jsonl.gz``."""
+    runs = tuple(f"{R}{stem}-{label.lower()}-{i}.jsonl.gz" for i in range(1, rounds + 1))
+    return (label, what, runs)
+
+
+# The round-robin bench (``LINES_A=7337 ROUNDS=2 bash ci/gpu_wheel_ab.sh``)
+WHEELS: tuple[Wheel, ...] = (
+    wheel("A", "before the run-offs (what shipped)", "h100-prefill-llm-public-ab"),
+    wheel("B", "after them (what ships)", "h100-prefill-llm-public-ab"),
 )
 M_MIN = 1024
 
@@ -65,11 +65,15 @@ def _span(xs: list[float]) -> str:
     return f"{mid:.3f} ({lo:.3f}–{hi:.3f})"
 
 
-def wheels_ab(root: Path, wheels: tuple[tuple[str, str, tuple[str, ...]], ...] = WHEELS) -> str:
+def wheels_ab(
+    root: Path,
+    wheels: tuple[Wheel, ...] = WHEELS,
+    shapes: str = "the 17 prefill shapes",
+) -> str:
     """Per wheel, dtype and mode: the geomean speedup of its dispatch over the best vendor
-    at M >= 1024 (median and range over its rounds)."""
+    at M >= 1024 (median and range over its rounds) on ``shapes``."""
     lines = [
-        f"H100 80GB HBM3, `cudal2-bench summarize … --m-min {M_MIN}` (the 17 prefill shapes), "
+        f"H100 80GB HBM3, `cudal2-bench summarize … --m-min {M_MIN}` ({shapes}), "
         "each wheel beside every vendor in one process, the wheels benched in the order "
         f"{' '.join(w[0] for w in wheels)}, {len(wheels[0][2])} rounds in one call: the "
         "geomean speedup over the best vendor, median (range) over the rounds.",
@@ -86,3 +90,20 @@ def wheels_ab(root: Path, wheels: tuple[tuple[str, str, tuple[str, ...]], ...] =
         ]
         lines.append(f"| {label}: {what} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} |")
     return "\n".join(lines) + "\n"
+
+
+# Weighing the algorithm against torch by its run-off (``select.as_ran_off``, tried and not
+# kept): the llm-public wheel with today's rule (A) and with it (B), packaged on the CPU
+# machine, ``WHEELS="<A> <B>" ROUNDS=2 bash ci/gpu_wheel_ab.sh``.
+VENDOR_VIEW: tuple[Wheel, ...] = (
+    wheel(
+        "A",
+        "the algorithm weighed by its own record (what ships)",
+        "h100-prefill-llm-public-vendorview",
+    ),
+    wheel("B", "weighed by its run-off beside the kernel", "h100-prefill-llm-public-vendorview"),
+)
+
+
+def vendor_view(root: Path) -> str:
+    return wheels_ab(root, VENDOR_VIEW)

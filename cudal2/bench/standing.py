@@ -46,6 +46,7 @@ from typing import Any
 
 from cudal2.bench import (
     baselines,
+    grid_sample,
     llm_public_steps,
     policy_seeds,
     prefill_narrow_pair,
@@ -2045,6 +2046,29 @@ def ncu_feed(root: Path, files: tuple[str, ...] = NCU_FEED) -> str:
     return mc.ncu_feed_markdown({f: (root / f).read_text() for f in files})
 
 
+NCU_FEEDPAIR = (  # FEED=1 EXTRA_METRICS=<bytes> ci/gpu_ncu_prefill.sh on the H100
+    "bench/results/h100-ncu-feedpair-4096x28672x4096.csv",
+    "bench/results/h100-ncu-feedpair-8192x8192x8192.csv",
+)
+
+
+def ncu_feedpair(root: Path, files: tuple[str, ...] = NCU_FEEDPAIR) -> str:
+    """One launch of torch's 2x1 pair beside the feed kernels and their multicast pairs
+    under ncu, with the bytes each memory level moved."""
+    from cudal2.bench import math_ceiling as mc
+
+    if missing := [f for f in files if not (root / f).exists()]:
+        raise ResultsMissing(f"{missing[0]} is not committed: run FEED=1 ci/gpu_ncu_prefill.sh")
+    return mc.ncu_feed_markdown(
+        {f: (root / f).read_text() for f in files},
+        mc.NCU_PAIR_ROLES,
+        mc.NCU_PAIR_ROWS,
+        "torch.matmul, the feed kernel and its GEMM twin, their 2-CTA multicast pairs "
+        "(feedpair, gemmpair) and the math kernel at the shape's FLOPs",
+        ("torch",),
+    )
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -2134,8 +2158,12 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "feed-ceiling-pair-v1": lambda root: feed_ceiling(root, FEED_CEILING_PAIR_V1),
     "feed-ceiling-pair-v2": lambda root: feed_ceiling(root, FEED_CEILING_PAIR_V2),
     "ncu-feed": ncu_feed,
+    "ncu-feedpair": ncu_feedpair,
     "runoffs-h100": runoffs.runoffs,
     "runoff-wheels-h100": runoffs.wheels_ab,
+    "vendor-view-h100": runoffs.vendor_view,
+    "grid-sample-v5-h100": grid_sample.ab,
+    "grid-sample-v5-shapes-h100": grid_sample.shapes,
 }
 
 _BLOCK = re.compile(

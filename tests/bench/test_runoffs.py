@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal2.bench import runoffs
+from cudal2.bench import grid_sample, runoffs
 from cudal2.bench.report import Filter, read_results, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,10 +66,19 @@ def test_an_edited_summary_changes_the_block(case, edit, says, tmp_path):
     assert says in runoffs.runoffs(tmp_path)
 
 
-def test_the_wheels_block_is_each_wheels_median_and_range_over_its_rounds():
-    rows = _rows(runoffs.wheels_ab(ROOT))
-    assert [r[0].split(":")[0] for r in rows] == [w[0] for w in runoffs.WHEELS]
-    for (label, _, paths), row in zip(runoffs.WHEELS, rows, strict=True):
+# The round-robin blocks: (name, the block, its wheels)
+AB_BLOCKS = [
+    ("run-offs", runoffs.wheels_ab, runoffs.WHEELS),
+    ("vendor view", runoffs.vendor_view, runoffs.VENDOR_VIEW),
+    ("grid sample v5", grid_sample.ab, grid_sample.WHEELS),
+]
+
+
+@pytest.mark.parametrize(("case", "block", "wheels"), AB_BLOCKS, ids=[b[0] for b in AB_BLOCKS])
+def test_the_wheels_block_is_each_wheels_median_and_range_over_its_rounds(case, block, wheels):
+    rows = _rows(block(ROOT))
+    assert [r[0].split(":")[0] for r in rows] == [w[0] for w in wheels]
+    for (label, _, paths), row in zip(wheels, rows, strict=True):
         cells = iter(row[1:])
         for mode in ("offline", "server"):
             for dtype in ("fp16", "bf16"):
