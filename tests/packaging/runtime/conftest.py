@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +64,66 @@ def gpu_package(package, recorded_table):
     if _device_arch(sorted({e.arch for e in recorded_table.entries})) is None:
         pytest.skip("the table is for another arch")
     return package
+
+
+class RecordingDriver:
+    """cuda.bindings.driver with the calls the runtime's launchers make recorded, never
+    made (attributes and types are cuda-python's own); ``capturing`` is what
+    cuStreamIsCapturing answers."""
+
+    def __init__(self, drv: Any, capturing: bool = False) -> None:
+        self.drv = drv
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.capturing = capturing
+        self.next_ptr = 0x7000_0000
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.drv, name)
+
+    def _ok(self, name: str, args: tuple[Any, ...], *values: Any) -> tuple[Any, ...]:
+        self.calls.append((name, args))
+        return (self.drv.CUresult.CUDA_SUCCESS, *values)
+
+    def cuStreamIsCapturing(self, stream: Any) -> tuple[Any, Any]:
+        s = self.drv.CUstreamCaptureStatus
+        active = s.CU_STREAM_CAPTURE_STATUS_ACTIVE
+        return (
+            self.drv.CUresult.CUDA_SUCCESS,
+            active if self.capturing else s.CU_STREAM_CAPTURE_STATUS_NONE,
+        )
+
+    def cuMemAlloc(self, nbytes: int) -> tuple[Any, int]:
+        self.next_ptr += 0x100_0000
+        return self._ok("cuMemAlloc", (nbytes,), self.next_ptr)
+
+    def cuMemsetD8Async(self, *args: Any) -> tuple[Any]:
+        return self._ok("cuMemsetD8Async", args)
+
+    def cuThreadExchangeStreamCaptureMode(self, mode: Any) -> tuple[Any, Any]:
+        previous = self.drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+        return self._ok("cuThreadExchangeStreamCaptureMode", (mode,), previous)
+
+    def cuStreamCreate(self, flags: Any) -> tuple[Any, int]:
+        return self._ok("cuStreamCreate", (flags,), 0x5EED)
+
+    def cuStreamSynchronize(self, stream: Any) -> tuple[Any]:
+        return self._ok("cuStreamSynchronize", (stream,))
+
+    def cuLaunchKernel(self, *args: Any) -> tuple[Any]:
+        return self._ok("cuLaunchKernel", args)
+
+    def cuLaunchKernelEx(self, *args: Any) -> tuple[Any]:
+        return self._ok("cuLaunchKernelEx", args)
+
+
+@pytest.fixture
+def recording_driver(monkeypatch) -> RecordingDriver:
+    """The runtime's driver replaced by a ``RecordingDriver``, its kernels' functions by
+    a name (no module is loaded)."""
+    drv = pytest.importorskip("cuda.bindings.driver")
+    from cudal2.packaging.runtime import driver
+
+    fake = RecordingDriver(drv)
+    monkeypatch.setattr(driver, "_driver", lambda: fake)
+    monkeypatch.setattr(driver.Kernel, "function", lambda self, device=0: "FN")
+    return fake

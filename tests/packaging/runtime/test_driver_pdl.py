@@ -27,30 +27,9 @@ RECIPE = {
 GEMM = GemmArgs(0x1000, 0x2000, 0x3000, 40, 300, 512, 512, 512, 300)
 
 
-class RecordingDriver:
-    """cuda.bindings.driver with the two launch calls recorded, never made."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(drv, name)
-
-    def cuLaunchKernel(self, *args: Any) -> tuple[Any]:
-        self.calls.append(("cuLaunchKernel", args))
-        return (drv.CUresult.CUDA_SUCCESS,)
-
-    def cuLaunchKernelEx(self, *args: Any) -> tuple[Any]:
-        self.calls.append(("cuLaunchKernelEx", args))
-        return (drv.CUresult.CUDA_SUCCESS,)
-
-
 @pytest.fixture
-def recorded(monkeypatch) -> RecordingDriver:
-    fake = RecordingDriver()
-    monkeypatch.setattr(driver, "_driver", lambda: fake)
-    monkeypatch.setattr(driver.Kernel, "function", lambda self, device=0: "FN")
-    return fake
+def recorded(recording_driver) -> Any:
+    return recording_driver
 
 
 def _launch(recipe: dict[str, Any]) -> None:

@@ -33,57 +33,13 @@ def _recipe(epilogue: str = "none", **knobs: int) -> dict[str, Any]:
     return sm90_tma.launch_recipe(d)
 
 
-class RecordingDriver:
-    def __init__(self, capturing: bool = False) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-        self.capturing = capturing
-        self.next_ptr = 0x7000_0000
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(drv, name)
-
-    def cuStreamIsCapturing(self, stream: Any) -> tuple[Any, Any]:
-        s = drv.CUstreamCaptureStatus
-        status = (
-            s.CU_STREAM_CAPTURE_STATUS_ACTIVE if self.capturing else s.CU_STREAM_CAPTURE_STATUS_NONE
-        )
-        return (drv.CUresult.CUDA_SUCCESS, status)
-
-    def cuMemAlloc(self, nbytes: int) -> tuple[Any, int]:
-        self.calls.append(("cuMemAlloc", (nbytes,)))
-        self.next_ptr += 0x100_0000
-        return (drv.CUresult.CUDA_SUCCESS, self.next_ptr)
-
-    def cuMemsetD8Async(self, *args: Any) -> tuple[Any]:
-        self.calls.append(("cuMemsetD8Async", args))
-        return (drv.CUresult.CUDA_SUCCESS,)
-
-    def cuThreadExchangeStreamCaptureMode(self, mode: Any) -> tuple[Any, Any]:
-        self.calls.append(("cuThreadExchangeStreamCaptureMode", (mode,)))
-        return (drv.CUresult.CUDA_SUCCESS, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
-
-    def cuStreamCreate(self, flags: Any) -> tuple[Any, int]:
-        self.calls.append(("cuStreamCreate", (flags,)))
-        return (drv.CUresult.CUDA_SUCCESS, 0x5EED)
-
-    def cuStreamSynchronize(self, stream: Any) -> tuple[Any]:
-        self.calls.append(("cuStreamSynchronize", (stream,)))
-        return (drv.CUresult.CUDA_SUCCESS,)
-
-    def cuLaunchKernel(self, *args: Any) -> tuple[Any]:
-        self.calls.append(("cuLaunchKernel", args))
-        return (drv.CUresult.CUDA_SUCCESS,)
-
-
 @pytest.fixture
-def recorded(monkeypatch) -> RecordingDriver:
-    fake = RecordingDriver()
-    monkeypatch.setattr(driver, "_driver", lambda: fake)
+def recorded(recording_driver, monkeypatch) -> Any:
+    fake = recording_driver
     monkeypatch.setattr(driver, "_workspaces", {})
     monkeypatch.setattr(driver, "_zeroing", {})
     monkeypatch.setattr(driver, "ensure_context", lambda device: 0)
     monkeypatch.setattr(driver, "sm_count", lambda device=0: SMS)
-    monkeypatch.setattr(driver.Kernel, "function", lambda self, device=0: "FN")
     monkeypatch.setattr(driver, "tensor_map", lambda ptr, rows, k, ld, box: ("TMAP", ptr, box))
     return fake
 
@@ -93,7 +49,7 @@ def _launch(recipe: dict[str, Any], stream: int = 0xABC, m: int = 4096, epilogue
     driver.launch_gemm(kernel, recipe, GEMM._replace(m=m), stream=stream, epilogue=epilogue)
 
 
-def _launches(fake: RecordingDriver) -> list[tuple]:
+def _launches(fake: Any) -> list[tuple]:
     return [call for name, call in fake.calls if name == "cuLaunchKernel"]
 
 
