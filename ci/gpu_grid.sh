@@ -9,10 +9,12 @@
 #   bash ci/gpu_grid.sh                                            (carry .whl)
 #   BEFORE=dist/grid-A/grid-sample-h100.toml bash ci/gpu_grid.sh   (carry .whl and dist)
 #
-# BEFORE: a wheel, or a manifest (e.g. the grid sample's before its reuse) whose wheel
-# ci/gpu_wheel_ab.sh packages here from the committed database; then it
-# benches it and the new wheel round-robin on the grid sample's shapes (ROUNDS, default 2). SWEEP_DB: the sweep's database from an earlier
-# call (no sweep). TESTS / TEST_PATHS: GPU tests first, as ci/gpu_prefill.sh runs them.
+# BEFORE: a wheel, or a manifest (e.g. the grid sample's before its reuse, with the
+# database as it was beside it: dist/grid-A/grid-sample-h100.measurements.jsonl) whose
+# wheel ci/gpu_wheel_ab.sh packages here; it then benches that wheel and the new one
+# round-robin on the grid sample's shapes (ROUNDS, default 2). SWEEP_DB: the sweep's
+# database from an earlier call (no sweep). TESTS / TEST_PATHS: GPU tests first, as
+# ci/gpu_prefill.sh runs them.
 # Under $OUT: sweep/ and grid/ (ci/gpu_prefill.sh's files of each build: build.txt,
 # sass.txt, the database gzipped; commit sweep/'s as
 # bench/results/h100-sweep-tma-v5-grid.measurements.jsonl.gz and grid/'s, gunzipped, over

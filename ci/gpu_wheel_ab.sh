@@ -10,11 +10,12 @@
 # WHEELS: wheels packaged elsewhere (cudal2-build MANIFEST --no-measure), labelled A, B,
 # ... in order; an entry ending in .toml is a manifest whose wheel is packaged here from
 # the database beside it (<stem>.measurements.jsonl), else from STEM's committed database
-# (e.g. the manifest and database as they were before a change, kept in dist/). MEMCHECK=1: first the would-be winners of STEM's committed database
-# memchecked (python -m cudal2.pipeline.memcheck on a copy, returned gzipped with its
-# check lines: commit it), and the wheel packaged from that copy benched last. Else two packaged here: A from the committed database of STEM (default
-# llm-public-h100) cut to its first LINES_A lines (the database before lines appended to
-# it, e.g. the run-offs), B from the whole of it. ROUNDS (default 2). SHAPES (default
+# (e.g. the manifest and database as they were before a change, kept in dist/).
+# MEMCHECK=1: first the would-be winners of STEM's committed database memchecked (python
+# -m cudal2.pipeline.memcheck on a copy, returned gzipped with its check lines: commit
+# it), and the wheel packaged from that copy benched last. Else two packaged here: A from
+# the committed database of STEM (default llm-public-h100) cut to its first LINES_A lines
+# (the database before lines appended to it, e.g. the run-offs), B from the whole of it. ROUNDS (default 2). SHAPES (default
 # bench/shapes/llm-public-prefill.toml): the bench's shapes file, e.g.
 # bench/shapes/cuda-l2-grid-sample.toml with STEM=grid-sample-h100. Under $OUT: gpu.txt,
 # prefill-<label>-<round>.jsonl (bench rows), ab-summary.txt (`cudal2-bench summarize

@@ -215,6 +215,27 @@ def test_the_ncu_block_reads_each_role_of_each_page():
         assert f"`{got['cublaslt']['kernel']}`" in table
 
 
+def test_the_pair_block_reads_the_bytes_of_each_role_in_gigabytes():
+    """The ncu-feedpair block: per shape and role, the DRAM, L2 and L2-to-SM bytes of its
+    page, in GB whatever unit ncu gave (the math kernel's are in Mbyte)."""
+    table = standing.ncu_feedpair(ROOT)
+    scale = {"Gbyte": 1.0, "Mbyte": 1e-3, "Kbyte": 1e-6}
+    units = set()
+    for f in standing.NCU_FEEDPAIR:
+        shape = re.search(r"(\d+x\d+x\d+)", f).group(1)
+        got = mc.ncu_feed_details((ROOT / f).read_text(), f, mc.NCU_PAIR_ROLES, mc.NCU_PAIR_ROWS)
+        for role in mc.NCU_PAIR_ROLES:
+            row = next(x for x in table.splitlines() if x.startswith(f"| {shape} | {role} |"))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            for i, metric in ((6, "dram__bytes_read.sum"), (7, "lts__t_bytes.sum")):
+                unit = got[role][metric + " unit"]
+                units.add(unit)
+                want = float(got[role][metric].replace(",", "")) * scale[unit]
+                assert float(cells[i]) == pytest.approx(want, abs=0.006), (shape, role, metric)
+        assert f"torch `{got['torch']['kernel']}`" in table
+    assert {"Gbyte", "Mbyte"} <= units  # both the plain and the scaled path are read
+
+
 def _page(f: str) -> str:
     return (ROOT / f).read_text()
 
