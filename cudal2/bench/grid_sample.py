@@ -53,12 +53,12 @@ def shapes(root: Path, paths: tuple[str, ...] = WHEELS[-1][2]) -> str:
                     t = r["target"]
                     by.setdefault((t["m"], t["n"], t["k"]), []).append(r)
         for (m, n, k), rs in sorted(by.items(), key=lambda kv: kv[0][0] * kv[0][1] * kv[0][2]):
-            wheel = statistics.median(_tflops(r, r["cudal2"]["median_us"]) for r in rs)
+            ours = statistics.median(_tflops(r, r["cudal2"]["median_us"]) for r in rs)
             torch = statistics.median(_tflops(r, r["baselines"]["torch"]["median_us"]) for r in rs)
             best = statistics.median(_tflops(r, r["best_vendor"]["median_us"]) for r in rs)
             kinds = sorted({r["cudal2"]["dispatch"].get("kind", "fallback") for r in rs})
             lines.append(
-                f"| {dtype} | {m}x{n}x{k} | {', '.join(kinds)} | {wheel:.1f} | {torch:.1f} "
-                f"| {best:.1f} | {wheel / torch:.3f} | {wheel / best:.3f} |"
+                f"| {dtype} | {m}x{n}x{k} | {', '.join(kinds)} | {ours:.1f} | {torch:.1f} "
+                f"| {best:.1f} | {ours / torch:.3f} | {ours / best:.3f} |"
             )
     return "\n".join(lines) + "\n"
