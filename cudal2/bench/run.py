@@ -30,9 +30,14 @@ def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str 
     kernels = {}
     if kernels_path:
         from cudal2.bench.kernels import WheelKernels
+        from cudal2.manifest import ManifestError
 
         # A database's table depends on the mode its measurements were taken in.
-        kernels = {mode: WheelKernels.open(kernels_path, gpu, mode) for mode in modes}
+        try:
+            kernels = {mode: WheelKernels.open(kernels_path, gpu, mode) for mode in modes}
+        except (OSError, ValueError, ManifestError) as e:  # a bad wheel, database or manifest
+            print(f"cudal2-bench: error: --kernels {kernels_path}: {e}", file=sys.stderr)
+            return 2
     done = set()
     if out.exists():
         for r in read_results(out):

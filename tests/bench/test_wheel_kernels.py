@@ -94,3 +94,39 @@ def test_manifest_gives_its_targets_from_the_databases_it_reuses(
         assert packed.describe(t) == whole.describe(t), t.label
         want = whole.describe(t) if t in kept else {"kind": "fallback", "reason": "no entry"}
         assert mine.describe(t) == want, t.label
+
+
+# Hostile --kernels sources, as cudal2-bench's run meets them on a GPU machine: (case,
+# the file's name, its text, what the error must say). One line a case.
+HOSTILE_KERNELS = [
+    ("empty database", "k.jsonl", "", "no measurements"),
+    ("not JSON", "k.jsonl", "{not json\n", "no measurements"),
+    ("manifest without a package name", "m.toml", "[package]\nname = 3\n", "package.name"),
+    ("manifest reusing a missing file", "m.toml", None, "cannot read"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "name", "text", "says"), HOSTILE_KERNELS, ids=[h[0] for h in HOSTILE_KERNELS]
+)
+def test_a_bad_kernels_source_is_named_and_exits_2(
+    case, name, text, says, recorded_measurements, monkeypatch, tmp_path, capsys
+):
+    torch = pytest.importorskip("torch")
+    from cudal2.bench import run as bench_run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # no GPU is reached
+    monkeypatch.setattr("cudal2.verify.gpu.current_gpu", lambda: recorded_measurements[0].gpu)
+    if text is None:  # a manifest whose [build] reuse names a file that is not there
+        (tmp_path / "m.measurements.jsonl").write_text("")
+        text = (
+            '[package]\nname = "m"\nversion = "0.1.0"\n\n[build]\ngpus = ["sm_90a"]\n'
+            'reuse = ["gone.measurements.jsonl.gz"]\n\n[[targets]]\nshapes = [[1, 64, 64]]\n'
+        )
+    (tmp_path / name).write_text(text)
+    out = tmp_path / "r.jsonl"
+    args = ([(64, 64, 64)], out, ["offline"], ["fp16"], ["tn"], 3, str(tmp_path / name))
+    assert bench_run.run(*args) == 2
+    err = capsys.readouterr().err
+    assert f"--kernels {tmp_path / name}" in err and says in err, err
+    assert not out.exists()
