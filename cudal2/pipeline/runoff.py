@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cudal2 import __version__
 from cudal2.pipeline.results import job_for, now, timed_fields
-from cudal2.pipeline.select import RUNOFF_SETTLE_MS, SETTLE_METRIC, contested, ran_off
+from cudal2.pipeline.select import contested, ran_off
 from cudal2.records import (
     GpuInfo,
     Job,
@@ -41,25 +41,19 @@ STATIC_METRICS = ("registers", "spill_bytes", "waves", "smem_bytes")
 
 def runoff_job(kernel: Measurement, vendor: Measurement, cubin: str, timing: TimingConfig) -> Job:
     """The kernel's ``measure`` job (``cubin``: where its cubin lies on the runner's
-    host) with ``vendor``'s algorithm as its rival, timed after ``RUNOFF_SETTLE_MS`` of
-    the three interleaved (``TimingConfig.settle_ms``)."""
+    host) with ``vendor``'s algorithm as its rival."""
     assert vendor.is_vendor, f"{vendor.design_key}: not a cuBLASLt record"
     rival = {"design_key": vendor.design_key, **vendor.vendor}
     base = job_for(JobKind.MEASURE, kernel, cubin)
-    settle = max(timing.settle_ms, RUNOFF_SETTLE_MS)
-    return dataclasses.replace(
-        base, timing=dataclasses.replace(timing, settle_ms=settle), rival=rival
-    )
+    return dataclasses.replace(base, timing=timing, rival=rival)
 
 
 def rerecorded(old: Measurement, answer: JobResult, gpu: GpuInfo) -> Measurement:
     """``old`` as the run-off's ``answer`` measured it: its timing, correctness and
-    metrics anew (with how long its callables ran before the samples, ``settle_ms``),
-    its design, artifact, toolchain and proposer kept (the same key)."""
+    metrics anew, its design, artifact, toolchain and proposer kept (the same key)."""
     timed = timed_fields(answer)
     static = {k: old.metrics[k] for k in STATIC_METRICS if k in old.metrics}
-    settle = {SETTLE_METRIC: answer.job.timing.settle_ms} if answer.job.timing.settle_ms else {}
-    timed["metrics"] = {**static, **timed["metrics"], **settle}
+    timed["metrics"] = {**static, **timed["metrics"]}
     return dataclasses.replace(
         old,
         gpu=answer.gpu or gpu,

@@ -20,11 +20,8 @@ different runs. Where their speedups are that close (``contested``), the build t
 the kernel again with the algorithm and torch interleaved in one process; the new
 record (the newest of its key, which stands) carries the algorithm's median as a
 baseline named by its design key, and from then on that run-off orders the two
-(``ran_off``). A run-off's samples are taken after ``RUNOFF_SETTLE_MS`` of its callables
-interleaved, the GPU at the clock a sustained run holds; there the algorithm is weighed
-against torch as the run-off timed it (``as_ran_off``), and the kernel by its run-off
-record, the newest of its key. A run-off taken without that settling (the H100's first,
-2026-12-06) orders nothing: its repetitions mixed two clock states (docs/kernels.md).
+(``ran_off``); each must still beat torch beyond its noise in its own record to be
+selected.
 
 A PDL design counts only with a passed PDL pair check on its record (metric
 ``pdl_pair_check`` = 1, ``verify/pdl_pair.py``): a failed check is already status
@@ -61,7 +58,7 @@ from dataclasses import dataclass
 from cudal2.generator.families.base import pdl_trigger
 from cudal2.records import NORM_BASELINE, NORMED_TWINS, Measurement, Target
 from cudal2.verify.pdl_pair import PAIR_METRIC
-from cudal2.verify.timing import Timing, paired_spread
+from cudal2.verify.timing import paired_spread
 
 # The largest M given an eager alternative (module docstring): decode batches.
 EAGER_MAX_M = 256
@@ -71,12 +68,6 @@ EAGER_MAX_M = 256
 # fp16 1024x28672x4096, docs/kernels.md), so records of different runs cannot order two
 # contenders closer than about 5%.
 RUNOFF_MARGIN = 0.06
-# A run-off's samples are taken after this long of its callables interleaved
-# (``TimingConfig.settle_ms``): a large GEMM's GPU at its power limit, as in a sustained
-# run. Only such a run-off orders its pair (``ran_off``); one without (the first H100
-# run-offs) saw two clock states in its repetitions and is a record like any other.
-RUNOFF_SETTLE_MS = 2000.0
-SETTLE_METRIC = "settle_ms"
 
 
 @dataclass(frozen=True)
@@ -231,8 +222,7 @@ def _contenders(
     """The usable kernels of one GPU model's target among its ``timed`` records, and
     its contenders, fastest first: the fastest kernel (usable ones first) and the
     fastest cuBLASLt algorithm, ordered by their run-off where the kernel's record
-    has a settled one against that algorithm (``ran_off``; the algorithm then as the
-    run-off timed it, ``as_ran_off``), else by their speedups over torch."""
+    has one against that algorithm (``ran_off``), else by their speedups over torch."""
     kernels = [m for m in timed if not m.is_vendor]
     ok = [m for m in kernels if usable(m)]
     ranked: list[Measurement] = []
@@ -246,7 +236,6 @@ def _contenders(
         kernel, vendor = sorted(ranked, key=lambda m: m.is_vendor)
         over = ran_off(kernel, vendor)
         if over is not None:
-            vendor = as_ran_off(vendor, kernel)
             ranked = [kernel, vendor] if over >= 1.0 else [vendor, kernel]
     return ok, ranked
 
@@ -256,38 +245,13 @@ def is_runoff(m: Measurement) -> bool:
     return not m.is_vendor and any(k.startswith("cublaslt:") for k in m.baselines_us)
 
 
-def settled(m: Measurement) -> bool:
-    """Whether ``m``'s samples were taken in the sustained clock state: after
-    ``RUNOFF_SETTLE_MS`` of its callables (its record's ``settle_ms``)."""
-    return m.metrics.get(SETTLE_METRIC, 0.0) >= RUNOFF_SETTLE_MS
-
-
 def ran_off(kernel: Measurement, vendor: Measurement) -> float | None:
     """The kernel's speed over ``vendor``'s algorithm in their run-off: the
     algorithm's median timed beside the kernel (a baseline of the kernel's record
     named by the algorithm's design key, ``pipeline.runoff``) over the kernel's. None
-    where that record holds no settled run-off against this algorithm."""
+    where that record holds no run-off against this algorithm."""
     rival = kernel.baselines_us.get(vendor.design_key)
-    if rival is None or not kernel.median_us or not settled(kernel):
-        return None
-    return rival / kernel.median_us
-
-
-def as_ran_off(vendor: Measurement, kernel: Measurement) -> Measurement:
-    """``vendor``'s record as its settled run-off beside ``kernel`` timed it: the
-    algorithm's samples and torch's from the kernel's record, so the selection weighs it
-    against torch in the state the run-off saw, not by its own older run's."""
-    key = vendor.design_key
-    samples, torch = kernel.baseline_samples_us[key], kernel.baseline_samples_us["torch"]
-    return dataclasses.replace(
-        vendor,
-        samples_us=tuple(samples),
-        median_us=kernel.baselines_us[key],
-        baselines_us={"torch": kernel.baselines_us["torch"]},
-        baseline_samples_us={"torch": tuple(torch)},
-        spread=max(Timing(tuple(samples)).spread, Timing(tuple(torch)).spread),
-        measured_at=kernel.measured_at,
-    )
+    return None if rival is None or not kernel.median_us else rival / kernel.median_us
 
 
 def contested(
