@@ -29,9 +29,11 @@ step "compile bench/experiments/math_ceiling.cu"
 CUBIN="$OUT/math_ceiling.cubin"
 nvcc -cubin -arch=sm_90a -O3 -o "$CUBIN" bench/experiments/math_ceiling.cu
 sass=$(cuobjdump -sass "$CUBIN")
-for sym in math_n256 math_n128 feed_n256 gemm_n256 feedpair_n256 gemmpair_n256; do
+for sym in math_n256 math_n128 feed_n256 gemm_n256 feedpair_n256 gemmpair_n256 feedpaced_n256 \
+  feedtall_n176; do
   body=$(awk -v s="$sym" '/Function :/ {on = ($3 == s)} on' <<<"$sass")
-  printf "%-10s HGMMA %3d  LDL/STL %d\n" "$sym" "$(grep -c ' HGMMA' <<<"$body")" \
+  printf "%-14s HGMMA %3d %s LDL/STL %d\n" "$sym" "$(grep -c ' HGMMA' <<<"$body")" \
+    "$(grep -oE 'HGMMA\.[0-9x]+' <<<"$body" | sort -u | paste -sd' ')" \
     "$(grep -cE ' (LDL|STL)' <<<"$body" || true)"
 done | tee "$OUT/sass.txt"
 if [ "${TESTS:-0}" = 1 ]; then

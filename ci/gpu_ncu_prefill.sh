@@ -9,7 +9,8 @@
 # halves sweeps, fp16), EXTRA_METRICS (more ncu metrics, comma-separated; e.g. the warp
 # stall reasons: regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio), TAG
 # (a suffix of the files' names), FEED=1 (math_ceiling.cu's math, feed and GEMM-twin
-# kernels, their 2-CTA pairs and torch.matmul too, in ranges of those names). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
+# kernels, their 2-CTA pairs, the paced and tall feed kernels and torch.matmul too, in
+# ranges of those names; FEED_KERNELS, comma-separated, names fewer). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
 # both kernels' sections, ncu --csv) and ncu-run.txt. Commit the CSVs as
 # bench/results/h200-ncu-prefill-<M>x<N>x<K>.csv.
 set -euo pipefail
@@ -19,8 +20,9 @@ DBS=${DBS:-bench/results/h200-sweep-tma-v5-overlap.measurements.jsonl.gz bench/r
 feed=() ranges=(--nvtx-include "own/" --nvtx-include "cublaslt/")
 if [ "${FEED:-0}" = 1 ]; then
   nvcc -cubin -arch=sm_90a -O3 -o "$OUT/math_ceiling.cubin" bench/experiments/math_ceiling.cu
-  feed=(--feed "$OUT/math_ceiling.cubin")
-  for r in math feed gemm feedpair gemmpair torch; do ranges+=(--nvtx-include "$r/"); done
+  kernels=${FEED_KERNELS:-feed,gemm,feedpair,gemmpair,feedpaced,feedtall}
+  feed=(--feed "$OUT/math_ceiling.cubin" --feed-kernels "$kernels")
+  for r in math ${kernels//,/ } torch; do ranges+=(--nvtx-include "$r/"); done
 fi
 IFS=';' read -r -a SHAPE_LIST <<<"${SHAPES:-4096 4096 4096;4096 8192 1024}"
 for shape in "${SHAPE_LIST[@]}"; do

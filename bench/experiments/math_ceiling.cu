@@ -86,8 +86,9 @@ __device__ __forceinline__ void load_tile(T* tile, const T* __restrict__ src, in
   "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "     \
   "%125, %126, %127"
 
-// D[64 x 256] += A[64 x 16] * B[256 x 16]^T, both K-major from shared memory.
-__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+// D[64 x 256] += A[64 x 16] * B[256 x 16]^T, both K-major from shared memory; d holds
+// the thread's 128 accumulators.
+__device__ __forceinline__ void wgmma_n256(float* d, uint64_t da, uint64_t db) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
       "{" REGS64 ", " REGS128_HI "}, %128, %129, 1, 1, 1, 0, 0;\n"
@@ -101,6 +102,19 @@ __device__ __forceinline__ void wgmma_n128(float* d, uint64_t da, uint64_t db) {
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
       "{" REGS64 "}, %64, %65, 1, 1, 1, 0, 0;\n"
       : ACC64(d, 0)
+      : "l"(da), "l"(db));
+}
+
+#define REGS88_HI                                                                          \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "       \
+  "%80, %81, %82, %83, %84, %85, %86, %87"
+
+// D[64 x 176] += A[64 x 16] * B[176 x 16]^T; d holds 88 of the thread's accumulators.
+__device__ __forceinline__ void wgmma_n176(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 "
+      "{" REGS64 ", " REGS88_HI "}, %88, %89, 1, 1, 1, 0, 0;\n"
+      : ACC64(d, 0), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80)
       : "l"(da), "l"(db));
 }
 
@@ -192,8 +206,17 @@ struct alignas(64) TmaMap {  // CUtensorMap: 128 opaque bytes
 
 constexpr int FEED_THREADS = 384;  // the producer warpgroup, then two consumers
 constexpr int STAGES = 4;
-constexpr int STAGE_BYTES = (A_TILE + B_TILE) * 2;  // 48 KiB
-constexpr int FEED_SMEM_BYTES = STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024;
+// A feed kernel's tile, TM x TN outputs a CTA: a stage's elements of A and B, the 64-row
+// blocks of A each consumer warpgroup takes (TM / 128), its accumulators a thread.
+template <int TM, int TN>
+struct Tile {
+  static constexpr int A = TM * BK, B = TN * BK;
+  static constexpr int STAGE_BYTES = (A + B) * 2;  // 128x256: 48 KiB; 256x176: 54 KiB
+  static constexpr int RB = TM / 128;
+  static constexpr int ACC = RB * TN / 2;
+};
+// The largest tile's ring, the full and empty barriers, the paced kernels' two counters.
+constexpr int FEED_SMEM_BYTES = STAGES * Tile<256, 176>::STAGE_BYTES + 2 * STAGES * 8 + 8 + 1024;
 static_assert(FEED_SMEM_BYTES <= 227 * 1024, "fits an SM");
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -263,23 +286,35 @@ __device__ __forceinline__ void walk(int tile, int tiles_m, int tiles_n, int gro
   tn = r / rows;
 }
 
-template <bool SYNC, bool PAIR>
+__device__ __forceinline__ uint32_t ld_volatile(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+template <int TM, int TN, bool SYNC, bool PAIR, bool PACED>
 __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __restrict__ C,
                                      float* __restrict__ out, int M, int N, int K, int group) {
+  using TL = Tile<TM, TN>;
+  static_assert(!SYNC || (TM == 128 && TN == 256), "the GEMM twins store 128x256 tiles");
+  static_assert(!PACED || (!SYNC && !PAIR), "pacing is for the one-CTA feed kernels");
+  static_assert(TN == 256 || TN == 176, "m64n256k16 or m64n176k16");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  T* sA = reinterpret_cast<T*>(base);  // stage s: sA + s * A_TILE, sB + s * B_TILE
-  T* sB = sA + STAGES * A_TILE;
-  const uint32_t full0 = smem_u32(base + STAGES * STAGE_BYTES);
+  T* sA = reinterpret_cast<T*>(base);  // stage s: sA + s * TL::A, sB + s * TL::B
+  T* sB = sA + STAGES * TL::A;
+  const uint32_t full0 = smem_u32(base + STAGES * TL::STAGE_BYTES);
   const uint32_t empty0 = full0 + 8 * STAGES;
+  const uint32_t done0 = empty0 + 8 * STAGES;  // PACED: k tiles each consumer has issued
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
   // PAIR: cluster u = blockIdx.x / 2 walks pair tiles (2 M tiles of one N tile); rank r
-  // takes M tile 2 * tm + r. Otherwise each CTA walks the tiles.
+  // takes M tile 2 * tm + r. Otherwise each CTA walks the tiles. A last N tile past N
+  // is loaded as a GEMM's would be: TMA fills what lies beyond N with zeros.
   const int rank = PAIR ? int(cluster_rank()) : 0;
   const int unit = PAIR ? blockIdx.x / 2 : blockIdx.x;
   const int units = PAIR ? gridDim.x / 2 : gridDim.x;
-  const int tiles_m = M / BM / (PAIR ? 2 : 1), tiles_n = N / BN;
+  const int tiles_m = M / TM / (PAIR ? 2 : 1), tiles_n = (N + TN - 1) / TN;
   const int tiles = tiles_m * tiles_n;
   const int walk_group = PAIR ? max(1, group / 2) : group;
   const int KT = K / BK;
@@ -289,11 +324,15 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
   // A stage's empty barrier: SYNC, each consumer warpgroup of the CTA (PAIR: of both);
   // PAIR without SYNC, both watchers; else unused.
   constexpr int RELEASES = SYNC ? (PAIR ? 4 : 2) : 2;
-  constexpr int B_ROWS = PAIR ? BN / 2 : BN;  // the rows of B a producer loads
+  constexpr int B_ROWS = PAIR ? TN / 2 : TN;  // the rows of B a producer loads
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full0 + 8 * s, 1);  // the producer's arrival and the bytes
       mbar_init(empty0 + 8 * s, RELEASES);
+    }
+    if (PACED) {
+      asm volatile("st.shared.u32 [%0], 0;\n" ::"r"(done0) : "memory");
+      asm volatile("st.shared.u32 [%0], 0;\n" ::"r"(done0 + 4) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -306,9 +345,9 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmA)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmB)) : "memory");
       if (!SYNC) {  // the consumers' fixed k tile: the first tile's first k tile, locally
-        mbar_expect(full0, STAGE_BYTES);
+        mbar_expect(full0, TL::STAGE_BYTES);
         tma_load(sA, tmA, 0, 0, full0);
-        for (int h = 0; h < BN / B_ROWS; ++h) tma_load(sB + h * B_ROWS * BK, tmB, 0, h * B_ROWS, full0);
+        for (int h = 0; h < TN / B_ROWS; ++h) tma_load(sB + h * B_ROWS * BK, tmB, 0, h * B_ROWS, full0);
       }
       int slot = 0, phase = 0, it = 0;
       for (int tile = unit; tile < tiles; tile += units) {
@@ -323,13 +362,20 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
             // saw its previous load land in both CTAs. Else: it landed here.
             mbar_wait((SYNC || PAIR ? empty : full), phase ^ 1);
           }
-          mbar_expect(full, STAGE_BYTES);
-          tma_load(sA + s * A_TILE, tmA, kt * BK, tm * BM, full);
-          T* dstB = sB + s * B_TILE + rank * B_ROWS * BK;
+          if (PACED) {
+            // No further ahead of the math than a GEMM's producer with a STAGES ring:
+            // load `it` once both consumers have issued k tile it - STAGES + 1 (so that
+            // k tile it - STAGES, whose stage a GEMM would reuse, is done).
+            const int need = it - STAGES + 2;
+            while (int(min(ld_volatile(done0), ld_volatile(done0 + 4))) < need) __nanosleep(32);
+          }
+          mbar_expect(full, TL::STAGE_BYTES);
+          tma_load(sA + s * TL::A, tmA, kt * BK, tm * TM, full);
+          T* dstB = sB + s * TL::B + rank * B_ROWS * BK;
           if (PAIR)
-            tma_load_pair(dstB, tmB, kt * BK, tn * BN + rank * B_ROWS, full);
+            tma_load_pair(dstB, tmB, kt * BK, tn * TN + rank * B_ROWS, full);
           else
-            tma_load(dstB, tmB, kt * BK, tn * BN, full);
+            tma_load(dstB, tmB, kt * BK, tn * TN, full);
           if (++slot == RING) slot = 0, phase ^= 1;
         }
       }
@@ -354,30 +400,41 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int cw = wg - 1;  // this consumer's 64 rows of the tile
+    const int cw = wg - 1;  // this consumer's TM / 2 rows of the tile
     const int lane = tid & 31, w = (tid >> 5) & 3, g = lane >> 2, t4 = lane & 3;
     const bool leader = (tid & 127) == 0;
     if (!SYNC) mbar_wait(full0, 0);
     float sum = 0.f;
     int slot = 0, phase = 0;
+    uint32_t issued = 0;  // PACED: k tiles issued over the walk
     for (int tile = unit; tile < tiles; tile += units) {
       int tm, tn;
       walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
       if (PAIR) tm = 2 * tm + rank;
-      float d[128];
+      float d[TL::ACC];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) d[i] = 0.f;
+      for (int i = 0; i < TL::ACC; ++i) d[i] = 0.f;
       int prev = -1;
       for (int kt = 0; kt < KT; ++kt) {
         const int s = SYNC ? slot : 0;
         if (SYNC) mbar_wait(full0 + 8 * s, phase);
-        const uint64_t da = make_desc(sA + s * A_TILE) + cw * ROWS64_ENC;
-        const uint64_t db = make_desc(sB + s * B_TILE);
+        const uint64_t da = make_desc(sA + s * TL::A) + cw * TL::RB * ROWS64_ENC;
+        const uint64_t db = make_desc(sB + s * TL::B);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) wgmma_n256(d, da + 2 * kk, db + 2 * kk);
+        for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+          for (int rb = 0; rb < TL::RB; ++rb) {
+            if constexpr (TN == 256)
+              wgmma_n256(d + rb * 128, da + rb * ROWS64_ENC + 2 * kk, db + 2 * kk);
+            else
+              wgmma_n176(d + rb * 88, da + rb * ROWS64_ENC + 2 * kk, db + 2 * kk);
+          }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (PACED && leader)
+          asm volatile("st.volatile.shared.u32 [%0], %1;\n" ::"r"(done0 + 4 * cw), "r"(++issued)
+                       : "memory");
         if (SYNC) {  // the previous k tile's group is done: its stage goes back
           if (prev >= 0 && leader) {
             mbar_arrive(empty0 + 8 * prev);
@@ -393,22 +450,22 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
         if (PAIR) mbar_arrive_cluster(empty0 + 8 * prev, rank ^ 1);
       }
 #pragma unroll
-      for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");  // after the wait
-      if (SYNC) {
+      for (int i = 0; i < TL::ACC; ++i) asm volatile("" : "+f"(d[i])::"memory");  // after the wait
+      if constexpr (SYNC) {
         // m64n256k16's layout: warp w holds rows 16w + g (+8) of the warpgroup's 64; n8
         // block i columns 8i + 2t4 and + 1.
 #pragma unroll
-        for (int i = 0; i < BN / 8; ++i)
+        for (int i = 0; i < TN / 8; ++i)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int m = tm * BM + cw * 64 + w * 16 + g + h * 8;
-            const int n = tn * BN + i * 8 + t4 * 2;
+            const int m = tm * TM + cw * 64 + w * 16 + g + h * 8;
+            const int n = tn * TN + i * 8 + t4 * 2;
             *reinterpret_cast<__half2*>(C + (long long)m * N + n) =
                 __floats2half2_rn(d[i * 4 + 2 * h], d[i * 4 + 2 * h + 1]);
           }
       } else {
 #pragma unroll
-        for (int i = 0; i < 128; ++i) sum += d[i];
+        for (int i = 0; i < TL::ACC; ++i) sum += d[i];
       }
     }
     if (!SYNC) out[size_t(blockIdx.x) * 256 + (tid - 128)] = sum;
@@ -420,16 +477,18 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
 
 }  // namespace
 
-#define FEED_KERNEL(name, sync, pair, dims)                                                  \
+#define FEED_KERNEL(name, tm, tn, sync, pair, paced, dims)                                   \
   extern "C" __global__ void dims __launch_bounds__(FEED_THREADS, 1)                         \
       name(const __grid_constant__ TmaMap tmA, const __grid_constant__ TmaMap tmB, T* C,     \
            float* out, int M, int N, int K, int group) {                                     \
-    feed<sync, pair>(&tmA, &tmB, C, out, M, N, K, group);                                    \
+    feed<tm, tn, sync, pair, paced>(&tmA, &tmB, C, out, M, N, K, group);                     \
   }
-FEED_KERNEL(feed_n256, false, false, )
-FEED_KERNEL(gemm_n256, true, false, )
-FEED_KERNEL(feedpair_n256, false, true, __cluster_dims__(2, 1, 1))
-FEED_KERNEL(gemmpair_n256, true, true, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(feed_n256, 128, 256, false, false, false, )
+FEED_KERNEL(gemm_n256, 128, 256, true, false, false, )
+FEED_KERNEL(feedpair_n256, 128, 256, false, true, false, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(gemmpair_n256, 128, 256, true, true, false, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(feedpaced_n256, 128, 256, false, false, true, )
+FEED_KERNEL(feedtall_n176, 256, 176, false, false, true, )
 extern "C" __global__ void feed_smem_bytes(int* out) { *out = FEED_SMEM_BYTES; }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)

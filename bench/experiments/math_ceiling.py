@@ -25,7 +25,11 @@ beside a producer that TMA-loads every operand byte of the shape's 128x256 tiles
 GEMM's order, the two never waiting on each other: the most a GEMM moving those bytes
 can sustain), ``gemm`` (its GEMM twin: the same loads and wgmma in a real ring, C stored:
 a plain warp-specialised GEMM), and ``feedpair`` / ``gemmpair``, the same in 2-CTA
-clusters along M that multicast B. Each twin is first checked against torch on the
+clusters along M that multicast B. ``feedpaced`` is ``feed`` held to a GEMM's pace: its
+producer loads no further ahead of the math than a 4-stage GEMM's (the consumers still
+never wait), so its CTAs walk the tiles in step as a GEMM's do and keep their L2 reuse;
+``feedtall`` is the same on 256x176 tiles, the fewest operand bytes per output two
+consumer warpgroups can hold. Each twin is first checked against torch on the
 shape. ``--no-variants`` skips the short run and the variants. ``--smoke`` (with
 ``--feed``) only launches each feed kernel on 4096^3 and writes its time to ``--out``.
 
@@ -62,7 +66,13 @@ TILE_M, TILE_N, TILE_K = 128, 256, 64
 FLOPS_PER_ROUND = 2 * TILE_M * TILE_N * TILE_K * KTILES  # per CTA
 SMEM_BYTES = (TILE_M + TILE_N) * TILE_K * 2 + 1024  # as math_ceiling.cu
 FEED_THREADS, FEED_STAGES, FEED_GROUP = 384, 4, 8  # the feed kernels' block, ring, walk
-FEED_SMEM_BYTES = FEED_STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 2 * FEED_STAGES * 8 + 1024
+# Each feed kernel's tile (M x N outputs a CTA; its symbol is f"{name}_n{N}"): 128x256
+# but for the tall tile, the fewest operand bytes per output two consumer warpgroups'
+# registers hold (176 accumulators a thread; 256 x 192 does not fit).
+FEED_TILES = {"feedtall": (256, 176)}
+FEED_TILE = (TILE_M, TILE_N)
+# math_ceiling.cu's: the largest tile's ring, two barriers a stage, the paced counters.
+FEED_SMEM_BYTES = FEED_STAGES * (256 + 176) * TILE_K * 2 + 2 * FEED_STAGES * 8 + 8 + 1024
 FEED_TYPES = (None, None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int,) * 4)
 FEED_PAIRED = ("feedpair", "gemmpair")  # 2-CTA clusters along M: B's box is half the tile
 GEMM_CHECK_TOL = 5e-3  # max |twin - torch| over max |torch|; a wrong tile is O(1)
@@ -283,14 +293,18 @@ class FeedKernel:
         from cudal2.packaging.runtime import driver
 
         self.sms = sms
-        self.kernels = {n: driver.Kernel(cubin, f"{n}_n256", FEED_SMEM_BYTES) for n in FEED}
+        self.kernels = {n: driver.Kernel(cubin, feed_symbol(n), FEED_SMEM_BYTES) for n in FEED}
         check_smem(cubin, "feed_smem_bytes", FEED_SMEM_BYTES)
         self.out = torch.empty(sms * 256, dtype=torch.float32, device="cuda")
 
     @staticmethod
-    def fits(m: int, n: int, k: int) -> bool:
-        """Every feed kernel takes the shape (a pair's two M tiles: M % 256)."""
-        return m % (2 * TILE_M) == 0 and n % TILE_N == 0 and k % TILE_K == 0
+    def fits(kernel: str, m: int, n: int, k: int) -> bool:
+        """``kernel`` takes the shape: whole M tiles (a pair's two), whole k tiles, and
+        whole N tiles for the twins (they store C unchecked); a feed kernel's last N tile
+        may pass N (TMA fills it with zeros, as a GEMM's loads)."""
+        tm, tn = FEED_TILES.get(kernel, FEED_TILE)
+        rows = 2 * tm if kernel in FEED_PAIRED else tm
+        return m % rows == 0 and k % TILE_K == 0 and (n % tn == 0 or kernel.startswith("feed"))
 
     def launcher(self, kernel: str, m: int, n: int, k: int, a, w, c):
         """A callable of the operand set index j: ``kernel`` (a name of FEED) on a[j]
@@ -300,13 +314,14 @@ class FeedKernel:
 
         from cudal2.packaging.runtime import driver
 
-        if not self.fits(m, n, k):
-            raise ValueError(f"{m}x{n}x{k}: the feed kernels need M % 256, N % 256, K % 64 = 0")
+        if not self.fits(kernel, m, n, k):
+            raise ValueError(f"{m}x{n}x{k}: {kernel} does not take it (whole tiles, K % 64)")
         kern = self.kernels[kernel]
-        b_rows = TILE_N // 2 if kernel in FEED_PAIRED else TILE_N
+        tm, tn = FEED_TILES.get(kernel, FEED_TILE)
+        b_rows = tn // 2 if kernel in FEED_PAIRED else tn
         maps = [
             (
-                driver.tensor_map(a[j].data_ptr(), m, k, k, (TILE_K, TILE_M)),
+                driver.tensor_map(a[j].data_ptr(), m, k, k, (TILE_K, tm)),
                 driver.tensor_map(w[j].data_ptr(), n, k, k, (TILE_K, b_rows)),
             )
             for j in range(len(a))
@@ -329,6 +344,11 @@ class FeedKernel:
         ref = torch.matmul(a[0], w[0].t()).float()
         err = float((got.float() - ref).abs().max() / ref.abs().max())
         return {"max_rel_err": err, "ok": err < GEMM_CHECK_TOL}
+
+
+def feed_symbol(name: str) -> str:
+    """The kernel of feed kernel ``name`` in math_ceiling.cu."""
+    return f"{name}_n{FEED_TILES.get(name, FEED_TILE)[1]}"
 
 
 def runs_json(runs, flops: float, mon: Monitor) -> list[dict]:
@@ -364,8 +384,8 @@ def measure_shape(
         "math": mk.launcher("math_n256", "sms", "random", rounds),
     }
     checks = {}
-    if fk is not None and fk.fits(m, n, k):
-        for name in args.feed:
+    if fk is not None:
+        for name in (x for x in args.feed if fk.fits(x, m, n, k)):
             if name.startswith("gemm"):  # a GEMM twin: checked before it is timed
                 checks[f"{name}_check"] = fk.check(name, m, n, k, ops.a, ops.w_tn)
             fns[name] = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
@@ -478,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant-reps", type=int, default=1)
     ap.add_argument(
         "--feed", nargs="?", const="feed,gemm", default="", metavar="KERNELS",
-        help="add these feed kernels (comma-separated: feed, gemm, feedpair, gemmpair)",
+        help=f"add these feed kernels (comma-separated: {', '.join(FEED)})",
     )  # fmt: skip
     ap.add_argument("--no-variants", action="store_true", help="skip the short run and variants")
     ap.add_argument(
@@ -547,6 +567,7 @@ def measure(args, bench_rows: list[dict], out: Path) -> int:
             "group": FEED_GROUP,
             "grid": sms,
             "tile": [TILE_M, TILE_N, TILE_K],
+            "tiles": {x: [*FEED_TILES[x], TILE_K] for x in args.feed if x in FEED_TILES},
             "kernels": args.feed,
         }
     raw = {

@@ -11,8 +11,9 @@ own kernels' tensor pipe waits, docs/kernels.md).
 compiled math_ceiling.cu) adds its kernels on the shape, in ranges "math" (the shape's
 FLOPs on operands in shared memory), "feed" (those wgmma beside every operand load of
 the shape's 128x256 tiles, never waiting on them), "gemm" (the feed kernel's GEMM
-twin), "feedpair" and "gemmpair" (the same in 2-CTA clusters multicasting B); and
-torch.matmul ("torch").
+twin), "feedpair" and "gemmpair" (the same in 2-CTA clusters multicasting B),
+"feedpaced" (feed held to a GEMM's pace) and "feedtall" (the same on 256x176 tiles), or
+those ``--feed-kernels`` names; and torch.matmul ("torch").
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", nargs=3, type=int, default=[4096, 4096, 4096])
     ap.add_argument("--launches", type=int, default=2)
     ap.add_argument("--feed", type=Path, help="a compiled math_ceiling.cu: its kernels too")
+    ap.add_argument("--feed-kernels", help="comma-separated: which of them (default: all)")
     args = ap.parse_args(argv)
 
     import torch
@@ -71,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         mk, fk = MathKernel(cubin, sms), FeedKernel(cubin, sms)
         math_run = mk.launcher("math_n256", "sms", "random", mk.rounds_for(2.0 * m * n * k, "sms"))
         runs["math"] = lambda: math_run(0)
-        for name in FEED:
+        names = args.feed_kernels.split(",") if args.feed_kernels else list(FEED)
+        if bad := [x for x in names if x not in FEED]:
+            raise SystemExit(
+                f"--feed-kernels: unknown kernel {bad[0]!r} (known: {', '.join(FEED)})"
+            )
+        for name in (x for x in names if fk.fits(x, m, n, k)):
             run = fk.launcher(name, m, n, k, [a], [w], [c])
             runs[name] = lambda run=run: run(0)
         runs["torch"] = lambda: torch.matmul(a, w.t(), out=c)

@@ -41,6 +41,8 @@ FEED = {
     "gemm": "gemm_speedup",
     "feedpair": "feedpair_ceiling",
     "gemmpair": "gemmpair_speedup",
+    "feedpaced": "feedpaced_ceiling",
+    "feedtall": "feedtall_ceiling",
 }
 
 
@@ -302,8 +304,13 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
         f"{env['gpu']}, power limit {_num(env['power_limit_w'], 'W')}, driver {env['driver']}, "
         f"torch {env['torch']} (`{source}`; best vendor from `{d['summary']['bench']}`, scaled "
         f"by the torch ratio). Medians of {env['reps']} runs of >= {env['seconds']:g} s each, "
-        f"interleaved; the feed kernels and twins on {sms} CTAs of {tile[0]}x{tile[1]} tiles, "
-        f"{feed['stages']}-stage ring, walk in groups of {feed['group']} M tiles.",
+        f"interleaved; the feed kernels and twins on {sms} CTAs of {tile[0]}x{tile[1]} tiles"
+        + "".join(
+            f" ({x}: {t[0]}x{t[1]}, the last N tile rounded up)"
+            for x, t in feed.get("tiles", {}).items()
+            if x in present
+        )
+        + f", {feed['stages']}-stage ring, walk in groups of {feed['group']} M tiles.",
         "",
         "| M×N×K | tiles (wave fill) | torch TFLOP/s | best vendor | math | "
         + "".join(f"{b} | {b} × torch | {b} × best vendor | " for b in bounds)
@@ -330,17 +337,20 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
             cells += [f"{tf:.1f}", f"{tf / torch_tf:.3f}", f"{over:.3f}" if over else "–"]
             if over:
                 ratios[b]["all"].append((tf / torch_tf, over))
-                if fill >= FULL_WAVES:
+                own = feed.get("tiles", {}).get(b, tile)  # its own tile's waves
+                if waves(t["m"], t["n"], sms, own)[1] >= FULL_WAVES:
                     ratios[b]["full"].append((tf / torch_tf, over))
         cells += [f"{s[FEED[x]]:.3f}" if FEED[x] in s else "–" for x in twins]
         lines.append(f"| {_label(s)} | " + " | ".join(cells) + " |")
     lines.append("")
+    tiled = {x: f" of its {t[0]}x{t[1]} tiles" for x, t in feed.get("tiles", {}).items()}
     for b in bounds:
         for key, label in (("all", "every shape"), ("full", f"wave fill >= {FULL_WAVES}")):
             xs = ratios[b][key]
             if xs:
                 lines.append(
-                    f"- {b}, over {label} ({len(xs)}): {geomean([x[0] for x in xs]):.3f} × "
+                    f"- {b}, over {label}{tiled.get(b, '') if key == 'full' else ''} "
+                    f"({len(xs)}): {geomean([x[0] for x in xs]):.3f} × "
                     f"torch, {geomean([x[1] for x in xs]):.3f} × the best vendor "
                     f"({min(x[1] for x in xs):.3f}–{max(x[1] for x in xs):.3f}); "
                     f"{sum(x[1] >= TARGET for x in xs)} at {TARGET:.2f} or more."
@@ -384,6 +394,9 @@ NCU_PAIR_ROWS = (
     ("Cluster Size", "", "cluster"),
 )  # fmt: skip
 NCU_PAIR_ROLES = ("torch", "feed", "feedpair", "gemm", "gemmpair", "math")
+# The paced and tall feed kernels beside torch's and cuBLASLt's kernels (``FEED_KERNELS=
+# feed,feedpaced,feedtall``): the same byte rows.
+NCU_TALL_ROLES = ("own", "cublaslt", "torch", "feed", "feedpaced", "feedtall", "math")
 _RANGE = re.compile(r">:([a-z]+):")  # "<default domain>:feed:none:..."
 _SCALE = {
     ("Gbyte/s", "Tbyte/s"): 1e-3,

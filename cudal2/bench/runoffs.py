@@ -107,3 +107,23 @@ VENDOR_VIEW: tuple[Wheel, ...] = (
 
 def vendor_view(root: Path) -> str:
     return wheels_ab(root, VENDOR_VIEW)
+
+
+# Run-offs in the sustained clock state (``TimingConfig.settle_ms``, tried in commit
+# 2bb80f2 and reverted in 36ff2dc): the wheel that ships (A, packaged on the CPU machine) and the
+# one from llm-public's database with its run-offs redone after 300 ms, then 2 s, of
+# their callables, the algorithm weighed by the settled run-off (B, packaged on the H100):
+# ``WHEELS="<A> manifests/llm-public-h100.toml" ROUNDS=2 bash ci/gpu_wheel_ab.sh``.
+def _settled(stem: str, settle: str) -> tuple[Wheel, ...]:
+    return (
+        wheel("A", "what ships", stem),
+        wheel("B", f"run-offs settled {settle}, the algorithm as its run-off timed it", stem),
+    )
+
+
+SETTLED_300 = _settled("h100-prefill-llm-public-settle300", "300 ms")
+SETTLED = _settled("h100-prefill-llm-public-settle", "2 s")
+
+
+def settled(root: Path, wheels: tuple[Wheel, ...] = SETTLED) -> str:
+    return wheels_ab(root, wheels)

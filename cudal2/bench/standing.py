@@ -2018,6 +2018,7 @@ FEED_CEILING = "bench/results/h100-feed-ceiling.json"  # FEED=1 ci/gpu_math_ceil
 # FEED_KERNELS=feed,feedpair,gemmpair: the first pair kernels (cluster-scope arrives and waits)
 FEED_CEILING_PAIR_V1 = "bench/results/h100-feed-ceiling-pair-v1.json"
 FEED_CEILING_PAIR_V2 = "bench/results/h100-feed-ceiling-pair-v2.json"
+FEED_CEILING_TALL = "bench/results/h100-feed-ceiling-tall.json"
 NCU_FEED = (  # FEED=1 ci/gpu_ncu_prefill.sh on the H100
     "bench/results/h100-ncu-feed-4096x4096x4096.csv",
     "bench/results/h100-ncu-feed-1024x28672x4096.csv",
@@ -2052,21 +2053,45 @@ NCU_FEEDPAIR = (  # FEED=1 EXTRA_METRICS=<bytes> ci/gpu_ncu_prefill.sh on the H1
 )
 
 
+NCU_FEEDTALL = (  # FEED=1 FEED_KERNELS=feed,feedpaced,feedtall EXTRA_METRICS=<bytes>
+    "bench/results/h100-ncu-feedtall-8192x8192x8192.csv",
+    "bench/results/h100-ncu-feedtall-4096x28672x4096.csv",
+)
+
+
+def _ncu_bytes(root: Path, files: tuple[str, ...], roles, what: str, named) -> str:
+    """One launch of each of ``roles`` under ncu, with the bytes each memory level moved."""
+    from cudal2.bench import math_ceiling as mc
+
+    if missing := [f for f in files if not (root / f).exists()]:
+        raise ResultsMissing(f"{missing[0]} is not committed: run FEED=1 ci/gpu_ncu_prefill.sh")
+    text = {f: (root / f).read_text() for f in files}
+    return mc.ncu_feed_markdown(text, roles, mc.NCU_PAIR_ROWS, what, named)
+
+
 def ncu_feedpair(root: Path, files: tuple[str, ...] = NCU_FEEDPAIR) -> str:
     """One launch of torch's 2x1 pair beside the feed kernels and their multicast pairs
     under ncu, with the bytes each memory level moved."""
     from cudal2.bench import math_ceiling as mc
 
-    if missing := [f for f in files if not (root / f).exists()]:
-        raise ResultsMissing(f"{missing[0]} is not committed: run FEED=1 ci/gpu_ncu_prefill.sh")
-    return mc.ncu_feed_markdown(
-        {f: (root / f).read_text() for f in files},
-        mc.NCU_PAIR_ROLES,
-        mc.NCU_PAIR_ROWS,
+    what = (
         "torch.matmul, the feed kernel and its GEMM twin, their 2-CTA multicast pairs "
-        "(feedpair, gemmpair) and the math kernel at the shape's FLOPs",
-        ("torch",),
+        "(feedpair, gemmpair) and the math kernel at the shape's FLOPs"
     )
+    return _ncu_bytes(root, files, mc.NCU_PAIR_ROLES, what, ("torch",))
+
+
+def ncu_feedtall(root: Path, files: tuple[str, ...] = NCU_FEEDTALL) -> str:
+    """One launch of the paced and tall feed kernels beside torch's kernel and cuBLASLt's
+    autotuned algorithm under ncu, with the bytes each memory level moved."""
+    from cudal2.bench import math_ceiling as mc
+
+    what = (
+        "the sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
+        "torch.matmul, the feed kernel, the same paced as a GEMM (feedpaced) and on "
+        "256x176 tiles (feedtall), and the math kernel at the shape's FLOPs"
+    )
+    return _ncu_bytes(root, files, mc.NCU_TALL_ROLES, what, ("own", "cublaslt", "torch"))
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
@@ -2159,9 +2184,13 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "feed-ceiling-pair-v2": lambda root: feed_ceiling(root, FEED_CEILING_PAIR_V2),
     "ncu-feed": ncu_feed,
     "ncu-feedpair": ncu_feedpair,
+    "feed-ceiling-tall": lambda root: feed_ceiling(root, FEED_CEILING_TALL),
+    "ncu-feedtall": ncu_feedtall,
     "runoffs-h100": runoffs.runoffs,
     "runoff-wheels-h100": runoffs.wheels_ab,
     "vendor-view-h100": runoffs.vendor_view,
+    "settled-300-h100": lambda root: runoffs.settled(root, runoffs.SETTLED_300),
+    "settled-h100": runoffs.settled,
     "grid-sample-v5-h100": grid_sample.ab,
     "grid-sample-v5-shapes-h100": grid_sample.shapes,
 }

@@ -294,25 +294,67 @@ def test_the_hosts_feed_constants_are_the_kernels(math_ceiling_script):
         math_ceiling_script.FEED_THREADS,
         math_ceiling_script.FEED_STAGES,
     )
-    for name in mc.FEED:
-        assert re.search(rf"FEED_KERNEL\({name}_n256, ", text), name
-    paired = {n for n in mc.FEED if re.search(rf"FEED_KERNEL\({n}_n256, \w+, true,", text)}
+
+    def kernel(name):  # FEED_KERNEL(symbol, tile M, tile N, sync, pair, paced, dims)
+        sym = math_ceiling_script.feed_symbol(name)
+        got = re.search(rf"FEED_KERNEL\({sym}, (\d+), (\d+), (\w+), (\w+), (\w+),", text)
+        assert got, name
+        return got.groups()
+
+    tiles = {n: tuple(int(x) for x in kernel(n)[:2]) for n in mc.FEED}
+    assert tiles == {
+        n: math_ceiling_script.FEED_TILES.get(n, math_ceiling_script.FEED_TILE) for n in mc.FEED
+    }
+    paired = {n for n in mc.FEED if kernel(n)[3] == "true"}
     assert paired == set(math_ceiling_script.FEED_PAIRED)
+    # The host's shared memory is the largest tile's ring (math_ceiling.cu's sum).
+    ring = max(m + n for m, n in tiles.values()) * 64 * 2 * math_ceiling_script.FEED_STAGES
+    assert ring + 2 * 8 * 4 + 8 + 1024 == math_ceiling_script.FEED_SMEM_BYTES
+    assert (
+        "FEED_SMEM_BYTES = STAGES * Tile<256, 176>::STAGE_BYTES + 2 * STAGES * 8 + 8 + 1024;"
+        in text
+    )
+
+
+# (kernel, M, N, K, takes it): whole M tiles (a pair's two) and k tiles; whole N tiles for
+# the twins, which store C unchecked; the feed kernels round the last N tile up.
+FITS = [
+    ("feed", 4096, 4096, 4096, True),
+    ("feed", 4096, 1280, 8192, True),  # 1280 = 5 x 256
+    ("feed", 4096, 4096, 4000, False),  # K % 64
+    ("feed", 4032, 4096, 4096, False),  # M % 128
+    ("gemm", 4096, 4224, 4096, False),  # N % 256: the twin would store past C
+    ("feed", 4096, 4224, 4096, True),  # the feed kernels only load it (zeros past N)
+    ("feedpair", 4224, 4096, 4096, False),  # a pair's 256 rows
+    ("gemmpair", 4096, 4096, 4096, True),
+    ("feedpaced", 1024, 8192, 1024, True),
+    ("feedtall", 4096, 8192, 4096, True),  # 8192 = 46.5 x 176: the last tile rounded up
+    ("feedtall", 4224, 4096, 4096, False),  # M % 256
+]
+
+
+@pytest.mark.parametrize(
+    "kernel,m,n,k,takes", FITS, ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}" for c in FITS]
+)
+def test_which_shapes_a_feed_kernel_takes(kernel, m, n, k, takes, math_ceiling_script):
+    assert math_ceiling_script.FeedKernel.fits(kernel, m, n, k) is takes
 
 
 def test_the_feed_kernels_fit_one_cta_an_sm_without_local_memory(
     math_ceiling_cubin, math_ceiling_script
 ):
     got = math_ceiling_cubin
+    symbol = math_ceiling_script.feed_symbol
     for name in mc.FEED:
         # setmaxnreg moves registers between warpgroups of one CTA: 384 threads must fit.
-        assert got.registers[f"{name}_n256"] * math_ceiling_script.FEED_THREADS <= 65536
+        assert got.registers[symbol(name)] * math_ceiling_script.FEED_THREADS <= 65536
     assert not re.search(r"[1-9]\d* bytes (stack frame|spill)", got.ptxas), got.ptxas
     if got.sass is None:
         pytest.skip("cuobjdump not installed")
     for name in mc.FEED:
-        body = got.sass[f"{name}_n256"]
-        assert "HGMMA.64x256x16.F32" in body, name
+        body = got.sass[symbol(name)]
+        tn = math_ceiling_script.FEED_TILES.get(name, math_ceiling_script.FEED_TILE)[1]
+        assert f"HGMMA.64x{tn}x16.F32" in body, name
         assert not re.search(r"\s(LDL|STL)[.\s]", body), name
 
 

@@ -70,6 +70,12 @@ def test_an_edited_summary_changes_the_block(case, edit, says, tmp_path):
 AB_BLOCKS = [
     ("run-offs", runoffs.wheels_ab, runoffs.WHEELS),
     ("vendor view", runoffs.vendor_view, runoffs.VENDOR_VIEW),
+    (
+        "settled 300 ms",
+        lambda root: runoffs.settled(root, runoffs.SETTLED_300),
+        runoffs.SETTLED_300,
+    ),
+    ("settled 2 s", runoffs.settled, runoffs.SETTLED),
     ("grid sample v5", grid_sample.ab, grid_sample.WHEELS),
 ]
 
