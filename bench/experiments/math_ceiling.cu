@@ -170,11 +170,12 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 // ---------------------------------------------------------------------------------------
 // The feed ceiling: the math kernel's wgmma plus the operand traffic of a real GEMM.
 // Every feed kernel has one producer: a warpgroup whose first thread walks the GEMM's
-// 128x256 output tiles (persistent: blockIdx.x, blockIdx.x + gridDim.x, ..., in groups
-// of `group` M tiles down one N tile, as sm90tma's grouped walk) and TMA-loads every k
-// tile of A [128 x 64] and B [256 x 64] of each (128-byte swizzle, 48 KiB a stage) into a
-// ring in shared memory. So each moves exactly the bytes (DRAM to L2 to shared memory)
-// a 128x256 GEMM of its kind moves, in a GEMM's order.
+// TM x TN output tiles, 128x256 but for feedtall (persistent: blockIdx.x, blockIdx.x +
+// gridDim.x, ..., in groups of `group` M tiles down one N tile, as sm90tma's grouped
+// walk) and TMA-loads every k tile of A [TM x 64] and B [TN x 64] of each (128-byte
+// swizzle, 48 KiB a stage at 128x256) into a ring in shared memory. So each moves exactly
+// the bytes (DRAM to L2 to shared memory) a GEMM of its tile and kind moves, in a GEMM's
+// order.
 //
 // gemm_n256 (SYNC): the ring is a GEMM's: consumers wait for each stage, issue the four
 //   k16 steps on it, release it; each tile's accumulators are stored to C (fp16) straight
@@ -184,8 +185,18 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   only for its own loads before reusing a stage (a ring of STAGES - 1). Math and
 //   traffic overlap perfectly, with no stall of either on the other, and C is not
 //   written (its bytes are 2% of the operands' at K = 4096, 8% at K = 1024). No GEMM
-//   of one-CTA 128x256 tiles (the largest a CTA's registers hold with two consumer
-//   warpgroups) moves fewer operand bytes, so none can be faster under the same power.
+//   of one-CTA 128x256 tiles moves fewer operand bytes, so none can be faster under the
+//   same power.
+// feedpaced_n256 (PACED): feed_n256 held to a GEMM's pace. Each consumer warpgroup's
+//   leader counts the k tiles it has issued (a word in shared memory, after each
+//   wait_group 1); the producer loads k tile `it` once both have issued it - STAGES + 1,
+//   no further ahead than a GEMM's producer with a STAGES ring. The consumers never wait,
+//   so the CTAs walk the tiles in step at the math's rate, as a GEMM's do (the unpaced
+//   kernel's CTAs drift apart and read more from DRAM).
+// feedtall_n176 (PACED, 256x176 tiles): the same with each consumer warpgroup on 128
+//   rows, two m64n176k16 per k16 step (176 accumulators a thread): the fewest operand
+//   bytes per output two consumer warpgroups' registers hold (256 x 192 does not fit).
+//   Its last N tile may pass N; TMA fills the rest with zeros, as a GEMM's loads.
 // gemmpair_n256, feedpair_n256 (PAIR): the same in 2-CTA clusters along M (as cuBLAS's
 //   128x256 2x1 kernels): the two CTAs take M tiles 2u and 2u + 1 of one N tile, and
 //   each loads half of the shared B tile multicast into both, so a pair reads B from L2
@@ -194,10 +205,10 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   stage in both CTAs as its bytes land in its own, and a producer reuses a stage once
 //   both watchers have (the partner's next multicast writes into both).
 // ABI: (tmA, tmB, T* C, float* out, int M, int N, int K, int group); A [M, K] and
-// B [N, K] K-major, their maps' boxes [64 k, 128 rows] and [64 k, 256 rows] (PAIR: B's
-// [64 k, 128 rows], a half); M % 128 (PAIR: 256) = N % 256 = K % 64 = 0 (the host
-// checks); block 384 threads (PAIR: clusters of 2, gridDim.x even); dynamic shared memory
-// FEED_SMEM_BYTES (feed_smem_bytes() reports it). out [gridDim.x * 256]: the feed
+// B [N, K] K-major, their maps' boxes [64 k, TM rows] and [64 k, TN rows] (PAIR: B's
+// [64 k, 128 rows], a half); M % TM (PAIR: 2 TM) = K % 64 = 0, and N % TN = 0 for the
+// twins (the host checks); block 384 threads (PAIR: clusters of 2, gridDim.x even);
+// dynamic shared memory FEED_SMEM_BYTES (feed_smem_bytes() reports it). out [gridDim.x * 256]: the feed
 // kernels' accumulator sums (nothing is dead code), unused by the GEMM twins.
 
 struct alignas(64) TmaMap {  // CUtensorMap: 128 opaque bytes

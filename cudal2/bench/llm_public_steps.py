@@ -56,11 +56,18 @@ def runs(root: Path, paths: tuple[str, ...]) -> list[tuple[str, Rows]]:
     return [(p, read_results(root / p)) for p in paths]
 
 
-def geomeans(rows: list[tuple[str, Rows]], mode: str, dtype: str, key: str) -> list[float]:
-    """Per run, the geomean speedup over ``key`` (a baseline) at M >= 1024."""
+def geomeans(
+    rows: list[tuple[str, Rows]],
+    mode: str,
+    dtype: str,
+    key: str,
+    shapes: frozenset[tuple[int, int, int]] | None = None,
+) -> list[float]:
+    """Per run, the geomean speedup over ``key`` (a baseline) at M >= 1024 (of
+    ``shapes`` only, where given)."""
     out = []
     for p, r in rows:
-        s = summarize(r, Filter(mode=mode, dtype=dtype, m_min=1024))
+        s = summarize(r, Filter(mode=mode, dtype=dtype, m_min=1024, shapes=shapes))
         if not s["shapes"] or s["geomean_speedup"].get(key) is None:
             raise ValueError(f"{p}: no {mode} {dtype} rows at M >= 1024")
         out.append(s["geomean_speedup"][key])

@@ -7,6 +7,7 @@ cuBLAS TN and NN per shape; ``best_vendor`` the fastest of every baseline.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -42,6 +43,10 @@ class Filter:
     layout: str = "tn"
     m_min: int | None = None
     m_max: int | None = None
+    # Only these (M, N, K), and where they come from (a shapes file: issue 22's 16
+    # llm-public shapes leave out the prefill file's 8192^3); None, every shape.
+    shapes: frozenset[tuple[int, int, int]] | None = None
+    shapes_from: str = ""
 
     def keep(self, r: dict[str, Any]) -> bool:
         t = r["target"]
@@ -51,6 +56,7 @@ class Filter:
             and t["layout"] == self.layout
             and (self.m_min is None or t["m"] >= self.m_min)
             and (self.m_max is None or t["m"] <= self.m_max)
+            and (self.shapes is None or (t["m"], t["n"], t["k"]) in self.shapes)
         )
 
 
@@ -117,14 +123,18 @@ def describe(rows: list[dict[str, Any]], f: Filter) -> str:
     m = ""
     if f.m_min is not None or f.m_max is not None:
         m = f", M {f.m_min or 1}-{f.m_max if f.m_max is not None else 'any'}"
+    if f.shapes is not None:
+        m += f", the {len(f.shapes)} shapes of {f.shapes_from}"
     others = Counter(
-        (r["target"]["dtype"], r["target"]["layout"], r["mode"]) for r in rows if not f.keep(r)
+        (r["target"]["dtype"], r["target"]["layout"], r["mode"])
+        for r in rows
+        if not dataclasses.replace(f, shapes=None).keep(r)
     )
     left = "; ".join(f"{n} {d}/{la}/{mo}" for (d, la, mo), n in sorted(others.items()))
     return (
         f"{kept} of {len(rows)} rows: {f.dtype} {f.layout} {f.mode}{m}"
         + (f" (left out: {left})" if left else "")
-        + " (--dtype/--layout/--mode/--m-min/--m-max choose the slice)"
+        + " (--dtype/--layout/--mode/--m-min/--m-max/--shapes choose the slice)"
     )
 
 

@@ -127,3 +127,42 @@ SETTLED = _settled("h100-prefill-llm-public-settle", "2 s")
 
 def settled(root: Path, wheels: tuple[Wheel, ...] = SETTLED) -> str:
     return wheels_ab(root, wheels)
+
+
+# Every bench of the llm-public wheel that ships (the one after the run-offs of 2026-12-06),
+# alone or as one wheel of a round-robin, in the order taken.
+SHIPPED_RUNS = (
+    *WHEELS[1][2],
+    f"{R}h100-prefill-llm-public-runoff.jsonl.gz",
+    f"{R}h100-prefill-llm-public-runoff-2.jsonl.gz",
+    *VENDOR_VIEW[0][2],
+    *SETTLED_300[0][2],
+    *SETTLED[0][2],
+)
+PUBLIC_SHAPES = "bench/shapes/llm-public.toml"  # issue 22's 16 shapes at M >= 1024
+
+
+def shipped(root: Path, paths: tuple[str, ...] = SHIPPED_RUNS) -> str:
+    """The wheel that ships, over issue 22's 16 llm-public shapes at M >= 1024 (the prefill
+    files' 17th, 8192^3, is no llm-public shape) and over all 17: per dtype and mode, the
+    geomean speedup over the best vendor, median (range) over its benches."""
+    from cudal2.shapes import load_shapes
+
+    public = frozenset(load_shapes(root / PUBLIC_SHAPES))
+    rows = runs(root, paths)
+    lines = [
+        f"H100 80GB HBM3, the llm-public wheel that ships, {len(paths)} benches "
+        f"(`cudal2-bench summarize … --m-min {M_MIN} [--shapes {PUBLIC_SHAPES}]`): the "
+        "geomean speedup over the best vendor, median (range) over the benches.",
+        "",
+        "| shapes | fp16 offline | bf16 offline | fp16 server | bf16 server |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, only in (("llm-public's 16 (issue 22)", public), ("the 17 prefill shapes", None)):
+        cells = [
+            _span(geomeans(rows, mode, dtype, "best_vendor", only))
+            for mode in ("offline", "server")
+            for dtype in ("fp16", "bf16")
+        ]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

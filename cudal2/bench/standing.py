@@ -2191,6 +2191,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "vendor-view-h100": runoffs.vendor_view,
     "settled-300-h100": lambda root: runoffs.settled(root, runoffs.SETTLED_300),
     "settled-h100": runoffs.settled,
+    "shipped-llm-public-h100": runoffs.shipped,
     "grid-sample-v5-h100": grid_sample.ab,
     "grid-sample-v5-shapes-h100": grid_sample.shapes,
 }

@@ -3,7 +3,8 @@ then summarise or plot the results, or regenerate the figures the docs quote.
 
     cudal2-bench SHAPES.toml [--kernels WHEEL_OR_DB] [--mode offline|server|both]
                  --out RESULTS.jsonl
-    cudal2-bench summarize RESULTS.jsonl [--m-max M] [--m-min M] [--mode ...] [--json]
+    cudal2-bench summarize RESULTS.jsonl [--m-max M] [--m-min M] [--shapes SHAPES.toml]
+                 [--mode ...] [--json]
     cudal2-bench plot RESULTS.jsonl -o speedup.png
     cudal2-bench report [FILE.md ...] [--check]
     cudal2-bench layer --package NAME [--model ...] [--m 1 16 64] [--dtype ...]
@@ -41,6 +42,11 @@ def _filter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--m-min", type=cli_args.positive_int, help="only shapes with M >= this")
     p.add_argument("--m-max", type=cli_args.positive_int, help="only shapes with M <= this")
     p.add_argument(
+        "--shapes",
+        type=cli_args.in_file,
+        help="only the (M, N, K) of this shapes file (e.g. bench/shapes/llm-public.toml)",
+    )
+    p.add_argument(
         "--mode",
         default="offline",
         choices=("offline", "server"),
@@ -55,16 +61,25 @@ def _filter_args(p: argparse.ArgumentParser) -> None:
 
 
 def _filter_error(prog: str, a: argparse.Namespace) -> int | None:
-    """An M range that selects nothing is a usage error, not an empty report."""
+    """An M range that selects nothing is a usage error, not an empty report; so is a
+    shapes file that cannot be read (it is read here, once)."""
     if a.m_min is not None and a.m_max is not None and a.m_min > a.m_max:
         return cli_args.fail(prog, f"--m-min {a.m_min} is above --m-max {a.m_max}")
+    a.shape_set = None
+    if a.shapes is not None:
+        from cudal2.shapes import ShapeFileError, load_shapes
+
+        try:
+            a.shape_set = frozenset(load_shapes(a.shapes))
+        except (OSError, ShapeFileError) as e:
+            return cli_args.fail(prog, f"--shapes: {e}")
     return None
 
 
 def _filter(a):
     from cudal2.bench.report import Filter
 
-    return Filter(a.mode, a.dtype, a.layout, a.m_min, a.m_max)
+    return Filter(a.mode, a.dtype, a.layout, a.m_min, a.m_max, a.shape_set, str(a.shapes or ""))
 
 
 def summarize_main(argv: list[str]) -> int:

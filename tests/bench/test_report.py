@@ -162,3 +162,51 @@ def test_plot_labels_every_bar_and_shows_the_tallest(tmp_path, monkeypatch):
         lo, hi = ax.get_ylim()
         tops = [b.get_y() + b.get_height() for b in ax.patches]
         assert lo < min(1.0, *tops) and max(1.0, *tops) < hi  # no bar cut at either end
+
+
+PREFILL = RESULTS / "h100-prefill-llm-public-settle-a-1.jsonl.gz"  # the 17 prefill shapes
+PUBLIC = Path(__file__).resolve().parents[2] / "bench/shapes/llm-public.toml"
+
+
+def test_summarize_keeps_only_a_shape_files_shapes(capsys):
+    """Issue 22's geomean is over llm-public's 16 shapes at M >= 1024: the prefill file's
+    8192^3 (no llm-public shape) is left out by --shapes, and said to be."""
+    rows = read_results(PREFILL)
+    from cudal2.shapes import load_shapes
+
+    public = frozenset(load_shapes(PUBLIC))
+    every = summarize(rows, Filter(m_min=1024))
+    only = summarize(rows, Filter(m_min=1024, shapes=public, shapes_from=str(PUBLIC)))
+    assert (every["shapes"], only["shapes"]) == (17, 16)
+    kept = [r for r in rows if Filter(m_min=1024, shapes=public).keep(r)]
+    assert {(r["target"]["m"], r["target"]["n"], r["target"]["k"]) for r in kept} == {
+        s for s in public if s[0] >= 1024
+    }
+    xs = [r["best_vendor"]["median_us"] / r["cudal2"]["median_us"] for r in kept]
+    want = math.exp(statistics.fmean(math.log(x) for x in xs))
+    assert only["geomean_speedup"]["best_vendor"] == pytest.approx(want, abs=1e-4)
+    args = ["summarize", str(PREFILL), "--m-min", "1024", "--shapes", str(PUBLIC)]
+    assert bench_cli.main(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(
+        f"16 of 68 rows: fp16 tn offline, M 1024-any, the 48 shapes of {PUBLIC}"
+    )
+
+
+# (--shapes file content or None for a missing file, what the error says)
+BAD_SHAPES = [
+    (None, "no such file"),
+    ("shapes = [[1, -2, 3]]", "shapes[0][1] = -2"),
+    ("shapes = []", "no shapes"),
+    ("shapes = [[1, 2]]", "expected [M, N, K]"),
+    ("not toml [", "bad.toml"),
+]
+
+
+@pytest.mark.parametrize("content,says", BAD_SHAPES, ids=[s for _, s in BAD_SHAPES])
+def test_a_shapes_filter_that_cannot_be_read_is_named_and_exits_2(content, says, tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    if content is not None:
+        path.write_text(content)
+    assert bench_cli.main(["summarize", str(PREFILL), "--shapes", str(path)]) == 2
+    assert says in capsys.readouterr().err

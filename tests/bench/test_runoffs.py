@@ -105,3 +105,36 @@ def test_a_wheel_run_not_committed_cannot_make_the_block(tmp_path):
         shutil.copy(ROOT / p, tmp_path / p)
     with pytest.raises(FileNotFoundError):
         runoffs.wheels_ab(tmp_path, ((label, what, paths),))
+
+
+def test_the_shipped_block_is_over_issue_22s_16_shapes_and_all_17():
+    """Row one: llm-public's 16 shapes at M >= 1024 (not the prefill files' 8192^3); row
+    two: all 17. Each cell the median and range over the shipped wheel's benches."""
+    from cudal2.shapes import load_shapes
+
+    public = {s for s in load_shapes(ROOT / runoffs.PUBLIC_SHAPES) if s[0] >= 1024}
+    assert len(public) == 16
+    rows = _rows(runoffs.shipped(ROOT))[1:]  # the header row first
+    assert [r[0] for r in rows] == ["llm-public's 16 (issue 22)", "the 17 prefill shapes"]
+    files = [read_results(ROOT / p) for p in runoffs.SHIPPED_RUNS]
+    assert len(files) == 10
+    for row, only in zip(rows, (public, None), strict=True):
+        cells = iter(row[1:])
+        for mode in ("offline", "server"):
+            for dtype in ("fp16", "bf16"):
+                got = []
+                for f in files:
+                    kept = [
+                        r
+                        for r in f
+                        if Filter(mode=mode, dtype=dtype, m_min=1024).keep(r)
+                        and (
+                            only is None
+                            or (r["target"]["m"], r["target"]["n"], r["target"]["k"]) in only
+                        )
+                    ]
+                    assert len(kept) == (16 if only else 17)
+                    xs = [r["best_vendor"]["median_us"] / r["cudal2"]["median_us"] for r in kept]
+                    got.append(statistics.geometric_mean(xs))
+                want = f"{statistics.median(got):.3f} ({min(got):.3f}–{max(got):.3f})"
+                assert next(cells) == want, (row[0], mode, dtype)
