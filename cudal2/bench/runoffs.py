@@ -110,10 +110,11 @@ def vendor_view(root: Path) -> str:
 
 
 # Run-offs in the sustained clock state (``TimingConfig.settle_ms``, tried in commit
-# 2bb80f2 and reverted in 36ff2dc): the wheel that ships (A, packaged on the CPU machine) and the
-# one from llm-public's database with its run-offs redone after 300 ms, then 2 s, of
-# their callables, the algorithm weighed by the settled run-off (B, packaged on the H100):
-# ``WHEELS="<A> manifests/llm-public-h100.toml" ROUNDS=2 bash ci/gpu_wheel_ab.sh``.
+# 2bb80f2 and reverted in 36ff2dc): the wheel that ships (A, packaged on the CPU
+# machine) and the one from llm-public's database with its run-offs redone after 300 ms,
+# then 2 s, of their callables, the algorithm weighed by the settled run-off (B, packaged
+# on the H100): ``WHEELS="<A> manifests/llm-public-h100.toml" ROUNDS=2 bash
+# ci/gpu_wheel_ab.sh``.
 def _settled(stem: str, settle: str) -> tuple[Wheel, ...]:
     return (
         wheel("A", "what ships", stem),
