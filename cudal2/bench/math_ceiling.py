@@ -397,6 +397,8 @@ NCU_PAIR_ROLES = ("torch", "feed", "feedpair", "gemm", "gemmpair", "math")
 # The paced and tall feed kernels beside torch's and cuBLASLt's kernels (``FEED_KERNELS=
 # feed,feedpaced,feedtall``): the same byte rows.
 NCU_TALL_ROLES = ("own", "cublaslt", "torch", "feed", "feedpaced", "feedtall", "math")
+# The four shapes of partial waves (``FEED_KERNELS=feed``): the vendors beside the math.
+NCU_PARTIAL_ROLES = ("own", "cublaslt", "torch", "feed", "math")
 _RANGE = re.compile(r">:([a-z]+):")  # "<default domain>:feed:none:..."
 _SCALE = {
     ("Gbyte/s", "Tbyte/s"): 1e-3,

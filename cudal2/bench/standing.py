@@ -2069,6 +2069,25 @@ def _ncu_bytes(root: Path, files: tuple[str, ...], roles, what: str, named) -> s
     return mc.ncu_feed_markdown(text, roles, mc.NCU_PAIR_ROWS, what, named)
 
 
+NCU_PARTIAL = tuple(  # FEED=1 FEED_KERNELS=feed TAG=-partial DBS=<H100 v5 sweeps>
+    f"bench/results/h100-ncu-{s}-partial.csv"
+    for s in ("1024x1280x8192", "4096x1280x8192", "1024x6144x4096", "1024x7168x8192")
+)
+
+
+def ncu_partial(root: Path, files: tuple[str, ...] = NCU_PARTIAL) -> str:
+    """One launch each of the H100 sweeps' fastest own kernel, cuBLASLt's autotuned
+    algorithm, torch, the feed kernel and the math kernel on the four partial-wave
+    prefill shapes, with the bytes each memory level moved."""
+    from cudal2.bench import math_ceiling as mc
+
+    what = (
+        "the H100 v5 sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
+        "torch.matmul, the 128x256 feed kernel and the math kernel at the shape's FLOPs"
+    )
+    return _ncu_bytes(root, files, mc.NCU_PARTIAL_ROLES, what, ("own", "cublaslt", "torch"))
+
+
 def ncu_feedpair(root: Path, files: tuple[str, ...] = NCU_FEEDPAIR) -> str:
     """One launch of torch's 2x1 pair beside the feed kernels and their multicast pairs
     under ncu, with the bytes each memory level moved."""
@@ -2186,6 +2205,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "ncu-feedpair": ncu_feedpair,
     "feed-ceiling-tall": lambda root: feed_ceiling(root, FEED_CEILING_TALL),
     "ncu-feedtall": ncu_feedtall,
+    "ncu-partial": ncu_partial,
     "runoffs-h100": runoffs.runoffs,
     "runoff-wheels-h100": runoffs.wheels_ab,
     "vendor-view-h100": runoffs.vendor_view,
