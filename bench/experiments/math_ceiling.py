@@ -72,7 +72,8 @@ FEED_THREADS, FEED_STAGES, FEED_GROUP = 384, 4, 8  # the feed kernels' block, ri
 FEED_TILES = {"feedtall": (256, 176)}
 FEED_TILE = (TILE_M, TILE_N)
 # math_ceiling.cu's: the largest tile's ring, two barriers a stage, the paced counters.
-FEED_SMEM_BYTES = FEED_STAGES * (256 + 176) * TILE_K * 2 + 2 * FEED_STAGES * 8 + 8 + 1024
+_FEED_RING_ROWS = max(m + n for m, n in (FEED_TILE, *FEED_TILES.values()))
+FEED_SMEM_BYTES = FEED_STAGES * _FEED_RING_ROWS * TILE_K * 2 + 2 * FEED_STAGES * 8 + 8 + 1024
 FEED_TYPES = (None, None, ctypes.c_void_p, ctypes.c_void_p, *(ctypes.c_int,) * 4)
 FEED_PAIRED = ("feedpair", "gemmpair")  # 2-CTA clusters along M: B's box is half the tile
 GEMM_CHECK_TOL = 5e-3  # max |twin - torch| over max |torch|; a wrong tile is O(1)
