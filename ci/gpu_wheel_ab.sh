@@ -17,7 +17,9 @@
 # the committed database of STEM (default llm-public-h100) cut to its first LINES_A lines
 # (the database before lines appended to it, e.g. the run-offs), B from the whole of it. ROUNDS (default 2). SHAPES (default
 # bench/shapes/llm-public-prefill.toml): the bench's shapes file, e.g.
-# bench/shapes/cuda-l2-grid-sample.toml with STEM=grid-sample-h100. Under $OUT: gpu.txt,
+# bench/shapes/cuda-l2-grid-sample.toml with STEM=grid-sample-h100. MODE (default both):
+# offline or server only. SETTLE_MS (default 0): the bench's --settle-ms, each shape timed
+# in the clock state a sustained run holds (docs/measuring.md). Under $OUT: gpu.txt,
 # prefill-<label>-<round>.jsonl (bench rows), ab-summary.txt (`cudal2-bench summarize
 # --m-min 1024 --json` per file, dtype and mode).
 set -euo pipefail
@@ -65,9 +67,10 @@ for round in $(seq "${ROUNDS:-2}"); do
     w=${labels[$i]}
     step "round $round: wheel $w (${wheels[$i]})"
     timeout 240 cudal2-bench "${SHAPES:-bench/shapes/llm-public-prefill.toml}" --kernels "${wheels[$i]}" \
-      --mode both --dtype fp16 bf16 --out "$OUT/prefill-$w-$round.jsonl" 2>&1 | noprogress | tail -2 || rc=$?
+      --mode "${MODE:-both}" --settle-ms "${SETTLE_MS:-0}" --dtype fp16 bf16 \
+      --out "$OUT/prefill-$w-$round.jsonl" 2>&1 | noprogress | tail -2 || rc=$?
     for dtype in fp16 bf16; do
-      for mode in offline server; do
+      for mode in $([ "${MODE:-both}" = both ] && echo offline server || echo "$MODE"); do
         echo "$w $round $dtype $mode $(cudal2-bench summarize "$OUT/prefill-$w-$round.jsonl" \
           --m-min 1024 --mode "$mode" --dtype "$dtype" --json | tr -d '\n ')" | tee -a "$OUT/ab-summary.txt"
       done

@@ -698,6 +698,10 @@ class TimingConfig:
     max_calls: int = 4096  # ...with at most this many calls
     server_gap_s: tuple[float, float] = (50e-6, 500e-6)
     seed: int = 0
+    # Before the samples, the callables replayed interleaved for at least this long (ms,
+    # host time), so every sample sees the clock state a sustained run settles into (a
+    # large GEMM's: the power limit's); 0, none. Prefill run-offs set it (select.settle_ms).
+    settle_ms: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -157,7 +157,14 @@ def time_interleaved(
     count (a baseline's, kept by the worker across the jobs of a target): it is not
     captured again, and is replayed, warmed up and interleaved exactly as the others.
     ``phases``: where the seconds of the warm-ups and captures (``timing_capture``)
-    and of the replays (``timing_replay``) are added."""
+    and of the replays (``timing_replay``) are added.
+
+    ``cfg.settle_ms``: after the warm-up, every callable is replayed, interleaved, for at
+    least that long before the first sample. A large GEMM's clock falls to the power
+    limit's within tens of milliseconds of sustained work, and a job of 30 repetitions
+    lasts about as long, so without it the first repetitions may run faster than the rest
+    and a callable's median depend on which state most of them saw (docs/measuring.md,
+    "The declared timing state of prefill")."""
     import torch
 
     if cfg.mode not in MODES:
@@ -185,6 +192,11 @@ def time_interleaved(
         for name in names:
             graphs[name].replay()
     torch.cuda.synchronize()
+    settle = time.perf_counter() + cfg.settle_ms / 1e3
+    while time.perf_counter() < settle:  # cfg.settle_ms: into the sustained clock state
+        for name in names:
+            graphs[name].replay()
+        torch.cuda.synchronize()
     events: dict[str, list] = {n: [] for n in names}
 
     def samples(pairs: list) -> tuple[float, ...]:

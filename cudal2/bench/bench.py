@@ -19,6 +19,7 @@ call to cross-check the events.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,13 +109,40 @@ def below_floor(timings: dict[str, Timing], floor: float) -> list[str]:
     ]
 
 
+def settle(fn: Callable[[int], object], nsets: int, ms: float) -> None:
+    """``fn`` called on the operand sets in turn, back to back, for ``ms`` of host time:
+    a prefill GEMM's GPU steps its clock down into the power limit within the first tens
+    of milliseconds of sustained work, so a shape timed at once mixes two clock states in
+    its samples, and which one most of them see depends on the shape before it (docs/
+    measuring.md, "The declared timing state of prefill"). Synchronised every 8 calls,
+    so the host never runs far ahead of the GPU."""
+    import torch
+
+    end = time.perf_counter() + ms / 1e3
+    j = 0
+    while time.perf_counter() < end:
+        for _ in range(8):
+            fn(j % nsets)
+            j += 1
+        torch.cuda.synchronize()
+
+
 class Bench:
     """Holds the library handles and workspace for a run; ``shape`` measures one."""
 
-    def __init__(self, gpu: GpuInfo, mode: str, reps: int = 30, seed: int = 0, kernels=None):
+    def __init__(
+        self,
+        gpu: GpuInfo,
+        mode: str,
+        reps: int = 30,
+        seed: int = 0,
+        kernels=None,
+        settle_ms: int = 0,
+    ):
         import torch
 
         self.gpu, self.mode, self.reps, self.seed = gpu, mode, reps, seed
+        self.settle_ms = settle_ms  # ``settle``: before each shape's autotuning
         self.kernels = kernels  # a WheelKernels, or None
         self._ws = torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
         self._cublas_ws = torch.empty(LT_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
@@ -158,6 +186,8 @@ class Bench:
                 p, ops.a[j].data_ptr(), w[j].data_ptr(), ops.c[j].data_ptr(), self._stream()
             )
 
+        if self.settle_ms:  # into the clock state of a sustained run (``settle``)
+            settle(lambda j: torch.matmul(ops.a[j], w_t[j], out=ops.c[j]), nsets, self.settle_ms)
         # Autotune: time every heuristic candidate once (fewer reps), keep the fastest.
         order, tuned = autotune(lt, lt_algo, nsets, max(5, self.reps // 3), self.seed, est)
         best_algo = order[0]
@@ -226,7 +256,11 @@ class Bench:
                 "flops": datasheet(self.gpu.name).flops,
                 "bytes_per_s": datasheet(self.gpu.name).bandwidth,
             },
-            "timing": {"sets": nsets, "reps": self.reps},
+            "timing": {
+                "sets": nsets,
+                "reps": self.reps,
+                **({"settle_ms": self.settle_ms} if self.settle_ms else {}),
+            },
             "baselines": {n: timings[n].as_json() for n in VENDORS if n in timings},
             "cublaslt_autotune": {
                 "algorithms": count,

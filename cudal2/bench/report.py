@@ -133,8 +133,20 @@ def describe(rows: list[dict[str, Any]], f: Filter) -> str:
     left = "; ".join(f"{n} {d}/{la}/{mo}" for (d, la, mo), n in sorted(others.items()))
     return (
         f"{kept} of {len(rows)} rows: {f.dtype} {f.layout} {f.mode}{m}"
+        + _settled([r for r in rows if f.keep(r)])
         + (f" (left out: {left})" if left else "")
         + " (--dtype/--layout/--mode/--m-min/--m-max/--shapes choose the slice)"
+    )
+
+
+def _settled(rows: list[dict[str, Any]]) -> str:
+    """How long each shape of ``rows`` ran before it was timed (``cudal2-bench
+    --settle-ms``), where any did: the clock state its figures belong to."""
+    ms = Counter(r.get("timing", {}).get("settle_ms", 0) for r in rows)
+    if not any(ms):
+        return ""
+    return ", settled " + ", ".join(
+        f"{v} ms ({n} rows)" if len(ms) > 1 else f"{v} ms a shape" for v, n in sorted(ms.items())
     )
 
 

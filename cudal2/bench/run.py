@@ -13,7 +13,16 @@ from cudal2.database import append_lines
 from cudal2.records import Target
 
 
-def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str | None) -> int:
+def run(
+    shapes,
+    out: Path,
+    modes,
+    dtypes,
+    layouts,
+    reps: int,
+    kernels_path: str | None,
+    settle_ms: int = 0,
+) -> int:
     import torch
 
     from cudal2.bench.bench import Bench, measure_ceilings
@@ -62,7 +71,10 @@ def run(shapes, out: Path, modes, dtypes, layouts, reps: int, kernels_path: str 
         f"ceilings: {ceilings['peak_tflops']} TFLOP/s (8192^3 fp16 cuBLAS), "
         f"{ceilings['copy_tbps']} TB/s (device copy)"
     )
-    benches = {mode: Bench(gpu, mode, reps, kernels=kernels.get(mode)) for mode in modes}
+    benches = {
+        mode: Bench(gpu, mode, reps, kernels=kernels.get(mode), settle_ms=settle_ms)
+        for mode in modes
+    }
     for mode, t in tqdm(todo, desc="shapes", unit="shape"):
         rec = benches[mode].shape(t)
         rec["ceilings"] = ceilings

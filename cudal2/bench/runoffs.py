@@ -130,8 +130,9 @@ def settled(root: Path, wheels: tuple[Wheel, ...] = SETTLED) -> str:
     return wheels_ab(root, wheels)
 
 
-# Every bench of the llm-public wheel that ships (the one after the run-offs of 2026-12-06),
-# alone or as one wheel of a round-robin, in the order taken.
+# Every bench of the llm-public wheel that shipped until prefill was decided in its
+# declared timing state (the one after the first run-offs of 2026-12-06; ``declared``
+# has the wheel after it), alone or as one wheel of a round-robin, in the order taken.
 SHIPPED_RUNS = (
     *WHEELS[1][2],
     f"{R}h100-prefill-llm-public-runoff.jsonl.gz",
@@ -144,15 +145,16 @@ PUBLIC_SHAPES = "bench/shapes/llm-public.toml"  # issue 22's 16 shapes at M >= 1
 
 
 def shipped(root: Path, paths: tuple[str, ...] = SHIPPED_RUNS) -> str:
-    """The wheel that ships, over issue 22's 16 llm-public shapes at M >= 1024 (the prefill
-    files' 17th, 8192^3, is no llm-public shape) and over all 17: per dtype and mode, the
-    geomean speedup over the best vendor, median (range) over its benches."""
+    """The wheel of the first run-offs, over issue 22's 16 llm-public shapes at M >= 1024
+    (the prefill files' 17th, 8192^3, is no llm-public shape) and over all 17: per dtype
+    and mode, the geomean speedup over the best vendor, median (range) over its benches."""
     from cudal2.shapes import load_shapes
 
     public = frozenset(load_shapes(root / PUBLIC_SHAPES))
     rows = runs(root, paths)
     lines = [
-        f"H100 80GB HBM3, the llm-public wheel that ships, {len(paths)} benches "
+        f"H100 80GB HBM3, the llm-public wheel of the first run-offs (what shipped until "
+        f"the declared timing state), {len(paths)} benches "
         f"(`cudal2-bench summarize … --m-min {M_MIN} [--shapes {PUBLIC_SHAPES}]`): the "
         "geomean speedup over the best vendor, median (range) over the benches.",
         "",

@@ -32,6 +32,8 @@ compares (a CPU test runs it on README.md and docs/). What each block reads:
 - ``math-ceiling``: issue 22's power-bound ceiling per prefill shape (``MATH_CEILING``,
   ``cudal2.bench.math_ceiling``); until that file is committed the block cannot be made
   (``ResultsMissing``), and no document may hold it.
+- ``declared-*``: issue 22's prefill decided in one declared timing state, its run-offs and
+  the wheels before and after them in both clock states (``cudal2.bench.declared``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 
 from cudal2.bench import (
     baselines,
+    declared,
     grid_sample,
     llm_public_steps,
     policy_seeds,
@@ -2212,6 +2215,11 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "settled-300-h100": lambda root: runoffs.settled(root, runoffs.SETTLED_300),
     "settled-h100": runoffs.settled,
     "shipped-llm-public-h100": runoffs.shipped,
+    "declared-regimes-h100": declared.regimes,
+    "declared-runoffs-h100": declared.declared_runoffs,
+    "declared-h100": declared.llm_public,
+    "declared-shapes-h100": declared.shapes,
+    "declared-grid-h100": declared.grid,
     "grid-sample-v5-h100": grid_sample.ab,
     "grid-sample-v5-shapes-h100": grid_sample.shapes,
 }

@@ -352,6 +352,15 @@ def run_main(argv: list[str]) -> int:
     p.add_argument(
         "--reps", type=cli_args.positive_int, default=30, help="timed repetitions (default: 30)"
     )
+    p.add_argument(
+        "--settle-ms",
+        type=cli_args.non_negative_int,
+        default=0,
+        help="before each shape's autotuning and timing, run its torch.matmul for this "
+        "long, so that every sample is taken in the clock state a sustained run holds "
+        "(a prefill GEMM's: the power limit's; docs/measuring.md); the rows record it "
+        "(default: 0, none)",
+    )
     a = p.parse(argv)
     if isinstance(a, int):  # a bad command line, already reported
         return a
@@ -365,7 +374,8 @@ def run_main(argv: list[str]) -> int:
     from cudal2.bench.run import run
 
     modes = ("offline", "server") if a.mode == "both" else (a.mode,)
-    return run(shapes, a.out, modes, a.dtype, a.layout, a.reps, a.kernels and str(a.kernels))
+    kernels = a.kernels and str(a.kernels)
+    return run(shapes, a.out, modes, a.dtype, a.layout, a.reps, kernels, a.settle_ms)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from cudal2 import __version__
 from cudal2.pipeline.results import job_for, now, timed_fields
-from cudal2.pipeline.select import contested, ran_off
+from cudal2.pipeline.select import SETTLE_METRIC, contested, ran_off, settle_ms
 from cudal2.records import (
     GpuInfo,
     Job,
@@ -41,19 +41,25 @@ STATIC_METRICS = ("registers", "spill_bytes", "waves", "smem_bytes")
 
 def runoff_job(kernel: Measurement, vendor: Measurement, cubin: str, timing: TimingConfig) -> Job:
     """The kernel's ``measure`` job (``cubin``: where its cubin lies on the runner's
-    host) with ``vendor``'s algorithm as its rival."""
+    host) with ``vendor``'s algorithm as its rival, the three replayed interleaved for
+    the target's ``select.settle_ms`` before the samples (``TimingConfig.settle_ms``)."""
     assert vendor.is_vendor, f"{vendor.design_key}: not a cuBLASLt record"
     rival = {"design_key": vendor.design_key, **vendor.vendor}
     base = job_for(JobKind.MEASURE, kernel, cubin)
-    return dataclasses.replace(base, timing=timing, rival=rival)
+    settle = max(timing.settle_ms, settle_ms(kernel.target))
+    return dataclasses.replace(
+        base, timing=dataclasses.replace(timing, settle_ms=settle), rival=rival
+    )
 
 
 def rerecorded(old: Measurement, answer: JobResult, gpu: GpuInfo) -> Measurement:
     """``old`` as the run-off's ``answer`` measured it: its timing, correctness and
-    metrics anew, its design, artifact, toolchain and proposer kept (the same key)."""
+    metrics anew (with how long its callables ran before the samples, ``settle_ms``),
+    its design, artifact, toolchain and proposer kept (the same key)."""
     timed = timed_fields(answer)
     static = {k: old.metrics[k] for k in STATIC_METRICS if k in old.metrics}
-    timed["metrics"] = {**static, **timed["metrics"]}
+    settle = {SETTLE_METRIC: answer.job.timing.settle_ms} if answer.job.timing.settle_ms else {}
+    timed["metrics"] = {**static, **timed["metrics"], **settle}
     return dataclasses.replace(
         old,
         gpu=answer.gpu or gpu,

@@ -38,3 +38,23 @@ def test_bench_record_times_every_baseline_and_the_wheel_kernel(
     best = rec["best_vendor"]
     assert best["median_us"] == min(b["median_us"] for b in rec["baselines"].values())
     assert all(c["agrees"] for c in rec["sync_check"].values()), rec["sync_check"]
+
+
+def test_a_settled_shape_runs_torch_first_and_says_so():
+    """``settle_ms``: the shape's torch.matmul runs that long before its autotuning and
+    timing, and the record carries it; without, neither."""
+    import time
+
+    from cudal2.bench.bench import Bench
+    from cudal2.verify.gpu import current_gpu
+
+    gpu = current_gpu()
+    t = Target(gpu.arch, "fp16", "tn", 1024, 1024, 1024)
+    took = {}
+    for settle in (0, 400):
+        start = time.perf_counter()
+        rec = Bench(gpu, "offline", reps=5, settle_ms=settle).shape(t)
+        took[settle] = time.perf_counter() - start
+        assert rec["errors"] == []
+        assert rec["timing"].get("settle_ms", 0) == settle
+    assert took[400] - took[0] >= 0.3, took

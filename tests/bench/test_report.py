@@ -210,3 +210,22 @@ def test_a_shapes_filter_that_cannot_be_read_is_named_and_exits_2(content, says,
         path.write_text(content)
     assert bench_cli.main(["summarize", str(PREFILL), "--shapes", str(path)]) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("results", "says"),
+    [  # the H100 bench of the shipped llm-public wheel, settled and not (docs/measuring.md)
+        ("h100-prefill-llm-public-declared-settled-c-1.jsonl.gz", ", settled 2000 ms a shape"),
+        ("h100-prefill-llm-public-declared-c-1.jsonl.gz", None),
+    ],
+)
+def test_summarize_says_whether_its_rows_were_settled(results, says, capsys):
+    """A bench run with ``--settle-ms`` belongs to another clock state than one without:
+    the first line of its summary says so, and a run without says nothing of it."""
+    path = RESULTS / results
+    assert bench_cli.main(["summarize", str(path), "--m-min", "1024"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    if says is None:
+        assert "settled" not in first
+    else:
+        assert says in first

@@ -551,7 +551,7 @@ def test_the_readme_prefill_line_reads_the_shipped_wheels_benches(tmp_path):
     from cudal2.bench.report import read_results
 
     text = llm_public_steps.shipped_line(ROOT)
-    assert "0.997–1.000x (fp16) and 1.001–1.005x (bf16) over 4 runs" in text
+    assert "1.001–1.004x (fp16) and 1.001–1.005x (bf16) over 2 runs" in text
     assert "1.002x and 0.999x" in text
     _, paths = llm_public_steps.SHIPPED
     for path in paths + llm_public_steps.STEPS[-1][1]:
@@ -567,8 +567,8 @@ def test_the_llm_public_steps_block_has_a_row_per_step_and_its_runs():
     from cudal2.bench import llm_public_steps
 
     rows = [x for x in llm_public_steps.steps(ROOT).splitlines() if x.startswith("| ")][1:]
-    assert len(rows) == len(llm_public_steps.STEPS) == 6
+    assert len(rows) == len(llm_public_steps.STEPS) == 7
     runs = [int(r.split(" | ")[1]) for r in rows]
-    assert runs == [1, 1, 3, 2, 4, 1]
+    assert runs == [1, 1, 3, 2, 4, 2, 1]
     assert rows[0].split(" | ")[2] == "0.988" and rows[3].split(" | ")[2] == "0.997–0.999"
-    assert rows[4].split(" | ")[2] == "0.997–1.000"
+    assert rows[4].split(" | ")[2] == "0.997–1.000" and rows[5].split(" | ")[2] == "1.001–1.004"

@@ -88,6 +88,9 @@ CASES: list[Case] = [
     # cudal2-bench and its subcommands
     Case("bench-reps-0", "cudal2-bench", "{tmp}/file --out {tmp}/r.jsonl --reps 0",
          "argument --reps: must be a positive integer"),
+    Case("bench-settle-negative", "cudal2-bench",
+         "{tmp}/file --out {tmp}/r.jsonl --settle-ms -1",
+         "argument --settle-ms: must be an integer >= 0, got '-1'"),
     Case("bench-out-missing-folder", "cudal2-bench", "{tmp}/file --out {tmp}/no/r.jsonl",
          "argument --out: '{tmp}/no/r.jsonl': its folder '{tmp}/no' does not exist"),
     Case("bench-out-a-folder", "cudal2-bench", "{tmp}/file --out {tmp}/dir",

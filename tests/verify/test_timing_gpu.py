@@ -113,3 +113,19 @@ def test_a_clearly_slower_candidate_is_stopped_after_five_repetitions(slow):
     want = STOP_AFTER if slow else 30
     assert len(t["candidate"].samples_us) == len(t["torch"].samples_us) == want
     assert (t["candidate"].median_us > 2 * t["torch"].median_us) == slow
+
+
+def test_settling_runs_the_callables_before_the_first_sample_and_the_clock_holds():
+    """``settle_ms``: the callables replayed for that long before any sample, so the
+    first repetitions of a power-bound GEMM run at the clock the last ones do."""
+    x = [torch.randn(8192, 8192, device="cuda", dtype=torch.float16) for _ in range(2)]
+    fns = {"mm": lambda j: x[j] @ x[j]}
+    took = {}
+    for settle in (0.0, 2000.0):
+        phases: dict[str, float] = {}
+        cfg = TimingConfig(reps=20, settle_ms=settle)
+        t = time_interleaved(fns, 2, cfg, est_us=1500.0, phases=phases)["mm"]
+        took[settle] = phases["timing_replay"]
+    assert took[2000.0] >= 2.0 > took[0.0]
+    first, last = t.samples_us[:5], t.samples_us[-5:]
+    assert abs(sorted(first)[2] / sorted(last)[2] - 1) < 0.03, t.samples_us
