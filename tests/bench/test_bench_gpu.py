@@ -51,10 +51,11 @@ def test_a_settled_shape_runs_torch_first_and_says_so():
     gpu = current_gpu()
     t = Target(gpu.arch, "fp16", "tn", 1024, 1024, 1024)
     took = {}
-    for settle in (0, 400):
+    for settle in (0, 1000):
         start = time.perf_counter()
         rec = Bench(gpu, "offline", reps=5, settle_ms=settle).shape(t)
         took[settle] = time.perf_counter() - start
         assert rec["errors"] == []
         assert rec["timing"].get("settle_ms", 0) == settle
-    assert took[400] - took[0] >= 0.3, took
+    # the unsettled shape (its first-call costs included) takes less than the settle alone
+    assert took[0] < 1.0 <= took[1000], took
