@@ -15,7 +15,8 @@ import statistics
 from pathlib import Path
 
 from cudal2.bench.llm_public_steps import R, geomeans, runs
-from cudal2.bench.runoffs import M_MIN, PUBLIC_SHAPES, runoffs
+from cudal2.bench.report import Filter, baseline_us
+from cudal2.bench.runoffs import M_MIN, PUBLIC_SHAPES, public_shapes, runoffs, span
 
 RUNOFFS = (f"{R}h100-runoff-llm-public-declared.json", f"{R}h100-runoff-grid-sample-declared.json")
 STATES = (("as the bench always ran", ""), ("each shape settled 2 s", "settled-"))
@@ -37,28 +38,18 @@ def _paths(stem: str, state: str, key: str, rounds: int) -> tuple[str, ...]:
 
 
 def _span(xs: list[float]) -> str:
-    if len(xs) == 1:
-        return f"{xs[0]:.3f}"
-    return f"{statistics.median(xs):.3f} ({min(xs):.3f}–{max(xs):.3f})"
-
-
-def _shapes(root: Path) -> frozenset[tuple[int, int, int]]:
-    from cudal2.shapes import load_shapes
-
-    return frozenset(load_shapes(root / PUBLIC_SHAPES))
+    return f"{xs[0]:.3f}" if len(xs) == 1 else span(xs)
 
 
 def per_shape(rows: list[dict], mode: str, dtype: str, only=None) -> dict[tuple, float]:
     """Each shape's speedup of the wheel's dispatch over the best vendor in one run."""
-    out = {}
-    for r in rows:
-        t = r["target"]
-        shape = (t["m"], t["n"], t["k"])
-        if r["mode"] != mode or t["dtype"] != dtype or t["m"] < M_MIN:
-            continue
-        if only is None or shape in only:
-            out[shape] = r["best_vendor"]["median_us"] / r["cudal2"]["median_us"]
-    return out
+    f = Filter(mode=mode, dtype=dtype, m_min=M_MIN, shapes=only)
+    return {
+        (r["target"]["m"], r["target"]["n"], r["target"]["k"]): baseline_us(r, "best_vendor")
+        / r["cudal2"]["median_us"]
+        for r in rows
+        if f.keep(r)
+    }
 
 
 def _lowest(rows: list[tuple[str, list]], mode: str, dtype: str, only) -> str:
@@ -98,7 +89,7 @@ def llm_public(root: Path) -> str:
         root,
         "h100-prefill-llm-public",
         LLM,
-        _shapes(root),
+        public_shapes(root),
         f"llm-public's 16 shapes, `--shapes {PUBLIC_SHAPES}`",
     )
 
@@ -110,20 +101,24 @@ def grid(root: Path) -> str:
 def shapes(root: Path) -> str:
     """Per llm-public shape, offline: A's and C's speedup over the best vendor in each
     state (median over the rounds), and what C dispatches."""
-    only = _shapes(root)
+    only = public_shapes(root)
+    loaded = {  # each wheel's runs per state, read once: (state prefix, wheel key)
+        (prefix, key): runs(root, _paths("h100-prefill-llm-public", prefix, key, rounds))
+        for _, prefix in STATES
+        for _, _, key, rounds in (LLM[0], LLM[2])
+    }
     cols = []
     for dtype in ("fp16", "bf16"):
-        for _, prefix in STATES:
-            for _, _, key, rounds in (LLM[0], LLM[2]):
-                rows = runs(root, _paths("h100-prefill-llm-public", prefix, key, rounds))
-                each = [per_shape(r, "offline", dtype, only) for _, r in rows]
-                cols.append({s: statistics.median(e[s] for e in each) for s in each[0]})
-    kinds = {}
-    for dtype in ("fp16", "bf16"):
-        for r in runs(root, _paths("h100-prefill-llm-public", "", "c", 1))[0][1]:
-            t = r["target"]
-            if r["mode"] == "offline" and t["dtype"] == dtype:
-                kinds[dtype, (t["m"], t["n"], t["k"])] = r["cudal2"]["dispatch"]["kind"]
+        for prefix, key in loaded:
+            each = [per_shape(r, "offline", dtype, only) for _, r in loaded[prefix, key]]
+            cols.append({s: statistics.median(e[s] for e in each) for s in each[0]})
+    kinds = {  # what C dispatches, from its first run as the bench always ran
+        (r["target"]["dtype"], (r["target"]["m"], r["target"]["n"], r["target"]["k"])): r["cudal2"][
+            "dispatch"
+        ]["kind"]
+        for r in loaded["", "c"][0][1]
+        if r["mode"] == "offline"
+    }
     mark = {"kernel": "own", "cublaslt": "cuBLASLt", "fallback": "torch"}
     lines = [
         "H100 80GB HBM3, offline, each shape's speedup over the best vendor in its process "
@@ -177,7 +172,7 @@ def regimes(root: Path, algo: str = REGIME_ALGO) -> str:
         t = r.target
         if r.design_key != algo or r.mode != "offline" or (t.dtype, t.m, t.n, t.k) != REGIME_TARGET:
             continue
-        lines.append(_regime_row(r, r.samples_us, r.baselines_us["torch"] / r.median_us))
+        lines.append(_regime_row("", r, r.samples_us, r.baselines_us["torch"] / r.median_us))
     for r in db.measurements:  # the settled run-offs that timed it beside a kernel
         t = r.target
         if (
@@ -185,13 +180,13 @@ def regimes(root: Path, algo: str = REGIME_ALGO) -> str:
             and r.metrics.get("settle_ms")
             and ((t.dtype, t.m, t.n, t.k) == REGIME_TARGET)
         ):
-            alg = r.baseline_samples_us[algo]
-            row = _regime_row(r, alg, r.baselines_us["torch"] / r.baselines_us[algo])
-            lines.append(row.replace("| ", "| settled run-off, ", 1))
+            speedup = r.baselines_us["torch"] / r.baselines_us[algo]
+            lines.append(_regime_row("settled run-off, ", r, r.baseline_samples_us[algo], speedup))
     return "\n".join(lines) + "\n"
 
 
-def _regime_row(r, samples, speedup: float) -> str:
+def _regime_row(label: str, r, samples, speedup: float) -> str:
+    """One row of ``regimes``: ``samples`` (the algorithm's) paired with ``r``'s torch."""
     torch = r.baseline_samples_us["torch"]
     mid = (min(torch) + max(torch)) / 2
     halves: dict[bool, list[float]] = {True: [], False: []}
@@ -202,6 +197,6 @@ def _regime_row(r, samples, speedup: float) -> str:
         for h in (True, False)
     ]
     return (
-        f"| {r.measured_at[:16]} | {r.baselines_us['torch']:.0f} ({min(torch):.0f}–"
+        f"| {label}{r.measured_at[:16]} | {r.baselines_us['torch']:.0f} ({min(torch):.0f}–"
         f"{max(torch):.0f}) | {speedup:.3f} | " + " | ".join(cells) + " |"
     )

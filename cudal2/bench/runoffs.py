@@ -60,7 +60,8 @@ def runoffs(root: Path, path: str = RUNOFF) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _span(xs: list[float]) -> str:
+def span(xs: list[float]) -> str:
+    """Median (range) of a wheel's figures over its runs."""
     lo, hi, mid = min(xs), max(xs), statistics.median(xs)
     return f"{mid:.3f} ({lo:.3f}–{hi:.3f})"
 
@@ -84,7 +85,7 @@ def wheels_ab(
     for label, what, paths in wheels:
         rows = runs(root, paths)
         cells = [
-            _span(geomeans(rows, mode, dtype, "best_vendor"))
+            span(geomeans(rows, mode, dtype, "best_vendor"))
             for mode in ("offline", "server")
             for dtype in ("fp16", "bf16")
         ]
@@ -144,13 +145,18 @@ SHIPPED_RUNS = (
 PUBLIC_SHAPES = "bench/shapes/llm-public.toml"  # issue 22's 16 shapes at M >= 1024
 
 
+def public_shapes(root: Path) -> frozenset[tuple[int, int, int]]:
+    """llm-public's shapes (``PUBLIC_SHAPES``): the 16 of issue 22 at M >= 1024."""
+    from cudal2.shapes import load_shapes
+
+    return frozenset(load_shapes(root / PUBLIC_SHAPES))
+
+
 def shipped(root: Path, paths: tuple[str, ...] = SHIPPED_RUNS) -> str:
     """The wheel of the first run-offs, over issue 22's 16 llm-public shapes at M >= 1024
     (the prefill files' 17th, 8192^3, is no llm-public shape) and over all 17: per dtype
     and mode, the geomean speedup over the best vendor, median (range) over its benches."""
-    from cudal2.shapes import load_shapes
-
-    public = frozenset(load_shapes(root / PUBLIC_SHAPES))
+    public = public_shapes(root)
     rows = runs(root, paths)
     lines = [
         f"H100 80GB HBM3, the llm-public wheel of the first run-offs (what shipped until "
@@ -163,7 +169,7 @@ def shipped(root: Path, paths: tuple[str, ...] = SHIPPED_RUNS) -> str:
     ]
     for label, only in (("llm-public's 16 (issue 22)", public), ("the 17 prefill shapes", None)):
         cells = [
-            _span(geomeans(rows, mode, dtype, "best_vendor", only))
+            span(geomeans(rows, mode, dtype, "best_vendor", only))
             for mode in ("offline", "server")
             for dtype in ("fp16", "bf16")
         ]

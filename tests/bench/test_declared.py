@@ -12,6 +12,7 @@ import pytest
 
 from cudal2.bench import declared
 from cudal2.bench.llm_public_steps import geomeans, runs
+from cudal2.bench.runoffs import public_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("state", ["", "settled-"])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_per_shape_speedups_give_the_summaries_geomean(state, dtype):
-    only = declared._shapes(ROOT)
+    only = public_shapes(ROOT)
     rows = runs(ROOT, declared._paths("h100-prefill-llm-public", state, "c", 2))
     for (_, r), g in zip(rows, geomeans(rows, "offline", dtype, "best_vendor", only), strict=True):
         each = declared.per_shape(r, "offline", dtype, only)
