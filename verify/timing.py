@@ -137,6 +137,20 @@ def capture(
     return Captured(g, nsets, calls, keep, own_bytes + pool)
 
 
+def hold(step: Callable[[], object], ms: float) -> None:
+    """``step`` run back to back, synchronised after each, until ``ms`` of host time have
+    passed (none at 0): the sustained work that takes a large GEMM's clock down into the
+    power limit before it is timed (docs/measuring.md, "The declared timing state of
+    prefill"). ``time_interleaved``'s ``cfg.settle_ms`` and ``cudal2-bench --settle-ms``
+    both settle through it."""
+    import torch
+
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        step()
+        torch.cuda.synchronize()
+
+
 def time_interleaved(
     fns: Mapping[str, Callable[[int], object] | Captured],
     nsets: int,
@@ -192,11 +206,7 @@ def time_interleaved(
         for name in names:
             graphs[name].replay()
     torch.cuda.synchronize()
-    settle = time.perf_counter() + cfg.settle_ms / 1e3
-    while time.perf_counter() < settle:  # cfg.settle_ms: into the sustained clock state
-        for name in names:
-            graphs[name].replay()
-        torch.cuda.synchronize()
+    hold(lambda: [graphs[name].replay() for name in names], cfg.settle_ms)
     events: dict[str, list] = {n: [] for n in names}
 
     def samples(pairs: list) -> tuple[float, ...]:

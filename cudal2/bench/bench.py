@@ -19,7 +19,7 @@ call to cross-check the events.
 from __future__ import annotations
 
 import datetime as dt
-import time
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from cudal2.verify.spread import nvmath_available
 from cudal2.verify.timing import (
     Timing,
     TimingConfig,
+    hold,
     operand_sets,
     time_interleaved,
     time_with_sync,
@@ -110,21 +111,19 @@ def below_floor(timings: dict[str, Timing], floor: float) -> list[str]:
 
 
 def settle(fn: Callable[[int], object], nsets: int, ms: float) -> None:
-    """``fn`` called on the operand sets in turn, back to back, for ``ms`` of host time:
-    a prefill GEMM's GPU steps its clock down into the power limit within the first tens
-    of milliseconds of sustained work, so a shape timed at once mixes two clock states in
-    its samples, and which one most of them see depends on the shape before it (docs/
-    measuring.md, "The declared timing state of prefill"). Synchronised every 8 calls,
-    so the host never runs far ahead of the GPU."""
-    import torch
+    """``fn`` called on the operand sets in turn, back to back, for ``ms`` of host time
+    (``verify.timing.hold``, 8 calls a step, so the host never runs far ahead of the
+    GPU): a prefill GEMM's GPU steps its clock down into the power limit within the
+    first tens of milliseconds of sustained work, so a shape timed at once mixes two
+    clock states in its samples, and which one most of them see depends on the shape
+    before it (docs/measuring.md, "The declared timing state of prefill")."""
+    calls = itertools.count()
 
-    end = time.perf_counter() + ms / 1e3
-    j = 0
-    while time.perf_counter() < end:
+    def eight() -> None:
         for _ in range(8):
-            fn(j % nsets)
-            j += 1
-        torch.cuda.synchronize()
+            fn(next(calls) % nsets)
+
+    hold(eight, ms)
 
 
 class Bench:
