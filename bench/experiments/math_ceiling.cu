@@ -197,6 +197,17 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   rows, two m64n176k16 per k16 step (176 accumulators a thread): the fewest operand
 //   bytes per output two consumer warpgroups' registers hold (256 x 192 does not fit).
 //   Its last N tile may pass N; TMA fills the rest with zeros, as a GEMM's loads.
+// feedsk_n256 (SK): feed_n256 with every SM's share of the work equal (stream-K without
+//   its fixup): the whole waves of tiles as feed_n256's walk, then the last, partial
+//   wave's k tiles (every k tile of its tiles, in the walk's order) cut into gridDim.x
+//   contiguous runs of equal length, one a CTA, so a CTA's run may start and end inside
+//   a tile. Its consumers sum each run's accumulators as they would a tile's; the partial
+//   sums a stream-K GEMM writes and reads back are not moved (a real one moves more). So
+//   no GEMM of one-CTA 128x256 tiles whose SMs share the work evenly is faster under the
+//   same power: the bound of the fourteenth slice's stream-K, and of any split of the
+//   last wave.
+// feedtallsk_n176 (PACED, SK): the same even share of feedtall's 256x176 tiles: the
+//   fewest bytes and every SM at work.
 // gemmpair_n256, feedpair_n256 (PAIR): the same in 2-CTA clusters along M (as cuBLAS's
 //   128x256 2x1 kernels): the two CTAs take M tiles 2u and 2u + 1 of one N tile, and
 //   each loads half of the shared B tile multicast into both, so a pair reads B from L2
@@ -297,19 +308,50 @@ __device__ __forceinline__ void walk(int tile, int tiles_m, int tiles_n, int gro
   tn = r / rows;
 }
 
+// A CTA's work as runs of k tiles of one output tile each: its tiles of the walk
+// (unit, unit + units, ...: whole tiles), then, with SK, its equal share of the last
+// partial wave's k tiles (runs that may start and end inside a tile). next() gives each
+// run's tile and its k tiles [k0, k1), false at the end.
+struct Work {
+  int tile, whole_end, units, KT, sk_base, sk_i, sk_end;
+  __device__ __forceinline__ Work(bool sk, int unit, int units_, int tiles, int KT_)
+      : tile(unit), units(units_), KT(KT_) {
+    // SK: the whole waves are walked; the rest, R k tiles, is cut into `units` runs.
+    whole_end = sk ? tiles / units_ * units_ : tiles;
+    const int R = (tiles - whole_end) * KT_;
+    sk_base = whole_end;
+    sk_i = int((long long)R * unit / units_);
+    sk_end = int((long long)R * (unit + 1) / units_);
+  }
+  __device__ __forceinline__ bool next(int& t, int& k0, int& k1) {
+    if (tile < whole_end) {
+      t = tile, k0 = 0, k1 = KT;
+      tile += units;
+      return true;
+    }
+    if (sk_i < sk_end) {
+      t = sk_base + sk_i / KT, k0 = sk_i % KT, k1 = min(KT, k0 + (sk_end - sk_i));
+      sk_i += k1 - k0;
+      return true;
+    }
+    return false;
+  }
+};
+
 __device__ __forceinline__ uint32_t ld_volatile(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
 
-template <int TM, int TN, bool SYNC, bool PAIR, bool PACED>
+template <int TM, int TN, bool SYNC, bool PAIR, bool PACED, bool SK>
 __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __restrict__ C,
                                      float* __restrict__ out, int M, int N, int K, int group) {
   using TL = Tile<TM, TN>;
   static_assert(!SYNC || (TM == 128 && TN == 256), "the GEMM twins store 128x256 tiles");
   static_assert(!PACED || (!SYNC && !PAIR), "pacing is for the one-CTA feed kernels");
   static_assert(TN == 256 || TN == 176, "m64n256k16 or m64n176k16");
+  static_assert(!SK || (!SYNC && !PAIR), "the even share is a one-CTA feed kernel's");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   T* sA = reinterpret_cast<T*>(base);  // stage s: sA + s * TL::A, sB + s * TL::B
@@ -361,11 +403,12 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
         for (int h = 0; h < TN / B_ROWS; ++h) tma_load(sB + h * B_ROWS * BK, tmB, 0, h * B_ROWS, full0);
       }
       int slot = 0, phase = 0, it = 0;
-      for (int tile = unit; tile < tiles; tile += units) {
+      Work work(SK, unit, units, tiles, KT);
+      for (int tile, k0, k1; work.next(tile, k0, k1);) {
         int tm, tn;
         walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
         if (PAIR) tm = 2 * tm + rank;
-        for (int kt = 0; kt < KT; ++kt, ++it) {
+        for (int kt = k0; kt < k1; ++kt, ++it) {
           const int s = FIRST + slot;
           const uint32_t full = full0 + 8 * s, empty = empty0 + 8 * s;
           if (it >= RING) {
@@ -400,8 +443,9 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
       // once the partner's watcher has said the same. The producers never meet: the
       // consumers of a GEMM release a stage as eagerly. Every load has landed when it ends.
       int slot = 0, phase = 0;
-      for (int tile = unit; tile < tiles; tile += units)
-        for (int kt = 0; kt < KT; ++kt) {
+      Work work(SK, unit, units, tiles, KT);
+      for (int tile, k0, k1; work.next(tile, k0, k1);)
+        for (int kt = k0; kt < k1; ++kt) {
           const uint32_t s = FIRST + slot;
           mbar_wait(full0 + 8 * s, phase);
           mbar_arrive(empty0 + 8 * s);
@@ -418,7 +462,8 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
     float sum = 0.f;
     int slot = 0, phase = 0;
     uint32_t issued = 0;  // PACED: k tiles issued over the walk
-    for (int tile = unit; tile < tiles; tile += units) {
+    Work work(SK, unit, units, tiles, KT);
+    for (int tile, k0, k1; work.next(tile, k0, k1);) {
       int tm, tn;
       walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
       if (PAIR) tm = 2 * tm + rank;
@@ -426,7 +471,7 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
 #pragma unroll
       for (int i = 0; i < TL::ACC; ++i) d[i] = 0.f;
       int prev = -1;
-      for (int kt = 0; kt < KT; ++kt) {
+      for (int kt = k0; kt < k1; ++kt) {
         const int s = SYNC ? slot : 0;
         if (SYNC) mbar_wait(full0 + 8 * s, phase);
         const uint64_t da = make_desc(sA + s * TL::A) + cw * TL::RB * ROWS64_ENC;
@@ -488,18 +533,20 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
 
 }  // namespace
 
-#define FEED_KERNEL(name, tm, tn, sync, pair, paced, dims)                                   \
+#define FEED_KERNEL(name, tm, tn, sync, pair, paced, sk, dims)                               \
   extern "C" __global__ void dims __launch_bounds__(FEED_THREADS, 1)                         \
       name(const __grid_constant__ TmaMap tmA, const __grid_constant__ TmaMap tmB, T* C,     \
            float* out, int M, int N, int K, int group) {                                     \
-    feed<tm, tn, sync, pair, paced>(&tmA, &tmB, C, out, M, N, K, group);                     \
+    feed<tm, tn, sync, pair, paced, sk>(&tmA, &tmB, C, out, M, N, K, group);                 \
   }
-FEED_KERNEL(feed_n256, 128, 256, false, false, false, )
-FEED_KERNEL(gemm_n256, 128, 256, true, false, false, )
-FEED_KERNEL(feedpair_n256, 128, 256, false, true, false, __cluster_dims__(2, 1, 1))
-FEED_KERNEL(gemmpair_n256, 128, 256, true, true, false, __cluster_dims__(2, 1, 1))
-FEED_KERNEL(feedpaced_n256, 128, 256, false, false, true, )
-FEED_KERNEL(feedtall_n176, 256, 176, false, false, true, )
+FEED_KERNEL(feed_n256, 128, 256, false, false, false, false, )
+FEED_KERNEL(gemm_n256, 128, 256, true, false, false, false, )
+FEED_KERNEL(feedpair_n256, 128, 256, false, true, false, false, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(gemmpair_n256, 128, 256, true, true, false, false, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(feedpaced_n256, 128, 256, false, false, true, false, )
+FEED_KERNEL(feedtall_n176, 256, 176, false, false, true, false, )
+FEED_KERNEL(feedsk_n256, 128, 256, false, false, false, true, )
+FEED_KERNEL(feedtallsk_n176, 256, 176, false, false, true, true, )
 extern "C" __global__ void feed_smem_bytes(int* out) { *out = FEED_SMEM_BYTES; }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)

@@ -29,9 +29,13 @@ clusters along M that multicast B. ``feedpaced`` is ``feed`` held to a GEMM's pa
 producer loads no further ahead of the math than a 4-stage GEMM's (the consumers still
 never wait), so its CTAs walk the tiles in step as a GEMM's do and keep their L2 reuse;
 ``feedtall`` is the same on 256x176 tiles, the fewest operand bytes per output two
-consumer warpgroups can hold. Each twin is first checked against torch on the
-shape. ``--no-variants`` skips the short run and the variants. ``--smoke`` (with
-``--feed``) only launches each feed kernel on 4096^3 and writes its time to ``--out``.
+consumer warpgroups can hold. ``feedsk`` is ``feed`` with every SM's share equal: the
+whole waves of tiles walked, the last partial wave's k tiles cut into one equal run a CTA
+(stream-K without its partial sums); ``feedtallsk`` the same of ``feedtall``. Each twin
+is first checked against torch on the shape, each feed kernel's count of k tiles
+against the shape's (operands of ones: ``FeedKernel.count``). ``--no-variants`` skips
+the short run and the variants. ``--smoke`` (with ``--feed``) only launches each feed
+kernel on 4096^3, checked, and writes its time to ``--out``.
 
 ``cudal2.bench.math_ceiling.analyse`` adds the ceiling per shape: math TFLOP/s over the
 best vendor's, the latter this run's torch TFLOP/s times the best vendor's speedup over
@@ -69,7 +73,7 @@ FEED_THREADS, FEED_STAGES, FEED_GROUP = 384, 4, 8  # the feed kernels' block, ri
 # Each feed kernel's tile (M x N outputs a CTA; its symbol is f"{name}_n{N}"): 128x256
 # but for the tall tile, the fewest operand bytes per output two consumer warpgroups'
 # registers hold (176 accumulators a thread; 256 x 192 does not fit).
-FEED_TILES = {"feedtall": (256, 176)}
+FEED_TILES = {"feedtall": (256, 176), "feedtallsk": (256, 176)}
 FEED_TILE = (TILE_M, TILE_N)
 # math_ceiling.cu's: the largest tile's ring, two barriers a stage, the paced counters.
 _FEED_RING_ROWS = max(m + n for m, n in (FEED_TILE, *FEED_TILES.values()))
@@ -335,6 +339,24 @@ class FeedKernel:
 
         return run
 
+    def count(self, kernel: str, m: int, n: int, k: int, a, w) -> dict:
+        """How many k tiles a feed kernel's consumers issued over the whole shape, from its
+        sums, on operands of ones (a[0]'s and w[0]'s shapes): every k tile adds 64 to each
+        of the fixed k tile's TM x TN accumulators, integers that fp32 holds exactly (the
+        tensor cores' accumulation truncates; on random operands the count drifted by one
+        in 32768 at 4096^3). So the sums over every CTA over TM * TN * 64 must be the
+        shape's k tiles, each issued once: a lost or repeated one moves it by 1."""
+        import torch
+
+        ones = [torch.ones_like(a[0])], [torch.ones_like(w[0])]
+        tm, tn = FEED_TILES.get(kernel, FEED_TILE)
+        self.out.zero_()
+        self.launcher(kernel, m, n, k, *ones, [self.out])(0)  # C: unwritten
+        torch.cuda.synchronize()
+        got = self.out.double().sum().item() / (tm * tn * TILE_K)
+        want = (m // tm) * -(-n // tn) * (k // TILE_K)
+        return {"k_tiles": got, "want": want, "ok": abs(got - want) < 0.25}
+
     def check(self, twin: str, m: int, n: int, k: int, a, w) -> dict:
         """A GEMM twin on operand set 0 against torch.matmul: max |difference| over max
         |torch|."""
@@ -387,8 +409,11 @@ def measure_shape(
     checks = {}
     if fk is not None:
         for name in (x for x in args.feed if fk.fits(x, m, n, k)):
-            if name.startswith("gemm"):  # a GEMM twin: checked before it is timed
-                checks[f"{name}_check"] = fk.check(name, m, n, k, ops.a, ops.w_tn)
+            # Checked before it is timed: a GEMM twin against torch, a feed kernel's count
+            # of the k tiles it issued against the shape's.
+            checks[f"{name}_check"] = (fk.check if name.startswith("gemm") else fk.count)(
+                name, m, n, k, ops.a, ops.w_tn
+            )
             fns[name] = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
     runs = time_sustained(fns, nsets, args.seconds, args.reps, args.seed)
     per_call = {name: flops for name in fns} | {"math": mk.flops(rounds, "sms")}
@@ -429,9 +454,10 @@ SMOKE_SHAPE = (4096, 4096, 4096)
 
 
 def smoke(fk: FeedKernel | None, names: list[str], out: Path) -> int:
-    """Each feed kernel once on SMOKE_SHAPE, the twins checked against torch first, then
-    ten launches timed with CUDA events: a quick look (run it under ``timeout``: a kernel
-    whose barriers never complete hangs) before minutes of sustained runs."""
+    """Each feed kernel once on SMOKE_SHAPE, checked first (the twins against torch, the
+    feed kernels' count of k tiles), then ten launches timed with CUDA events: a quick
+    look (run it under ``timeout``: a kernel whose barriers never complete hangs) before
+    minutes of sustained runs."""
     import torch
 
     from cudal2.bench.bench import make_operands
@@ -442,8 +468,8 @@ def smoke(fk: FeedKernel | None, names: list[str], out: Path) -> int:
     ops = make_operands(Target(arch="sm_90a", dtype="fp16", layout="tn", m=m, n=n, k=k), 1, 0)
     got: dict[str, dict] = {}
     for name in names:
-        is_twin = name.startswith("gemm")
-        rec = fk.check(name, m, n, k, ops.a, ops.w_tn) if is_twin else {"ok": True}
+        check = fk.check if name.startswith("gemm") else fk.count
+        rec = check(name, m, n, k, ops.a, ops.w_tn)
         run = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
         run(0)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,8 @@ FEED = {
     "gemmpair": "gemmpair_speedup",
     "feedpaced": "feedpaced_ceiling",
     "feedtall": "feedtall_ceiling",
+    "feedsk": "feedsk_ceiling",
+    "feedtallsk": "feedtallsk_ceiling",
 }
 
 
@@ -355,6 +358,15 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
                     f"({min(x[1] for x in xs):.3f}–{max(x[1] for x in xs):.3f}); "
                     f"{sum(x[1] >= TARGET for x in xs)} at {TARGET:.2f} or more."
                 )
+    for b in bounds:  # a feed kernel's count of the k tiles it issued (operands of ones)
+        checks = [(s, s[f"{b}_check"]) for s in d["shapes"] if f"{b}_check" in s]
+        if checks:
+            wrong = [_label(s) for s, c in checks if not c["ok"]]
+            lines.append(
+                f"- {b}: its k tiles, counted from its sums on operands of ones before it was "
+                f"timed, were the shape's on {len(checks) - len(wrong)} of {len(checks)} shapes"
+                + (f"; WRONG on {', '.join(wrong)}." if wrong else ".")
+            )
     for x in twins:
         summ = d["summary"].get(FEED[x])
         checks = [s[f"{x}_check"] for s in d["shapes"] if f"{x}_check" in s]
@@ -370,6 +382,66 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
                     else "FAILED."
                 )
             )
+    return "\n".join(lines)
+
+
+def bound_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """The feed bounds together: per llm-public shape (issue 22's 16), each stall-free feed
+    kernel's best rate over the best vendor in any of ``runs`` (path -> an analysed feed
+    run), the best of them, and what 1.03 over the 16 would take from the shapes whose
+    waves the 128x256 tiles leave partial, were the others at their bound."""
+    best: dict[tuple[int, int, int], dict[str, float]] = {}
+    fill: dict[tuple[int, int, int], float] = {}
+    for d in runs.values():
+        sms, tile = d["kernel"]["feed"]["grid"], d["kernel"]["feed"]["tile"]
+        for s in d["shapes"]:
+            if not s.get("llm_public"):
+                continue
+            t = s["target"]
+            key = (t["m"], t["n"], t["k"])
+            fill[key] = waves(*key[:2], sms, tile)[1]
+            for name, over in FEED.items():
+                if name.startswith("feed") and over in s:
+                    best.setdefault(key, {})
+                    best[key][name] = max(best[key].get(name, 0.0), s[over])
+    if not best:
+        raise ValueError("no llm-public shape in the feed runs: no bound")
+    names = [n for n in FEED if n.startswith("feed") and any(n in b for b in best.values())]
+    lines = [
+        "Each stall-free feed kernel's rate over the best vendor, its best in any committed "
+        "run (" + ", ".join(f"`{p}`" for p in runs) + "), on issue 22's 16 llm-public shapes; "
+        "the best of them is the most any GEMM of those designs sustains there.",
+        "",
+        "| M×N×K | wave fill at 128x256 | " + " | ".join(names) + " | best | of |",
+        "|---|---:|" + "---:|" * len(names) + "---:|---|",
+    ]
+    tops: dict[tuple[int, int, int], float] = {}
+    for key in sorted(best, key=lambda k: (fill[k] < FULL_WAVES, k)):
+        b = best[key]
+        top = max(b, key=lambda n: b[n])
+        tops[key] = b[top]
+        cells = [f"{b[n]:.3f}" if n in b else "–" for n in names]
+        lines.append(
+            f"| {key[0]}x{key[1]}x{key[2]} | {fill[key]:.2f} | "
+            + " | ".join(cells)
+            + f" | {b[top]:.3f} | {top} |"
+        )
+    full = [v for k, v in tops.items() if fill[k] >= FULL_WAVES]
+    part = [v for k, v in tops.items() if fill[k] < FULL_WAVES]
+    g, at = geomean(tops.values()), sum(v >= TARGET for v in tops.values())
+    lines += [
+        "",
+        f"- The best per shape, over the {len(tops)} shapes: {g:.3f} × the best vendor "
+        f"({min(tops.values()):.3f}–{max(tops.values()):.3f}); {at} at {TARGET:.2f} or more.",
+    ]
+    if full and part:
+        need = (TARGET ** len(tops) / math.prod(full)) ** (1 / len(part))
+        lines += [
+            f"- Over the {len(full)} whose 128x256 tiles fill their waves (>= {FULL_WAVES}): "
+            f"{geomean(full):.3f}; over the {len(part)} others: {geomean(part):.3f}.",
+            f"- {TARGET:.2f} over the {len(tops)}, with the {len(full)} at their bound, "
+            f"would take the {len(part)} others to {need:.3f} × the best vendor (geomean).",
+        ]
     return "\n".join(lines)
 
 
@@ -397,6 +469,8 @@ NCU_PAIR_ROLES = ("torch", "feed", "feedpair", "gemm", "gemmpair", "math")
 # The paced and tall feed kernels beside torch's and cuBLASLt's kernels (``FEED_KERNELS=
 # feed,feedpaced,feedtall``): the same byte rows.
 NCU_TALL_ROLES = ("own", "cublaslt", "torch", "feed", "feedpaced", "feedtall", "math")
+# The even share beside the feed kernel (``FEED_KERNELS=feed,feedsk``): the same byte rows.
+NCU_SK_ROLES = ("own", "cublaslt", "torch", "feed", "feedsk", "math")
 # The four shapes of partial waves (``FEED_KERNELS=feed``): the vendors beside the math.
 NCU_PARTIAL_ROLES = ("own", "cublaslt", "torch", "feed", "math")
 _RANGE = re.compile(r">:([a-z]+):")  # "<default domain>:feed:none:..."

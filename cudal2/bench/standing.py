@@ -2022,6 +2022,15 @@ FEED_CEILING = "bench/results/h100-feed-ceiling.json"  # FEED=1 ci/gpu_math_ceil
 FEED_CEILING_PAIR_V1 = "bench/results/h100-feed-ceiling-pair-v1.json"
 FEED_CEILING_PAIR_V2 = "bench/results/h100-feed-ceiling-pair-v2.json"
 FEED_CEILING_TALL = "bench/results/h100-feed-ceiling-tall.json"
+# FEED_KERNELS=feed,feedsk: the even share of every SM (stream-K without its partial sums)
+FEED_CEILING_SK = "bench/results/h100-feed-ceiling-sk.json"
+FEED_RUNS = (
+    FEED_CEILING,
+    FEED_CEILING_PAIR_V1,
+    FEED_CEILING_PAIR_V2,
+    FEED_CEILING_TALL,
+    FEED_CEILING_SK,
+)
 NCU_FEED = (  # FEED=1 ci/gpu_ncu_prefill.sh on the H100
     "bench/results/h100-ncu-feed-4096x4096x4096.csv",
     "bench/results/h100-ncu-feed-1024x28672x4096.csv",
@@ -2039,6 +2048,16 @@ def feed_ceiling(root: Path, path: str = FEED_CEILING) -> str:
             "commit its feed-ceiling.json there"
         )
     return mc.feed_markdown(mc.load((root / path).read_text(), path), path)
+
+
+def feed_bound(root: Path, files: tuple[str, ...] = FEED_RUNS) -> str:
+    """Every committed feed run together: the best stall-free kernel per llm-public shape
+    (``cudal2.bench.math_ceiling.bound_markdown``)."""
+    from cudal2.bench import math_ceiling as mc
+
+    if missing := [f for f in files if not (root / f).exists()]:
+        raise ResultsMissing(f"{missing[0]} is not committed: run FEED=1 ci/gpu_math_ceiling.sh")
+    return mc.bound_markdown({f: mc.load((root / f).read_text(), f) for f in files})
 
 
 def ncu_feed(root: Path, files: tuple[str, ...] = NCU_FEED) -> str:
@@ -2114,6 +2133,26 @@ def ncu_feedtall(root: Path, files: tuple[str, ...] = NCU_FEEDTALL) -> str:
         "256x176 tiles (feedtall), and the math kernel at the shape's FLOPs"
     )
     return _ncu_bytes(root, files, mc.NCU_TALL_ROLES, what, ("own", "cublaslt", "torch"))
+
+
+NCU_FEEDSK = tuple(  # FEED=1 FEED_KERNELS=feed,feedsk TAG=-sk EXTRA_METRICS=<bytes>
+    f"bench/results/h100-ncu-feedsk-{s}.csv"
+    for s in ("1024x4096x14336", "1024x6144x4096", "4096x4096x4096")
+)
+
+
+def ncu_feedsk(root: Path, files: tuple[str, ...] = NCU_FEEDSK) -> str:
+    """One launch of the even share (feedsk) beside the feed kernel, the sweeps' fastest
+    own kernel, cuBLASLt's autotuned algorithm and torch under ncu, with the bytes each
+    memory level moved."""
+    from cudal2.bench import math_ceiling as mc
+
+    what = (
+        "the sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
+        "torch.matmul, the feed kernel, the same with every SM an equal share (feedsk), "
+        "and the math kernel at the shape's FLOPs"
+    )
+    return _ncu_bytes(root, files, mc.NCU_SK_ROLES, what, ("own", "cublaslt", "torch"))
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
@@ -2208,6 +2247,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "ncu-feedpair": ncu_feedpair,
     "feed-ceiling-tall": lambda root: feed_ceiling(root, FEED_CEILING_TALL),
     "ncu-feedtall": ncu_feedtall,
+    "feed-ceiling-sk": lambda root: feed_ceiling(root, FEED_CEILING_SK),
+    "feed-bound": feed_bound,
+    "ncu-feedsk": ncu_feedsk,
     "ncu-partial": ncu_partial,
     "runoffs-h100": runoffs.runoffs,
     "runoff-wheels-h100": runoffs.wheels_ab,

@@ -62,8 +62,9 @@ def med(runs) -> float:
     return statistics.median(r["tflops"] for r in runs)
 
 
-# The committed runs: the first (feed, gemm) and the multicast pair's two versions
-RUNS = [standing.FEED_CEILING, standing.FEED_CEILING_PAIR_V1, standing.FEED_CEILING_PAIR_V2]
+# The committed runs: the first (feed, gemm), the multicast pair's two versions, the paced
+# and tall kernels, the even share (stream-K without its partial sums)
+RUNS = list(standing.FEED_RUNS)
 
 
 @pytest.mark.parametrize("path", RUNS)
@@ -215,16 +216,25 @@ def test_the_ncu_block_reads_each_role_of_each_page():
         assert f"`{got['cublaslt']['kernel']}`" in table
 
 
-def test_the_pair_block_reads_the_bytes_of_each_role_in_gigabytes():
-    """The ncu-feedpair block: per shape and role, the DRAM, L2 and L2-to-SM bytes of its
-    page, in GB whatever unit ncu gave (the math kernel's are in Mbyte)."""
-    table = standing.ncu_feedpair(ROOT)
+# (block, its pages, its roles): the ncu blocks with the bytes of each memory level
+BYTE_BLOCKS = [
+    (standing.ncu_feedpair, standing.NCU_FEEDPAIR, mc.NCU_PAIR_ROLES),
+    (standing.ncu_feedsk, standing.NCU_FEEDSK, mc.NCU_SK_ROLES),
+]
+
+
+@pytest.mark.parametrize("block,files,roles", BYTE_BLOCKS, ids=["pair", "even share"])
+def test_the_byte_blocks_read_the_bytes_of_each_role_in_gigabytes(block, files, roles):
+    """The ncu-feedpair and ncu-feedsk blocks: per shape and role, the DRAM, L2 and
+    L2-to-SM bytes of its page, in GB whatever unit ncu gave (the math kernel's are in
+    Mbyte)."""
+    table = block(ROOT)
     scale = {"Gbyte": 1.0, "Mbyte": 1e-3, "Kbyte": 1e-6}
     units = set()
-    for f in standing.NCU_FEEDPAIR:
+    for f in files:
         shape = re.search(r"(\d+x\d+x\d+)", f).group(1)
-        got = mc.ncu_feed_details((ROOT / f).read_text(), f, mc.NCU_PAIR_ROLES, mc.NCU_PAIR_ROWS)
-        for role in mc.NCU_PAIR_ROLES:
+        got = mc.ncu_feed_details((ROOT / f).read_text(), f, roles, mc.NCU_PAIR_ROWS)
+        for role in roles:
             row = next(x for x in table.splitlines() if x.startswith(f"| {shape} | {role} |"))
             cells = [c.strip() for c in row.strip("|").split("|")]
             for i, metric in ((6, "dram__bytes_read.sum"), (7, "lts__t_bytes.sum")):
@@ -330,6 +340,9 @@ FITS = [
     ("feedpaced", 1024, 8192, 1024, True),
     ("feedtall", 4096, 8192, 4096, True),  # 8192 = 46.5 x 176: the last tile rounded up
     ("feedtall", 4224, 4096, 4096, False),  # M % 256
+    ("feedsk", 1024, 1280, 8192, True),  # 40 tiles: every SM a share of their k tiles
+    ("feedsk", 1024, 4224, 4096, True),
+    ("feedsk", 4032, 4096, 4096, False),  # M % 128
 ]
 
 
@@ -365,3 +378,96 @@ def test_a_results_file_without_the_feed_grid_cannot_make_the_block(tmp_path):
     (tmp_path / standing.FEED_CEILING).write_text(json.dumps(d))
     with pytest.raises(KeyError, match="feed"):
         standing.feed_ceiling(tmp_path)
+
+
+def test_each_feed_kernels_count_of_k_tiles_is_in_its_block(tmp_path):
+    d = recorded(ROOT / standing.FEED_CEILING_SK)
+    checked = [s for s in d["shapes"] if "feedsk_check" in s]
+    assert checked and all(s["feedsk_check"]["ok"] for s in checked)
+    table = standing.feed_ceiling(ROOT, standing.FEED_CEILING_SK)
+    n = len(checked)
+    assert (
+        "- feedsk: its k tiles, counted from its sums on operands of ones before it was "
+        f"timed, were the shape's on {n} of {n} shapes."
+    ) in table
+    # A wrong count names its shape; a run without counts (the first) has no such line.
+    checked[3]["feedsk_check"]["ok"] = False
+    (tmp_path / "bench/results").mkdir(parents=True)
+    (tmp_path / standing.FEED_CEILING_SK).write_text(json.dumps(d))
+    table = standing.feed_ceiling(tmp_path, standing.FEED_CEILING_SK)
+    t = checked[3]["target"]
+    assert f"on {n - 1} of {n} shapes; WRONG on {t['m']}x{t['n']}x{t['k']}." in table
+    assert "counted from its sums" not in standing.feed_ceiling(ROOT)
+
+
+def _label(s) -> str:
+    return "{m}x{n}x{k}".format(**s["target"])
+
+
+def _bound_rows(table: str) -> dict[str, list[str]]:
+    return {
+        row.split("|")[1].strip(): [c.strip() for c in row.strip("|").split("|")]
+        for row in table.splitlines()
+        if re.match(r"\| \d+x\d+x\d+ \|", row)
+    }
+
+
+def test_the_bound_is_the_best_stall_free_kernel_of_every_run(tmp_path):
+    runs = {p: recorded(ROOT / p) for p in standing.FEED_RUNS}
+    best: dict[str, dict[str, float]] = {}
+    for d in runs.values():
+        for s in d["shapes"]:
+            if s.get("llm_public"):
+                t = s["target"]
+                got = best.setdefault(f"{t['m']}x{t['n']}x{t['k']}", {})
+                for name, key in mc.FEED.items():
+                    if name.startswith("feed") and key in s:
+                        got[name] = max(got.get(name, 0.0), s[key])
+    table = standing.feed_bound(ROOT)
+    rows = _bound_rows(table)
+    assert set(rows) == set(best) and len(best) == 16
+    names = table.splitlines()[2].strip("|").split("|")[2:-2]
+    names = [x.strip() for x in names]
+    assert "feedsk" in names and "gemm" not in names
+    tops = {}
+    for shape, kernels in best.items():
+        top = max(kernels, key=lambda x: kernels[x])
+        tops[shape] = kernels[top]
+        assert rows[shape][-1] == top and rows[shape][-2] == f"{kernels[top]:.3f}"
+        for i, name in enumerate(names):
+            assert rows[shape][2 + i] == (f"{kernels[name]:.3f}" if name in kernels else "–")
+    g = math.exp(sum(map(math.log, tops.values())) / len(tops))
+    assert f"over the 16 shapes: {g:.3f} × the best vendor" in table
+    full = {k: v for k, v in tops.items() if float(rows[k][1]) >= mc.FULL_WAVES}
+    part = [v for k, v in tops.items() if k not in full]
+    need = (mc.TARGET**16 / math.prod(full.values())) ** (1 / len(part))
+    assert f"would take the {len(part)} others to {need:.3f}" in table
+    # A faster run of one kernel at one shape becomes that shape's bound; a shape that
+    # is not llm-public leaves the table.
+    d = runs[standing.FEED_CEILING_SK]
+    s = next(x for x in d["shapes"] if _label(x) == "4096x4096x4096")
+    s["feedsk_ceiling"] = 1.5
+    other = next(x for x in d["shapes"] if x.get("llm_public") and x is not s)
+    t = other["target"]
+    (tmp_path / "bench/results").mkdir(parents=True)
+    for p, dd in runs.items():
+        if p != standing.FEED_CEILING_SK:
+            (tmp_path / p).write_text(json.dumps(dd))
+        else:
+            for x in dd["shapes"]:
+                if x["target"] == t:
+                    x["llm_public"] = False
+            (tmp_path / p).write_text(json.dumps(dd))
+    rows = _bound_rows(standing.feed_bound(tmp_path))
+    assert rows["4096x4096x4096"][-2:] == ["1.500", "feedsk"]
+    assert f"{t['m']}x{t['n']}x{t['k']}" in rows  # the other runs still have it
+
+
+def test_the_bound_needs_every_run_and_a_public_shape(tmp_path):
+    with pytest.raises(standing.ResultsMissing, match="FEED=1 ci/gpu_math_ceiling.sh"):
+        standing.feed_bound(tmp_path)
+    d = recorded(ROOT / standing.FEED_CEILING_SK)
+    for s in d["shapes"]:
+        s["llm_public"] = False
+    with pytest.raises(ValueError, match="no llm-public shape"):
+        mc.bound_markdown({"x.json": d})
