@@ -15,10 +15,10 @@
 # the math kernel, the feed kernel and its GEMM twin; 17 shapes x 4 callables x REPS x
 # SECONDS_PER_RUN: at REPS=2 SECONDS_PER_RUN=1.5 about 5 minutes), written to
 # feed-ceiling.json: commit it as bench/results/h100-feed-ceiling.json. FEED_KERNELS
-# (default feed,gemm): which feed kernels (feed, gemm, feedpair, gemmpair, feedpaced, feedtall,
-# feedsk, feedtallsk), each first
-# launched once on 4096^3 (feed-smoke.json: µs a launch, the twins' checks), stopping
-# there if one fails or hangs.
+# (default feed,gemm): which feed kernels (feed, gemm, feedpair, gemmpair, feedpaced,
+# feedtall, feedsk, feedtallsk), each first launched once on 4096^3 (feed-smoke.json: µs a
+# launch, the twins' checks and the feed kernels' counts of k tiles), stopping there if one
+# fails or hangs. SHAPES_FILE: a shapes file in place of bench/shapes/llm-public-prefill.toml.
 # Under $OUT: gpu.txt, sass.txt (the kernel's HGMMA and local-memory counts),
 # math-ceiling.json (the results, rewritten after every shape: a run cut short keeps
 # what it measured), math-ceiling-run.txt (the log), gpu-tests.txt (TESTS=1). Commit
@@ -53,6 +53,7 @@ step "$name"
 rc=0
 timeout "${RUN_TIMEOUT:-300}" $PY bench/experiments/math_ceiling.py --cubin "$CUBIN" \
   --seconds "${SECONDS_PER_RUN:-2}" --reps "${REPS:-3}" --out "$OUT/$name.json" "${extra[@]}" \
+  ${SHAPES_FILE:+--shapes "$SHAPES_FILE"} \
   2>&1 | tee "$OUT/$name-run.txt" || rc=$?
 rm -f "$CUBIN"
 echo "exit $rc"

@@ -10,7 +10,8 @@
 # stall reasons: regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio), TAG
 # (a suffix of the files' names), FEED=1 (math_ceiling.cu's math, feed and GEMM-twin
 # kernels, their 2-CTA pairs, the paced and tall feed kernels and torch.matmul too, in
-# ranges of those names; FEED_KERNELS, comma-separated, names fewer). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
+# ranges of those names; FEED_KERNELS, comma-separated, names others, e.g. the even shares
+# feedsk and feedtallsk). Under $OUT: gpu.txt, ncu-<M>x<N>x<K>.csv (the details page of
 # both kernels' sections, ncu --csv) and ncu-run.txt. Commit the CSVs as
 # bench/results/h200-ncu-prefill-<M>x<N>x<K>.csv.
 set -euo pipefail

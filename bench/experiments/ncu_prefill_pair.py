@@ -12,8 +12,9 @@ compiled math_ceiling.cu) adds its kernels on the shape, in ranges "math" (the s
 FLOPs on operands in shared memory), "feed" (those wgmma beside every operand load of
 the shape's 128x256 tiles, never waiting on them), "gemm" (the feed kernel's GEMM
 twin), "feedpair" and "gemmpair" (the same in 2-CTA clusters multicasting B),
-"feedpaced" (feed held to a GEMM's pace) and "feedtall" (the same on 256x176 tiles), or
-those ``--feed-kernels`` names; and torch.matmul ("torch").
+"feedpaced" (feed held to a GEMM's pace), "feedtall" (the same on 256x176 tiles),
+"feedsk" and "feedtallsk" (feed and feedtall with every SM an equal share of the last
+wave's k tiles), or those ``--feed-kernels`` names; and torch.matmul ("torch").
 """
 
 from __future__ import annotations

@@ -303,16 +303,17 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
     present = [name for name in FEED if any(name in s for s in d["shapes"])]
     bounds = [name for name in present if name.startswith("feed")]
     twins = [name for name in present if name not in bounds]
+    own = [  # the kernels of other tiles
+        f"{x}: {t[0]}x{t[1]}, the last N tile rounded up"
+        for x, t in feed.get("tiles", {}).items()
+        if x in present
+    ]
     lines = [
         f"{env['gpu']}, power limit {_num(env['power_limit_w'], 'W')}, driver {env['driver']}, "
         f"torch {env['torch']} (`{source}`; best vendor from `{d['summary']['bench']}`, scaled "
         f"by the torch ratio). Medians of {env['reps']} runs of >= {env['seconds']:g} s each, "
         f"interleaved; the feed kernels and twins on {sms} CTAs of {tile[0]}x{tile[1]} tiles"
-        + "".join(
-            f" ({x}: {t[0]}x{t[1]}, the last N tile rounded up)"
-            for x, t in feed.get("tiles", {}).items()
-            if x in present
-        )
+        + (f" ({'; '.join(own)})" if own else "")
         + f", {feed['stages']}-stage ring, walk in groups of {feed['group']} M tiles.",
         "",
         "| M×N×K | tiles (wave fill) | torch TFLOP/s | best vendor | math | "

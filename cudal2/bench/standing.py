@@ -2024,12 +2024,16 @@ FEED_CEILING_PAIR_V2 = "bench/results/h100-feed-ceiling-pair-v2.json"
 FEED_CEILING_TALL = "bench/results/h100-feed-ceiling-tall.json"
 # FEED_KERNELS=feed,feedsk: the even share of every SM (stream-K without its partial sums)
 FEED_CEILING_SK = "bench/results/h100-feed-ceiling-sk.json"
+# FEED_KERNELS=feedtall,feedtallsk SHAPES_FILE=bench/shapes/prefill-tall.toml: the even
+# share of the 256x176 tiles
+FEED_CEILING_TALLSK = "bench/results/h100-feed-ceiling-tallsk.json"
 FEED_RUNS = (
     FEED_CEILING,
     FEED_CEILING_PAIR_V1,
     FEED_CEILING_PAIR_V2,
     FEED_CEILING_TALL,
     FEED_CEILING_SK,
+    FEED_CEILING_TALLSK,
 )
 NCU_FEED = (  # FEED=1 ci/gpu_ncu_prefill.sh on the H100
     "bench/results/h100-ncu-feed-4096x4096x4096.csv",
@@ -2248,6 +2252,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "feed-ceiling-tall": lambda root: feed_ceiling(root, FEED_CEILING_TALL),
     "ncu-feedtall": ncu_feedtall,
     "feed-ceiling-sk": lambda root: feed_ceiling(root, FEED_CEILING_SK),
+    "feed-ceiling-tallsk": lambda root: feed_ceiling(root, FEED_CEILING_TALLSK),
     "feed-bound": feed_bound,
     "ncu-feedsk": ncu_feedsk,
     "ncu-partial": ncu_partial,

@@ -343,6 +343,8 @@ FITS = [
     ("feedsk", 1024, 1280, 8192, True),  # 40 tiles: every SM a share of their k tiles
     ("feedsk", 1024, 4224, 4096, True),
     ("feedsk", 4032, 4096, 4096, False),  # M % 128
+    ("feedtallsk", 4096, 6144, 4096, True),  # 6144 = 34.9 x 176
+    ("feedtallsk", 1152, 4096, 4096, False),  # M % 256
 ]
 
 
