@@ -203,9 +203,9 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   contiguous runs of equal length, one a CTA, so a CTA's run may start and end inside
 //   a tile. Its consumers sum each run's accumulators as they would a tile's; the partial
 //   sums a stream-K GEMM writes and reads back are not moved (a real one moves more). So
-//   no GEMM of one-CTA 128x256 tiles whose SMs share the work evenly is faster under the
-//   same power: the bound of the fourteenth slice's stream-K, and of any split of the
-//   last wave.
+//   no GEMM of one-CTA 128x256 tiles whose SMs share the work so, in this order, is
+//   faster under the same power: the bound of the fourteenth slice's stream-K (a split
+//   of the last wave aligned in K reads in another order and is not bounded by it).
 // feedtallsk_n176 (PACED, SK): the same even share of feedtall's 256x176 tiles: the
 //   fewest bytes and every SM at work.
 // gemmpair_n256, feedpair_n256 (PAIR): the same in 2-CTA clusters along M (as cuBLAS's
