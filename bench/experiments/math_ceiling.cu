@@ -118,6 +118,92 @@ __device__ __forceinline__ void wgmma_n176(float* d, uint64_t da, uint64_t db) {
       : "l"(da), "l"(db));
 }
 
+// The narrow feed kernels' widths (the own kernels' tiles on the partial-wave shapes):
+// eight consecutive operand names "%a, ..., %h".
+#define R8(a, b, c, d, e, f, g, h) \
+  "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h
+
+// D[64 x 80] += A[64 x 16] * B[80 x 16]^T; d holds 40 of the thread's accumulators.
+__device__ __forceinline__ void wgmma_n80(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
+      "{"
+      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
+      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
+      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
+      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
+      R8(32, 33, 34, 35, 36, 37, 38, 39)
+      "}, %40, %41, 1, 1, 1, 0, 0;\n"
+      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32)
+      : "l"(da), "l"(db));
+}
+
+// D[64 x 160] += A[64 x 16] * B[160 x 16]^T; d holds 80 of the thread's accumulators.
+__device__ __forceinline__ void wgmma_n160(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 "
+      "{"
+      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
+      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
+      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
+      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
+      R8(32, 33, 34, 35, 36, 37, 38, 39) ", "
+      R8(40, 41, 42, 43, 44, 45, 46, 47) ", "
+      R8(48, 49, 50, 51, 52, 53, 54, 55) ", "
+      R8(56, 57, 58, 59, 60, 61, 62, 63) ", "
+      R8(64, 65, 66, 67, 68, 69, 70, 71) ", "
+      R8(72, 73, 74, 75, 76, 77, 78, 79)
+      "}, %80, %81, 1, 1, 1, 0, 0;\n"
+      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56), ACC8(d, 64), ACC8(d, 72)
+      : "l"(da), "l"(db));
+}
+
+// D[64 x 192] += A[64 x 16] * B[192 x 16]^T; d holds 96 of the thread's accumulators.
+__device__ __forceinline__ void wgmma_n192(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 "
+      "{"
+      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
+      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
+      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
+      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
+      R8(32, 33, 34, 35, 36, 37, 38, 39) ", "
+      R8(40, 41, 42, 43, 44, 45, 46, 47) ", "
+      R8(48, 49, 50, 51, 52, 53, 54, 55) ", "
+      R8(56, 57, 58, 59, 60, 61, 62, 63) ", "
+      R8(64, 65, 66, 67, 68, 69, 70, 71) ", "
+      R8(72, 73, 74, 75, 76, 77, 78, 79) ", "
+      R8(80, 81, 82, 83, 84, 85, 86, 87) ", "
+      R8(88, 89, 90, 91, 92, 93, 94, 95)
+      "}, %96, %97, 1, 1, 1, 0, 0;\n"
+      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80), ACC8(d, 88)
+      : "l"(da), "l"(db));
+}
+
+// D[64 x 224] += A[64 x 16] * B[224 x 16]^T; d holds 112 of the thread's accumulators.
+__device__ __forceinline__ void wgmma_n224(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16 "
+      "{"
+      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
+      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
+      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
+      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
+      R8(32, 33, 34, 35, 36, 37, 38, 39) ", "
+      R8(40, 41, 42, 43, 44, 45, 46, 47) ", "
+      R8(48, 49, 50, 51, 52, 53, 54, 55) ", "
+      R8(56, 57, 58, 59, 60, 61, 62, 63) ", "
+      R8(64, 65, 66, 67, 68, 69, 70, 71) ", "
+      R8(72, 73, 74, 75, 76, 77, 78, 79) ", "
+      R8(80, 81, 82, 83, 84, 85, 86, 87) ", "
+      R8(88, 89, 90, 91, 92, 93, 94, 95) ", "
+      R8(96, 97, 98, 99, 100, 101, 102, 103) ", "
+      R8(104, 105, 106, 107, 108, 109, 110, 111)
+      "}, %112, %113, 1, 1, 1, 0, 0;\n"
+      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80), ACC8(d, 88), ACC8(d, 96), ACC8(d, 104)
+      : "l"(da), "l"(db));
+}
+
 template <bool N128>
 __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restrict__ B,
                                      float* __restrict__ out, int rounds) {
@@ -208,6 +294,10 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   of the last wave aligned in K reads in another order and is not bounded by it).
 // feedtallsk_n176 (PACED, SK): the same even share of feedtall's 256x176 tiles: the
 //   fewest bytes and every SM at work.
+// feed80_n80, feed160_n160, feed192_n192, feed224_n224: feed_n256 on 128 x 80, 160, 192
+//   and 224 tiles, the widths of the own kernels (the third slice) and near the vendors'
+//   on the shapes whose last wave a 128x256 tile leaves partial (1024x1280x8192,
+//   4096x1280x8192, 1024x6144x4096, 1024x7168x8192): there they fill 0.97 of their waves.
 // gemmpair_n256, feedpair_n256 (PAIR): the same in 2-CTA clusters along M (as cuBLAS's
 //   128x256 2x1 kernels): the two CTAs take M tiles 2u and 2u + 1 of one N tile, and
 //   each loads half of the shared B tile multicast into both, so a pair reads B from L2
@@ -350,7 +440,9 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
   using TL = Tile<TM, TN>;
   static_assert(!SYNC || (TM == 128 && TN == 256), "the GEMM twins store 128x256 tiles");
   static_assert(!PACED || (!SYNC && !PAIR), "pacing is for the one-CTA feed kernels");
-  static_assert(TN == 256 || TN == 176, "m64n256k16 or m64n176k16");
+  static_assert(TN == 256 || TN == 176 || (TM == 128 && (TN == 80 || TN == 160 || TN == 192 ||
+                                                           TN == 224)),
+                "m64n256k16, m64n176k16, or a narrow width of 128-row tiles");
   static_assert(!SK || (!SYNC && !PAIR), "the even share is a one-CTA feed kernel's");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -483,8 +575,16 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
           for (int rb = 0; rb < TL::RB; ++rb) {
             if constexpr (TN == 256)
               wgmma_n256(d + rb * 128, da + rb * ROWS64_ENC + 2 * kk, db + 2 * kk);
-            else
+            else if constexpr (TN == 176)
               wgmma_n176(d + rb * 88, da + rb * ROWS64_ENC + 2 * kk, db + 2 * kk);
+            else if constexpr (TN == 224)
+              wgmma_n224(d, da + 2 * kk, db + 2 * kk);
+            else if constexpr (TN == 192)
+              wgmma_n192(d, da + 2 * kk, db + 2 * kk);
+            else if constexpr (TN == 160)
+              wgmma_n160(d, da + 2 * kk, db + 2 * kk);
+            else
+              wgmma_n80(d, da + 2 * kk, db + 2 * kk);
           }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -547,6 +647,10 @@ FEED_KERNEL(feedpaced_n256, 128, 256, false, false, true, false, )
 FEED_KERNEL(feedtall_n176, 256, 176, false, false, true, false, )
 FEED_KERNEL(feedsk_n256, 128, 256, false, false, false, true, )
 FEED_KERNEL(feedtallsk_n176, 256, 176, false, false, true, true, )
+FEED_KERNEL(feed80_n80, 128, 80, false, false, false, false, )
+FEED_KERNEL(feed160_n160, 128, 160, false, false, false, false, )
+FEED_KERNEL(feed192_n192, 128, 192, false, false, false, false, )
+FEED_KERNEL(feed224_n224, 128, 224, false, false, false, false, )
 extern "C" __global__ void feed_smem_bytes(int* out) { *out = FEED_SMEM_BYTES; }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)

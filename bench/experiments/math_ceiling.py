@@ -31,7 +31,9 @@ never wait), so its CTAs walk the tiles in step as a GEMM's do and keep their L2
 ``feedtall`` is the same on 256x176 tiles, the fewest operand bytes per output two
 consumer warpgroups can hold. ``feedsk`` is ``feed`` with every SM's share equal: the
 whole waves of tiles walked, the last partial wave's k tiles cut into one equal run a CTA
-(stream-K without its partial sums); ``feedtallsk`` the same of ``feedtall``. Each twin
+(stream-K without its partial sums); ``feedtallsk`` the same of ``feedtall``.
+``feed80``, ``feed160``, ``feed192`` and ``feed224`` are ``feed`` on 128-row tiles of those
+widths, the own kernels' on the partial-wave shapes. Each twin
 is first checked against torch on the shape, each feed kernel's count of k tiles
 against the shape's (operands of ones: ``FeedKernel.count``). ``--no-variants`` skips
 the short run and the variants. ``--smoke`` (with ``--feed``) only launches each feed
@@ -73,7 +75,15 @@ FEED_THREADS, FEED_STAGES, FEED_GROUP = 384, 4, 8  # the feed kernels' block, ri
 # Each feed kernel's tile (M x N outputs a CTA; its symbol is f"{name}_n{N}"): 128x256
 # but for the tall tile, the fewest operand bytes per output two consumer warpgroups'
 # registers hold (176 accumulators a thread; 256 x 192 does not fit).
-FEED_TILES = {"feedtall": (256, 176), "feedtallsk": (256, 176)}
+FEED_TILES = {
+    "feedtall": (256, 176),
+    "feedtallsk": (256, 176),
+    # the own kernels' widths where a 128x256 tile leaves the last wave partial
+    "feed80": (128, 80),
+    "feed160": (128, 160),
+    "feed192": (128, 192),
+    "feed224": (128, 224),
+}
 FEED_TILE = (TILE_M, TILE_N)
 # math_ceiling.cu's: the largest tile's ring, two barriers a stage, the paced counters.
 _FEED_RING_ROWS = max(m + n for m, n in (FEED_TILE, *FEED_TILES.values()))

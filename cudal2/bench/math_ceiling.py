@@ -46,6 +46,10 @@ FEED = {
     "feedtall": "feedtall_ceiling",
     "feedsk": "feedsk_ceiling",
     "feedtallsk": "feedtallsk_ceiling",
+    "feed80": "feed80_ceiling",
+    "feed160": "feed160_ceiling",
+    "feed192": "feed192_ceiling",
+    "feed224": "feed224_ceiling",
 }
 
 

@@ -2024,7 +2024,7 @@ FEED_CEILING_PAIR_V2 = "bench/results/h100-feed-ceiling-pair-v2.json"
 FEED_CEILING_TALL = "bench/results/h100-feed-ceiling-tall.json"
 # FEED_KERNELS=feed,feedsk: the even share of every SM (stream-K without its partial sums)
 FEED_CEILING_SK = "bench/results/h100-feed-ceiling-sk.json"
-# FEED_KERNELS=feedtall,feedtallsk SHAPES_FILE=bench/shapes/prefill-tall.toml: the even
+# FEED_KERNELS=feedtall,feedtallsk SHAPES_FILE=bench/experiments/prefill-tall.toml: the even
 # share of the 256x176 tiles
 FEED_CEILING_TALLSK = "bench/results/h100-feed-ceiling-tallsk.json"
 FEED_RUNS = (

@@ -345,6 +345,9 @@ FITS = [
     ("feedsk", 4032, 4096, 4096, False),  # M % 128
     ("feedtallsk", 4096, 6144, 4096, True),  # 6144 = 34.9 x 176
     ("feedtallsk", 1152, 4096, 4096, False),  # M % 256
+    ("feed80", 1024, 1280, 8192, True),  # the narrow widths: 128 tiles of 128 x 80
+    ("feed224", 1024, 7168, 8192, True),
+    ("feed192", 1088, 6144, 4096, False),  # M % 128
 ]
 
 
