@@ -119,90 +119,38 @@ __device__ __forceinline__ void wgmma_n176(float* d, uint64_t da, uint64_t db) {
 }
 
 // The narrow feed kernels' widths (the own kernels' tiles on the partial-wave shapes):
-// eight consecutive operand names "%a, ..., %h".
+// eight consecutive operand names "%a, ..., %h"; a thread's first 40, 80, 96 and 112
+// accumulators' operand names and operands (REGS64 and ACC64 are the first 64).
 #define R8(a, b, c, d, e, f, g, h) \
   "%" #a ", %" #b ", %" #c ", %" #d ", %" #e ", %" #f ", %" #g ", %" #h
-
-// D[64 x 80] += A[64 x 16] * B[80 x 16]^T; d holds 40 of the thread's accumulators.
-__device__ __forceinline__ void wgmma_n80(float* d, uint64_t da, uint64_t db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
-      "{"
-      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
-      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
-      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
-      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
-      R8(32, 33, 34, 35, 36, 37, 38, 39)
-      "}, %40, %41, 1, 1, 1, 0, 0;\n"
-      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32)
-      : "l"(da), "l"(db));
-}
-
-// D[64 x 160] += A[64 x 16] * B[160 x 16]^T; d holds 80 of the thread's accumulators.
-__device__ __forceinline__ void wgmma_n160(float* d, uint64_t da, uint64_t db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 "
-      "{"
-      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
-      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
-      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
-      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
-      R8(32, 33, 34, 35, 36, 37, 38, 39) ", "
-      R8(40, 41, 42, 43, 44, 45, 46, 47) ", "
-      R8(48, 49, 50, 51, 52, 53, 54, 55) ", "
-      R8(56, 57, 58, 59, 60, 61, 62, 63) ", "
-      R8(64, 65, 66, 67, 68, 69, 70, 71) ", "
-      R8(72, 73, 74, 75, 76, 77, 78, 79)
-      "}, %80, %81, 1, 1, 1, 0, 0;\n"
-      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56), ACC8(d, 64), ACC8(d, 72)
-      : "l"(da), "l"(db));
-}
-
-// D[64 x 192] += A[64 x 16] * B[192 x 16]^T; d holds 96 of the thread's accumulators.
-__device__ __forceinline__ void wgmma_n192(float* d, uint64_t da, uint64_t db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 "
-      "{"
-      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
-      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
-      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
-      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
-      R8(32, 33, 34, 35, 36, 37, 38, 39) ", "
-      R8(40, 41, 42, 43, 44, 45, 46, 47) ", "
-      R8(48, 49, 50, 51, 52, 53, 54, 55) ", "
-      R8(56, 57, 58, 59, 60, 61, 62, 63) ", "
-      R8(64, 65, 66, 67, 68, 69, 70, 71) ", "
-      R8(72, 73, 74, 75, 76, 77, 78, 79) ", "
-      R8(80, 81, 82, 83, 84, 85, 86, 87) ", "
-      R8(88, 89, 90, 91, 92, 93, 94, 95)
-      "}, %96, %97, 1, 1, 1, 0, 0;\n"
-      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80), ACC8(d, 88)
-      : "l"(da), "l"(db));
-}
-
-// D[64 x 224] += A[64 x 16] * B[224 x 16]^T; d holds 112 of the thread's accumulators.
-__device__ __forceinline__ void wgmma_n224(float* d, uint64_t da, uint64_t db) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n224k16.f32.f16.f16 "
-      "{"
-      R8(0, 1, 2, 3, 4, 5, 6, 7) ", "
-      R8(8, 9, 10, 11, 12, 13, 14, 15) ", "
-      R8(16, 17, 18, 19, 20, 21, 22, 23) ", "
-      R8(24, 25, 26, 27, 28, 29, 30, 31) ", "
-      R8(32, 33, 34, 35, 36, 37, 38, 39) ", "
-      R8(40, 41, 42, 43, 44, 45, 46, 47) ", "
-      R8(48, 49, 50, 51, 52, 53, 54, 55) ", "
-      R8(56, 57, 58, 59, 60, 61, 62, 63) ", "
-      R8(64, 65, 66, 67, 68, 69, 70, 71) ", "
-      R8(72, 73, 74, 75, 76, 77, 78, 79) ", "
-      R8(80, 81, 82, 83, 84, 85, 86, 87) ", "
-      R8(88, 89, 90, 91, 92, 93, 94, 95) ", "
-      R8(96, 97, 98, 99, 100, 101, 102, 103) ", "
+#define REGS40                                                                   \
+  R8(0, 1, 2, 3, 4, 5, 6, 7) ", " R8(8, 9, 10, 11, 12, 13, 14, 15) ", "          \
+      R8(16, 17, 18, 19, 20, 21, 22, 23) ", " R8(24, 25, 26, 27, 28, 29, 30, 31) \
+      ", " R8(32, 33, 34, 35, 36, 37, 38, 39)
+#define REGS80 \
+  REGS64 ", " R8(64, 65, 66, 67, 68, 69, 70, 71) ", " R8(72, 73, 74, 75, 76, 77, 78, 79)
+#define REGS96 \
+  REGS80 ", " R8(80, 81, 82, 83, 84, 85, 86, 87) ", " R8(88, 89, 90, 91, 92, 93, 94, 95)
+#define REGS112                                              \
+  REGS96 ", " R8(96, 97, 98, 99, 100, 101, 102, 103) ", " \
       R8(104, 105, 106, 107, 108, 109, 110, 111)
-      "}, %112, %113, 1, 1, 1, 0, 0;\n"
-      : ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32), ACC8(d, 40), ACC8(d, 48), ACC8(d, 56), ACC8(d, 64), ACC8(d, 72), ACC8(d, 80), ACC8(d, 88), ACC8(d, 96), ACC8(d, 104)
-      : "l"(da), "l"(db));
-}
+#define ACC40(d) ACC8(d, 0), ACC8(d, 8), ACC8(d, 16), ACC8(d, 24), ACC8(d, 32)
+#define ACC80(d) ACC64(d, 0), ACC8(d, 64), ACC8(d, 72)
+#define ACC96(d) ACC80(d), ACC8(d, 80), ACC8(d, 88)
+#define ACC112(d) ACC96(d), ACC8(d, 96), ACC8(d, 104)
+// wgmma_n<n>: D[64 x n] += A[64 x 16] * B[n x 16]^T; d holds the thread's n / 2
+// accumulators, operands %0 .. %(n / 2 - 1) (regs, acc), then the descriptors %a and %b.
+#define WGMMA_NARROW(n, regs, a, b, acc)                                                   \
+  __device__ __forceinline__ void wgmma_n##n(float* d, uint64_t da, uint64_t db) {         \
+    asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.f16.f16 {" regs "}, %" #a  \
+                 ", %" #b ", 1, 1, 1, 0, 0;\n"                                               \
+                 : acc(d)                                                                  \
+                 : "l"(da), "l"(db));                                                      \
+  }
+WGMMA_NARROW(80, REGS40, 40, 41, ACC40)
+WGMMA_NARROW(160, REGS80, 80, 81, ACC80)
+WGMMA_NARROW(192, REGS96, 96, 97, ACC96)
+WGMMA_NARROW(224, REGS112, 112, 113, ACC112)
 
 template <bool N128>
 __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restrict__ B,
