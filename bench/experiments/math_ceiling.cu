@@ -240,6 +240,11 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   no GEMM of one-CTA 128x256 tiles whose SMs share the work so, in this order, is
 //   faster under the same power: the bound of the fourteenth slice's stream-K (a split
 //   of the last wave aligned in K reads in another order and is not bounded by it).
+// feedsplit_n256 (ALIGNED): feed_n256 with the last, partial wave's r tiles each cut into
+//   p = gridDim.x / r equal pieces at the same k boundaries (r <= gridDim.x / 2; else
+//   feed_n256's walk): CTA u takes piece u / r of tile u % r, so the CTAs sharing a row
+//   or column of tiles read the same k tiles at once, where feedsk's runs start at
+//   different k. As feedsk, the partial sums are not moved: the bound of that split.
 // feedtallsk_n176 (PACED, SK): the same even share of feedtall's 256x176 tiles: the
 //   fewest bytes and every SM at work.
 // feed80_n80, feed160_n160, feed192_n192, feed224_n224: feed_n256 on 128 x 80, 160, 192
@@ -347,19 +352,35 @@ __device__ __forceinline__ void walk(int tile, int tiles_m, int tiles_n, int gro
 }
 
 // A CTA's work as runs of k tiles of one output tile each: its tiles of the walk
-// (unit, unit + units, ...: whole tiles), then, with SK, its equal share of the last
-// partial wave's k tiles (runs that may start and end inside a tile). next() gives each
-// run's tile and its k tiles [k0, k1), false at the end.
+// (unit, unit + units, ...: whole tiles), then its share of the last partial wave: none
+// (WALK: the walk takes it too), an equal share of its k tiles (SK: runs that may start
+// and end inside a tile), or one of p = units / r equal pieces of one of its r tiles
+// (ALIGNED: piece unit / r of tile unit % r, all cut at the same k boundaries; with
+// p < 2 nothing is cut: the walk). next() gives each run's tile and its k tiles [k0, k1),
+// false at the end.
+enum Share { WALK = 0, SK = 1, ALIGNED = 2 };
+
 struct Work {
   int tile, whole_end, units, KT, sk_base, sk_i, sk_end;
-  __device__ __forceinline__ Work(bool sk, int unit, int units_, int tiles, int KT_)
-      : tile(unit), units(units_), KT(KT_) {
-    // SK: the whole waves are walked; the rest, R k tiles, is cut into `units` runs.
-    whole_end = sk ? tiles / units_ * units_ : tiles;
-    const int R = (tiles - whole_end) * KT_;
+  __device__ __forceinline__ Work(int share, int unit, int units_, int tiles, int KT_)
+      : tile(unit), units(units_), KT(KT_), sk_i(0), sk_end(0) {
+    whole_end = share == WALK ? tiles : tiles / units_ * units_;
     sk_base = whole_end;
-    sk_i = int((long long)R * unit / units_);
-    sk_end = int((long long)R * (unit + 1) / units_);
+    const int r = tiles - whole_end;
+    if (share == SK) {  // the rest, R k tiles, cut into `units` runs
+      const int R = r * KT_;
+      sk_i = int((long long)R * unit / units_);
+      sk_end = int((long long)R * (unit + 1) / units_);
+    } else if (share == ALIGNED && r > 0) {
+      const int p = units_ / r;
+      if (p < 2) {
+        whole_end = tiles;  // no tile of the last wave can be cut in two: the walk
+      } else if (unit < r * p) {
+        const int piece = unit / r, t = unit % r;
+        sk_i = t * KT_ + int((long long)KT_ * piece / p);
+        sk_end = t * KT_ + int((long long)KT_ * (piece + 1) / p);
+      }
+    }
   }
   __device__ __forceinline__ bool next(int& t, int& k0, int& k1) {
     if (tile < whole_end) {
@@ -382,7 +403,7 @@ __device__ __forceinline__ uint32_t ld_volatile(uint32_t addr) {
   return v;
 }
 
-template <int TM, int TN, bool SYNC, bool PAIR, bool PACED, bool SK>
+template <int TM, int TN, bool SYNC, bool PAIR, bool PACED, int SHARE>
 __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __restrict__ C,
                                      float* __restrict__ out, int M, int N, int K, int group) {
   using TL = Tile<TM, TN>;
@@ -391,7 +412,7 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
   static_assert(TN == 256 || TN == 176 || (TM == 128 && (TN == 80 || TN == 160 || TN == 192 ||
                                                            TN == 224)),
                 "m64n256k16, m64n176k16, or a narrow width of 128-row tiles");
-  static_assert(!SK || (!SYNC && !PAIR), "the even share is a one-CTA feed kernel's");
+  static_assert(SHARE == WALK || (!SYNC && !PAIR), "a cut last wave is a one-CTA feed kernel's");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   T* sA = reinterpret_cast<T*>(base);  // stage s: sA + s * TL::A, sB + s * TL::B
@@ -443,7 +464,7 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
         for (int h = 0; h < TN / B_ROWS; ++h) tma_load(sB + h * B_ROWS * BK, tmB, 0, h * B_ROWS, full0);
       }
       int slot = 0, phase = 0, it = 0;
-      Work work(SK, unit, units, tiles, KT);
+      Work work(SHARE, unit, units, tiles, KT);
       for (int tile, k0, k1; work.next(tile, k0, k1);) {
         int tm, tn;
         walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
@@ -483,7 +504,7 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
       // once the partner's watcher has said the same. The producers never meet: the
       // consumers of a GEMM release a stage as eagerly. Every load has landed when it ends.
       int slot = 0, phase = 0;
-      Work work(SK, unit, units, tiles, KT);
+      Work work(SHARE, unit, units, tiles, KT);
       for (int tile, k0, k1; work.next(tile, k0, k1);)
         for (int kt = k0; kt < k1; ++kt) {
           const uint32_t s = FIRST + slot;
@@ -502,7 +523,7 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
     float sum = 0.f;
     int slot = 0, phase = 0;
     uint32_t issued = 0;  // PACED: k tiles issued over the walk
-    Work work(SK, unit, units, tiles, KT);
+    Work work(SHARE, unit, units, tiles, KT);
     for (int tile, k0, k1; work.next(tile, k0, k1);) {
       int tm, tn;
       walk(tile, tiles_m, tiles_n, walk_group, tm, tn);
@@ -581,24 +602,25 @@ __device__ __forceinline__ void feed(const TmaMap* tmA, const TmaMap* tmB, T* __
 
 }  // namespace
 
-#define FEED_KERNEL(name, tm, tn, sync, pair, paced, sk, dims)                               \
+#define FEED_KERNEL(name, tm, tn, sync, pair, paced, share, dims)                             \
   extern "C" __global__ void dims __launch_bounds__(FEED_THREADS, 1)                         \
       name(const __grid_constant__ TmaMap tmA, const __grid_constant__ TmaMap tmB, T* C,     \
            float* out, int M, int N, int K, int group) {                                     \
-    feed<tm, tn, sync, pair, paced, sk>(&tmA, &tmB, C, out, M, N, K, group);                 \
+    feed<tm, tn, sync, pair, paced, share>(&tmA, &tmB, C, out, M, N, K, group);              \
   }
-FEED_KERNEL(feed_n256, 128, 256, false, false, false, false, )
-FEED_KERNEL(gemm_n256, 128, 256, true, false, false, false, )
-FEED_KERNEL(feedpair_n256, 128, 256, false, true, false, false, __cluster_dims__(2, 1, 1))
-FEED_KERNEL(gemmpair_n256, 128, 256, true, true, false, false, __cluster_dims__(2, 1, 1))
-FEED_KERNEL(feedpaced_n256, 128, 256, false, false, true, false, )
-FEED_KERNEL(feedtall_n176, 256, 176, false, false, true, false, )
-FEED_KERNEL(feedsk_n256, 128, 256, false, false, false, true, )
-FEED_KERNEL(feedtallsk_n176, 256, 176, false, false, true, true, )
-FEED_KERNEL(feed80_n80, 128, 80, false, false, false, false, )
-FEED_KERNEL(feed160_n160, 128, 160, false, false, false, false, )
-FEED_KERNEL(feed192_n192, 128, 192, false, false, false, false, )
-FEED_KERNEL(feed224_n224, 128, 224, false, false, false, false, )
+FEED_KERNEL(feed_n256, 128, 256, false, false, false, WALK, )
+FEED_KERNEL(gemm_n256, 128, 256, true, false, false, WALK, )
+FEED_KERNEL(feedpair_n256, 128, 256, false, true, false, WALK, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(gemmpair_n256, 128, 256, true, true, false, WALK, __cluster_dims__(2, 1, 1))
+FEED_KERNEL(feedpaced_n256, 128, 256, false, false, true, WALK, )
+FEED_KERNEL(feedtall_n176, 256, 176, false, false, true, WALK, )
+FEED_KERNEL(feedsk_n256, 128, 256, false, false, false, SK, )
+FEED_KERNEL(feedsplit_n256, 128, 256, false, false, false, ALIGNED, )
+FEED_KERNEL(feedtallsk_n176, 256, 176, false, false, true, SK, )
+FEED_KERNEL(feed80_n80, 128, 80, false, false, false, WALK, )
+FEED_KERNEL(feed160_n160, 128, 160, false, false, false, WALK, )
+FEED_KERNEL(feed192_n192, 128, 192, false, false, false, WALK, )
+FEED_KERNEL(feed224_n224, 128, 224, false, false, false, WALK, )
 extern "C" __global__ void feed_smem_bytes(int* out) { *out = FEED_SMEM_BYTES; }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)

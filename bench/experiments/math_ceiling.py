@@ -31,7 +31,9 @@ never wait), so its CTAs walk the tiles in step as a GEMM's do and keep their L2
 ``feedtall`` is the same on 256x176 tiles, the fewest operand bytes per output two
 consumer warpgroups can hold. ``feedsk`` is ``feed`` with every SM's share equal: the
 whole waves of tiles walked, the last partial wave's k tiles cut into one equal run a CTA
-(stream-K without its partial sums); ``feedtallsk`` the same of ``feedtall``.
+(stream-K without its partial sums); ``feedtallsk`` the same of ``feedtall``;
+``feedsplit`` cuts each of the last wave's tiles into equal pieces at the same k
+boundaries, one a CTA (where the last wave holds at most half the SMs' tiles).
 ``feed80``, ``feed160``, ``feed192`` and ``feed224`` are ``feed`` on 128-row tiles of those
 widths, the own kernels' on the partial-wave shapes. Each twin
 is first checked against torch on the shape, each feed kernel's count of k tiles

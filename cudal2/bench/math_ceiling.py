@@ -45,6 +45,7 @@ FEED = {
     "feedpaced": "feedpaced_ceiling",
     "feedtall": "feedtall_ceiling",
     "feedsk": "feedsk_ceiling",
+    "feedsplit": "feedsplit_ceiling",
     "feedtallsk": "feedtallsk_ceiling",
     "feed80": "feed80_ceiling",
     "feed160": "feed160_ceiling",

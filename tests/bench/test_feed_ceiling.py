@@ -343,6 +343,8 @@ FITS = [
     ("feedsk", 1024, 1280, 8192, True),  # 40 tiles: every SM a share of their k tiles
     ("feedsk", 1024, 4224, 4096, True),
     ("feedsk", 4032, 4096, 4096, False),  # M % 128
+    ("feedsplit", 1024, 6144, 4096, True),  # 60 last-wave tiles, each cut in two
+    ("feedsplit", 1088, 6144, 4096, False),  # M % 128
     ("feedtallsk", 4096, 6144, 4096, True),  # 6144 = 34.9 x 176
     ("feedtallsk", 1152, 4096, 4096, False),  # M % 256
     ("feed80", 1024, 1280, 8192, True),  # the narrow widths: 128 tiles of 128 x 80
