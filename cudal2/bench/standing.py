@@ -2027,6 +2027,10 @@ FEED_CEILING_SK = "bench/results/h100-feed-ceiling-sk.json"
 # FEED_KERNELS=feedtall,feedtallsk SHAPES_FILE=bench/experiments/prefill-tall.toml: the even
 # share of the 256x176 tiles
 FEED_CEILING_TALLSK = "bench/results/h100-feed-ceiling-tallsk.json"
+# FEED_KERNELS=feed80,feed160,feed192,feed224,feedsplit,feedsk
+# SHAPES_FILE=bench/experiments/prefill-partial.toml: the own kernels' widths and the aligned
+# split of the last wave on the four partial-wave shapes
+FEED_CEILING_NARROW = "bench/results/h100-feed-ceiling-narrow.json"
 FEED_RUNS = (
     FEED_CEILING,
     FEED_CEILING_PAIR_V1,
@@ -2034,6 +2038,7 @@ FEED_RUNS = (
     FEED_CEILING_TALL,
     FEED_CEILING_SK,
     FEED_CEILING_TALLSK,
+    FEED_CEILING_NARROW,
 )
 NCU_FEED = (  # FEED=1 ci/gpu_ncu_prefill.sh on the H100
     "bench/results/h100-ncu-feed-4096x4096x4096.csv",
@@ -2159,6 +2164,25 @@ def ncu_feedsk(root: Path, files: tuple[str, ...] = NCU_FEEDSK) -> str:
     return _ncu_bytes(root, files, mc.NCU_SK_ROLES, what, ("own", "cublaslt", "torch"))
 
 
+NCU_FEEDSPLIT = tuple(  # FEED=1 FEED_KERNELS=feed,feedsk,feedsplit TAG=-split EXTRA_METRICS=
+    f"bench/results/h100-ncu-feedsplit-{s}.csv" for s in ("1024x1280x8192", "1024x6144x4096")
+)
+
+
+def ncu_feedsplit(root: Path, files: tuple[str, ...] = NCU_FEEDSPLIT) -> str:
+    """One launch of the aligned split (feedsplit) beside the even share, the feed kernel,
+    the sweeps' fastest own kernel, cuBLASLt's autotuned algorithm and torch under ncu,
+    with the bytes each memory level moved."""
+    from cudal2.bench import math_ceiling as mc
+
+    what = (
+        "the H100 v5 sweeps' fastest own kernel (own), cuBLASLt's autotuned algorithm, "
+        "torch.matmul, the feed kernel, its even share (feedsk), its aligned split of the "
+        "last wave (feedsplit), and the math kernel at the shape's FLOPs"
+    )
+    return _ncu_bytes(root, files, mc.NCU_SPLIT_ROLES, what, ("own", "cublaslt", "torch"))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "where-it-stands": where_it_stands,
     "llama-e2e": llama_e2e,
@@ -2253,8 +2277,10 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "ncu-feedtall": ncu_feedtall,
     "feed-ceiling-sk": lambda root: feed_ceiling(root, FEED_CEILING_SK),
     "feed-ceiling-tallsk": lambda root: feed_ceiling(root, FEED_CEILING_TALLSK),
+    "feed-ceiling-narrow": lambda root: feed_ceiling(root, FEED_CEILING_NARROW),
     "feed-bound": feed_bound,
     "ncu-feedsk": ncu_feedsk,
+    "ncu-feedsplit": ncu_feedsplit,
     "ncu-partial": ncu_partial,
     "runoffs-h100": runoffs.runoffs,
     "runoff-wheels-h100": runoffs.wheels_ab,

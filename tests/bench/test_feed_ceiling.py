@@ -63,7 +63,8 @@ def med(runs) -> float:
 
 
 # The committed runs: the first (feed, gemm), the multicast pair's two versions, the paced
-# and tall kernels, the even share (stream-K without its partial sums)
+# and tall kernels, the even share (stream-K without its partial sums), the narrow widths
+# and the aligned split
 RUNS = list(standing.FEED_RUNS)
 
 
@@ -216,21 +217,23 @@ def test_the_ncu_block_reads_each_role_of_each_page():
         assert f"`{got['cublaslt']['kernel']}`" in table
 
 
+BYTE_SCALE = {"Gbyte": 1.0, "Mbyte": 1e-3, "Kbyte": 1e-6}  # ncu's units, in GB
 # (block, its pages, its roles): the ncu blocks with the bytes of each memory level
 BYTE_BLOCKS = [
     (standing.ncu_feedpair, standing.NCU_FEEDPAIR, mc.NCU_PAIR_ROLES),
     (standing.ncu_feedsk, standing.NCU_FEEDSK, mc.NCU_SK_ROLES),
+    (standing.ncu_feedsplit, standing.NCU_FEEDSPLIT, mc.NCU_SPLIT_ROLES),
 ]
 
 
-@pytest.mark.parametrize("block,files,roles", BYTE_BLOCKS, ids=["pair", "even share"])
+@pytest.mark.parametrize(
+    "block,files,roles", BYTE_BLOCKS, ids=["pair", "even share", "aligned split"]
+)
 def test_the_byte_blocks_read_the_bytes_of_each_role_in_gigabytes(block, files, roles):
     """The ncu-feedpair and ncu-feedsk blocks: per shape and role, the DRAM, L2 and
     L2-to-SM bytes of its page, in GB whatever unit ncu gave (the math kernel's are in
     Mbyte)."""
     table = block(ROOT)
-    scale = {"Gbyte": 1.0, "Mbyte": 1e-3, "Kbyte": 1e-6}
-    units = set()
     for f in files:
         shape = re.search(r"(\d+x\d+x\d+)", f).group(1)
         got = mc.ncu_feed_details((ROOT / f).read_text(), f, roles, mc.NCU_PAIR_ROWS)
@@ -239,11 +242,21 @@ def test_the_byte_blocks_read_the_bytes_of_each_role_in_gigabytes(block, files, 
             cells = [c.strip() for c in row.strip("|").split("|")]
             for i, metric in ((6, "dram__bytes_read.sum"), (7, "lts__t_bytes.sum")):
                 unit = got[role][metric + " unit"]
-                units.add(unit)
-                want = float(got[role][metric].replace(",", "")) * scale[unit]
+                want = float(got[role][metric].replace(",", "")) * BYTE_SCALE[unit]
                 assert float(cells[i]) == pytest.approx(want, abs=0.006), (shape, role, metric)
         assert f"torch `{got['torch']['kernel']}`" in table
-    assert {"Gbyte", "Mbyte"} <= units  # both the plain and the scaled path are read
+
+
+def test_the_byte_pages_give_both_units():
+    """The byte blocks' pages hold both the plain path (Gbyte) and the scaled one (Mbyte:
+    the math kernel's, and every kernel's at the smallest shapes), so the test above reads
+    both."""
+    units = set()
+    for _, files, roles in BYTE_BLOCKS:
+        for f in files:
+            got = mc.ncu_feed_details((ROOT / f).read_text(), f, roles, mc.NCU_PAIR_ROWS)
+            units |= {got[r]["lts__t_bytes.sum unit"] for r in roles}
+    assert {"Gbyte", "Mbyte"} <= units
 
 
 def _page(f: str) -> str:
