@@ -239,7 +239,7 @@ __device__ __forceinline__ void math(const T* __restrict__ A, const T* __restric
 //   sums a stream-K GEMM writes and reads back are not moved (a real one moves more). So
 //   no GEMM of one-CTA 128x256 tiles whose SMs share the work so, in this order, is
 //   faster under the same power: the bound of the fourteenth slice's stream-K (a split
-//   of the last wave aligned in K reads in another order and is not bounded by it).
+//   of the last wave aligned in K reads in another order: feedsplit_n256 bounds it).
 // feedsplit_n256 (ALIGNED): feed_n256 with the last, partial wave's r tiles each cut into
 //   p = gridDim.x / r equal pieces at the same k boundaries (r <= gridDim.x / 2; else
 //   feed_n256's walk): CTA u takes piece u / r of tile u % r, so the CTAs sharing a row

@@ -2164,7 +2164,8 @@ def ncu_feedsk(root: Path, files: tuple[str, ...] = NCU_FEEDSK) -> str:
     return _ncu_bytes(root, files, mc.NCU_SK_ROLES, what, ("own", "cublaslt", "torch"))
 
 
-NCU_FEEDSPLIT = tuple(  # FEED=1 FEED_KERNELS=feed,feedsk,feedsplit TAG=-split EXTRA_METRICS=
+# FEED=1 FEED_KERNELS=feed,feedsk,feedsplit TAG=-split EXTRA_METRICS=<bytes>
+NCU_FEEDSPLIT = tuple(
     f"bench/results/h100-ncu-feedsplit-{s}.csv" for s in ("1024x1280x8192", "1024x6144x4096")
 )
 

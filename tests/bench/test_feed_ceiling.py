@@ -230,7 +230,7 @@ BYTE_BLOCKS = [
     "block,files,roles", BYTE_BLOCKS, ids=["pair", "even share", "aligned split"]
 )
 def test_the_byte_blocks_read_the_bytes_of_each_role_in_gigabytes(block, files, roles):
-    """The ncu-feedpair and ncu-feedsk blocks: per shape and role, the DRAM, L2 and
+    """The ncu-feedpair, ncu-feedsk and ncu-feedsplit blocks: per shape and role, the DRAM, L2 and
     L2-to-SM bytes of its page, in GB whatever unit ncu gave (the math kernel's are in
     Mbyte)."""
     table = block(ROOT)
