@@ -391,13 +391,17 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
-def bound_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
-    """The feed bounds together: per llm-public shape (issue 22's 16), each stall-free feed
-    kernel's best rate over the best vendor in any of ``runs`` (path -> an analysed feed
-    run), the best of them, and what 1.03 over the 16 would take from the shapes whose
-    waves the 128x256 tiles leave partial, were the others at their bound."""
-    best: dict[tuple[int, int, int], dict[str, float]] = {}
-    fill: dict[tuple[int, int, int], float] = {}
+Shape = tuple[int, int, int]
+
+
+def bounds(
+    runs: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[Shape, dict[str, float]], dict[Shape, float]]:
+    """Per llm-public shape (issue 22's 16) in ``runs`` (path -> an analysed feed run):
+    each stall-free feed kernel's best rate over the best vendor in any run, and the
+    shape's wave fill at 128x256."""
+    best: dict[Shape, dict[str, float]] = {}
+    fill: dict[Shape, float] = {}
     for d in runs.values():
         sms, tile = d["kernel"]["feed"]["grid"], d["kernel"]["feed"]["tile"]
         for s in d["shapes"]:
@@ -412,6 +416,22 @@ def bound_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
                     best[key][name] = max(best[key].get(name, 0.0), s[over])
     if not best:
         raise ValueError("no llm-public shape in the feed runs: no bound")
+    return best, fill
+
+
+def bound(runs: Mapping[str, Mapping[str, Any]]) -> tuple[float, int]:
+    """The best stall-free feed kernel per llm-public shape over every run in ``runs``:
+    the geomean over the best vendor, and over how many shapes."""
+    best, _ = bounds(runs)
+    return geomean(max(b.values()) for b in best.values()), len(best)
+
+
+def bound_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
+    """The feed bounds together (``bounds``): per llm-public shape, each stall-free feed
+    kernel's best rate over the best vendor in any of ``runs``, the best of them, and what
+    1.03 over the 16 would take from the shapes whose waves the 128x256 tiles leave
+    partial, were the others at their bound."""
+    best, fill = bounds(runs)
     names = [n for n in FEED if n.startswith("feed") and any(n in b for b in best.values())]
     lines = [
         "Each stall-free feed kernel's rate over the best vendor, its best in any committed "

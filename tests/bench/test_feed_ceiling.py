@@ -491,3 +491,20 @@ def test_the_bound_needs_every_run_and_a_public_shape(tmp_path):
         s["llm_public"] = False
     with pytest.raises(ValueError, match="no llm-public shape"):
         mc.bound_markdown({"x.json": d})
+
+
+def test_the_readme_sentence_gives_the_bound_of_the_feed_bound_block():
+    """README's where-it-stands sentence on prefill reads the same runs as the feed-bound
+    block, and says the block's best per shape over the 16."""
+    line = standing._feed_bound_line(ROOT)
+    block = standing.feed_bound(ROOT)
+    g = re.search(r"The best per shape, over the 16 shapes: ([\d.]+) ×", block).group(1)
+    assert f"reaches at most {g}x the best vendor" in line
+    assert f"({len(standing.FEED_RUNS)} runs, `{standing.FEED_RUNS[0]}`" in line
+    assert "no prefill design measured can reach issue 22's 1.03x" in line
+
+
+def test_the_readme_sentence_turns_where_the_bound_reaches_the_target(monkeypatch):
+    monkeypatch.setattr(mc, "TARGET", 1.0)
+    line = standing._feed_bound_line(ROOT)
+    assert "a prefill design measured may reach issue 22's 1.00x" in line
