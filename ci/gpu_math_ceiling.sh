@@ -17,8 +17,8 @@
 # feed-ceiling.json: commit it as bench/results/h100-feed-ceiling.json. FEED_KERNELS
 # (default feed,gemm): which feed kernels (feed, gemm, feedpair, gemmpair, feedpaced,
 # feedtall, feedsk, feedsplit, feedtallsk, feed80, feed160, feed192, feed224), each first
-# launched once on 4096^3 (feed-smoke.json: µs a launch, the twins' checks and the feed kernels'
-# counts of k tiles), stopping there if one fails or hangs. SHAPES_FILE: a shapes file in
+# launched once on 4096^3 (feed-smoke.json: µs a launch, the twins' checks and the feed
+# kernels' counts of k tiles), stopping there if one fails or hangs. SHAPES_FILE: a shapes file in
 # place of bench/shapes/llm-public-prefill.toml (bench/experiments/prefill-tall.toml,
 # bench/experiments/prefill-partial.toml).
 # Under $OUT: gpu.txt, sass.txt (the kernel's HGMMA and local-memory counts),
@@ -32,9 +32,10 @@ step "compile bench/experiments/math_ceiling.cu"
 CUBIN="$OUT/math_ceiling.cubin"
 nvcc -cubin -arch=sm_90a -O3 -o "$CUBIN" bench/experiments/math_ceiling.cu
 sass=$(cuobjdump -sass "$CUBIN")
-for sym in math_n256 math_n128 feed_n256 gemm_n256 feedpair_n256 gemmpair_n256 feedpaced_n256 \
-  feedtall_n176 feedsk_n256 feedsplit_n256 feedtallsk_n176 feed80_n80 feed160_n160 \
-  feed192_n192 feed224_n224; do
+# Every kernel the experiment launches: the math kernels of its variants, the feed kernels.
+syms=$($PY -c 'import sys; sys.path.insert(0, "bench/experiments"); import math_ceiling as m
+print(*dict.fromkeys(v[0] for v in m.VARIANTS.values()), *map(m.feed_symbol, m.FEED))')
+for sym in $syms; do
   body=$(awk -v s="$sym" '/Function :/ {on = ($3 == s)} on' <<<"$sass")
   printf "%-14s HGMMA %3d %s LDL/STL %d\n" "$sym" "$(grep -c ' HGMMA' <<<"$body")" \
     "$(grep -oE 'HGMMA\.[0-9x]+' <<<"$body" | sort -u | paste -sd' ')" \

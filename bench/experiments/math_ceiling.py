@@ -319,7 +319,7 @@ class FeedKernel:
         """``kernel`` takes the shape: whole M tiles (a pair's two), whole k tiles, and
         whole N tiles for the twins (they store C unchecked); a feed kernel's last N tile
         may pass N (TMA fills it with zeros, as a GEMM's loads)."""
-        tm, tn = FEED_TILES.get(kernel, FEED_TILE)
+        tm, tn = feed_tile(kernel)
         rows = 2 * tm if kernel in FEED_PAIRED else tm
         return m % rows == 0 and k % TILE_K == 0 and (n % tn == 0 or kernel.startswith("feed"))
 
@@ -334,7 +334,7 @@ class FeedKernel:
         if not self.fits(kernel, m, n, k):
             raise ValueError(f"{m}x{n}x{k}: {kernel} does not take it (whole tiles, K % 64)")
         kern = self.kernels[kernel]
-        tm, tn = FEED_TILES.get(kernel, FEED_TILE)
+        tm, tn = feed_tile(kernel)
         b_rows = tn // 2 if kernel in FEED_PAIRED else tn
         maps = [
             (
@@ -361,13 +361,18 @@ class FeedKernel:
         import torch
 
         ones = [torch.ones_like(a[0])], [torch.ones_like(w[0])]
-        tm, tn = FEED_TILES.get(kernel, FEED_TILE)
+        tm, tn = feed_tile(kernel)
         self.out.zero_()
         self.launcher(kernel, m, n, k, *ones, [self.out])(0)  # C: unwritten
         torch.cuda.synchronize()
         got = self.out.double().sum().item() / (tm * tn * TILE_K)
         want = (m // tm) * -(-n // tn) * (k // TILE_K)
         return {"k_tiles": got, "want": want, "ok": abs(got - want) < 0.25}
+
+    def verify(self, kernel: str, m: int, n: int, k: int, a, w) -> dict:
+        """The check before ``kernel`` is timed: a GEMM twin against torch (``check``), a
+        feed kernel's count of the k tiles it issued against the shape's (``count``)."""
+        return (self.check if kernel.startswith("gemm") else self.count)(kernel, m, n, k, a, w)
 
     def check(self, twin: str, m: int, n: int, k: int, a, w) -> dict:
         """A GEMM twin on operand set 0 against torch.matmul: max |difference| over max
@@ -381,9 +386,14 @@ class FeedKernel:
         return {"max_rel_err": err, "ok": err < GEMM_CHECK_TOL}
 
 
+def feed_tile(name: str) -> tuple[int, int]:
+    """Feed kernel ``name``'s tile (M x N outputs a CTA)."""
+    return FEED_TILES.get(name, FEED_TILE)
+
+
 def feed_symbol(name: str) -> str:
     """The kernel of feed kernel ``name`` in math_ceiling.cu."""
-    return f"{name}_n{FEED_TILES.get(name, FEED_TILE)[1]}"
+    return f"{name}_n{feed_tile(name)[1]}"
 
 
 def runs_json(runs, flops: float, mon: Monitor) -> list[dict]:
@@ -421,11 +431,7 @@ def measure_shape(
     checks = {}
     if fk is not None:
         for name in (x for x in args.feed if fk.fits(x, m, n, k)):
-            # Checked before it is timed: a GEMM twin against torch, a feed kernel's count
-            # of the k tiles it issued against the shape's.
-            checks[f"{name}_check"] = (fk.check if name.startswith("gemm") else fk.count)(
-                name, m, n, k, ops.a, ops.w_tn
-            )
+            checks[f"{name}_check"] = fk.verify(name, m, n, k, ops.a, ops.w_tn)
             fns[name] = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
     runs = time_sustained(fns, nsets, args.seconds, args.reps, args.seed)
     per_call = {name: flops for name in fns} | {"math": mk.flops(rounds, "sms")}
@@ -480,8 +486,7 @@ def smoke(fk: FeedKernel | None, names: list[str], out: Path) -> int:
     ops = make_operands(Target(arch="sm_90a", dtype="fp16", layout="tn", m=m, n=n, k=k), 1, 0)
     got: dict[str, dict] = {}
     for name in names:
-        check = fk.check if name.startswith("gemm") else fk.count
-        rec = check(name, m, n, k, ops.a, ops.w_tn)
+        rec = fk.verify(name, m, n, k, ops.a, ops.w_tn)
         run = fk.launcher(name, m, n, k, ops.a, ops.w_tn, ops.c)
         run(0)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -308,7 +308,7 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
     present = [name for name in FEED if any(name in s for s in d["shapes"])]
     bounds = [name for name in present if name.startswith("feed")]
     twins = [name for name in present if name not in bounds]
-    own = [  # the kernels of other tiles
+    others = [  # the kernels of other tiles
         f"{x}: {t[0]}x{t[1]}, the last N tile rounded up"
         for x, t in feed.get("tiles", {}).items()
         if x in present
@@ -318,7 +318,7 @@ def feed_markdown(d: Mapping[str, Any], source: str) -> str:
         f"torch {env['torch']} (`{source}`; best vendor from `{d['summary']['bench']}`, scaled "
         f"by the torch ratio). Medians of {env['reps']} runs of >= {env['seconds']:g} s each, "
         f"interleaved; the feed kernels and twins on {sms} CTAs of {tile[0]}x{tile[1]} tiles"
-        + (f" ({'; '.join(own)})" if own else "")
+        + (f" ({'; '.join(others)})" if others else "")
         + f", {feed['stages']}-stage ring, walk in groups of {feed['group']} M tiles.",
         "",
         "| M×N×K | tiles (wave fill) | torch TFLOP/s | best vendor | math | "
@@ -441,7 +441,7 @@ def bound_markdown(runs: Mapping[str, Mapping[str, Any]]) -> str:
         "| M×N×K | wave fill at 128x256 | " + " | ".join(names) + " | best | of |",
         "|---|---:|" + "---:|" * len(names) + "---:|---|",
     ]
-    tops: dict[tuple[int, int, int], float] = {}
+    tops: dict[Shape, float] = {}
     for key in sorted(best, key=lambda k: (fill[k] < FULL_WAVES, k)):
         b = best[key]
         top = max(b, key=lambda n: b[n])

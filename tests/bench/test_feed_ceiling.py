@@ -230,9 +230,9 @@ BYTE_BLOCKS = [
     "block,files,roles", BYTE_BLOCKS, ids=["pair", "even share", "aligned split"]
 )
 def test_the_byte_blocks_read_the_bytes_of_each_role_in_gigabytes(block, files, roles):
-    """The ncu-feedpair, ncu-feedsk and ncu-feedsplit blocks: per shape and role, the DRAM, L2 and
-    L2-to-SM bytes of its page, in GB whatever unit ncu gave (the math kernel's are in
-    Mbyte)."""
+    """The ncu-feedpair, ncu-feedsk and ncu-feedsplit blocks: per shape and role, the
+    DRAM, L2 and L2-to-SM bytes of its page, in GB whatever unit ncu gave (the math
+    kernel's are in Mbyte)."""
     table = block(ROOT)
     for f in files:
         shape = re.search(r"(\d+x\d+x\d+)", f).group(1)
